@@ -1,0 +1,48 @@
+# One self-bootstrapping virtual environment; every target runs inside it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[codegen,test]'
+	@touch $(STAMP)
+
+$(VENV): $(STAMP)
+
+codegen: $(STAMP)
+	$(PY) -m codegen
+
+check-codegen: $(STAMP)
+	$(PY) -m codegen --check
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+# pytest's exit code 5 ("no tests ran") must fail, never pass silently.
+test: check-codegen lint
+	@$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+demo: $(STAMP)
+	$(PY) -m codegen --check
+	$(PY) -m codegen explain LinearFwdArgs
+	$(PY) -m codegen explain LinearBwdArgs
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,116 @@
+"""``python -m codegen``: generate, check, diff, explain a bundle, print the kind table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import kinds, output
+from .config import load_config
+from .errors import CodegenError, ConfigError
+from .pipeline import find_bundle, generate, read_all
+from .render import FormatterError
+
+REGENERATE = "make codegen"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m codegen", description=__doc__)
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=Path.cwd(),
+        help="project root holding pyproject.toml (default: the current directory)",
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        dest="sources",
+        metavar="PATH",
+        help="read this op module instead of the configured sources (repeatable)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="render in memory; exit 1 with a short diff if generated/ is stale",
+    )
+    mode.add_argument("--diff", action="store_true", help="print the full diff, write nothing")
+    p.add_argument(
+        "command", nargs="?", choices=("generate", "explain", "kinds"), default="generate"
+    )
+    p.add_argument("bundle", nargs="?", help="bundle name, for `explain`")
+    return p
+
+
+def _explain(config, sources, name: str | None) -> int:
+    modules = read_all(config, sources)
+    bundle = find_bundle(modules, name or "")
+    if bundle is None:
+        known = sorted({b.name for m in modules for op in m.ops for b in (op.forward, op.backward)})
+        print(f"error: no bundle named {name!r}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    rows = [("field", "annotation", "kind", "slots")]
+    rows += [
+        (
+            f.name,
+            f.annotation,
+            f.type.kind.value,
+            ", ".join(f"{s.type} {s.name}" for s in f.slots) or "(none: must be None)",
+        )
+        for f in bundle.fields
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    print(f"{bundle.name} ({bundle.location})")
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=False)) + "  " + row[3])
+    return 0
+
+
+def kind_table_markdown() -> str:
+    lines = ["| annotation | kind | schema slots | crossing |", "|---|---|---|---|"]
+    lines += [f"| {a} | {k} | {s} | {c} |" for a, k, s, c in kinds.KIND_TABLE]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "kinds":
+        print(kind_table_markdown(), end="")
+        return 0
+    try:
+        config = load_config(args.root.resolve())
+        if args.command == "explain":
+            return _explain(config, args.sources, args.bundle)
+        generated = generate(config, args.sources)
+    except CodegenError as exc:
+        print(exc, file=sys.stderr)
+        print(f"{REGENERATE}: nothing was written", file=sys.stderr)
+        return 1
+    except (ConfigError, FormatterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    root, files = config.root, generated.files
+    changed = output.changed(root, files)
+    stale = output.stale(root, config.output_dir, files) if args.sources is None else []
+    if args.check or args.diff:
+        if not changed and not stale:
+            print(f"generated code is up to date ({len(files)} files)")
+            return 0
+        cap = output.DIFF_LINE_CAP if args.check else 10**9
+        print(output.unified_diff(root, files, cap), end="")
+        for rel in stale:
+            print(f"stale generated file with no source: {rel}")
+        if args.check:
+            print(
+                f"\ngenerated code is stale: run `{REGENERATE}` and commit the result",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    touched = output.write(root, files, stale)
+    for rel in touched:
+        print(f"wrote {rel}")
+    print(f"{len(files)} generated files, {len(touched)} changed")
+    return 0

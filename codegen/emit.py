@@ -1,0 +1,195 @@
+"""Emitters: IR -> template contexts. Decisions live here; templates only lay out text."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from . import FORMAT_VERSION
+from .config import Config
+from .model import Bundle, Field, Kind, Op, SourceModule
+
+# Run-time check target for each scalar's Python type, as generated code spells it.
+_SCALAR_CHECK = {
+    "builtins.bool": "bool",
+    "builtins.int": "_b.INT",
+    "builtins.float": "_b.FLOAT",
+    "builtins.str": "str",
+    "torch.dtype": "torch.dtype",
+    "torch.device": "torch.device",
+}
+
+
+@dataclass(frozen=True)
+class FieldCode:
+    name: str
+    kind: str
+    pack: str  # one element (or a starred group) of the flatten tuple
+    unpack: str  # one keyword value of the unflatten constructor call
+
+
+@dataclass(frozen=True)
+class BundleContext:
+    name: str
+    role: str  # "forward" or "backward"
+    op_qualname: str
+    schema_name: str
+    slots_name: str
+    flatten_name: str
+    unflatten_name: str
+    slot_rows: tuple[tuple[str, str, str, str], ...]  # field, kind, slot, type
+    fields: tuple[FieldCode, ...]
+    schema: str
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+class _Imports:
+    """``from module import Name`` lines, sorted, with deterministic aliases on clashes."""
+
+    def __init__(self) -> None:
+        self._local: dict[str, str] = {}  # qualified name -> local name
+
+    def use(self, qualname: str) -> str:
+        if qualname not in self._local:
+            short = qualname.rsplit(".", 1)[-1]
+            taken = set(self._local.values())
+            local = short
+            n = 2
+            while local in taken:
+                local, n = f"{short}_{n}", n + 1
+            self._local[qualname] = local
+        return self._local[qualname]
+
+    def lines(self) -> list[str]:
+        by_module: dict[str, list[str]] = {"transformer_engine_ops.runtime": ["boundary as _b"]}
+        for qualname, local in self._local.items():
+            module, short = qualname.rsplit(".", 1)
+            by_module.setdefault(module, []).append(
+                short if short == local else f"{short} as {local}"
+            )
+        return [
+            f"from {module} import {', '.join(sorted(names))}"
+            for module, names in sorted(by_module.items())
+        ]
+
+
+def _tuple_literal(items: tuple[str, ...]) -> str:
+    """A one-line tuple of strings (no magic trailing comma, so ruff keeps it on one line)."""
+    inner = ", ".join(f'"{item}"' for item in items)
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def _field_code(bundle: Bundle, field: Field, imports: _Imports) -> FieldCode:
+    t = field.type
+    value, where = f"args.{field.name}", f'"{bundle.name}.{field.name}"'
+    opt = "optional_" if t.optional else ""
+    check = "check_optional" if t.optional else "check"
+    kind = t.kind
+    if kind is Kind.TENSOR:
+        pack, unpack = f"_b.{check}({value}, torch.Tensor, {where})", "slot()"
+    elif kind is Kind.TENSOR_LIST:
+        pack, unpack = f"_b.{opt}tensor_list({value}, {where})", "slot()"
+    elif kind is Kind.TENSOR_OR_QUANTIZED:
+        pack = f"*_b.{opt}tensor_or_quantized({value}, {where})"
+        unpack = "_b.unpack_tensor_or_quantized(slot(), slot(), slot())"
+    elif kind is Kind.SCALAR:
+        pack, unpack = f"_b.{check}({value}, {_SCALAR_CHECK[t.python_type]}, {where})", "slot()"
+    elif kind is Kind.SIZE:
+        pack = f"_b.{opt}size({value}, {where})"
+        unpack = "_b.optional_torch_size(slot())" if t.optional else "torch.Size(slot())"
+    elif kind is Kind.ENUM:
+        enum = imports.use(t.python_type)
+        pack = f"_b.{opt}enum_name({value}, {enum}, {where})"
+        unpack = f"_b.optional_enum({enum}, slot())" if t.optional else f"{enum}[slot()]"
+    elif kind is Kind.LITERAL:
+        choices = _tuple_literal(t.choices)
+        pack, unpack = f"_b.{opt}choice({value}, {choices}, {where})", "slot()"
+    elif kind in (Kind.QUANTIZER, Kind.VALUE):
+        pack = f"_b.{check}({value}, {imports.use(t.python_type)}, {where})"
+        unpack = "slot()"
+    elif kind is Kind.PROCESS_GROUP:
+        pack = f"_b.{opt}group_name({value}, {where})"
+        unpack = f"_b.resolve_group(slot(), {where})"
+    else:
+        assert kind is Kind.UNSUPPORTED, kind
+        pack, unpack = f"*_b.unsupported({value}, {where})", "None"
+    return FieldCode(field.name, kind.value, pack, unpack)
+
+
+def schema_string(bundle: Bundle) -> str:
+    slots = ", ".join(f"{s.type} {s.name}" for f in bundle.fields for s in f.slots)
+    return f"({slots}) -> Tensor[]"
+
+
+def _bundle_context(
+    op: Op, bundle: Bundle, role: str, config: Config, imports: _Imports
+) -> BundleContext:
+    suffix = "fwd" if role == "forward" else "bwd"
+    prefix = role.upper()
+    return BundleContext(
+        name=bundle.name,
+        role=role,
+        op_qualname=f"{config.namespace}::{op.name}_{suffix}",
+        schema_name=f"{prefix}_SCHEMA",
+        slots_name=f"{prefix}_SLOTS",
+        flatten_name=f"flatten_{snake(bundle.name)}",
+        unflatten_name=f"unflatten_{snake(bundle.name)}",
+        slot_rows=tuple(
+            (f.name, f.type.kind.value, s.name, s.type) for f in bundle.fields for s in f.slots
+        ),
+        fields=tuple(_field_code(bundle, f, imports) for f in bundle.fields),
+        schema=schema_string(bundle),
+    )
+
+
+def digest(source: SourceModule, templates: dict[str, str], config: Config) -> str:
+    """sha256 over everything the output depends on; nothing machine-specific."""
+    h = hashlib.sha256()
+    parts = [
+        f"format={FORMAT_VERSION}",
+        f"namespace={config.namespace}",
+        f"meta={config.meta_type}",
+        *(f"kind={k}:{v}" for k, v in sorted(config.kinds.items())),
+        f"source={source.path}",
+        source.text,
+        *(f"template={name}\n{text}" for name, text in sorted(templates.items())),
+    ]
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> dict:
+    (op,) = source.ops  # the reader allows exactly one op per module
+    imports = _Imports()
+    for bundle in (op.forward, op.backward):
+        imports.use(bundle.qualname)
+    bundles = [
+        _bundle_context(op, op.forward, "forward", config, imports),
+        _bundle_context(op, op.backward, "backward", config, imports),
+    ]
+    return {
+        "source_path": source.path,
+        "format_version": FORMAT_VERSION,
+        "digest": digest_hex,
+        "op": op,
+        "namespace": config.namespace,
+        "bundles": bundles,
+        "imports": imports.lines(),
+        "grad_fields": _tuple_literal(op.grad_fields),
+    }
+
+
+def schemas_doc_context(modules: list[tuple[SourceModule, dict]]) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "modules": [
+            {"source_path": s.path, "op": ctx["op"], "bundles": ctx["bundles"]}
+            for s, ctx in modules
+        ],
+    }

@@ -1,0 +1,81 @@
+"""Sources -> rendered, formatted files, entirely in memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import FORMAT_VERSION, emit, render
+from .config import Config
+from .errors import CodegenError, Location
+from .model import Bundle, SourceModule
+from .reader import read_source
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+@dataclass(frozen=True)
+class Generated:
+    modules: tuple[SourceModule, ...]
+    files: dict[str, str]  # repo-relative path -> text
+
+
+def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
+    """Read every op module (sorted, so input order never matters); check op names."""
+    modules = []
+    for rel in sorted(set(sources if sources is not None else config.sources)):
+        path = config.root / rel
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CodegenError(
+                Location(rel, 1, 1),
+                f"cannot read the op module: {exc.strerror}",
+                "fix `sources` in [tool.transformer_engine_ops.codegen]",
+            ) from None
+        modules.append(read_source(rel, text, config))
+    seen: dict[str, SourceModule] = {}
+    for module in modules:
+        for op in module.ops:
+            first = seen.get(op.name)
+            if first is not None:
+                raise CodegenError(
+                    op.location,
+                    f"duplicate op name `{op.name}`",
+                    f"it is already declared at {first.ops[0].location}; op names are unique "
+                    f"in the `{config.namespace}` namespace",
+                )
+            seen[op.name] = module
+    return tuple(modules)
+
+
+def generate(config: Config, sources: list[str] | None = None) -> Generated:
+    modules = read_all(config, sources)
+    env = render.environment(TEMPLATE_DIR)
+    templates = render.template_texts(TEMPLATE_DIR)
+    out = config.output_dir
+    python: dict[str, str] = {}
+    contexts = []
+    for module in modules:
+        ctx = emit.op_module_context(module, config, emit.digest(module, templates, config))
+        contexts.append((module, ctx))
+        stem = module.path.rsplit("/", 1)[-1]
+        python[f"{out}/{stem}"] = env.get_template("op_module.py.j2").render(ctx)
+    python[f"{out}/__init__.py"] = env.get_template("package_init.py.j2").render(
+        format_version=FORMAT_VERSION,
+        module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],
+    )
+    files = render.format_python(python)
+    files[f"{out}/SCHEMAS.md"] = env.get_template("schemas.md.j2").render(
+        emit.schemas_doc_context(contexts)
+    )
+    return Generated(modules, dict(sorted(files.items())))
+
+
+def find_bundle(modules: tuple[SourceModule, ...], name: str) -> Bundle | None:
+    for module in modules:
+        for op in module.ops:
+            for bundle in (op.forward, op.backward):
+                if name in (bundle.name, bundle.qualname):
+                    return bundle
+    return None

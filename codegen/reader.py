@@ -1,0 +1,488 @@
+"""Read op modules statically with libcst: bundles, enums and op declarations.
+
+Nothing here imports the code it reads. Every name is resolved through the
+file's own imports (``from torch import Tensor as T`` is still ``torch.Tensor``)
+and every entity keeps its ``path:line:col``.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata.scope_provider import QualifiedNameSource, Scope
+
+from . import kinds
+from .config import Config
+from .errors import CodegenError, Location
+from .model import Bundle, Field, Impls, Op, SourceModule, TypeExpr
+
+DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
+_DATACLASS = "dataclasses.dataclass"
+_ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
+_CLASSVAR = {"typing.ClassVar"}
+_IMPL_KEYS = ("forward_impl", "backward_impl", "forward_spec", "backward_spec", "setup_context")
+_DECL_KEYS = ("name", "forward", "backward", "grad_fields", *_IMPL_KEYS)
+_GRADIENT_KINDS = {kinds.Kind.TENSOR, kinds.Kind.TENSOR_OR_QUANTIZED}
+
+
+def module_name(path: str) -> str:
+    """``transformer_engine_ops/ops/linear.py`` -> ``transformer_engine_ops.ops.linear``."""
+    return path.removesuffix(".py").replace("/", ".")
+
+
+@dataclass
+class _File:
+    """Per-file reading state: positions and the global scope for name resolution."""
+
+    path: str
+    module: str
+    positions: dict[cst.CSTNode, CodeRange]
+    scope: Scope
+    aliases: dict[str, cst.BaseExpression]  # module-level `Alias = <annotation>`
+    expanding: tuple[str, ...] = ()
+
+    def loc(self, node: cst.CSTNode) -> Location:
+        start = self.positions[node].start
+        return Location(self.path, start.line, start.column + 1)
+
+    def qualify(self, dotted: str, node: cst.CSTNode) -> str:
+        names = self.scope.get_qualified_names_for(dotted)
+        if not names:
+            raise CodegenError(
+                self.loc(node),
+                f"cannot resolve `{dotted}`: it is neither imported nor defined in this file",
+                f"import `{dotted.split('.')[0]}` or define it at module level",
+            )
+        if len(names) > 1:
+            found = ", ".join(sorted(n.name for n in names))
+            raise CodegenError(
+                self.loc(node),
+                f"`{dotted}` is ambiguous here ({found})",
+                "import it once, unconditionally",
+            )
+        (name,) = names
+        if name.source is QualifiedNameSource.LOCAL:
+            return f"{self.module}.{name.name}"
+        if name.name == "builtins.None":
+            return "None"
+        return name.name
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def _type_expr(
+    file: _File,
+    node: cst.BaseExpression,
+    anchor: cst.CSTNode | None = None,
+    in_literal: bool = False,
+) -> TypeExpr:
+    """Convert an annotation expression; ``anchor`` positions nodes parsed from a string."""
+    where = file.loc(anchor if anchor is not None else node)
+    if in_literal:
+        if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
+            return TypeExpr("<literal>", where, value=node.evaluated_value)
+        if isinstance(node, cst.Integer):
+            return TypeExpr("<literal>", where, value=int(node.value))
+        if m.matches(node, m.Name("True") | m.Name("False")):
+            return TypeExpr("<literal>", where, value=node.value == "True")  # type: ignore[union-attr]
+    if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
+        # A forward reference: libcst does not resolve these, so parse and resolve here.
+        text = node.evaluated_value
+        try:
+            parsed = cst.parse_expression(text) if isinstance(text, str) else None
+        except cst.ParserSyntaxError:
+            parsed = None
+        if parsed is None:
+            raise CodegenError(
+                where,
+                f"cannot parse the string annotation {text!r}",
+                "write the annotation without quotes",
+            )
+        return _string_type_expr(file, parsed, anchor or node, text)
+    if isinstance(node, cst.Ellipsis):
+        return TypeExpr("...", where)
+    if isinstance(node, cst.List):
+        return TypeExpr(
+            "<list>", where, tuple(_type_expr(file, e.value, anchor) for e in node.elements)
+        )
+    if m.matches(node, m.BinaryOperation(operator=m.BitOr())):
+        assert isinstance(node, cst.BinaryOperation)
+        left = _type_expr(file, node.left, anchor)
+        right = _type_expr(file, node.right, anchor)
+        members = tuple(
+            a for side in (left, right) for a in (side.args if side.name == "<union>" else (side,))
+        )
+        return TypeExpr("<union>", where, members)
+    dotted = _dotted(node)
+    if dotted is not None:
+        if dotted == "None":
+            return TypeExpr("None", where)
+        if dotted in file.aliases:
+            return _expand_alias(file, dotted, anchor or node)
+        return TypeExpr(file.qualify(dotted, anchor or node), where)
+    if isinstance(node, cst.Subscript):
+        base = _type_expr(file, node.value, anchor)
+        literal = base.name in {"typing.Literal", "typing_extensions.Literal"}
+        args = []
+        for element in node.slice:
+            if not isinstance(element.slice, cst.Index):
+                raise CodegenError(file.loc(anchor or element), "slices are not annotations")
+            args.append(_type_expr(file, element.slice.value, anchor, in_literal=literal))
+        return TypeExpr(base.name, where, tuple(args))
+    raise CodegenError(
+        where,
+        f"unsupported annotation syntax `{_code(node)}`",
+        "use a name, a subscripted generic or `X | None`",
+    )
+
+
+def _expand_alias(file: _File, name: str, use: cst.CSTNode) -> TypeExpr:
+    """A module-level type alias reads as what it stands for, positioned at its use."""
+    if name in file.expanding:
+        raise CodegenError(
+            file.loc(use),
+            f"type alias `{name}` refers to itself",
+            "define the alias without recursion",
+        )
+    file.expanding += (name,)
+    try:
+        return _type_expr(file, file.aliases[name], use)
+    finally:
+        file.expanding = file.expanding[:-1]
+
+
+def _string_type_expr(
+    file: _File, parsed: cst.BaseExpression, anchor: cst.CSTNode, text: str
+) -> TypeExpr:
+    try:
+        return _type_expr(file, parsed, anchor)
+    except CodegenError as exc:
+        raise CodegenError(
+            exc.location, f"in string annotation {text!r}: {exc.message}", exc.hint
+        ) from None
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _is_dataclass(file: _File, cls: cst.ClassDef) -> bool:
+    for decorator in cls.decorators:
+        target = decorator.decorator
+        if isinstance(target, cst.Call):
+            target = target.func
+        dotted = _dotted(target)
+        if (
+            dotted is not None
+            and file.scope.get_qualified_names_for(dotted)
+            and file.qualify(dotted, target) == _DATACLASS
+        ):
+            return True
+    return False
+
+
+def _base_names(file: _File, cls: cst.ClassDef) -> list[str]:
+    names = []
+    for base in cls.bases:
+        dotted = _dotted(base.value)
+        names.append(file.qualify(dotted, base.value) if dotted else _code(base.value))
+    return names
+
+
+def _read_bundle(file: _File, cls: cst.ClassDef, config: Config, enums: frozenset[str]) -> Bundle:
+    name = cls.name.value
+    bases = [b for b in _base_names(file, cls) if b != "builtins.object"]
+    if bases:
+        raise CodegenError(
+            file.loc(cls.bases[0]),
+            f"bundle `{name}` derives from `{bases[0]}`: inherited fields are invisible "
+            "to the generator",
+            "declare every field in the bundle class itself",
+        )
+    fields: list[Field] = []
+    seen: dict[str, Location] = {}
+    for statement in cls.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign | cst.AugAssign):
+                target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+                raise CodegenError(
+                    file.loc(target),
+                    f"`{_code(target)}` in bundle `{name}` has no annotation, so it is not "
+                    "a dataclass field",
+                    "annotate it (for example `x: int = 0`), or mark it ClassVar",
+                )
+            if not isinstance(small, cst.AnnAssign):
+                continue
+            fields_or_none = _read_field(file, name, small, config, enums, seen)
+            if fields_or_none is not None:
+                fields.append(fields_or_none)
+    if not fields:
+        raise CodegenError(
+            file.loc(cls.name),
+            f"bundle `{name}` has no fields",
+            "a bundle needs at least one annotated field",
+        )
+    return Bundle(name, f"{file.module}.{name}", tuple(fields), file.loc(cls.name))
+
+
+def _read_field(
+    file: _File,
+    bundle: str,
+    node: cst.AnnAssign,
+    config: Config,
+    enums: frozenset[str],
+    seen: dict[str, Location],
+) -> Field | None:
+    if not isinstance(node.target, cst.Name):
+        raise CodegenError(
+            file.loc(node.target),
+            f"`{_code(node.target)}` is not a field name",
+            "bundle fields are plain names",
+        )
+    name = node.target.value
+    where = file.loc(node.target)
+    expr = _type_expr(file, node.annotation.annotation)
+    if expr.name in _CLASSVAR:
+        return None
+    if "__" in name:
+        raise CodegenError(
+            where,
+            f"field `{bundle}.{name}` contains `__`, which separates a field from "
+            "its extra slots (`x__inner`, `x__meta`)",
+            "rename the field without a double underscore",
+        )
+    if name.startswith("_") or keyword.iskeyword(name):
+        raise CodegenError(
+            where,
+            f"field `{bundle}.{name}` cannot be a schema argument name",
+            "use a public name that does not start with `_`",
+        )
+    if name in seen:
+        raise CodegenError(
+            where,
+            f"field `{bundle}.{name}` is declared twice (first at {seen[name]})",
+            "remove one of them",
+        )
+    seen[name] = where
+    ftype = kinds.classify(expr, config, enums)
+    slots = kinds.slots_for(name, ftype, config.meta_type)
+    return Field(name, kinds.render(expr), ftype, slots, where)
+
+
+class _BundleReader:
+    """Reads each bundle class an op names, once; a bundle must be a local @dataclass."""
+
+    def __init__(
+        self, file: _File, classes: dict[str, cst.ClassDef], config: Config, enums: frozenset[str]
+    ) -> None:
+        self._file, self._classes, self._config, self._enums = file, classes, config, enums
+        self._cache: dict[str, Bundle] = {}
+
+    def __call__(self, key: str, node: cst.Name) -> Bundle:
+        name = node.value
+        if name in self._cache:
+            return self._cache[name]
+        cls = self._classes.get(name)
+        if cls is None:
+            raise CodegenError(
+                self._file.loc(node),
+                f"`{key}={name}` names no bundle class defined in this file",
+                "define the bundle as a @dataclass in the op module, or fix the name",
+            )
+        if not _is_dataclass(self._file, cls):
+            raise CodegenError(
+                self._file.loc(cls.name),
+                f"`{name}` is named as the {key} bundle but is not a @dataclass",
+                f"decorate `{name}` with @dataclass",
+            )
+        bundle = _read_bundle(self._file, cls, self._config, self._enums)
+        self._cache[name] = bundle
+        return bundle
+
+
+def _literal_strings(file: _File, node: cst.BaseExpression, key: str) -> tuple[str, ...]:
+    if isinstance(node, cst.Tuple | cst.List):
+        values = []
+        for element in node.elements:
+            if not isinstance(element.value, cst.SimpleString):
+                break
+            values.append(str(element.value.evaluated_value))
+        else:
+            return tuple(values)
+    raise CodegenError(
+        file.loc(node), f"`{key}` must be a tuple of string literals", f'write {key}=("a", "b")'
+    )
+
+
+def _read_declaration(
+    file: _File, call: cst.Call, read_bundle: _BundleReader, functions: set[str]
+) -> Op:
+    where = file.loc(call)
+    given: dict[str, cst.BaseExpression] = {}
+    for arg in call.args:
+        if arg.keyword is None:
+            raise CodegenError(
+                file.loc(arg),
+                "OpDeclaration takes keyword arguments only",
+                f"name each argument: {', '.join(_DECL_KEYS)}",
+            )
+        key = arg.keyword.value
+        if key not in _DECL_KEYS:
+            raise CodegenError(
+                file.loc(arg.keyword),
+                f"unknown OpDeclaration argument `{key}`",
+                f"expected one of: {', '.join(_DECL_KEYS)}",
+            )
+        given[key] = arg.value
+    for key in ("name", "forward", "backward", "grad_fields"):
+        if key not in given:
+            raise CodegenError(
+                where, f"OpDeclaration lacks `{key}`", f"add {key}=... to the declaration"
+            )
+    name_node = given["name"]
+    if (
+        not isinstance(name_node, cst.SimpleString)
+        or not str(name_node.evaluated_value).isidentifier()
+    ):
+        raise CodegenError(
+            file.loc(name_node), "`name` must be a string literal identifier", 'write name="my_op"'
+        )
+    op_name = str(name_node.evaluated_value)
+
+    def bundle(key: str) -> Bundle:
+        node = given[key]
+        if not isinstance(node, cst.Name):
+            raise CodegenError(
+                file.loc(node), f"`{key}` must name a bundle class", f"write {key}=MyArgs"
+            )
+        return read_bundle(key, node)
+
+    forward, backward = bundle("forward"), bundle("backward")
+    grad_fields = _literal_strings(file, given["grad_fields"], "grad_fields")
+    for grad in grad_fields:
+        field = forward.field(grad)
+        if field is None:
+            raise CodegenError(
+                file.loc(given["grad_fields"]),
+                f"gradient field `{grad}` is not a field of `{forward.name}`",
+                f"name fields of {forward.name}",
+            )
+        if field.type.kind not in _GRADIENT_KINDS:
+            raise CodegenError(
+                file.loc(given["grad_fields"]),
+                f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
+                "which cannot receive a gradient",
+                "only tensor and tensor-or-quantized fields receive gradients",
+            )
+    if len(set(grad_fields)) != len(grad_fields):
+        raise CodegenError(
+            file.loc(given["grad_fields"]),
+            "`grad_fields` repeats a field",
+            "name each gradient field once",
+        )
+    present = [k for k in _IMPL_KEYS if k in given]
+    impls = None
+    if present:
+        missing = [k for k in _IMPL_KEYS if k not in given]
+        if missing:
+            raise CodegenError(
+                where,
+                f"OpDeclaration names {', '.join(present)} but not {', '.join(missing)}",
+                "give all five implementation functions, or none",
+            )
+        names = {}
+        for key in _IMPL_KEYS:
+            node = given[key]
+            if not isinstance(node, cst.Name) or node.value not in functions:
+                raise CodegenError(
+                    file.loc(node),
+                    f"`{key}` must name a function defined in this file",
+                    f"define `def {_code(node)}(...)` at module level",
+                )
+            names[key] = node.value
+        impls = Impls(**names)
+    return Op(op_name, forward, backward, grad_fields, impls, where)
+
+
+def read_source(path: str, text: str, config: Config) -> SourceModule:
+    """Read one op module; raise ``CodegenError`` at the first problem."""
+    try:
+        tree = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        message = str(exc.message).rstrip(".")
+        raise CodegenError(
+            Location(path, exc.raw_line, exc.raw_column + 1),
+            f"syntax error: {message}",
+            "fix the Python syntax; the generator reads this file as text",
+        ) from None
+    wrapper = MetadataWrapper(tree)
+    positions = wrapper.resolve(PositionProvider)
+    scopes = wrapper.resolve(ScopeProvider)
+    body: Sequence[cst.CSTNode] = wrapper.module.body
+    aliases = {
+        small.targets[0].target.value: small.value
+        for statement in body
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+        if isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and isinstance(small.value, cst.Subscript | cst.BinaryOperation)
+    }
+    file = _File(
+        path,
+        module_name(path),
+        positions,
+        scopes[wrapper.module],  # type: ignore[arg-type]
+        aliases,
+    )
+
+    classes = [s for s in body if isinstance(s, cst.ClassDef)]
+    enums = frozenset(
+        f"{file.module}.{c.name.value}"
+        for c in classes
+        if any(b in _ENUM_BASES for b in _base_names(file, c))
+    )
+    functions = {s.name.value for s in body if isinstance(s, cst.FunctionDef)}
+    read_bundle = _BundleReader(file, {c.name.value: c for c in classes}, config, enums)
+
+    ops: list[Op] = []
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            value = small.value if isinstance(small, cst.Assign | cst.AnnAssign) else None
+            if not isinstance(value, cst.Call):
+                continue
+            callee = _dotted(value.func)
+            if callee is None or not file.scope.get_qualified_names_for(callee):
+                continue
+            if file.qualify(callee, value.func) == DECLARATION:
+                if ops:
+                    raise CodegenError(
+                        file.loc(value),
+                        "a second OpDeclaration in one op module",
+                        f"move it to its own module (the first is at {ops[0].location})",
+                    )
+                ops.append(_read_declaration(file, value, read_bundle, functions))
+    if not ops:
+        raise CodegenError(
+            Location(path, 1, 1),
+            "no OpDeclaration found in this op module",
+            "declare the op: NAME = OpDeclaration(name=..., forward=..., ...)",
+        )
+    return SourceModule(path, file.module, text, tuple(ops))
