@@ -1,0 +1,202 @@
+"""Quantizers are values: equality, hashing, FX repr, compile specialization; recipes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch._dynamo.testing
+from quant_cases import QUANTIZERS
+
+from transformer_engine_ops.quantization import (
+    DelayedScaling,
+    Float8BlockQuantizer,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Format,
+    MXFP8BlockScaling,
+    MXFP8Quantizer,
+    NVFP4BlockScaling,
+    NVFP4Quantizer,
+)
+from transformer_engine_ops.runtime.opaque import is_value_type, opaque_type_name
+from transformer_engine_ops.runtime.quantizer import (
+    Quantizer,
+    require_value_opaque,
+    value_opaque_reason,
+)
+
+QUANTIZER_TYPE = "transformer_engine_ops.runtime.quantizer.Quantizer"
+
+
+def rebuilt(q):
+    text, env = q.__fx_repr__()
+    return eval(text, dict(env))
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_equal_configs_are_equal_and_hash_equal(name):
+    q = QUANTIZERS[name]
+    twin = dataclasses.replace(q)
+    assert twin is not q and twin == q and hash(twin) == hash(q)
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_each_field_change_makes_a_different_quantizer(name):
+    q = QUANTIZERS[name].with_usage(rowwise=True, columnwise=True)
+    for field in dataclasses.fields(q):
+        value = getattr(q, field.name)
+        if isinstance(value, bool):
+            changed = dataclasses.replace(q, **{field.name: not value})
+        elif isinstance(value, (int, float)):
+            new = 3 - value if field.name == "block_scaling_dim" else value * 2 + 1
+            changed = dataclasses.replace(q, **{field.name: new})
+        else:
+            continue
+        assert changed != q, field.name
+
+
+def test_quantizers_of_different_formats_differ():
+    values = list(QUANTIZERS.values())
+    assert len(set(values)) == len(values)
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_fx_repr_evaluates_back_to_an_equal_quantizer(name):
+    q = QUANTIZERS[name].with_usage(columnwise=False).with_internal(True)
+    assert rebuilt(q) == q
+    assert type(rebuilt(q)) is type(q)
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_every_stateless_quantizer_is_a_registered_value_type(name):
+    q = QUANTIZERS[name]
+    assert is_value_type(q)
+    assert opaque_type_name(type(q)) == QUANTIZER_TYPE
+    assert value_opaque_reason(q) is None
+    require_value_opaque(q)
+
+
+def test_quantizers_are_immutable():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        QUANTIZERS["mxfp8_e4m3"].rowwise_usage = False
+
+
+def test_delayed_scaling_is_refused_as_value_opaque_with_its_reason():
+    q = Float8Quantizer()
+    assert not is_value_type(q)
+    assert "amax history" in value_opaque_reason(q)
+    with pytest.raises(
+        TypeError, match="Float8Quantizer is not a value-opaque quantizer.*amax history"
+    ):
+        require_value_opaque(q)
+    with pytest.raises(TypeError, match="amax history"):
+        q.__fx_repr__()
+    assert q != Float8Quantizer() and q == q  # identity: it holds state
+
+
+# ----- compile specialization through a custom op -----
+
+_lib = torch.library.Library("teo_quantizer_test", "FRAGMENT")
+_lib.define(f"qdq(Tensor x, {QUANTIZER_TYPE} q) -> Tensor")
+
+
+def _qdq(x, q):
+    return q.with_internal(True).quantize(x).dequantize()
+
+
+_lib.impl("qdq", _qdq, "CompositeExplicitAutograd")
+torch.library.register_fake("teo_quantizer_test::qdq", lambda x, q: torch.empty_like(x), lib=_lib)
+
+
+def test_a_function_taking_a_quantizer_recompiles_only_when_the_config_changes():
+    counter = torch._dynamo.testing.CompileCounter()
+
+    @torch.compile(fullgraph=True, backend=counter)
+    def f(x, q):
+        return torch.ops.teo_quantizer_test.qdq(x, q) * 2
+
+    x = torch.randn(32, 64)
+    f(x, Float8CurrentScalingQuantizer())
+    f(x, Float8CurrentScalingQuantizer())  # equal value, new object
+    assert counter.frame_count == 1
+    f(x, Float8CurrentScalingQuantizer(force_pow_2_scales=True))
+    assert counter.frame_count == 2
+    f(x, Float8CurrentScalingQuantizer(force_pow_2_scales=True))
+    f(x, Float8CurrentScalingQuantizer())
+    assert counter.frame_count == 2
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "nvfp4_2d", "fp8_block_1d"])
+def test_compiled_custom_op_with_a_quantizer_matches_eager_bitwise(name):
+    q = QUANTIZERS[name]
+    f = torch.compile(
+        lambda x, q: torch.ops.teo_quantizer_test.qdq(x, q) + 1, fullgraph=True, backend="aot_eager"
+    )
+    x = torch.randn(32, 64)
+    assert torch.equal(f(x, q), _qdq(x, q) + 1)
+
+
+@pytest.mark.parametrize("name", ["fp8_current_e4m3", "nvfp4_1d"])
+def test_a_quantized_wrapper_is_a_compiled_graph_input(name):
+    t = QUANTIZERS[name].quantize(torch.randn(32, 64))
+    f = torch.compile(lambda t: t.dequantize() * 3 + t, fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(t), t.dequantize() * 3 + t.dequantize())
+
+
+# ----- recipes -----
+
+FORWARD = ("input", "weight", "output")
+BACKWARD = ("grad_output", "grad_input", "grad_weight")
+
+
+def test_hybrid_format_is_e4m3_forward_and_e5m2_for_grads():
+    for recipe in (DelayedScaling(), Float8CurrentScaling()):
+        for role in FORWARD:
+            assert recipe.make_quantizer(role).fp8_dtype == torch.float8_e4m3fn
+        for role in BACKWARD:
+            assert recipe.make_quantizer(role).fp8_dtype == torch.float8_e5m2
+    e4m3 = Float8CurrentScaling(fp8_format=Format.E4M3)
+    assert e4m3.make_quantizer("grad_output").fp8_dtype == torch.float8_e4m3fn
+
+
+def test_delayed_scaling_recipe_makes_stateful_quantizers():
+    q = DelayedScaling(amax_history_len=16).make_quantizer("input")
+    assert isinstance(q, Float8Quantizer) and q.amax_history.shape == (16,)
+
+
+def test_block_recipes_follow_te_choices():
+    blocks = Float8BlockScaling()
+    assert blocks.make_quantizer("weight").block_scaling_dim == 2
+    assert blocks.make_quantizer("input").block_scaling_dim == 1
+    assert blocks.make_quantizer("grad_output").block_scaling_dim == 1
+    assert isinstance(blocks.make_quantizer("input"), Float8BlockQuantizer)
+    assert isinstance(MXFP8BlockScaling().make_quantizer("grad_output"), MXFP8Quantizer)
+    nvfp4 = NVFP4BlockScaling()
+    assert nvfp4.make_quantizer("weight") == NVFP4Quantizer(with_2d_quantization=True)
+    assert nvfp4.make_quantizer("input") == NVFP4Quantizer()
+    assert (
+        not NVFP4BlockScaling(disable_2d_quantization=True)
+        .make_quantizer("weight")
+        .with_2d_quantization
+    )
+
+
+def test_recipes_make_equal_stateless_quantizers_on_every_call():
+    for recipe in (
+        Float8CurrentScaling(),
+        MXFP8BlockScaling(),
+        NVFP4BlockScaling(),
+        Float8BlockScaling(),
+    ):
+        for role in FORWARD + BACKWARD:
+            q = recipe.make_quantizer(role)
+            assert isinstance(q, Quantizer) and q == recipe.make_quantizer(role)
+
+
+def test_unknown_role_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown quantizer role 'bias'"):
+        MXFP8BlockScaling().make_quantizer("bias")

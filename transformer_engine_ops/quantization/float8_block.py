@@ -1,0 +1,206 @@
+"""FP8 block scaling: one fp32 scale per 1x128 (activations, gradients) or 128x128
+(weights) block, as TE's ``Float8BlockQuantizer``.
+
+Rowwise data keeps the logical shape; columnwise data is transposed, (K, d0, ...), with
+its blocks running along M. Scale-inverses are fp32, zero-padded, and stored
+"blocks-along-the-row first" as TE does: 1-D rowwise (ceil(K/b), ru(M, 4)) indexed
+[k // b, m], 1-D columnwise (ceil(M/b), ru(K, 4)) indexed [m // b, k]; 2-D rowwise
+(ceil(M/b), ru(ceil(K/b), 4)) indexed [m // b, k // b], 2-D columnwise its transpose
+(ceil(K/b), ru(ceil(M/b), 4)). Any shape is accepted: partial blocks are zero-padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from ..runtime.quantizer import (
+    InnerLayout,
+    QuantizedData,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+)
+from .encoding import (
+    FP8_DTYPES,
+    FP8_MAX,
+    apply_block_scale,
+    block_amax,
+    cast_to_fp8,
+    ceil_div,
+    fp8_to_float,
+    matrix_dims,
+    pad_2d,
+    round_up,
+    scale_from_amax,
+    to_blocks,
+    transpose_2d_to,
+    transposed_shape,
+    untransposed_shape,
+)
+
+__all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage"]
+
+
+class _Float8BlockData(QuantizedData):
+    INNER_NAMES: ClassVar[tuple[str, ...]] = (
+        "_rowwise_data",
+        "_rowwise_scale_inv",
+        "_columnwise_data",
+        "_columnwise_scale_inv",
+    )
+    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_rowwise_data", "_rowwise_scale_inv")
+    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_columnwise_data", "_columnwise_scale_inv")
+
+    @classmethod
+    def _logical_shape(cls, inner: Mapping[str, Optional[torch.Tensor]]) -> torch.Size:
+        if inner.get("_rowwise_data") is not None:
+            return inner["_rowwise_data"].shape
+        return untransposed_shape(inner["_columnwise_data"].shape)
+
+    def _dequantize_fp32(self, columnwise: bool) -> torch.Tensor:
+        q: Float8BlockQuantizer = self._quantizer  # type: ignore[assignment]
+        m, k = matrix_dims(self.shape)
+        b = q.block_len
+        if not columnwise:
+            values = fp8_to_float(self._rowwise_data, q.fp8_dtype).reshape(m, k)
+            scale_inv = _unpad_scale_inv(self._rowwise_scale_inv, m, k, b, q.block_scaling_dim)
+            return apply_block_scale(values, scale_inv, *q.block_shape()).reshape(self.shape)
+        values = fp8_to_float(self._columnwise_data, q.fp8_dtype).reshape(k, m)
+        scale_inv = _unpad_scale_inv(self._columnwise_scale_inv, k, m, b, q.block_scaling_dim)
+        return transpose_2d_to(apply_block_scale(values, scale_inv, *q.block_shape()), self.shape)
+
+    def _derive_usage(self, columnwise: bool) -> dict[str, torch.Tensor]:
+        q: Float8BlockQuantizer = self._quantizer  # type: ignore[assignment]
+        if q.block_scaling_dim != 2:
+            return super()._derive_usage(columnwise)
+        # 128x128 blocks are the same blocks either way: transpose codes and scales.
+        m, k = matrix_dims(self.shape)
+        b = q.block_len
+        if columnwise:
+            data = self._rowwise_data.reshape(m, k)
+            scale_inv = _unpad_scale_inv(self._rowwise_scale_inv, m, k, b, 2)
+            return {
+                "_columnwise_data": transpose_2d_to(data, transposed_shape(self.shape)),
+                "_columnwise_scale_inv": _pad_scale_inv(scale_inv.t(), 2),
+            }
+        data = self._columnwise_data.reshape(k, m)
+        scale_inv = _unpad_scale_inv(self._columnwise_scale_inv, k, m, b, 2)
+        return {
+            "_rowwise_data": transpose_2d_to(data, self.shape),
+            "_rowwise_scale_inv": _pad_scale_inv(scale_inv.t(), 2),
+        }
+
+
+def _scale_inv_shape(rows: Any, cols: Any, block_len: int, dim: int) -> tuple[Any, Any]:
+    """Padded scale shape for a (rows, cols) matrix whose blocks run along cols."""
+    if dim == 2:
+        return ceil_div(rows, block_len), round_up(ceil_div(cols, block_len), 4)
+    return ceil_div(cols, block_len), round_up(rows, 4)
+
+
+def _pad_scale_inv(scale_inv: torch.Tensor, dim: int) -> torch.Tensor:
+    """Per-block (Rb, Cb) scale-inverses -> the stored layout (transposed for 1-D, padded)."""
+    stored = scale_inv if dim == 2 else scale_inv.t()
+    return pad_2d(stored, stored.shape[0], round_up(stored.shape[1], 4))
+
+
+def _unpad_scale_inv(
+    stored: torch.Tensor, rows: Any, cols: Any, block_len: int, dim: int
+) -> torch.Tensor:
+    """Stored layout -> per-block (Rb, Cb) scale-inverses."""
+    cb = ceil_div(cols, block_len)
+    if dim == 2:
+        return stored[: ceil_div(rows, block_len), :cb]
+    return stored[:cb, :rows].t()
+
+
+class Float8BlockwiseQTensorStorage(_Float8BlockData, QuantizedStorage):
+    """Bare FP8 block-scaled value."""
+
+
+class Float8BlockwiseQTensor(_Float8BlockData, QuantizedTensor):
+    """FP8 block-scaled wrapper tensor subclass."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8BlockQuantizer(Quantizer):
+    """FP8 with fp32 scales per 1 x block_len (dim 1) or block_len^2 (dim 2) block."""
+
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn
+    block_len: int = 128
+    block_scaling_dim: int = 1
+    force_pow_2_scales: bool = True
+    amax_epsilon: float = 0.0
+
+    storage_cls: ClassVar[type] = Float8BlockwiseQTensorStorage
+    wrapper_cls: ClassVar[type] = Float8BlockwiseQTensor
+    format_name: ClassVar[str] = "FP8 block scaling"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fp8_dtype not in FP8_DTYPES:
+            raise TypeError(
+                "Float8BlockQuantizer: fp8_dtype must be torch.float8_e4m3fn or "
+                f"torch.float8_e5m2, got {self.fp8_dtype}"
+            )
+        if self.block_scaling_dim not in (1, 2):
+            raise ValueError(
+                f"Float8BlockQuantizer: block_scaling_dim must be 1 or 2, "
+                f"got {self.block_scaling_dim}"
+            )
+        if self.block_len < 1:
+            raise ValueError(f"Float8BlockQuantizer: block_len must be >= 1, got {self.block_len}")
+        if not self.amax_epsilon >= 0.0:
+            raise ValueError("Float8BlockQuantizer: amax_epsilon must be >= 0")
+
+    def block_shape(self) -> tuple[int, int]:
+        """(rows, cols) of one block of the rowwise matrix (and of the transposed one)."""
+        return (self.block_len if self.block_scaling_dim == 2 else 1), self.block_len
+
+    def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
+        self.check_shape(shape)
+        m, k = matrix_dims(shape)
+        b, dim = self.block_len, self.block_scaling_dim
+        layout: list[tuple[str, tuple[Any, ...], torch.dtype]] = []
+        if self.rowwise_usage:
+            layout.append(("_rowwise_data", tuple(shape), torch.uint8))
+            layout.append(("_rowwise_scale_inv", _scale_inv_shape(m, k, b, dim), torch.float32))
+        if self.columnwise_usage:
+            layout.append(("_columnwise_data", transposed_shape(shape), torch.uint8))
+            layout.append(("_columnwise_scale_inv", _scale_inv_shape(k, m, b, dim), torch.float32))
+        return tuple(layout)
+
+    def _quantize_matrix(self, x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, C) -> (uint8 codes (R, C), per-block scale-inverses (Rb, Cb))."""
+        rows, cols = self.block_shape()
+        scale = scale_from_amax(
+            block_amax(to_blocks(x2d, rows, cols)),
+            FP8_MAX[self.fp8_dtype],
+            force_pow_2=self.force_pow_2_scales,
+            epsilon=self.amax_epsilon,
+        )
+        codes = cast_to_fp8(apply_block_scale(x2d, scale, rows, cols), self.fp8_dtype)
+        return codes, 1.0 / scale
+
+    def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        m, k = matrix_dims(x.shape)
+        x2d = x.float().reshape(m, k)
+        dim = self.block_scaling_dim
+        inner: dict[str, Optional[torch.Tensor]] = {}
+        rowwise = self._quantize_matrix(x2d) if self.rowwise_usage or dim == 2 else None
+        if self.rowwise_usage:
+            codes, scale_inv = rowwise
+            inner["_rowwise_data"] = codes.reshape(x.shape)
+            inner["_rowwise_scale_inv"] = _pad_scale_inv(scale_inv, dim)
+        if self.columnwise_usage:
+            if dim == 2:  # same 128x128 blocks: the transpose of the rowwise result
+                codes, scale_inv = rowwise[0].t(), rowwise[1].t()
+            else:
+                codes, scale_inv = self._quantize_matrix(x2d.t().contiguous())
+            inner["_columnwise_data"] = codes.contiguous().reshape(transposed_shape(x.shape))
+            inner["_columnwise_scale_inv"] = _pad_scale_inv(scale_inv, dim)
+        return inner

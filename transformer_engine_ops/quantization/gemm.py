@@ -1,0 +1,148 @@
+"""One GEMM entry point with TE's ``general_gemm`` conventions.
+
+``layout`` names how A and B enter (T: transposed) and which data each operand reads:
+
+* ``"TN"`` (forward): ``out = B @ A^T``; A the weight (N, K), B the input (..., K).
+  Reads A rowwise, B rowwise. Result (..., N).
+* ``"NN"`` (dgrad): ``out = B @ A``; A the weight (N, K), B grad_output (..., N).
+  Reads A columnwise, B rowwise. Result (..., K).
+* ``"NT"`` (wgrad): ``out = B^T @ A``; A the input (..., K), B grad_output (..., N).
+  Reads A and B columnwise. Result (N, K).
+
+Operands are plain tensors or quantized values of any format. On the CPU (and for formats
+or shapes ``torch._scaled_mm`` cannot take) operands are dequantized, multiplied in fp32,
+the bias (last dim of the result) added in fp32, and the result cast to ``out_dtype``.
+On CUDA, two per-tensor FP8 operands with dims that are multiples of 16 go through
+``torch._scaled_mm`` with fp32 output, then the same bias add and cast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+
+from ..runtime.quantizer import QuantizedData
+from .float8 import _Float8Data
+
+__all__ = ["LAYOUTS", "gemm"]
+
+Operand = Union[torch.Tensor, QuantizedData]
+
+# layout -> (A reads columnwise, B reads columnwise)
+LAYOUTS: dict[str, tuple[bool, bool]] = {
+    "TN": (False, False),
+    "NN": (True, False),
+    "NT": (True, True),
+}
+
+
+def _as_fp32(x: Operand, columnwise: bool) -> torch.Tensor:
+    if isinstance(x, QuantizedData):
+        return QuantizedData.dequantize_usage(x, columnwise=columnwise, dtype=torch.float32)
+    return x.float()
+
+
+def _check(A: Operand, B: Operand, layout: str, bias: Optional[torch.Tensor]) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"gemm: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
+    for name, x in (("A", A), ("B", B)):
+        if not isinstance(x, (torch.Tensor, QuantizedData)):
+            raise TypeError(f"gemm: {name} must be a tensor or quantized value, got {type(x)}")
+        if len(x.shape) < (2 if name == "A" and layout != "NT" else 1):
+            raise ValueError(f"gemm {layout}: {name} has too few dims, shape {tuple(x.shape)}")
+    devices = {A.device, B.device} | ({bias.device} if bias is not None else set())
+    if len(devices) != 1:
+        raise ValueError(f"gemm: operands must share one device, got {sorted(map(str, devices))}")
+    if A.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"gemm: runs on cpu or cuda operands, got {A.device}")
+    a_cols, b_cols = A.shape[-1], B.shape[-1]
+    if layout == "TN":
+        ok, what = a_cols == b_cols, f"A (N, K)={tuple(A.shape)} and B (..., K)={tuple(B.shape)}"
+    elif layout == "NN":
+        ok, what = A.shape[0] == b_cols, f"A (N, K)={tuple(A.shape)}, B (..., N)={tuple(B.shape)}"
+    else:
+        ok = A.shape[:-1] == B.shape[:-1]
+        what = f"A (..., K)={tuple(A.shape)} and B (..., N)={tuple(B.shape)}"
+    if not ok:
+        raise ValueError(f"gemm {layout}: mismatched shapes {what}")
+
+
+def _matrices_fp32(A: Operand, B: Operand, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(left, right) fp32 matrices with ``out = left @ right``."""
+    a_col, b_col = LAYOUTS[layout]
+    a = _as_fp32(A, a_col)
+    b = _as_fp32(B, b_col)
+    b2 = b.reshape(-1, b.shape[-1])
+    if layout == "TN":
+        return b2, a.t()
+    if layout == "NN":
+        return b2, a
+    return b2.t(), a.reshape(-1, a.shape[-1])
+
+
+def _out_shape(A: Operand, B: Operand, layout: str) -> tuple[Any, ...]:
+    if layout == "TN":
+        return (*B.shape[:-1], A.shape[0])
+    if layout == "NN":
+        return (*B.shape[:-1], A.shape[-1])
+    return (B.shape[-1], A.shape[-1])
+
+
+def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[Any, ...]]:
+    """(a, b, scale_a, scale_b) for ``torch._scaled_mm`` with ``out = a @ b``, or None."""
+    if not (isinstance(A, _Float8Data) and isinstance(B, _Float8Data)):
+        return None
+    if A.device.type != "cuda":
+        return None
+    fa, fb = A._quantizer.fp8_dtype, B._quantizer.fp8_dtype
+    if fa == fb == torch.float8_e5m2:
+        return None  # cuBLAS has no E5M2 x E5M2 FP8 GEMM
+    a_col, b_col = LAYOUTS[layout]
+    if (A.columnwise_usage if a_col else A.rowwise_usage) is False:
+        return None
+    if (B.columnwise_usage if b_col else B.rowwise_usage) is False:
+        return None
+    ka, kb = A.shape[-1], B.shape[-1]
+    ma = A.numel() // ka if A.numel() else 0
+    mb = B.numel() // kb if B.numel() else 0
+    if any(d % 16 != 0 or d == 0 for d in (ka, kb, ma, mb)):
+        return None
+    if layout == "TN":  # (M, K) @ (K, N): B data, A data viewed column-major
+        a, b = B._data.reshape(mb, kb), A._data.t()
+    elif layout == "NN":  # (M, N) @ (N, K): B data, A transpose (K, N) viewed column-major
+        a, b = B._data.reshape(mb, kb), A._transpose.reshape(ka, ma).t()
+    else:  # (N, M) @ (M, K): B transpose, A transpose (K, M) viewed column-major
+        a, b = B._transpose.reshape(kb, mb), A._transpose.reshape(ka, ma).t()
+    return a.view(fb), b.view(fa), B._scale_inv.reshape(()), A._scale_inv.reshape(())
+
+
+def gemm(
+    A: Operand,
+    B: Operand,
+    *,
+    layout: str = "TN",
+    out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor] = None,
+    use_split_accumulator: bool = True,
+) -> torch.Tensor:
+    """Matrix product of plain or quantized operands (see the module docstring)."""
+    _check(A, B, layout, bias)
+    out_shape = _out_shape(A, B, layout)
+    fp8 = _scaled_mm_operands(A, B, layout)
+    if fp8 is not None:
+        a, b, scale_a, scale_b = fp8
+        out = torch._scaled_mm(
+            a,
+            b,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            out_dtype=torch.float32,
+            use_fast_accum=not use_split_accumulator,
+        )
+    else:
+        left, right = _matrices_fp32(A, B, layout)
+        out = left @ right
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype).reshape(out_shape)

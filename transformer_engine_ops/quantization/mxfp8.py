@@ -1,0 +1,150 @@
+"""MXFP8: FP8 elements with one power-of-two (E8M0) scale per 32 consecutive elements.
+
+Rowwise blocks run along K (1x32), columnwise blocks along M (32x1); both data buffers
+keep the logical shape. Scale-inverses are E8M0 codes stored as uint8 and zero-padded:
+rowwise (ru(M, 128), ru(K/32, 4)) indexed [m, k // 32], columnwise
+(ru(M/32, 4), ru(K, 128)) indexed [m // 32, k]. Hence K % 32 == 0 for rowwise and
+M % 32 == 0 for columnwise usage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from ..runtime.quantizer import (
+    InnerLayout,
+    QuantizedData,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+)
+from .encoding import (
+    E8M0_BIAS,
+    FP8_DTYPES,
+    FP8_MAX,
+    apply_block_scale,
+    block_amax,
+    cast_to_fp8,
+    e8m0_scale_inv_code,
+    e8m0_to_float,
+    fp8_to_float,
+    matrix_dims,
+    pad_2d,
+    round_up,
+    to_blocks,
+)
+
+__all__ = ["MXFP8Quantizer", "MXFP8Tensor", "MXFP8TensorStorage"]
+
+MXFP8_BLOCK = 32
+
+
+def _block_shape(columnwise: bool) -> tuple[int, int]:
+    return (MXFP8_BLOCK, 1) if columnwise else (1, MXFP8_BLOCK)
+
+
+class _MXFP8Data(QuantizedData):
+    INNER_NAMES: ClassVar[tuple[str, ...]] = (
+        "_rowwise_data",
+        "_rowwise_scale_inv",
+        "_columnwise_data",
+        "_columnwise_scale_inv",
+    )
+    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_rowwise_data", "_rowwise_scale_inv")
+    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_columnwise_data", "_columnwise_scale_inv")
+
+    @classmethod
+    def _logical_shape(cls, inner: Mapping[str, Optional[torch.Tensor]]) -> torch.Size:
+        data = inner.get("_rowwise_data")
+        return (data if data is not None else inner["_columnwise_data"]).shape
+
+    def _dequantize_fp32(self, columnwise: bool) -> torch.Tensor:
+        prefix = "_columnwise" if columnwise else "_rowwise"
+        data, codes = getattr(self, prefix + "_data"), getattr(self, prefix + "_scale_inv")
+        m, k = matrix_dims(self.shape)
+        rows, cols = _block_shape(columnwise)
+        values = fp8_to_float(data, self._quantizer.fp8_dtype).reshape(m, k)
+        scale_inv = e8m0_to_float(codes[: m // rows, : k // cols])
+        return apply_block_scale(values, scale_inv, rows, cols).reshape(self.shape)
+
+
+class MXFP8TensorStorage(_MXFP8Data, QuantizedStorage):
+    """Bare MXFP8 value."""
+
+
+class MXFP8Tensor(_MXFP8Data, QuantizedTensor):
+    """MXFP8 wrapper tensor subclass."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP8Quantizer(Quantizer):
+    """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales."""
+
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn
+
+    storage_cls: ClassVar[type] = MXFP8TensorStorage
+    wrapper_cls: ClassVar[type] = MXFP8Tensor
+    format_name: ClassVar[str] = "MXFP8"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fp8_dtype not in FP8_DTYPES:
+            raise TypeError(
+                f"MXFP8Quantizer: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                f"got {self.fp8_dtype}"
+            )
+
+    def check_shape(self, shape: Sequence[Any]) -> None:
+        super().check_shape(shape)
+        m, k = matrix_dims(shape)
+        if self.rowwise_usage and k % MXFP8_BLOCK != 0:
+            raise ValueError(
+                f"MXFP8 rowwise usage needs the last dim K to be a multiple of {MXFP8_BLOCK}, "
+                f"got shape {tuple(shape)}"
+            )
+        if self.columnwise_usage and m % MXFP8_BLOCK != 0:
+            raise ValueError(
+                f"MXFP8 columnwise usage needs the product of the leading dims M to be a "
+                f"multiple of {MXFP8_BLOCK}, got shape {tuple(shape)}"
+            )
+
+    def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
+        self.check_shape(shape)
+        m, k = matrix_dims(shape)
+        layout: list[tuple[str, tuple[Any, ...], torch.dtype]] = []
+        if self.rowwise_usage:
+            layout.append(("_rowwise_data", tuple(shape), torch.uint8))
+            scale_shape = (round_up(m, 128), round_up(k // MXFP8_BLOCK, 4))
+            layout.append(("_rowwise_scale_inv", scale_shape, torch.uint8))
+        if self.columnwise_usage:
+            layout.append(("_columnwise_data", tuple(shape), torch.uint8))
+            scale_shape = (round_up(m // MXFP8_BLOCK, 4), round_up(k, 128))
+            layout.append(("_columnwise_scale_inv", scale_shape, torch.uint8))
+        return tuple(layout)
+
+    def _quantize_usage(self, x2d: torch.Tensor, columnwise: bool) -> tuple[torch.Tensor, ...]:
+        rows, cols = _block_shape(columnwise)
+        fmax = FP8_MAX[self.fp8_dtype]
+        codes = e8m0_scale_inv_code(block_amax(to_blocks(x2d, rows, cols)), fmax)
+        scale = torch.exp2(E8M0_BIAS - codes.float())  # exact: 1 / 2**(code - 127)
+        data = cast_to_fp8(apply_block_scale(x2d, scale, rows, cols), self.fp8_dtype)
+        m, k = x2d.shape
+        if columnwise:
+            padded = pad_2d(codes, round_up(m // MXFP8_BLOCK, 4), round_up(k, 128))
+        else:
+            padded = pad_2d(codes, round_up(m, 128), round_up(k // MXFP8_BLOCK, 4))
+        return data, padded
+
+    def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        x2d = x.float().reshape(matrix_dims(x.shape))
+        inner: dict[str, Optional[torch.Tensor]] = {}
+        for columnwise, prefix in ((False, "_rowwise"), (True, "_columnwise")):
+            if self.columnwise_usage if columnwise else self.rowwise_usage:
+                data, codes = self._quantize_usage(x2d, columnwise)
+                inner[prefix + "_data"] = data.reshape(x.shape)
+                inner[prefix + "_scale_inv"] = codes
+        return inner

@@ -1,0 +1,34 @@
+"""The op declaration: the one statement per op that the generator reads.
+
+An op module (``transformer_engine_ops/ops/*.py``) states, next to its argument
+bundles, which bundles form the forward and backward op, which forward fields
+receive gradients, and which hand-written functions implement it. ``codegen``
+reads the call statically (every argument must be a literal or a bare name);
+at run time the object is an inert record that documentation and tests may read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OpDeclaration:
+    """A forward/backward custom-op pair over two argument bundles.
+
+    ``name`` becomes ``<namespace>::<name>_fwd`` and ``<name>_bwd``.
+    ``grad_fields`` names the forward-bundle tensor fields whose gradients the
+    backward op returns, in the order the backward returns them.
+    """
+
+    name: str
+    forward: type
+    backward: type
+    grad_fields: tuple[str, ...]
+    forward_impl: Callable[..., Any] | None = None
+    backward_impl: Callable[..., Any] | None = None
+    forward_spec: Callable[..., Any] | None = None
+    backward_spec: Callable[..., Any] | None = None
+    setup_context: Callable[..., Any] | None = None

@@ -1,0 +1,559 @@
+"""Format-independent bases: quantizers (immutable values) and quantized tensors.
+
+A quantizer's configuration is its identity: concrete quantizers are frozen dataclasses
+whose fields are the config, so equality and hashing come from the fields, and the
+registered value-opaque base lets torch.compile bake a quantizer into a graph as a
+constant. A quantized value exists in two forms sharing one implementation
+(:class:`QuantizedData`): a bare :class:`QuantizedStorage` (not a tensor; cheap, for
+internal use) and a :class:`QuantizedTensor` wrapper subclass (for parameters and
+outputs). Each format lists its inner buffers once, in flatten order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Optional, Union
+
+import torch
+
+from .opaque import OpaqueBase, register_value_type
+
+__all__ = [
+    "InnerLayout",
+    "QuantizedData",
+    "QuantizedStorage",
+    "QuantizedTensor",
+    "Quantizer",
+    "flatten_context",
+    "is_quantized",
+    "quantized_tensor_classes",
+    "require_value_opaque",
+    "value_opaque_reason",
+]
+
+# (name, shape, dtype) of each present inner buffer, in flatten order.
+InnerLayout = tuple[tuple[str, tuple[Any, ...], torch.dtype], ...]
+
+# High-precision dtypes every reference quantizer accepts.
+SUPPORTED_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Devices the plain-PyTorch reference quantizes on.
+SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _fx_value_repr(value: Any, owner: str, name: str) -> str:
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"float({str(value)!r})"
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return str(value)  # "torch.float8_e4m3fn", evaluable with torch in globals
+    raise TypeError(f"{owner}.{name}: value {value!r} has no evaluable FX representation")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantizer(OpaqueBase):
+    """Abstract base of all quantizers; a quantizer is an immutable configuration value.
+
+    ``rowwise_usage``/``columnwise_usage`` choose which layouts ``quantize`` produces;
+    ``internal`` chooses a bare storage (True) or a wrapper tensor subclass (False).
+    Concrete formats are ``@dataclass(frozen=True)`` subclasses adding their own fields.
+    """
+
+    rowwise_usage: bool = True
+    columnwise_usage: bool = True
+    internal: bool = False
+
+    storage_cls: ClassVar[type]
+    wrapper_cls: ClassVar[type]
+    value_opaque: ClassVar[bool] = True
+    not_value_opaque_reason: ClassVar[Optional[str]] = None
+    # Human-readable format name used in error messages ("MXFP8", "NVFP4", ...).
+    format_name: ClassVar[str] = "quantized"
+
+    def __post_init__(self) -> None:
+        if not (self.rowwise_usage or self.columnwise_usage):
+            raise ValueError(
+                f"{type(self).__name__}: at least one of rowwise_usage and "
+                "columnwise_usage must be True"
+            )
+
+    # ----- value semantics -----
+
+    def _replace(self, **changes: Any) -> Quantizer:
+        """A copy with ``changes``; stateful subclasses override to share their state."""
+        return dataclasses.replace(self, **changes)
+
+    def with_usage(
+        self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None
+    ) -> Quantizer:
+        """This quantizer with other usage flags (``None`` keeps a flag)."""
+        changes = {}
+        if rowwise is not None and rowwise != self.rowwise_usage:
+            changes["rowwise_usage"] = rowwise
+        if columnwise is not None and columnwise != self.columnwise_usage:
+            changes["columnwise_usage"] = columnwise
+        return self._replace(**changes) if changes else self
+
+    def with_internal(self, internal: bool) -> Quantizer:
+        """This quantizer producing storages (True) or wrapper tensors (False)."""
+        return self if internal == self.internal else self._replace(internal=internal)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
+        """``ClassName(field=value, ...)`` plus the globals that evaluate it."""
+        cls = type(self)
+        args = ", ".join(
+            f"{f.name}={_fx_value_repr(getattr(self, f.name), cls.__name__, f.name)}"
+            for f in dataclasses.fields(self)
+            if f.init
+        )
+        return f"{cls.__name__}({args})", {cls.__name__: cls, "torch": torch}
+
+    # ----- format hooks -----
+
+    def check_shape(self, shape: Sequence[Any]) -> None:
+        """Raise ValueError when the format cannot take ``shape`` with this usage."""
+        if len(shape) < 1:
+            raise ValueError(
+                f"{self.format_name} ({type(self).__name__}) needs a tensor of at least one "
+                f"dimension, got shape {tuple(shape)}"
+            )
+
+    def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
+        """Present inner buffers for ``shape`` and this usage, in flatten order."""
+        raise NotImplementedError(f"{type(self).__name__} does not define inner_layout")
+
+    def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        """The format's math: inner buffers (by name) for this usage."""
+        raise NotImplementedError(f"{type(self).__name__} does not define _quantize_impl")
+
+    # ----- construction -----
+
+    def check_input(self, t: torch.Tensor) -> None:
+        """Raise TypeError/ValueError naming the format when ``t`` cannot be quantized."""
+        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):
+            raise TypeError(
+                f"{self.format_name} ({type(self).__name__}) quantizes plain tensors, "
+                f"got {type(t).__name__}"
+            )
+        if t.dtype not in SUPPORTED_INPUT_DTYPES:
+            raise TypeError(
+                f"{self.format_name} ({type(self).__name__}) cannot quantize dtype {t.dtype}; "
+                "expected one of float32, bfloat16, float16"
+            )
+        if t.device.type not in SUPPORTED_DEVICE_TYPES:
+            raise ValueError(
+                f"{self.format_name} ({type(self).__name__}) reference quantization runs on "
+                f"cpu or cuda tensors, got a tensor on {t.device}"
+            )
+        self.check_shape(t.shape)
+
+    def quantize(self, t: torch.Tensor) -> Union[QuantizedStorage, QuantizedTensor]:
+        """Quantize ``t``; a storage when ``internal`` else a wrapper tensor."""
+        self.check_input(t)
+        inner = self._quantize_impl(t.detach())
+        cls = self.storage_cls if self.internal else self.wrapper_cls
+        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
+
+    def make_empty(
+        self,
+        shape: Sequence[Any],
+        *,
+        dtype: torch.dtype,
+        device: Optional[Union[str, torch.device]] = None,
+        requires_grad: bool = False,
+    ) -> Union[QuantizedStorage, QuantizedTensor]:
+        """Uninitialised quantized value (``torch.empty``; allocates nothing under fake mode)."""
+        inner = {
+            name: torch.empty(buf_shape, dtype=buf_dtype, device=device)
+            for name, buf_shape, buf_dtype in self.inner_layout(shape)
+        }
+        if self.internal:
+            return self.storage_cls(inner, quantizer=self, dtype=dtype, shape=shape)
+        return self.wrapper_cls(
+            inner, quantizer=self, dtype=dtype, shape=shape, requires_grad=requires_grad
+        )
+
+
+register_value_type(Quantizer)
+
+
+def value_opaque_reason(q: Quantizer) -> Optional[str]:
+    """Why ``q`` cannot be baked into a graph as a constant, or None when it can."""
+    if getattr(type(q), "value_opaque", True):
+        return None
+    return type(q).not_value_opaque_reason or "it is declared not value-opaque"
+
+
+def require_value_opaque(q: Quantizer) -> None:
+    """Raise TypeError naming the class and the reason when ``q`` is not value-opaque."""
+    reason = value_opaque_reason(q)
+    if reason is not None:
+        raise TypeError(f"{type(q).__name__} is not a value-opaque quantizer: {reason}")
+
+
+# ----------------------------------------------------------------------------------------
+# Quantized data: shared by the bare storage and the wrapper tensor subclass.
+# ----------------------------------------------------------------------------------------
+
+FlattenContext = tuple[tuple[str, Any], ...]
+
+
+def flatten_context(quantizer: Quantizer, dtype: torch.dtype) -> FlattenContext:
+    """The ``__tensor_flatten__`` context of a quantized value: hashable and shape-free.
+
+    It rides in a value-opaque constant even when shapes are symbolic. The quantizer
+    carries usage and form (storage or wrapper); the buffers carry the shapes.
+    """
+    return (("dtype", dtype), ("quantizer", quantizer))
+
+
+class QuantizedData:
+    """Inner buffers + quantizer + fake dtype; the code both quantized forms share.
+
+    A format mixin sets ``INNER_NAMES`` (full flatten order), ``ROWWISE_NAMES`` and
+    ``COLUMNWISE_NAMES`` (buffers that exist only for that usage; the rest always exist)
+    and implements ``_logical_shape``, ``_dequantize_fp32`` and, where the data allows,
+    ``_derive_usage``. The quantizer held by a value always describes its present
+    buffers: its usage flags match them and ``internal`` matches the form.
+    """
+
+    INNER_NAMES: ClassVar[tuple[str, ...]] = ()
+    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ()
+    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ()
+
+    _quantizer: Quantizer
+    _dtype: torch.dtype
+
+    # ----- format hooks -----
+
+    @classmethod
+    def _logical_shape(cls, inner: Mapping[str, Optional[torch.Tensor]]) -> torch.Size:
+        raise NotImplementedError
+
+    def _dequantize_fp32(self, columnwise: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _derive_usage(self, columnwise: bool) -> dict[str, torch.Tensor]:
+        """Buffers of the missing usage computed from the present one (exactly), if possible."""
+        which = "columnwise" if columnwise else "rowwise"
+        raise RuntimeError(
+            f"{type(self).__name__} cannot create {which} data from the other usage "
+            f"({self._quantizer.format_name} scales differ per direction); quantize the "
+            "high-precision tensor with that usage instead"
+        )
+
+    # ----- shared behaviour -----
+
+    def _init_quantized(
+        self,
+        inner: Mapping[str, Optional[torch.Tensor]],
+        quantizer: Quantizer,
+        dtype: torch.dtype,
+    ) -> None:
+        unknown = set(inner) - set(self.INNER_NAMES)
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: unknown inner buffers {sorted(unknown)}; "
+                f"expected names among {self.INNER_NAMES}"
+            )
+        for name in self.INNER_NAMES:
+            object.__setattr__(self, name, inner.get(name))
+        rowwise = any(inner.get(n) is not None for n in self.ROWWISE_NAMES)
+        columnwise = any(inner.get(n) is not None for n in self.COLUMNWISE_NAMES)
+        if not (rowwise or columnwise):
+            raise ValueError(f"{type(self).__name__}: neither rowwise nor columnwise data given")
+        quantizer = quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
+        self._quantizer = quantizer.with_internal(isinstance(self, QuantizedStorage))
+        self._dtype = dtype
+        missing = [n for n in self._expected_names(rowwise, columnwise) if inner.get(n) is None]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: missing inner buffers {missing}")
+
+    @classmethod
+    def _expected_names(cls, rowwise: bool, columnwise: bool) -> tuple[str, ...]:
+        def wanted(name: str) -> bool:
+            if name in cls.ROWWISE_NAMES:
+                return rowwise
+            if name in cls.COLUMNWISE_NAMES:
+                return columnwise
+            return True
+
+        return tuple(n for n in cls.INNER_NAMES if wanted(n))
+
+    @property
+    def quantizer(self) -> Quantizer:
+        return self._quantizer
+
+    @property
+    def rowwise_usage(self) -> bool:
+        return self._quantizer.rowwise_usage
+
+    @property
+    def columnwise_usage(self) -> bool:
+        return self._quantizer.columnwise_usage
+
+    def inner_names(self) -> tuple[str, ...]:
+        """Names of the present inner buffers, in flatten order."""
+        return tuple(n for n in self.INNER_NAMES if getattr(self, n) is not None)
+
+    def inner_tensors(self) -> list[torch.Tensor]:
+        """Present inner buffers, in :meth:`inner_names` order."""
+        return [getattr(self, n) for n in self.inner_names()]
+
+    def _inner_dict(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, n) for n in self.inner_names()}
+
+    def __tensor_flatten__(self) -> tuple[list[str], FlattenContext]:
+        return list(self.inner_names()), flatten_context(self._quantizer, self._dtype)
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """High-precision value, from rowwise data when present, else columnwise."""
+        return self.dequantize_usage(columnwise=not self.rowwise_usage, dtype=dtype)
+
+    def dequantize_usage(
+        self, *, columnwise: bool, dtype: Optional[torch.dtype] = None
+    ) -> torch.Tensor:
+        """High-precision value from one usage's data (GEMMs read the layout they use)."""
+        present = self.columnwise_usage if columnwise else self.rowwise_usage
+        if not present:
+            which = "columnwise" if columnwise else "rowwise"
+            raise ValueError(
+                f"{type(self).__name__} has no {which} data (usage: rowwise="
+                f"{self.rowwise_usage}, columnwise={self.columnwise_usage})"
+            )
+        return self._dequantize_fp32(columnwise).to(dtype or self._dtype)
+
+    def update_usage(
+        self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None
+    ) -> None:
+        """Drop a usage's buffers, or create them from the other usage where exact."""
+        rowwise = self.rowwise_usage if rowwise_usage is None else rowwise_usage
+        columnwise = self.columnwise_usage if columnwise_usage is None else columnwise_usage
+        if not (rowwise or columnwise):
+            raise ValueError(f"{type(self).__name__}: cannot drop both rowwise and columnwise data")
+        inner = self._inner_dict()
+        if rowwise and not self.rowwise_usage:
+            inner.update(self._derive_usage(columnwise=False))
+        if columnwise and not self.columnwise_usage:
+            inner.update(self._derive_usage(columnwise=True))
+        dropped = (() if rowwise else self.ROWWISE_NAMES) + (
+            () if columnwise else self.COLUMNWISE_NAMES
+        )
+        for name in self.INNER_NAMES:
+            object.__setattr__(self, name, None if name in dropped else inner.get(name))
+        self._quantizer = self._quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
+
+    def _describe(self) -> str:
+        buffers = ", ".join(
+            f"{n}={tuple(t.shape)}:{str(t.dtype).removeprefix('torch.')}"
+            for n, t in self._inner_dict().items()
+        )
+        return (
+            f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self._dtype}, "
+            f"quantizer={self._quantizer!r}, {buffers})"
+        )
+
+
+class QuantizedStorage(QuantizedData):
+    """A bare quantized value: inner buffers and metadata, not a ``torch.Tensor``."""
+
+    def __init__(
+        self,
+        inner: Mapping[str, Optional[torch.Tensor]],
+        *,
+        quantizer: Quantizer,
+        dtype: torch.dtype,
+        shape: Optional[Iterable[Any]] = None,
+    ) -> None:
+        self._init_quantized(inner, quantizer, dtype)
+        self._shape = torch.Size(shape) if shape is not None else self._logical_shape(inner)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    def size(self, dim: Optional[int] = None) -> Any:
+        return self._shape if dim is None else self._shape[dim]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The fake (high-precision) dtype the value stands for."""
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner_tensors()[0].device
+
+    @property
+    def requires_grad(self) -> bool:
+        return False
+
+    @classmethod
+    def __tensor_unflatten__(
+        cls,
+        inner: Mapping[str, torch.Tensor],
+        ctx: FlattenContext,
+        outer_size: Optional[Iterable[Any]],
+        outer_stride: Optional[Iterable[Any]],
+    ) -> QuantizedStorage:
+        meta = dict(ctx)
+        return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
+
+    def __repr__(self) -> str:
+        return self._describe()
+
+
+_WRAPPER_CLASSES: list[type] = []
+
+
+def quantized_tensor_classes() -> tuple[type, ...]:
+    """Every concrete wrapper subclass, so op glue can add torch-dispatch rules for each."""
+    return tuple(_WRAPPER_CLASSES)
+
+
+class _Dequantize(torch.autograd.Function):
+    """Dequantize with a straight-through gradient, as TE's quantized tensors do."""
+
+    @staticmethod
+    def forward(ctx: Any, t: QuantizedTensor, columnwise: bool, dtype: torch.dtype) -> Any:
+        return QuantizedData.dequantize_usage(t, columnwise=columnwise, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
+        return grad, None, None
+
+
+_aten = torch.ops.aten
+
+
+class QuantizedTensor(QuantizedData, torch.Tensor):
+    """Wrapper tensor subclass: presents the logical shape and the fake dtype.
+
+    Ops it does not know run on the dequantized value, so ``x + 1`` works; detach,
+    clone, alias, device moves and ``copy_`` keep it quantized, which is what an
+    ``nn.Parameter`` needs.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.INNER_NAMES:
+            _WRAPPER_CLASSES.append(cls)
+
+    @staticmethod
+    def __new__(
+        cls,
+        inner: Mapping[str, Optional[torch.Tensor]],
+        *,
+        quantizer: Quantizer,
+        dtype: torch.dtype,
+        shape: Optional[Iterable[Any]] = None,
+        requires_grad: bool = False,
+    ) -> QuantizedTensor:
+        size = torch.Size(shape) if shape is not None else cls._logical_shape(inner)
+        device = next(t.device for t in inner.values() if t is not None)
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, size, dtype=dtype, device=device, requires_grad=requires_grad
+        )
+        self._init_quantized(inner, quantizer, dtype)
+        return self
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:  # type: ignore[override]
+        return self.dequantize_usage(columnwise=not self.rowwise_usage, dtype=dtype)
+
+    def dequantize_usage(
+        self, *, columnwise: bool, dtype: Optional[torch.dtype] = None
+    ) -> torch.Tensor:
+        if self.requires_grad and torch.is_grad_enabled():
+            return _Dequantize.apply(self, columnwise, dtype or self._dtype)
+        return QuantizedData.dequantize_usage(self, columnwise=columnwise, dtype=dtype)
+
+    def _map_inner(self, fn: Any, **kwargs: Any) -> QuantizedTensor:
+        inner = {n: fn(t) for n, t in self._inner_dict().items()}
+        return type(self)(
+            inner, quantizer=self._quantizer, dtype=self._dtype, shape=self.shape, **kwargs
+        )
+
+    @classmethod
+    def __tensor_unflatten__(
+        cls,
+        inner: Mapping[str, torch.Tensor],
+        ctx: FlattenContext,
+        outer_size: Optional[Iterable[Any]],
+        outer_stride: Optional[Iterable[Any]],
+    ) -> QuantizedTensor:
+        meta = dict(ctx)
+        return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        handler = _DISPATCH_RULES.get(func)
+        if handler is not None:
+            result = handler(func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+
+        def unwrap(x: Any) -> Any:
+            if not isinstance(x, QuantizedTensor):
+                return x
+            return QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
+
+        args, kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return self._describe()
+
+
+def _rule_same(func: Any, args: tuple, kwargs: dict) -> Any:
+    """detach / alias: the same quantized value, new tensor identity."""
+    return args[0]._map_inner(func)
+
+
+def _rule_clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return NotImplemented
+    return args[0]._map_inner(lambda t: t.clone())
+
+
+def _rule_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A device move keeps the value quantized; a dtype change dequantizes."""
+    src = args[0]
+    if kwargs.get("dtype") not in (None, src.dtype) or set(kwargs) - {"dtype", "device"}:
+        return NotImplemented
+    device = kwargs.get("device")
+    return src._map_inner(lambda t: t.to(device=device))
+
+
+def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``dst.copy_(src)`` into a quantized dst re-quantizes src with dst's quantizer."""
+    dst, src = args[0], args[1]
+    if not isinstance(dst, QuantizedTensor):
+        return NotImplemented
+    if isinstance(src, QuantizedData):
+        src = QuantizedData.dequantize_usage(src, columnwise=not src.rowwise_usage)
+    fresh = dst._quantizer.with_internal(True).quantize(src.to(dst.device, dst._dtype))
+    for name in dst.inner_names():
+        getattr(dst, name).copy_(getattr(fresh, name))
+    return dst
+
+
+_DISPATCH_RULES: dict[Any, Any] = {
+    _aten.detach.default: _rule_same,
+    _aten.alias.default: _rule_same,
+    _aten.clone.default: _rule_clone,
+    _aten._to_copy.default: _rule_to_copy,
+    _aten.copy_.default: _rule_copy_,
+}
+
+
+def is_quantized(x: Any) -> bool:
+    """Whether ``x`` is a quantized storage or a quantized wrapper tensor."""
+    return isinstance(x, QuantizedData)
