@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from . import FORMAT_VERSION
 from .config import Config
-from .model import Bundle, Field, Kind, Op, SourceModule
+from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Kind, Op, SourceModule
 
 # Run-time check target for each scalar's Python type, as generated code spells it.
 _SCALAR_CHECK = {
@@ -30,6 +30,17 @@ class FieldCode:
 
 
 @dataclass(frozen=True)
+class SpecField:
+    """A tensor-carrying field and the runtime helper that describes it as TensorSpec(s)."""
+
+    name: str
+    spec_fn: str
+
+
+_TENSOR_KINDS = {Kind.TENSOR: "spec", Kind.TENSOR_OR_QUANTIZED: "spec", Kind.TENSOR_LIST: "specs"}
+
+
+@dataclass(frozen=True)
 class BundleContext:
     name: str
     role: str  # "forward" or "backward"
@@ -41,6 +52,8 @@ class BundleContext:
     slot_rows: tuple[tuple[str, str, str, str], ...]  # field, kind, slot, type
     fields: tuple[FieldCode, ...]
     schema: str
+    spec_name: str
+    tensor_fields: tuple[SpecField, ...]
 
 
 def snake(name: str) -> str:
@@ -52,6 +65,10 @@ class _Imports:
 
     def __init__(self) -> None:
         self._local: dict[str, str] = {}  # qualified name -> local name
+        self._modules: dict[str, list[str]] = {"transformer_engine_ops.runtime": ["boundary as _b"]}
+
+    def use_module(self, package: str, module: str, alias: str) -> None:
+        self._modules.setdefault(package, []).append(f"{module} as {alias}")
 
     def use(self, qualname: str) -> str:
         if qualname not in self._local:
@@ -65,16 +82,22 @@ class _Imports:
         return self._local[qualname]
 
     def lines(self) -> list[str]:
-        by_module: dict[str, list[str]] = {"transformer_engine_ops.runtime": ["boundary as _b"]}
+        by_module: dict[str, list[str]] = {k: list(v) for k, v in self._modules.items()}
         for qualname, local in self._local.items():
             module, short = qualname.rsplit(".", 1)
             by_module.setdefault(module, []).append(
                 short if short == local else f"{short} as {local}"
             )
-        return [
-            f"from {module} import {', '.join(sorted(names))}"
-            for module, names in sorted(by_module.items())
-        ]
+        # One line per module for plain names, one line per `name as alias` (isort's
+        # default, which `ruff check` enforces on generated/), ordered by first name.
+        lines = []
+        for module, names in sorted(by_module.items()):
+            plain = sorted(n for n in names if " as " not in n)
+            groups = [plain] if plain else []
+            groups += [[n] for n in names if " as " in n]
+            for group in sorted(groups):
+                lines.append(f"from {module} import {', '.join(group)}")
+        return lines
 
 
 def _tuple_literal(items: tuple[str, ...]) -> str:
@@ -143,6 +166,37 @@ def _bundle_context(
         ),
         fields=tuple(_field_code(bundle, f, imports) for f in bundle.fields),
         schema=schema_string(bundle),
+        spec_name=f"spec_{snake(bundle.name)}",
+        tensor_fields=tuple(
+            SpecField(f.name, _TENSOR_KINDS[f.type.kind])
+            for f in bundle.fields
+            if f.type.kind in _TENSOR_KINDS
+        ),
+    )
+
+
+def slot_index(bundle: Bundle, field_name: str) -> int:
+    """Index of a field's first slot in its bundle's schema."""
+    index = 0
+    for f in bundle.fields:
+        if f.name == field_name:
+            return index
+        index += len(f.slots)
+    raise KeyError(field_name)
+
+
+def _int_tuple(items: list[int]) -> str:
+    inner = ", ".join(str(i) for i in items)
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def _quantized_slots(bundle: Bundle) -> str:
+    return _int_tuple(
+        [
+            slot_index(bundle, f.name)
+            for f in bundle.fields
+            if f.type.kind is Kind.TENSOR_OR_QUANTIZED
+        ]
     )
 
 
@@ -169,6 +223,17 @@ def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> 
     imports = _Imports()
     for bundle in (op.forward, op.backward):
         imports.use(bundle.qualname)
+    registration: dict = {"impls": op.impls}
+    if op.impls is not None:
+        for name in vars(op.impls).values():
+            imports.use(f"{source.module}.{name}")
+        imports.use_module("transformer_engine_ops.runtime", "custom_ops", "_r")
+        registration.update(
+            forward_grad_slots=_int_tuple([slot_index(op.forward, g) for g in op.grad_fields]),
+            forward_quantized_slots=_quantized_slots(op.forward),
+            backward_quantized_slots=_quantized_slots(op.backward),
+            backward_grad_outputs_slot=slot_index(op.backward, GRAD_OUTPUTS_FIELD),
+        )
     bundles = [
         _bundle_context(op, op.forward, "forward", config, imports),
         _bundle_context(op, op.backward, "backward", config, imports),
@@ -182,6 +247,9 @@ def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> 
         "bundles": bundles,
         "imports": imports.lines(),
         "grad_fields": _tuple_literal(op.grad_fields),
+        "fwd": bundles[0],
+        "bwd": bundles[1],
+        **registration,
     }
 
 

@@ -98,6 +98,8 @@ def render(expr: TypeExpr) -> str:
         return "[" + ", ".join(render(a) for a in expr.args) + "]"
     if expr.name == "<union>":
         return " | ".join(render(a) for a in expr.args)
+    if expr.name == "...":
+        return "..."
     base = expr.name.rsplit(".", 1)[-1]
     if not expr.args:
         return base

@@ -84,6 +84,10 @@ class Bundle:
         return next((f for f in self.fields if f.name == name), None)
 
 
+# The backward bundle field that receives the forward outputs' gradients.
+GRAD_OUTPUTS_FIELD = "grad_outputs"
+
+
 @dataclass(frozen=True)
 class Impls:
     """Names of the hand-written functions in the op module."""

@@ -7,19 +7,19 @@ and every entity keeps its ``path:line:col``.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import keyword
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, ScopeProvider
-from libcst.metadata.scope_provider import QualifiedNameSource, Scope
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from . import kinds
 from .config import Config
 from .errors import CodegenError, Location
-from .model import Bundle, Field, Impls, Op, SourceModule, TypeExpr
+from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Op, SourceModule, TypeExpr
 
 DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 _DATACLASS = "dataclasses.dataclass"
@@ -37,12 +37,12 @@ def module_name(path: str) -> str:
 
 @dataclass
 class _File:
-    """Per-file reading state: positions and the global scope for name resolution."""
+    """Per-file reading state: positions and the module-level names for resolution."""
 
     path: str
     module: str
-    positions: dict[cst.CSTNode, CodeRange]
-    scope: Scope
+    positions: Mapping[cst.CSTNode, CodeRange]
+    names: dict[str, str]  # module-level name -> qualified name
     aliases: dict[str, cst.BaseExpression]  # module-level `Alias = <annotation>`
     expanding: tuple[str, ...] = ()
 
@@ -50,27 +50,72 @@ class _File:
         start = self.positions[node].start
         return Location(self.path, start.line, start.column + 1)
 
+    def resolves(self, dotted: str) -> bool:
+        head = dotted.split(".", 1)[0]
+        return head in self.names or (head == dotted and head in _BUILTINS)
+
     def qualify(self, dotted: str, node: cst.CSTNode) -> str:
-        names = self.scope.get_qualified_names_for(dotted)
-        if not names:
-            raise CodegenError(
-                self.loc(node),
-                f"cannot resolve `{dotted}`: it is neither imported nor defined in this file",
-                f"import `{dotted.split('.')[0]}` or define it at module level",
-            )
-        if len(names) > 1:
-            found = ", ".join(sorted(n.name for n in names))
-            raise CodegenError(
-                self.loc(node),
-                f"`{dotted}` is ambiguous here ({found})",
-                "import it once, unconditionally",
-            )
-        (name,) = names
-        if name.source is QualifiedNameSource.LOCAL:
-            return f"{self.module}.{name.name}"
-        if name.name == "builtins.None":
-            return "None"
-        return name.name
+        head, _, rest = dotted.partition(".")
+        if head in self.names:
+            return self.names[head] + (f".{rest}" if rest else "")
+        if not rest and head in _BUILTINS:
+            return f"builtins.{head}"
+        raise CodegenError(
+            self.loc(node),
+            f"cannot resolve `{dotted}`: it is neither imported nor defined in this file",
+            f"import `{head}` or define it at module level",
+        )
+
+
+_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
+
+
+def _module_names(body: Sequence[cst.CSTNode], module: str) -> dict[str, str]:
+    """What each module-level name means: imports resolved, local definitions qualified.
+
+    Annotations are evaluated in module scope, so this table is all name resolution
+    needs (libcst's ScopeProvider would also work, at twice the cost of a whole run).
+    """
+    names: dict[str, str] = {}
+    package = module.rsplit(".", 1)[0]
+    for statement in body:
+        if isinstance(statement, cst.ClassDef | cst.FunctionDef):
+            names[statement.name.value] = f"{module}.{statement.name.value}"
+        elif isinstance(statement, cst.If | cst.Try):  # `if TYPE_CHECKING:` and friends
+            blocks = [statement.body, *([statement.orelse] if statement.orelse else [])]
+            for block in blocks:
+                names.update(_module_names(getattr(block, "body", []), module))
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        dotted = _dotted(alias.name) or ""
+                        if alias.asname is not None:
+                            names[_dotted(alias.asname.name) or dotted] = dotted  # type: ignore[arg-type]
+                        else:
+                            head = dotted.split(".", 1)[0]
+                            names[head] = head
+                elif isinstance(small, cst.ImportFrom) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
+                    base = _dotted(small.module) if small.module is not None else ""
+                    if small.relative:
+                        parent = (
+                            package.rsplit(".", len(small.relative) - 1)[0]
+                            if len(small.relative) > 1
+                            else package
+                        )
+                        base = f"{parent}.{base}" if base else parent
+                    for alias in small.names:
+                        name = alias.name.value  # type: ignore[union-attr]
+                        local = _dotted(alias.asname.name) if alias.asname else name  # type: ignore[union-attr]
+                        names[local or name] = f"{base}.{name}"
+                elif isinstance(small, cst.Assign | cst.AnnAssign):
+                    targets = small.targets if isinstance(small, cst.Assign) else [small]
+                    for target in targets:
+                        if isinstance(target.target, cst.Name):
+                            names[target.target.value] = f"{module}.{target.target.value}"
+    return names
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -95,7 +140,7 @@ def _type_expr(
             return TypeExpr("<literal>", where, value=node.evaluated_value)
         if isinstance(node, cst.Integer):
             return TypeExpr("<literal>", where, value=int(node.value))
-        if m.matches(node, m.Name("True") | m.Name("False")):
+        if isinstance(node, cst.Name) and node.value in ("True", "False"):
             return TypeExpr("<literal>", where, value=node.value == "True")  # type: ignore[union-attr]
     if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
         # A forward reference: libcst does not resolve these, so parse and resolve here.
@@ -117,7 +162,8 @@ def _type_expr(
         return TypeExpr(
             "<list>", where, tuple(_type_expr(file, e.value, anchor) for e in node.elements)
         )
-    if m.matches(node, m.BinaryOperation(operator=m.BitOr())):
+    # (libcst.matchers would read nicer but costs 0.4 s of import time per run.)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
         assert isinstance(node, cst.BinaryOperation)
         left = _type_expr(file, node.left, anchor)
         right = _type_expr(file, node.right, anchor)
@@ -186,7 +232,7 @@ def _is_dataclass(file: _File, cls: cst.ClassDef) -> bool:
         dotted = _dotted(target)
         if (
             dotted is not None
-            and file.scope.get_qualified_names_for(dotted)
+            and file.resolves(dotted)
             and file.qualify(dotted, target) == _DATACLASS
         ):
             return True
@@ -373,17 +419,19 @@ def _read_declaration(
 
     forward, backward = bundle("forward"), bundle("backward")
     grad_fields = _literal_strings(file, given["grad_fields"], "grad_fields")
-    for grad in grad_fields:
+    # _literal_strings checked the node: a tuple/list of strings, one element per name.
+    grad_nodes = given["grad_fields"].elements  # type: ignore[attr-defined]
+    for grad, grad_node in zip(grad_fields, grad_nodes, strict=True):
         field = forward.field(grad)
         if field is None:
             raise CodegenError(
-                file.loc(given["grad_fields"]),
+                file.loc(grad_node.value),
                 f"gradient field `{grad}` is not a field of `{forward.name}`",
                 f"name fields of {forward.name}",
             )
         if field.type.kind not in _GRADIENT_KINDS:
             raise CodegenError(
-                file.loc(given["grad_fields"]),
+                file.loc(grad_node.value),
                 f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
                 "which cannot receive a gradient",
                 "only tensor and tensor-or-quantized fields receive gradients",
@@ -415,7 +463,42 @@ def _read_declaration(
                 )
             names[key] = node.value
         impls = Impls(**names)
+        grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
+        if (
+            grad_outputs is None
+            or grad_outputs.type.kind is not kinds.Kind.TENSOR_LIST
+            or grad_outputs.type.optional
+        ):
+            raise CodegenError(
+                backward.location,
+                f"backward bundle `{backward.name}` needs a `{GRAD_OUTPUTS_FIELD}: "
+                "List[torch.Tensor]` field to receive the forward outputs' gradients",
+                f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
+            )
     return Op(op_name, forward, backward, grad_fields, impls, where)
+
+
+def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenError:
+    """Position a syntax error the way Python does.
+
+    libcst's native parser reports column 0 and often the line after the error, so
+    the position and message come from Python's own parser (``ast.parse`` compiles
+    nothing and runs nothing); libcst's are kept only when Python accepts the text.
+    """
+    hint = "fix the Python syntax; the generator reads this file as text"
+    try:
+        ast.parse(text, filename=path)
+    except SyntaxError as py:
+        if py.lineno:
+            return CodegenError(
+                Location(path, py.lineno, py.offset or 1), f"syntax error: {py.msg}", hint
+            )
+    except ValueError:  # e.g. a NUL byte (Python < 3.12 raises ValueError for it)
+        pass
+    message = str(exc.message).rstrip(".")
+    return CodegenError(
+        Location(path, exc.raw_line, exc.raw_column + 1), f"syntax error: {message}", hint
+    )
 
 
 def read_source(path: str, text: str, config: Config) -> SourceModule:
@@ -423,15 +506,10 @@ def read_source(path: str, text: str, config: Config) -> SourceModule:
     try:
         tree = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
-        message = str(exc.message).rstrip(".")
-        raise CodegenError(
-            Location(path, exc.raw_line, exc.raw_column + 1),
-            f"syntax error: {message}",
-            "fix the Python syntax; the generator reads this file as text",
-        ) from None
-    wrapper = MetadataWrapper(tree)
+        raise _syntax_error(path, text, exc) from None
+    # The tree is ours alone, so the wrapper need not deep-copy it.
+    wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
-    scopes = wrapper.resolve(ScopeProvider)
     body: Sequence[cst.CSTNode] = wrapper.module.body
     aliases = {
         small.targets[0].target.value: small.value
@@ -443,13 +521,8 @@ def read_source(path: str, text: str, config: Config) -> SourceModule:
         and isinstance(small.targets[0].target, cst.Name)
         and isinstance(small.value, cst.Subscript | cst.BinaryOperation)
     }
-    file = _File(
-        path,
-        module_name(path),
-        positions,
-        scopes[wrapper.module],  # type: ignore[arg-type]
-        aliases,
-    )
+    module = module_name(path)
+    file = _File(path, module, positions, _module_names(body, module), aliases)
 
     classes = [s for s in body if isinstance(s, cst.ClassDef)]
     enums = frozenset(
@@ -469,7 +542,7 @@ def read_source(path: str, text: str, config: Config) -> SourceModule:
             if not isinstance(value, cst.Call):
                 continue
             callee = _dotted(value.func)
-            if callee is None or not file.scope.get_qualified_names_for(callee):
+            if callee is None or not file.resolves(callee):
                 continue
             if file.qualify(callee, value.func) == DECLARATION:
                 if ops:

@@ -87,6 +87,8 @@ class Float8Tensor(_Float8Data, QuantizedTensor):
 
 @dataclasses.dataclass(frozen=True)
 class _Float8PerTensorQuantizer(Quantizer):
+    """What the delayed- and current-scaling per-tensor FP8 quantizers share."""
+
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
 
     storage_cls: ClassVar[type] = Float8TensorStorage

@@ -1,0 +1,24 @@
+# expect: 23:6 duplicate op name `shared`
+"""Corpus: an op name another module (_duplicate_op_support.py) already uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+    scale: float
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+OP = OpDeclaration(name="shared", forward=FwdArgs, backward=BwdArgs, grad_fields=("inp",))
+

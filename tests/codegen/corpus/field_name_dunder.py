@@ -1,0 +1,25 @@
+# expect: 18:5 contains `__`
+"""Corpus: a field name with `__` would clash with extra slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+    scale: float
+    weight__scale: torch.Tensor
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+OP = OpDeclaration(name="bad", forward=FwdArgs, backward=BwdArgs, grad_fields=("inp",))
+

@@ -1,0 +1,246 @@
+"""What every generated op module calls: field checks, packing and unpacking.
+
+Generated ``flatten_*`` functions call one checker per field, so a wrong value
+is reported as ``Bundle.field: expected ..., got ...`` before any kernel runs;
+generated ``unflatten_*`` functions call the inverse helpers. Nothing here
+inspects a bundle: the generator already decided what each field is.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from .opaque import register_value_type
+from .quantizer import QuantizedStorage, QuantizedTensor, Quantizer
+
+FORMAT_VERSION = 1
+
+INT = (int, torch.SymInt)
+FLOAT = (float, int, torch.SymFloat, torch.SymInt)
+
+
+class SlotRow(NamedTuple):
+    """One schema slot of a bundle field, as generated slot tables list them."""
+
+    field: str
+    kind: str
+    slot: str
+    type: str
+
+
+def require_format_version(version: int, module: str) -> None:
+    """Refuse a generated module written for another runtime format."""
+    if version != FORMAT_VERSION:
+        raise ImportError(
+            f"{module} was generated for format version {version}, but this runtime "
+            f"speaks version {FORMAT_VERSION}: run `make codegen`"
+        )
+
+
+def _type_names(expected: type | tuple[type, ...]) -> str:
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(getattr(k, "__qualname__", str(k)) for k in kinds)
+
+
+def _mismatch(where: str, expected: str, value: object) -> TypeError:
+    return TypeError(f"{where}: expected {expected}, got {type(value).__qualname__}")
+
+
+# `issubclass(type(v), T)` rather than `isinstance(v, T)`: quantizers derive from
+# torch's OpaqueBase, whose metaclass answers isinstance in Python (5x slower).
+def check(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
+    if issubclass(type(value), expected):
+        return value
+    raise _mismatch(where, _type_names(expected), value)
+
+
+def check_optional(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
+    if value is None or issubclass(type(value), expected):
+        return value
+    raise _mismatch(where, f"{_type_names(expected)} or None", value)
+
+
+def tensor_list(value: Any, where: str) -> list[torch.Tensor]:
+    if isinstance(value, list | tuple) and all(isinstance(t, torch.Tensor) for t in value):
+        return list(value)
+    raise _mismatch(where, "a list of Tensors", value)
+
+
+def optional_tensor_list(value: Any, where: str) -> list[torch.Tensor] | None:
+    return None if value is None else tensor_list(value, where)
+
+
+def size(value: Any, where: str) -> list[Any]:
+    if isinstance(value, torch.Size | tuple | list) and all(isinstance(d, INT) for d in value):
+        return list(value)
+    raise _mismatch(where, "torch.Size or a tuple of ints", value)
+
+
+def optional_size(value: Any, where: str) -> list[Any] | None:
+    return None if value is None else size(value, where)
+
+
+def optional_torch_size(value: Sequence[Any] | None) -> torch.Size | None:
+    return None if value is None else torch.Size(value)
+
+
+def enum_name(value: Any, cls: type[enum.Enum], where: str) -> str:
+    if isinstance(value, cls):
+        return value.name
+    raise _mismatch(where, cls.__qualname__, value)
+
+
+def optional_enum_name(value: Any, cls: type[enum.Enum], where: str) -> str | None:
+    return None if value is None else enum_name(value, cls, where)
+
+
+def optional_enum(cls: type[enum.Enum], name: str | None) -> enum.Enum | None:
+    return None if name is None else cls[name]
+
+
+def choice(value: Any, choices: tuple[str, ...], where: str) -> str:
+    if isinstance(value, str) and value in choices:
+        return value
+    allowed = ", ".join(repr(c) for c in choices)
+    if isinstance(value, str):
+        raise ValueError(f"{where}: expected one of {allowed}, got {value!r}")
+    raise _mismatch(where, f"one of {allowed}", value)
+
+
+def optional_choice(value: Any, choices: tuple[str, ...], where: str) -> str | None:
+    return None if value is None else choice(value, choices, where)
+
+
+def unsupported(value: Any, where: str) -> tuple[()]:
+    """A field that cannot cross an op boundary contributes no slot and must be None."""
+    if value is None:
+        return ()
+    raise TypeError(
+        f"{where}: this field cannot cross the op boundary and must be None, "
+        f"got {type(value).__qualname__}"
+    )
+
+
+# --- process groups: crossed by c10d registry name, resolved inside the op ---
+
+
+def group_name(value: Any, where: str) -> str:
+    if isinstance(value, dist.ProcessGroup):
+        return value.group_name
+    raise _mismatch(where, "ProcessGroup", value)
+
+
+def optional_group_name(value: Any, where: str) -> str | None:
+    return None if value is None else group_name(value, where)
+
+
+def resolve_group(name: str | None, where: str) -> dist.ProcessGroup | None:
+    if name is None:
+        return None
+    try:
+        return dist.distributed_c10d._resolve_process_group(name)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise ValueError(
+            f"{where}: process group {name!r} is not registered with c10d "
+            f"(was it destroyed, or created in another process?): {exc}"
+        ) from None
+
+
+# --- tensor-or-quantized: (Tensor?, Tensor[] inner buffers, QuantizedMeta) ---
+
+
+class QuantizedMeta:
+    """The value-opaque description of a tensor-or-quantized slot group.
+
+    ``tag`` says what crossed: ``none``, ``tensor`` (in the ``Tensor?`` slot; a
+    quantized wrapper subclass is turned into its buffers by the op's dispatch
+    rule), ``storage`` or ``wrapper`` (inner buffers of that class, in
+    ``inner_names`` order, rebuilt with ``context``). It holds no shapes, so it
+    stays hashable when shapes are symbolic.
+    """
+
+    __slots__ = ("tag", "cls", "inner_names", "context", "__weakref__")
+
+    def __init__(
+        self,
+        tag: str,
+        cls: type | None = None,
+        inner_names: tuple[str, ...] = (),
+        context: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        self.tag, self.cls, self.inner_names, self.context = tag, cls, inner_names, context
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.tag, self.cls, self.inner_names, self.context)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, QuantizedMeta) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"QuantizedMeta({self.tag!r}, {getattr(self.cls, '__qualname__', None)})"
+
+    def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
+        names: dict[str, Any] = {"QuantizedMeta": QuantizedMeta, "torch": torch}
+        if self.cls is None:
+            return f"QuantizedMeta({self.tag!r})", names
+        names[self.cls.__name__] = self.cls
+        items = []
+        for key, value in self.context:
+            if isinstance(value, Quantizer):
+                text, extra = value.__fx_repr__()
+                names.update(extra)
+            else:
+                text = repr(value)
+            items.append(f"({key!r}, {text})")
+        context = "(" + "".join(f"{item}, " for item in items) + ")"
+        return (
+            f"QuantizedMeta({self.tag!r}, {self.cls.__name__}, {self.inner_names!r}, {context})",
+            names,
+        )
+
+
+register_value_type(QuantizedMeta)
+
+_NONE_META = QuantizedMeta("none")
+_TENSOR_META = QuantizedMeta("tensor")
+
+
+def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, list, QuantizedMeta]:
+    """A quantized value as (no tensor, its inner buffers, its description)."""
+    names, context = value.__tensor_flatten__()
+    tag = "wrapper" if isinstance(value, torch.Tensor) else "storage"
+    meta = QuantizedMeta(tag, type(value), tuple(names), context)
+    return None, [getattr(value, n) for n in names], meta
+
+
+def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, QuantizedMeta]:
+    if isinstance(value, torch.Tensor):
+        return value, [], _TENSOR_META
+    if isinstance(value, QuantizedStorage):
+        return quantized_slots(value)
+    raise _mismatch(where, "Tensor or a quantized storage", value)
+
+
+def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, QuantizedMeta]:
+    if value is None:
+        return None, [], _NONE_META
+    return tensor_or_quantized(value, where)
+
+
+def unpack_tensor_or_quantized(
+    tensor: torch.Tensor | None, inner: Sequence[torch.Tensor], meta: QuantizedMeta
+) -> Any:
+    if meta.tag == "tensor":
+        return tensor
+    if meta.tag == "none":
+        return None
+    buffers = dict(zip(meta.inner_names, inner, strict=True))
+    return meta.cls.__tensor_unflatten__(buffers, meta.context, None, None)  # type: ignore[union-attr]
