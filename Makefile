@@ -38,11 +38,11 @@ test: check-codegen lint
 
 demo: $(STAMP)
 	$(PY) -m codegen --check
-	$(PY) -m codegen explain LinearFwdArgs
-	$(PY) -m codegen explain LinearBwdArgs
+	$(PY) demo/linear_demo.py
 
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/boundary.py
+	$(PY) benchmarks/codegen_time.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

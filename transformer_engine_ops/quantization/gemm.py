@@ -18,6 +18,7 @@ On CUDA, two per-tensor FP8 operands with dims that are multiples of 16 go throu
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Union
 
 import torch
@@ -104,8 +105,9 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
     if (B.columnwise_usage if b_col else B.rowwise_usage) is False:
         return None
     ka, kb = A.shape[-1], B.shape[-1]
-    ma = A.numel() // ka if A.numel() else 0
-    mb = B.numel() // kb if B.numel() else 0
+    # Storages are not tensors: count rows from the logical shape.
+    ma = math.prod(A.shape[:-1])
+    mb = math.prod(B.shape[:-1])
     if any(d % 16 != 0 or d == 0 for d in (ka, kb, ma, mb)):
         return None
     if layout == "TN":  # (M, K) @ (K, N): B data, A data viewed column-major

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .opaque import register_value_type
+from .opaque import OpaqueBase, register_value_type
 from .quantizer import QuantizedStorage, QuantizedTensor, Quantizer
 
 FORMAT_VERSION = 1
@@ -154,7 +154,7 @@ def resolve_group(name: str | None, where: str) -> dist.ProcessGroup | None:
 # --- tensor-or-quantized: (Tensor?, Tensor[] inner buffers, QuantizedMeta) ---
 
 
-class QuantizedMeta:
+class QuantizedMeta(OpaqueBase):
     """The value-opaque description of a tensor-or-quantized slot group.
 
     ``tag`` says what crossed: ``none``, ``tensor`` (in the ``Tensor?`` slot; a
@@ -164,7 +164,7 @@ class QuantizedMeta:
     stays hashable when shapes are symbolic.
     """
 
-    __slots__ = ("tag", "cls", "inner_names", "context", "__weakref__")
+    __slots__ = ("tag", "cls", "inner_names", "context")
 
     def __init__(
         self,

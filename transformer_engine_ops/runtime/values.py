@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .opaque import register_value_type
+from .opaque import OpaqueBase, register_value_type
 
 
 @dataclass(frozen=True)
-class GemmConfig:
+class GemmConfig(OpaqueBase):
     """How one GEMM of a module runs.
 
     ``use_split_accumulator`` asks FP8 GEMMs on CUDA for full-precision

@@ -1,0 +1,82 @@
+"""``autocast`` and ``quantized_model_init``: TE's user-facing recipe contexts.
+
+Entering ``autocast`` makes the recipe's six quantizers once, outside any compiled
+region; modules read them from here. Quantizers are value-opaque, so a compiled
+graph guards on their equality: the same recipe re-entered reuses the graph, a
+changed recipe recompiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
+from ..runtime.quantizer import Quantizer, value_opaque_reason
+
+
+@dataclass(frozen=True)
+class RecipeQuantizers:
+    """One quantizer per tensor role of a Linear, made from one recipe."""
+
+    recipe: Recipe
+    input: Quantizer
+    weight: Quantizer
+    output: Quantizer
+    grad_output: Quantizer
+    grad_input: Quantizer
+    grad_weight: Quantizer
+
+    # Why these quantizers cannot cross a compiled op boundary (None if they can);
+    # decided here, outside any compiled region, because it inspects classes.
+    compile_blocker: str | None = None
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
+        quantizers = [recipe.make_quantizer(role) for role in ROLES]
+        blocker = None
+        for role, quantizer in zip(ROLES, quantizers, strict=True):
+            reason = value_opaque_reason(quantizer)
+            if reason is not None:
+                blocker = (
+                    f"{type(recipe).__name__}: the {role} quantizer "
+                    f"{type(quantizer).__name__} is not value-opaque ({reason})"
+                )
+                break
+        return cls(recipe, *quantizers, compile_blocker=blocker)
+
+
+@dataclass
+class _State:
+    autocast: RecipeQuantizers | None = None
+    model_init: RecipeQuantizers | None = None
+
+
+STATE = _State()
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+    """Run the modules inside with ``recipe`` (default FP8 current scaling)."""
+    previous = STATE.autocast
+    STATE.autocast = (
+        RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
+    )
+    try:
+        yield
+    finally:
+        STATE.autocast = previous
+
+
+@contextlib.contextmanager
+def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+    """Create module weights inside as quantized parameters of ``recipe``."""
+    previous = STATE.model_init
+    STATE.model_init = (
+        RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
+    )
+    try:
+        yield
+    finally:
+        STATE.model_init = previous

@@ -1,0 +1,246 @@
+"""``Linear``: TE's Linear conventions, compiled through the generated custom ops.
+
+Eager calls run the op's implementation directly through an ``autograd.Function``
+and pay no op-boundary cost; under ``torch.compile`` the module packs its bundle
+with the generated ``flatten_linear_fwd_args`` and calls ``teops::linear_fwd``, one
+graph node each way. What the op path cannot serve runs eagerly with a named reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generated.linear import flatten_linear_fwd_args, linear_fwd
+from ..ops.linear import (
+    LinearBwdArgs,
+    LinearFwdArgs,
+    linear_backward,
+    linear_forward,
+    linear_setup_context,
+)
+from ..runtime.custom_ops import registration_error
+from ..runtime.fallback import run_eagerly
+from ..runtime.opaque import value_type_registration_error
+from ..runtime.quantizer import QuantizedData
+from ..runtime.values import GemmConfig
+from .autocast import STATE, RecipeQuantizers
+
+_GEMM = GemmConfig()
+
+
+class _LinearFunction(torch.autograd.Function):
+    """Eager path: the op's forward and backward implementations, no boundary."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: LinearFwdArgs, made: list[Any], inp: Any, weight: Any, bias: Any
+    ) -> Any:
+        (out,), saved = linear_forward(args)
+        ctx.backward_args = linear_setup_context(args, saved)
+        made.append(saved[1])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        backward_args: LinearBwdArgs = ctx.backward_args
+        ctx.backward_args = None
+        backward_args.grad_outputs = [grad_out]
+        dgrad, wgrad, bgrad = linear_backward(backward_args)
+        return None, None, dgrad, wgrad, bgrad
+
+
+def _eager_linear(args: LinearFwdArgs) -> tuple[Any, Any]:
+    """``(output, the quantized weight made by this call or None)``."""
+    if args.is_grad_enabled:
+        made: list[Any] = []
+        out = _LinearFunction.apply(args, made, args.inp, args.weight, args.bias)
+        return out, made[0]
+    (out,), saved = linear_forward(args)
+    return out, saved[1]
+
+
+@torch._dynamo.assume_constant_result
+def _quantized_output_layout(quantizer: Any) -> tuple[Any, ...]:
+    """``(class, inner names, quantizer)`` of the quantized output ``quantizer`` makes:
+    what the forward's quantized output is rebuilt with from its flat buffers.
+
+    Computed at trace time (quantizers are graph constants: their methods cannot be
+    traced), exactly as ``linear_forward_spec`` describes the output.
+    """
+    wrapper = quantizer.with_internal(False)
+    cls = wrapper.wrapper_cls
+    return cls, cls._expected_names(wrapper.rowwise_usage, wrapper.columnwise_usage), wrapper
+
+
+def _compiled_linear(args: LinearFwdArgs) -> Any:
+    flat = linear_fwd(*flatten_linear_fwd_args(args))
+    if not (args.fp8_output and args.output_quantizer is not None):
+        return flat[0]
+    # A quantized output spans several flat buffers (see linear_forward_spec).
+    cls, names, quantizer = _quantized_output_layout(args.output_quantizer)
+    shape = (*args.inp.shape[:-1], args.out_features)
+    inner = dict(zip(names, flat, strict=False))
+    return cls(inner, quantizer=quantizer, dtype=args.activation_dtype, shape=shape)
+
+
+def _workspace_fits(args: LinearFwdArgs) -> bool:
+    """Whether the cached weight workspace has every usage this call needs."""
+    workspace = args.weight_workspace
+    needs_columnwise = (
+        args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
+    )
+    return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
+
+
+# Decided once at import: on a torch whose opaque-object API refused our types, or
+# that could not define the ops, every compiled call runs eagerly with this reason.
+_REGISTRATION_PROBLEM = registration_error() or value_type_registration_error()
+
+
+def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
+    """Why the op path cannot serve this call (None when it can)."""
+    if _REGISTRATION_PROBLEM is not None:
+        return _REGISTRATION_PROBLEM
+    if quantizers is not None and quantizers.compile_blocker is not None:
+        return quantizers.compile_blocker
+    if isinstance(args.inp, QuantizedData):
+        return "a quantized input tensor"
+    if args.fp8_output and args.is_grad_enabled:
+        return "fp8_output=True with autograd enabled (a differentiable quantized output)"
+    if args.is_first_microbatch is not None:
+        return "weight caching across microbatches (is_first_microbatch)"
+    return None
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        parallel_mode: str | None = None,
+        sequence_parallel: bool = False,
+        init_method: Any = None,
+    ) -> None:
+        super().__init__()
+        if parallel_mode is not None or tp_size != 1 or sequence_parallel:
+            raise NotImplementedError(
+                "Linear: tensor and sequence parallelism are not implemented yet "
+                "(parallel_mode=None, tp_size=1, sequence_parallel=False)"
+            )
+        self.in_features, self.out_features = in_features, out_features
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.tp_group, self.tp_size = tp_group, tp_size
+        self.parallel_mode, self.sequence_parallel = parallel_mode, sequence_parallel
+        weight = torch.empty(out_features, in_features, dtype=self.params_dtype, device=device)
+        (init_method or self._default_init)(weight)
+        init = STATE.model_init
+        if init is not None:
+            weight = init.weight.with_internal(False).quantize(weight)
+        self.weight = nn.Parameter(weight)
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, dtype=self.params_dtype, device=device))
+            if bias
+            else None
+        )
+        self._weight_workspace: Any = None
+
+    @staticmethod
+    def _default_init(weight: torch.Tensor) -> None:
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+
+    def _fwd_args(
+        self,
+        inp: torch.Tensor,
+        quantizers: RecipeQuantizers | None,
+        is_first_microbatch: bool | None,
+        fp8_output: bool,
+    ) -> LinearFwdArgs:
+        q: Any = quantizers
+        grad = torch.is_grad_enabled()
+        # A non-tensor input reaches the bundle as is and is reported by its field check.
+        is_tensor = isinstance(inp, torch.Tensor)
+        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        return LinearFwdArgs(
+            weight=self.weight,
+            inp=inp,
+            bias=self.bias,
+            weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
+            input_requires_grad=is_tensor and inp.requires_grad,
+            weight_requires_grad=self.weight.requires_grad,
+            bias_requires_grad=self.bias is not None and self.bias.requires_grad,
+            input_quantizer=q and q.input,
+            weight_quantizer=q and q.weight,
+            output_quantizer=q and q.output,
+            grad_input_quantizer=q and q.grad_input,
+            grad_weight_quantizer=q and q.grad_weight,
+            grad_output_quantizer=q and q.grad_output,
+            activation_dtype=dtype,
+            fp8=q is not None,
+            fp8_output=fp8_output,
+            backward_override=None,
+            fprop_gemm=_GEMM,
+            dgrad_gemm=_GEMM,
+            wgrad_gemm=_GEMM,
+            is_first_microbatch=is_first_microbatch,
+            cache_weight=is_first_microbatch is not None,
+            parallel_mode=self.parallel_mode,
+            tp_group=self.tp_group,
+            tp_size=self.tp_size,
+            sequence_parallel=self.sequence_parallel,
+            in_features=self.in_features,
+            out_features=self.out_features,
+            ub_overlap_ag_fprop=False,
+            ub_overlap_rs_fprop=False,
+            ub_name=None,
+            wgrad_store=None,
+            is_grad_enabled=grad,
+        )
+
+    def forward(
+        self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
+    ) -> Any:
+        quantizers = STATE.autocast
+        args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
+        if torch.compiler.is_compiling():
+            reason = _unsupported_reason(args, quantizers)
+            if reason is None:
+                return _compiled_linear(args)
+            return run_eagerly(reason, self._eager, args)
+        return self._eager(args)
+
+    def _eager(self, args: LinearFwdArgs) -> Any:
+        # The generated flatten checks every field (``LinearFwdArgs.<field>: expected
+        # ..., got ...``) as the compiled path does; a few microseconds per call.
+        flatten_linear_fwd_args(args)
+        caching = (
+            args.cache_weight
+            and args.weight_quantizer is not None
+            and not isinstance(args.weight, QuantizedData)
+        )
+        if caching and args.weight_workspace is not None and not _workspace_fits(args):
+            args = dataclasses.replace(args, weight_workspace=None)
+        out, made_weight = _eager_linear(args)
+        if caching and args.weight_workspace is None:
+            # First microbatch (or a workspace lacking a usage): keep the quantized
+            # weight this call made; later microbatches reuse it without quantizing.
+            self._weight_workspace = made_weight
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )

@@ -1,0 +1,381 @@
+"""The Linear op: its argument bundles and its op declaration.
+
+``LinearFwdArgs`` and ``LinearBwdArgs`` follow what Transformer Engine's Linear
+passes between its module, forward and backward. ``make codegen`` reads this
+file statically and writes ``generated/linear.py`` (schemas, flatten/unflatten,
+slot tables); edit the bundles here, never the generated file.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Optional
+
+import torch
+
+from transformer_engine_ops.quantization.gemm import gemm
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.quantizer import QuantizedData, Quantizer
+from transformer_engine_ops.runtime.tensor_spec import TensorSpec
+from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
+from transformer_engine_ops.runtime.values import GemmConfig
+
+ParallelMode = Literal["column", "row"]
+
+
+class BackwardOverride(enum.Enum):
+    """Which tensors the backward GEMMs of a quantized Linear consume."""
+
+    # Keep the unquantized input and weight for backward; run dgrad/wgrad unquantized.
+    HIGH_PRECISION = "high_precision"
+    # Keep the quantized tensors but dequantize them for an unquantized backward.
+    DEQUANTIZED = "dequantized"
+
+
+@dataclass
+class LinearFwdArgs:
+    """Everything the Linear forward needs, as one bundle."""
+
+    # --- Differentiable inputs ---
+    weight: TensorOrQuantized
+    inp: torch.Tensor
+    bias: Optional[torch.Tensor]
+
+    # --- Cached quantized weight (reused across microbatches) ---
+    weight_workspace: Optional[TensorOrQuantized]
+
+    # --- requires_grad, recorded so the backward does not re-query ---
+    input_requires_grad: bool
+    weight_requires_grad: bool
+    bias_requires_grad: bool
+
+    # --- Quantizers (None when the recipe does not quantize that tensor) ---
+    input_quantizer: Optional[Quantizer]
+    weight_quantizer: Optional[Quantizer]
+    output_quantizer: Optional[Quantizer]
+    grad_input_quantizer: Optional[Quantizer]
+    grad_weight_quantizer: Optional[Quantizer]
+    grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    fp8_output: bool
+    backward_override: Optional[BackwardOverride]
+    fprop_gemm: GemmConfig
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Weight-workspace caching ---
+    is_first_microbatch: Optional[bool]
+    cache_weight: bool
+
+    # --- Tensor and sequence parallelism ---
+    parallel_mode: Optional[ParallelMode]
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+    in_features: int
+    out_features: int
+
+    # --- Userbuffers-style communication overlap ---
+    ub_overlap_ag_fprop: bool
+    ub_overlap_rs_fprop: bool
+    ub_name: Optional[str]
+
+    # --- Not supported across the op boundary: must be None ---
+    wgrad_store: Optional[Any]
+
+    # --- Autograd state ---
+    is_grad_enabled: bool
+
+
+@dataclass
+class LinearBwdArgs:
+    """Everything the Linear backward needs, as one bundle."""
+
+    # --- Incoming gradients, one per forward output ---
+    grad_outputs: list[torch.Tensor]
+
+    # --- Saved by the forward ---
+    inputmat: Optional[TensorOrQuantized]
+    weight_fp8: Optional[TensorOrQuantized]
+    inp_shape: torch.Size
+
+    # --- What to compute ---
+    requires_dgrad: bool
+    requires_wgrad: bool
+    use_bias: bool
+
+    # --- Quantizers ---
+    input_quantizer: Optional[Quantizer]
+    weight_quantizer: Optional[Quantizer]
+    grad_input_quantizer: Optional[Quantizer]
+    grad_weight_quantizer: Optional[Quantizer]
+    grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    backward_override: Optional[BackwardOverride]
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Tensor and sequence parallelism ---
+    parallel_mode: Optional[ParallelMode]
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+
+    # --- Userbuffers-style communication overlap ---
+    ub_overlap_ag_dgrad: bool
+    ub_overlap_rs_dgrad: bool
+    ub_bulk_wgrad: bool
+
+    # --- Not supported across the op boundary: must be None ---
+    wgrad_store: Optional[Any]
+    main_grad_func: Optional[Callable[[], torch.Tensor]]
+
+
+# --- The plan: every decision real kernels and spec fakes share --------------------
+# Real and fake kernels both derive their branches from these functions, so the
+# fake's output layout cannot drift from the real one (a class of late bugs in TE).
+
+
+def _is_quantized(value: Any) -> bool:
+    return isinstance(value, QuantizedData) or (
+        isinstance(value, TensorSpec) and value.is_quantized
+    )
+
+
+class _Usage(NamedTuple):
+    rowwise: bool
+    columnwise: bool
+
+
+class _ForwardPlan(NamedTuple):
+    save_input: _Usage | None  # quantized input kept for backward, with these usages
+    quantize_weight: _Usage | None  # weight quantized in this call, with these usages
+    weight_from_workspace: bool
+    quantized_output: bool
+
+
+def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
+    backward_quantized = args.backward_override is None
+    needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
+    needs_dgrad = args.is_grad_enabled and args.input_requires_grad
+    keeps_quantized = args.backward_override is not BackwardOverride.HIGH_PRECISION
+    save_input = None
+    if args.input_quantizer is not None and needs_wgrad and keeps_quantized:
+        save_input = _Usage(True, backward_quantized)
+    from_workspace = (
+        args.weight_workspace is not None
+        and not args.is_first_microbatch
+        and not _is_quantized(args.weight)
+    )
+    quantize_weight = None
+    if args.weight_quantizer is not None and not _is_quantized(args.weight) and not from_workspace:
+        quantize_weight = _Usage(True, needs_dgrad and backward_quantized)
+    quantized_output = args.fp8_output and args.output_quantizer is not None
+    return _ForwardPlan(save_input, quantize_weight, from_workspace, quantized_output)
+
+
+def _internal(quantizer: Quantizer, usage: _Usage) -> Quantizer:
+    return quantizer.with_usage(rowwise=usage.rowwise, columnwise=usage.columnwise).with_internal(
+        True
+    )
+
+
+def _check_supported(args: LinearFwdArgs | LinearBwdArgs, flags: tuple[str, ...]) -> None:
+    for flag in flags:
+        if getattr(args, flag):
+            raise ValueError(
+                f"{type(args).__name__}.{flag}: userbuffers communication overlap is not "
+                "implemented by this library; leave it False"
+            )
+
+
+_FWD_UB_FLAGS = ("ub_overlap_ag_fprop", "ub_overlap_rs_fprop")
+_BWD_UB_FLAGS = ("ub_overlap_ag_dgrad", "ub_overlap_rs_dgrad", "ub_bulk_wgrad")
+
+
+# --- Forward ---------------------------------------------------------------------
+
+
+def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``(outputs, saved)``: ``outputs == (out,)``; ``saved == (input, weight)`` holds the
+    quantized tensors made here for the backward (None where nothing was made)."""
+    _check_supported(args, _FWD_UB_FLAGS)
+    plan = _forward_plan(args)
+    inp = args.inp
+    x = inp.reshape(-1, inp.shape[-1]).to(args.activation_dtype)
+    if args.input_quantizer is not None:
+        usage = plan.save_input or _Usage(True, False)
+        x = _internal(args.input_quantizer, usage).quantize(x)
+    weight = args.weight
+    if plan.weight_from_workspace:
+        weight = args.weight_workspace
+    elif plan.quantize_weight is not None:
+        weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(
+            weight.to(args.activation_dtype)
+        )
+    elif not _is_quantized(weight):
+        weight = weight.to(args.activation_dtype)
+    bias = None if args.bias is None else args.bias.to(args.activation_dtype)
+    out = gemm(
+        weight,
+        x,
+        layout="TN",
+        out_dtype=args.activation_dtype,
+        bias=bias,
+        use_split_accumulator=args.fprop_gemm.use_split_accumulator,
+    )
+    out = out.view(*inp.shape[:-1], out.shape[-1])
+    if plan.quantized_output:
+        out = args.output_quantizer.with_internal(False).quantize(out)
+    saved_input = x if plan.save_input is not None else None
+    saved_weight = weight if plan.quantize_weight is not None else None
+    return (out,), (saved_input, saved_weight)
+
+
+def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What :func:`linear_forward` returns, as TensorSpecs (tensor fields are specs)."""
+    plan = _forward_plan(args)
+    inp, device, dtype = args.inp, args.inp.device, args.activation_dtype
+    rows = math.prod(inp.shape[:-1])
+    out_shape = (*inp.shape[:-1], args.weight.shape[0])
+    out_quantizer = args.output_quantizer.with_internal(False) if plan.quantized_output else None
+    out = TensorSpec(out_shape, dtype, out_quantizer, device=device)
+    saved_input = None
+    if plan.save_input is not None:
+        quantizer = _internal(args.input_quantizer, plan.save_input)
+        saved_input = TensorSpec((rows, inp.shape[-1]), dtype, quantizer, device=device)
+    saved_weight = None
+    if plan.quantize_weight is not None:
+        quantizer = _internal(args.weight_quantizer, plan.quantize_weight)
+        saved_weight = TensorSpec(tuple(args.weight.shape), dtype, quantizer, device=device)
+    return (out,), (saved_input, saved_weight)
+
+
+def linear_setup_context(args: LinearFwdArgs, saved: tuple[Any, ...]) -> LinearBwdArgs:
+    """The backward bundle: what the forward kept, and the backward's configuration."""
+    saved_input, saved_weight = saved
+    needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
+    needs_dgrad = args.is_grad_enabled and args.input_requires_grad
+    inputmat = None
+    if needs_wgrad:
+        inputmat = saved_input if saved_input is not None else args.inp
+    weight = None
+    if needs_dgrad:
+        if saved_weight is not None:
+            weight = saved_weight
+        elif _forward_plan(args).weight_from_workspace:
+            weight = args.weight_workspace
+        else:
+            weight = args.weight
+    return LinearBwdArgs(
+        grad_outputs=[],
+        inputmat=inputmat,
+        weight_fp8=weight,
+        inp_shape=args.inp.shape,
+        requires_dgrad=needs_dgrad,
+        requires_wgrad=needs_wgrad,
+        use_bias=args.bias is not None and args.bias_requires_grad and args.is_grad_enabled,
+        input_quantizer=args.input_quantizer,
+        weight_quantizer=args.weight_quantizer,
+        grad_input_quantizer=args.grad_input_quantizer,
+        grad_weight_quantizer=args.grad_weight_quantizer,
+        grad_output_quantizer=args.grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        backward_override=args.backward_override,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        ub_overlap_ag_dgrad=False,
+        ub_overlap_rs_dgrad=False,
+        ub_bulk_wgrad=False,
+        wgrad_store=None,
+        main_grad_func=None,
+    )
+
+
+# --- Backward --------------------------------------------------------------------
+
+
+def _backward_quantized(args: LinearBwdArgs) -> bool:
+    return args.backward_override is None and args.grad_output_quantizer is not None
+
+
+def _high_precision(value: Any, dtype: torch.dtype) -> Any:
+    return value.dequantize(dtype) if isinstance(value, QuantizedData) else value.to(dtype)
+
+
+def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``(inp, weight, bias)``; None for those not required."""
+    _check_supported(args, _BWD_UB_FLAGS)
+    dtype = args.activation_dtype
+    grad_output = args.grad_outputs[0]
+    dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
+    quantized = _backward_quantized(args)
+    dy_gemm = dy
+    if quantized:
+        usage = _Usage(args.requires_dgrad, args.requires_wgrad)
+        if usage.rowwise or usage.columnwise:
+            dy_gemm = _internal(args.grad_output_quantizer, usage).quantize(dy)
+    dgrad = wgrad = bgrad = None
+    if args.requires_dgrad:
+        weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
+        dgrad = gemm(
+            weight,
+            dy_gemm,
+            layout="NN",
+            out_dtype=dtype,
+            use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
+        ).view(args.inp_shape)
+    if args.requires_wgrad:
+        x = args.inputmat
+        if not (quantized and isinstance(x, QuantizedData)):
+            x = _high_precision(x, dtype)
+            x = x.reshape(-1, x.shape[-1])
+        wgrad = gemm(
+            x,
+            dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy,
+            layout="NT",
+            out_dtype=dtype,
+            use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
+        )
+    if args.use_bias:
+        bgrad = dy.float().sum(0).to(dtype)
+    return dgrad, wgrad, bgrad
+
+
+def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
+    """What :func:`linear_backward` returns, as TensorSpecs."""
+    dtype = args.activation_dtype
+    grad_output = args.grad_outputs[0]
+    device = grad_output.device
+    n, k = grad_output.shape[-1], args.inp_shape[-1]
+    dgrad = TensorSpec(tuple(args.inp_shape), dtype, device=device) if args.requires_dgrad else None
+    wgrad = TensorSpec((n, k), dtype, device=device) if args.requires_wgrad else None
+    bgrad = TensorSpec((n,), dtype, device=device) if args.use_bias else None
+    return dgrad, wgrad, bgrad
+
+
+LINEAR = OpDeclaration(
+    name="linear",
+    forward=LinearFwdArgs,
+    backward=LinearBwdArgs,
+    grad_fields=("inp", "weight", "bias"),
+    forward_impl=linear_forward,
+    backward_impl=linear_backward,
+    forward_spec=linear_forward_spec,
+    backward_spec=linear_backward_spec,
+    setup_context=linear_setup_context,
+)
