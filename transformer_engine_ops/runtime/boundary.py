@@ -51,16 +51,18 @@ def _mismatch(where: str, expected: str, value: object) -> TypeError:
     return TypeError(f"{where}: expected {expected}, got {type(value).__qualname__}")
 
 
-# `issubclass(type(v), T)` rather than `isinstance(v, T)`: quantizers derive from
-# torch's OpaqueBase, whose metaclass answers isinstance in Python (5x slower).
+# The exact-type test first is the fast path (quantizers derive from torch's
+# OpaqueBase, whose metaclass answers isinstance in Python); isinstance stays the
+# fallback because it is the only form torch 2.11's dynamo evaluates correctly on
+# opaque classes (it answers False to `type(v) is C` and `issubclass(type(v), C)`).
 def check(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
-    if issubclass(type(value), expected):
+    if type(value) is expected or isinstance(value, expected):
         return value
     raise _mismatch(where, _type_names(expected), value)
 
 
 def check_optional(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
-    if value is None or issubclass(type(value), expected):
+    if value is None or type(value) is expected or isinstance(value, expected):
         return value
     raise _mismatch(where, f"{_type_names(expected)} or None", value)
 

@@ -128,3 +128,22 @@ def is_value_type(obj_or_cls: Any) -> bool:
     if base is None or base not in _REGISTERED:
         return False
     return bool(getattr(cls, "value_opaque", True))
+
+
+def quantizer_compile_limitation() -> Optional[str]:
+    """Why quantizers cannot ride through a compiled graph on this torch, if so.
+
+    On torch 2.11 value-opaque objects pass dynamo but not what follows: AOT's
+    partitioner can neither save nor recompute one the backward needs
+    (pytorch/pytorch#170665) and Inductor rejects them as graph nodes; both were fixed
+    in later releases (pytorch/pytorch#174221). Plain (bf16) ops are unaffected.
+    """
+    import torch
+
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 12):
+        return (
+            f"torch {torch.__version__} cannot carry quantizers through AOT autograd and "
+            "Inductor (pytorch/pytorch#170665, fixed in later releases); use torch >= 2.12"
+        )
+    return None
