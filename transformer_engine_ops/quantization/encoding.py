@@ -23,6 +23,14 @@ E8M0_NAN = 0xFF
 E4M3_NAN = 0x7F
 
 
+def require_fp8_dtype(owner: str, dtype: torch.dtype) -> None:
+    """Refuse a quantizer configured with a dtype that is not an FP8 format."""
+    if dtype not in FP8_DTYPES:
+        raise TypeError(
+            f"{owner}: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}"
+        )
+
+
 def ceil_div(a: Any, b: int) -> Any:
     """``ceil(a / b)`` for ints and SymInts."""
     return (a + b - 1) // b

@@ -22,11 +22,11 @@ from ..runtime.quantizer import (
     Quantizer,
 )
 from .encoding import (
-    FP8_DTYPES,
     FP8_MAX,
     cast_to_fp8,
     fp8_to_float,
     matrix_dims,
+    require_fp8_dtype,
     scale_from_amax,
     tensor_amax,
     transpose_2d_to,
@@ -97,11 +97,7 @@ class _Float8PerTensorQuantizer(Quantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.fp8_dtype not in FP8_DTYPES:
-            raise TypeError(
-                f"{type(self).__name__}: fp8_dtype must be torch.float8_e4m3fn or "
-                f"torch.float8_e5m2, got {self.fp8_dtype}"
-            )
+        require_fp8_dtype(type(self).__name__, self.fp8_dtype)
 
     def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
         self.check_shape(shape)

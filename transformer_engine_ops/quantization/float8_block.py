@@ -25,7 +25,6 @@ from ..runtime.quantizer import (
     Quantizer,
 )
 from .encoding import (
-    FP8_DTYPES,
     FP8_MAX,
     apply_block_scale,
     block_amax,
@@ -34,6 +33,7 @@ from .encoding import (
     fp8_to_float,
     matrix_dims,
     pad_2d,
+    require_fp8_dtype,
     round_up,
     scale_from_amax,
     to_blocks,
@@ -142,11 +142,7 @@ class Float8BlockQuantizer(Quantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.fp8_dtype not in FP8_DTYPES:
-            raise TypeError(
-                "Float8BlockQuantizer: fp8_dtype must be torch.float8_e4m3fn or "
-                f"torch.float8_e5m2, got {self.fp8_dtype}"
-            )
+        require_fp8_dtype("Float8BlockQuantizer", self.fp8_dtype)
         if self.block_scaling_dim not in (1, 2):
             raise ValueError(
                 f"Float8BlockQuantizer: block_scaling_dim must be 1 or 2, "

@@ -24,7 +24,6 @@ from ..runtime.quantizer import (
 )
 from .encoding import (
     E8M0_BIAS,
-    FP8_DTYPES,
     FP8_MAX,
     apply_block_scale,
     block_amax,
@@ -34,6 +33,7 @@ from .encoding import (
     fp8_to_float,
     matrix_dims,
     pad_2d,
+    require_fp8_dtype,
     round_up,
     to_blocks,
 )
@@ -92,11 +92,7 @@ class MXFP8Quantizer(Quantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.fp8_dtype not in FP8_DTYPES:
-            raise TypeError(
-                f"MXFP8Quantizer: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
-                f"got {self.fp8_dtype}"
-            )
+        require_fp8_dtype("MXFP8Quantizer", self.fp8_dtype)
 
     def check_shape(self, shape: Sequence[Any]) -> None:
         super().check_shape(shape)
