@@ -21,8 +21,10 @@ from ..ops.linear import (
     LinearFwdArgs,
     linear_backward,
     linear_forward,
+    linear_output_shape,
     linear_setup_context,
 )
+from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
 from ..runtime.opaque import quantizer_compile_limitation, value_type_registration_error
@@ -83,7 +85,7 @@ def _compiled_linear(args: LinearFwdArgs) -> Any:
         return flat[0]
     # A quantized output spans several flat buffers (see linear_forward_spec).
     cls, names, quantizer = _quantized_output_layout(args.output_quantizer)
-    shape = (*args.inp.shape[:-1], args.out_features)
+    shape = linear_output_shape(args)
     inner = dict(zip(names, flat, strict=False))
     return cls(inner, quantizer=quantizer, dtype=args.activation_dtype, shape=shape)
 
@@ -120,6 +122,43 @@ def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None
     return None
 
 
+_PARALLEL_MODES = (None, "column", "row")
+
+
+def _check_parallelism(
+    in_features: int, out_features: int, tp_group: Any, tp_size: int, parallel_mode: Any
+) -> int:
+    """Validate the parallelism arguments (the same answer on every rank, before any
+    communication, so a bad configuration fails everywhere without hanging)."""
+    if parallel_mode not in _PARALLEL_MODES:
+        raise ValueError(
+            f"Linear: parallel_mode must be one of None, 'column', 'row'; got {parallel_mode!r}"
+        )
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"Linear: tp_size must be a positive int, got {tp_size!r}")
+    if tp_group is not None:
+        group = registered_group(tp_group, "Linear.tp_group")
+        if group.size() != tp_size:
+            raise ValueError(
+                f"Linear: tp_size={tp_size} but tp_group {group.group_name!r} has "
+                f"{group.size()} ranks"
+            )
+    elif parallel_mode is not None and tp_size > 1:
+        raise ValueError(
+            f"Linear: parallel_mode={parallel_mode!r} with tp_size={tp_size} needs a "
+            "tp_group (a registered torch.distributed ProcessGroup), got None"
+        )
+    split = {"column": ("out_features", out_features), "row": ("in_features", in_features)}
+    if parallel_mode in split:
+        name, features = split[parallel_mode]
+        if features % tp_size != 0:
+            raise ValueError(
+                f"Linear: {parallel_mode}-parallel splits {name}={features} over "
+                f"tp_size={tp_size} ranks, but {features} is not divisible by {tp_size}"
+            )
+    return tp_size
+
+
 class Linear(nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
 
@@ -138,23 +177,37 @@ class Linear(nn.Module):
         init_method: Any = None,
     ) -> None:
         super().__init__()
-        if parallel_mode is not None or tp_size != 1 or sequence_parallel:
-            raise NotImplementedError(
-                "Linear: tensor and sequence parallelism are not implemented yet "
-                "(parallel_mode=None, tp_size=1, sequence_parallel=False)"
-            )
+        tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
         self.in_features, self.out_features = in_features, out_features
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.tp_group, self.tp_size = tp_group, tp_size
-        self.parallel_mode, self.sequence_parallel = parallel_mode, sequence_parallel
+        self.parallel_mode = parallel_mode
+        # As in TE: sequence parallelism only means something on more than one rank.
+        self.sequence_parallel = (
+            bool(sequence_parallel) and parallel_mode is not None and tp_size > 1
+        )
+        # Every rank builds the same full (out, in) weight (same init_method, or the
+        # default init on an identically seeded global RNG) and keeps its shard, so a
+        # single-process Linear built the same way holds the concatenation of the shards.
         weight = torch.empty(out_features, in_features, dtype=self.params_dtype, device=device)
         (init_method or self._default_init)(weight)
+        rank = tp_group.rank() if tp_group is not None and tp_size > 1 else 0
+        out_local, in_local = out_features, in_features
+        if parallel_mode == "column":
+            out_local = out_features // tp_size
+            weight = weight.narrow(0, rank * out_local, out_local).clone()
+        elif parallel_mode == "row":
+            in_local = in_features // tp_size
+            weight = weight.narrow(1, rank * in_local, in_local).clone()
+        self.in_features_per_partition, self.out_features_per_partition = in_local, out_local
         init = STATE.model_init
         if init is not None:
             weight = init.weight.with_internal(False).quantize(weight)
         self.weight = nn.Parameter(weight)
+        # Column parallel: the bias is sharded with the output features; row parallel:
+        # full, added once after the output reduction.
         self.bias = (
-            nn.Parameter(torch.zeros(out_features, dtype=self.params_dtype, device=device))
+            nn.Parameter(torch.zeros(out_local, dtype=self.params_dtype, device=device))
             if bias
             else None
         )
@@ -228,6 +281,9 @@ class Linear(nn.Module):
         # The generated flatten checks every field (``LinearFwdArgs.<field>: expected
         # ..., got ...``) as the compiled path does; a few microseconds per call.
         flatten_linear_fwd_args(args)
+        if args.tp_group is not None:
+            # What the compiled path's unflatten does: the group must still be registered.
+            registered_group(args.tp_group, "LinearFwdArgs.tp_group")
         caching = (
             args.cache_weight
             and args.weight_quantizer is not None
@@ -246,4 +302,10 @@ class Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
+            + (
+                f", parallel_mode={self.parallel_mode!r}, tp_size={self.tp_size}, "
+                f"sequence_parallel={self.sequence_parallel}"
+                if self.parallel_mode is not None
+                else ""
+            )
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 
 from transformer_engine_ops.quantization.gemm import gemm
 from transformer_engine_ops.runtime.declaration import OpDeclaration
@@ -161,6 +162,126 @@ class _ForwardPlan(NamedTuple):
     quantize_weight: _Usage | None  # weight quantized in this call, with these usages
     weight_from_workspace: bool
     quantized_output: bool
+    gather_input: bool  # column + sequence parallel: all-gather the input along dim 0
+    reduce_output: str | None  # row parallel: "all_reduce", or "reduce_scatter" (+ SP)
+
+
+class _BackwardPlan(NamedTuple):
+    gather_grad_output: bool  # row + sequence parallel: all-gather dy along dim 0
+    gather_input: bool  # column + SP with a high-precision saved input: re-gather it
+    reduce_dgrad: str | None  # column parallel: "all_reduce", or "reduce_scatter" (+ SP)
+
+
+# --- tensor and sequence parallelism ------------------------------------------------
+# Activations are (seq, batch, ..., hidden) or (tokens, hidden): dim 0 is the sequence
+# dim that sequence parallelism shards. Collectives run inside the real kernels on the
+# group resolved from ``tp_group``; the spec fakes only see the shapes they produce.
+
+
+def _tp_active(args: LinearFwdArgs | LinearBwdArgs) -> bool:
+    """Whether this call communicates: a parallel mode on more than one rank."""
+    if args.parallel_mode is None or args.tp_size == 1:
+        return False
+    if args.tp_size < 1:
+        raise ValueError(f"{type(args).__name__}.tp_size: must be >= 1, got {args.tp_size}")
+    if args.tp_group is None:
+        raise ValueError(
+            f"{type(args).__name__}: parallel_mode={args.parallel_mode!r} with "
+            f"tp_size={args.tp_size} needs a tp_group, got None"
+        )
+    return True
+
+
+def _check_dim0(shape: Any, tp_size: int, what: str) -> None:
+    if len(shape) < 2 or shape[0] % tp_size != 0:
+        raise ValueError(
+            f"Linear: sequence parallelism splits dim 0 of {what} over tp_size={tp_size} "
+            f"ranks, but its shape is {tuple(shape)} (dim 0 must be divisible by tp_size)"
+        )
+
+
+def _parallel_forward(args: LinearFwdArgs) -> tuple[bool, str | None]:
+    if not _tp_active(args):
+        return False, None
+    sp = args.sequence_parallel
+    if args.parallel_mode == "column":
+        return sp, None
+    if sp:
+        _check_dim0(args.inp.shape, args.tp_size, "the row-parallel input")
+    return False, "reduce_scatter" if sp else "all_reduce"
+
+
+def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
+    if not _tp_active(args):
+        return _BackwardPlan(False, False, None)
+    sp = args.sequence_parallel
+    if args.parallel_mode == "row":
+        return _BackwardPlan(sp, False, None)
+    # Column parallel. A quantized saved input was quantized after the forward's
+    # all-gather (it is already full-length); a high-precision one is the local shard,
+    # re-gathered here as TE does (memory: one shard kept, not tp_size of them).
+    regather = sp and args.requires_wgrad and not _is_quantized(args.inputmat)
+    reduce = None
+    if args.requires_dgrad:
+        reduce = "reduce_scatter" if sp else "all_reduce"
+    return _BackwardPlan(False, regather, reduce)
+
+
+def linear_output_shape(args: LinearFwdArgs) -> tuple[Any, ...]:
+    """The forward output's shape: the input's leading dims, dim 0 multiplied (column +
+    SP all-gather) or divided (row + SP reduce-scatter) by tp_size, and the local
+    output features (the weight shard's rows)."""
+    gather, reduce = _parallel_forward(args)
+    lead = list(args.inp.shape[:-1])
+    if gather:
+        lead[0] = lead[0] * args.tp_size
+    elif reduce == "reduce_scatter":
+        lead[0] = lead[0] // args.tp_size
+    return (*lead, args.weight.shape[0])
+
+
+def _group(args: LinearFwdArgs | LinearBwdArgs) -> Any:
+    group = args.tp_group
+    if group.size() != args.tp_size:
+        raise ValueError(
+            f"{type(args).__name__}: tp_size={args.tp_size} but the process group "
+            f"{group.group_name!r} has {group.size()} ranks"
+        )
+    return group
+
+
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _all_gather_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
+    """``x`` (rows, k) of every rank, concatenated in rank order along dim 0."""
+    x = x.contiguous()
+    out = torch.empty((x.shape[0] * args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _all_gather_tensor(out, x, group=_group(args))
+    return out
+
+
+def _all_reduce(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
+    x = x.contiguous()
+    dist.all_reduce(x, group=_group(args))
+    return x
+
+
+def _reduce_scatter_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
+    """The sum over ranks of ``x`` (rows, k), keeping this rank's block of rows."""
+    x = x.contiguous()
+    out = torch.empty((x.shape[0] // args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _reduce_scatter_tensor(out, x, group=_group(args))
+    return out
+
+
+def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
+    if how == "all_reduce":
+        return _all_reduce(x, args)
+    if how == "reduce_scatter":
+        return _reduce_scatter_rows(x, args)
+    return x
 
 
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
@@ -180,7 +301,10 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     if args.weight_quantizer is not None and not _is_quantized(args.weight) and not from_workspace:
         quantize_weight = _Usage(True, needs_dgrad and backward_quantized)
     quantized_output = args.fp8_output and args.output_quantizer is not None
-    return _ForwardPlan(save_input, quantize_weight, from_workspace, quantized_output)
+    gather_input, reduce_output = _parallel_forward(args)
+    return _ForwardPlan(
+        save_input, quantize_weight, from_workspace, quantized_output, gather_input, reduce_output
+    )
 
 
 def _internal(quantizer: Quantizer, usage: _Usage) -> Quantizer:
@@ -212,6 +336,9 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     plan = _forward_plan(args)
     inp = args.inp
     x = inp.reshape(-1, inp.shape[-1]).to(args.activation_dtype)
+    if plan.gather_input:
+        # High-precision gather, then quantize (TE gathers the FP8 input instead).
+        x = _all_gather_rows(x, args)
     if args.input_quantizer is not None:
         usage = plan.save_input or _Usage(True, False)
         x = _internal(args.input_quantizer, usage).quantize(x)
@@ -230,10 +357,16 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x,
         layout="TN",
         out_dtype=args.activation_dtype,
-        bias=bias,
+        bias=None if plan.reduce_output else bias,
         use_split_accumulator=args.fprop_gemm.use_split_accumulator,
     )
-    out = out.view(*inp.shape[:-1], out.shape[-1])
+    if plan.reduce_output:
+        # Row parallel: sum the partial products, then add the (full) bias once, in
+        # fp32 as the GEMM epilogue does.
+        out = _reduce(out, plan.reduce_output, args)
+        if bias is not None:
+            out = (out.float() + bias.float()).to(args.activation_dtype)
+    out = out.view(linear_output_shape(args))
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
     saved_input = x if plan.save_input is not None else None
@@ -245,8 +378,8 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     """What :func:`linear_forward` returns, as TensorSpecs (tensor fields are specs)."""
     plan = _forward_plan(args)
     inp, device, dtype = args.inp, args.inp.device, args.activation_dtype
-    rows = math.prod(inp.shape[:-1])
-    out_shape = (*inp.shape[:-1], args.weight.shape[0])
+    rows = math.prod(inp.shape[:-1]) * (args.tp_size if plan.gather_input else 1)
+    out_shape = linear_output_shape(args)
     out_quantizer = args.output_quantizer.with_internal(False) if plan.quantized_output else None
     out = TensorSpec(out_shape, dtype, out_quantizer, device=device)
     saved_input = None
@@ -320,9 +453,12 @@ def _high_precision(value: Any, dtype: torch.dtype) -> Any:
 def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     """Gradients of ``(inp, weight, bias)``; None for those not required."""
     _check_supported(args, _BWD_UB_FLAGS)
+    plan = _backward_plan(args)
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]
     dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
+    if plan.gather_grad_output:
+        dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
     dy_gemm = dy
     if quantized:
@@ -338,12 +474,15 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             layout="NN",
             out_dtype=dtype,
             use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
-        ).view(args.inp_shape)
+        )
+        dgrad = _reduce(dgrad, plan.reduce_dgrad, args).view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
             x = x.reshape(-1, x.shape[-1])
+            if plan.gather_input:
+                x = _all_gather_rows(x, args)
         wgrad = gemm(
             x,
             dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy,
@@ -357,7 +496,10 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
 
 
 def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
-    """What :func:`linear_backward` returns, as TensorSpecs."""
+    """What :func:`linear_backward` returns, as TensorSpecs. The collectives leave these
+    shapes unchanged: dgrad is reduced back to the local input's shape, wgrad and the
+    bias grad have the local weight shard's shapes."""
+    _backward_plan(args)  # the same validation as the real kernel
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]
     device = grad_output.device

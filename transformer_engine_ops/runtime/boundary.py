@@ -142,6 +142,8 @@ def optional_group_name(value: Any, where: str) -> str | None:
 
 
 def resolve_group(name: str | None, where: str) -> dist.ProcessGroup | None:
+    """The group registered under ``name`` (None stays None); a clear ValueError when
+    c10d has no such group. Purely local: no rank waits on another here."""
     if name is None:
         return None
     try:
@@ -151,6 +153,12 @@ def resolve_group(name: str | None, where: str) -> dist.ProcessGroup | None:
             f"{where}: process group {name!r} is not registered with c10d "
             f"(was it destroyed, or created in another process?): {exc}"
         ) from None
+
+
+def registered_group(value: Any, where: str) -> dist.ProcessGroup:
+    """``value`` checked to be a ProcessGroup that c10d can resolve by its name: what
+    the generated unflatten will do with it inside the op, checked ahead (eagerly)."""
+    return resolve_group(group_name(value, where), where)  # type: ignore[return-value]
 
 
 # --- tensor-or-quantized: (Tensor?, Tensor[] inner buffers, QuantizedMeta) ---

@@ -1,0 +1,88 @@
+"""Start ``world_size`` local ranks once, run a list of cases, collect their records.
+
+Loopback only (MASTER_ADDR=127.0.0.1, a free port), ``torch.multiprocessing`` spawn,
+and a hard deadline: ranks still alive at the deadline are terminated (by the pids
+this launcher started) and the records written so far are returned, so a hang shows
+up as failed cases, never as a stuck test session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    backend: str, names: list[str], out_dir: Path, world_size: int = 2, timeout_s: float = 240
+) -> dict[str, Any]:
+    """Run ``names`` on ``world_size`` ranks; return ``{"ranks": [records per rank],
+    "exitcodes": [...], "seconds": wall time, "timed_out": bool}``."""
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        # Two ranks share the CPU: one intra-op thread each, no compile worker pool.
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    start = time.perf_counter()
+    try:
+        from dist_cases import worker  # imported here: the children import it by name
+
+        context = mp.start_processes(
+            worker,
+            args=(world_size, backend, str(out_dir), names),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    deadline = start + timeout_s
+    timed_out = False
+    while True:
+        try:
+            if context.join(timeout=max(0.1, min(5.0, deadline - time.perf_counter()))):
+                break
+        except mp.ProcessRaisedException:
+            # A rank raised (reported in its records); the others were terminated.
+            break
+        except mp.ProcessExitedException:
+            break
+        if time.perf_counter() >= deadline:
+            timed_out = True
+            for p in context.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in context.processes:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+            break
+    ranks = []
+    for rank in range(world_size):
+        path = out_dir / f"rank{rank}.json"
+        ranks.append(json.loads(path.read_text()) if path.exists() else {})
+    return {
+        "ranks": ranks,
+        "exitcodes": [p.exitcode for p in context.processes],
+        "seconds": round(time.perf_counter() - start, 1),
+        "timed_out": timed_out,
+    }

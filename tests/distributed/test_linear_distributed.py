@@ -1,0 +1,95 @@
+"""Tensor- and sequence-parallel Linear on two ranks, eager and compiled.
+
+One two-process launch per backend runs every case (each spawn costs seconds of
+torch import); the tests below are parametrized over its records. On the CPU the
+ranks talk through gloo; with ``-m "gpu and distributed"`` on a machine with two CUDA
+devices the same cases run with NCCL, plus CUDA-graph (reduce-overhead) variants.
+
+What each case checks is in ``dist_cases.py``: compiled (fullgraph) output and every
+gradient bitwise equal to eager distributed, zero graph breaks, one graph; eager
+distributed within tolerance of a single-process full-size Linear; an unused output
+still runs its collective; bad configurations fail with a clear error on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_cases import cases_for
+from dist_launcher import launch
+
+WORLD = 2
+# Bounds the whole launch; each rank's collectives also time out (dist_cases.PG_TIMEOUT_S).
+LAUNCH_TIMEOUT_S = 270
+
+BACKENDS = [
+    pytest.param("gloo", marks=pytest.mark.distributed, id="gloo"),
+    pytest.param(
+        "nccl",
+        marks=[
+            pytest.mark.distributed,
+            pytest.mark.gpu,
+            pytest.mark.skipif(
+                not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
+                reason=f"needs {WORLD} CUDA devices",
+            ),
+        ],
+        id="nccl",
+    ),
+]
+
+_LAUNCHES: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory: pytest.TempPathFactory):
+    """Launches per backend, made on first use and shared by every test of the module."""
+
+    def get(backend: str) -> dict:
+        if backend not in _LAUNCHES:
+            out = tmp_path_factory.mktemp(f"dist-{backend}")
+            _LAUNCHES[backend] = launch(
+                backend, cases_for(backend), out, WORLD, timeout_s=LAUNCH_TIMEOUT_S
+            )
+        return _LAUNCHES[backend]
+
+    yield get
+    _LAUNCHES.clear()
+
+
+def _params() -> list:
+    params = []
+    for backend in BACKENDS:
+        (name,) = backend.values
+        for case in cases_for(name):
+            params.append(pytest.param(name, case, marks=backend.marks, id=f"{name}-{case}"))
+    return params
+
+
+@pytest.mark.parametrize(("backend", "case"), _params())
+def test_two_ranks(launches, backend: str, case: str) -> None:
+    result = launches(backend)
+    for rank, records in enumerate(result["ranks"]):
+        if "__init__" in records:
+            pytest.fail(f"rank {rank} could not start:\n{records['__init__']['error']}")
+        record = records.get(case)
+        if record is None:
+            pytest.fail(
+                f"rank {rank} has no record of {case!r} (timed out: {result['timed_out']}, "
+                f"exit codes {result['exitcodes']}, after {result['seconds']} s)"
+            )
+        assert record["ok"], f"rank {rank}:\n{record['error']}"
+        if "skipped" in record:
+            pytest.skip(record["skipped"])
+    infos = [records[case]["info"] for records in result["ranks"]]
+    if case.startswith("error-"):
+        # The same clear message on every rank.
+        assert len({info["message"] for info in infos}) == 1, infos
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_launch_finished_in_time(launches, backend: str) -> None:
+    result = launches(backend)
+    assert not result["timed_out"], f"the launch hit its {LAUNCH_TIMEOUT_S} s deadline"
+    assert result["exitcodes"] == [0] * WORLD, result["exitcodes"]
+    assert all(r.get("__done__", {}).get("ok") for r in result["ranks"])
