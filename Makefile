@@ -40,9 +40,12 @@ demo: $(STAMP)
 	$(PY) -m codegen --check
 	$(PY) demo/linear_demo.py
 
+# Figures 1-5 on this machine -> docs/benchmarks.md + docs/benchmarks/*.png (merging
+# docs/benchmarks_h200.json when present); the H200 part: python -m benchmarks --device cuda.
 bench: $(STAMP)
-	$(PY) benchmarks/boundary.py
-	$(PY) benchmarks/codegen_time.py
+	@$(PY) -c 'import matplotlib' 2>/dev/null || \
+		$(PY) -m pip install -q --disable-pip-version-check 'matplotlib>=3.8'
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -51,18 +51,26 @@ def _mismatch(where: str, expected: str, value: object) -> TypeError:
     return TypeError(f"{where}: expected {expected}, got {type(value).__qualname__}")
 
 
-# The exact-type test first is the fast path (quantizers derive from torch's
-# OpaqueBase, whose metaclass answers isinstance in Python); isinstance stays the
-# fallback because it is the only form torch 2.11's dynamo evaluates correctly on
-# opaque classes (it answers False to `type(v) is C` and `issubclass(type(v), C)`).
+# The exact-type test first is the fast path; `issubclass(type(v), C)` next serves
+# subclasses (a concrete quantizer checked against `Quantizer`) in C: quantizers
+# derive from torch's OpaqueBase, whose metaclass answers isinstance in Python
+# (about 5x slower). isinstance stays the final fallback because it is the only
+# form torch 2.11's dynamo evaluates correctly on opaque classes (it answers False
+# to `type(v) is C` and `issubclass(type(v), C)`, which then just fall through).
+# Each test only ever answers True when isinstance would, so the semantics are
+# `type(v) is C or isinstance(v, C)`.
 def check(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
-    if type(value) is expected or isinstance(value, expected):
+    cls = type(value)
+    if cls is expected or issubclass(cls, expected) or isinstance(value, expected):
         return value
     raise _mismatch(where, _type_names(expected), value)
 
 
 def check_optional(value: Any, expected: type | tuple[type, ...], where: str) -> Any:
-    if value is None or type(value) is expected or isinstance(value, expected):
+    if value is None:
+        return value
+    cls = type(value)
+    if cls is expected or issubclass(cls, expected) or isinstance(value, expected):
         return value
     raise _mismatch(where, f"{_type_names(expected)} or None", value)
 
@@ -223,12 +231,31 @@ _NONE_META = QuantizedMeta("none")
 _TENSOR_META = QuantizedMeta("tensor")
 
 
-def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, list, QuantizedMeta]:
-    """A quantized value as (no tensor, its inner buffers, its description)."""
+def _describe(value: QuantizedStorage | QuantizedTensor) -> QuantizedMeta:
     names, context = value.__tensor_flatten__()
     tag = "wrapper" if isinstance(value, torch.Tensor) else "storage"
-    meta = QuantizedMeta(tag, type(value), tuple(names), context)
-    return None, [getattr(value, n) for n in names], meta
+    return QuantizedMeta(tag, type(value), tuple(names), context)
+
+
+def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, list, QuantizedMeta]:
+    """A quantized value as (no tensor, its inner buffers, its description).
+
+    A bare storage keeps its description, keyed by its quantizer object: the
+    quantizer fixes the present buffers (usage) and the context, and every change of
+    usage replaces it (``update_usage``), so a stale description is never reused.
+    Wrapper tensors are described afresh (no attribute writes on traced tensors).
+    """
+    if isinstance(value, torch.Tensor):
+        meta = _describe(value)
+    else:
+        state = value.__dict__
+        cached = state.get("_boundary_meta")
+        quantizer = value._quantizer
+        if cached is None or cached[0] is not quantizer or cached[1] is not value._dtype:
+            cached = (quantizer, value._dtype, _describe(value))
+            state["_boundary_meta"] = cached
+        meta = cached[2]
+    return None, [getattr(value, n) for n in meta.inner_names], meta
 
 
 def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, QuantizedMeta]:
@@ -252,5 +279,7 @@ def unpack_tensor_or_quantized(
         return tensor
     if meta.tag == "none":
         return None
+    if meta.tag == "storage":  # trusted: names and context come from a flatten
+        return meta.cls._from_flat(meta.inner_names, inner, meta.context)  # type: ignore[union-attr]
     buffers = dict(zip(meta.inner_names, inner, strict=True))
     return meta.cls.__tensor_unflatten__(buffers, meta.context, None, None)  # type: ignore[union-attr]

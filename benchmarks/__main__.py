@@ -1,0 +1,107 @@
+"""``python -m benchmarks``: run the figures, write the results JSON and the report.
+
+* CPU (default): figures 1-5 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
+  ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
+  ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
+* ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json``; needs only
+  torch and this repository. Copy that file into docs/ and run ``python -m benchmarks
+  --report-only`` (or ``make bench``) to regenerate the report with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import machine_info, progress
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+FIGURES = ("boundary", "import", "codegen", "compile", "step")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--out", type=Path, default=DOCS, help="folder for JSON/report (docs/)")
+    p.add_argument("--only", nargs="*", choices=FIGURES, help="CPU figures to run (default all)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (smoke)")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from JSON")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
+    return p.parse_args(argv)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    progress(f"wrote {path}")
+
+
+def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
+    from . import boundary, codegen_time, compile_time, import_time, step_time
+
+    results: dict[str, Any] = {}
+    if "boundary" in only:
+        results["boundary"] = boundary.run(
+            rounds=3 if quick else 7, min_run_time=0.05 if quick else 0.2
+        )
+    if "import" in only:
+        results["import"] = import_time.run(rounds=1 if quick else 7)
+    if "codegen" in only:
+        results["codegen"] = codegen_time.run(rounds=1 if quick else 7)
+    models = None
+    if "compile" in only:
+        results["compile"], models = compile_time.run(
+            rounds=1 if quick else 3, steps=2 if quick else 10, dynamic=not quick
+        )
+    if "step" in only:
+        results["step"] = step_time.run(
+            shapes=("small",),
+            rounds=2 if quick else 5,
+            reuse=models,
+            min_run_time={"small": 0.05 if quick else 0.3},
+        )
+        if not quick:  # about 1-3 s a step on 2 cores: fewer rounds
+            results["step"].update(step_time.run(shapes=("medium",), rounds=3))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.getLogger("torch._inductor.codecache").setLevel(logging.ERROR)
+    started = time.time()
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+        from . import gpu
+
+        data = {"machine": machine_info(), "gpu": gpu.run()}
+        data["seconds"] = time.time() - started
+        _write(args.out / "benchmarks_h200.json", data)
+        return 0
+    if not args.report_only:
+        torch.set_num_threads(args.threads)
+        only = tuple(args.only or FIGURES)
+        data = {"machine": machine_info(), "quick": args.quick, **run_cpu(only, args.quick)}
+        data["seconds"] = time.time() - started
+        path = args.out / "benchmarks_cpu.json"
+        if args.only and path.exists():  # a partial run keeps the other figures
+            data = {**json.loads(path.read_text()), **data}
+        _write(path, data)
+    from . import report
+
+    for written in report.write(args.out):
+        progress(f"wrote {written}")
+    progress(f"done in {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

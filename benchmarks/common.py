@@ -1,0 +1,130 @@
+"""Shared measurement helpers: interleaved torch.utils.benchmark timings, stats, progress.
+
+Every figure is a median over repeated *rounds*; within a round each contender is
+measured once, in turn, so slow drifts of the machine hit all of them. A comparison is
+the median of the per-round ratios (baseline / ours) measured in the same process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import benchmark
+
+_START = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """One progress line with the elapsed wall time of the run."""
+    print(f"[{time.perf_counter() - _START:6.1f}s] {message}", flush=True)
+
+
+def stats(samples: Sequence[float]) -> dict[str, Any]:
+    """Median and spread (min, max, interquartile range) of repeated measurements."""
+    xs = sorted(samples)
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4, method="inclusive")
+        q1, q3 = q[0], q[2]
+    else:
+        q1, q3 = xs[0], xs[-1]
+    return {
+        "median": statistics.median(xs),
+        "min": xs[0],
+        "max": xs[-1],
+        "q1": q1,
+        "q3": q3,
+        "n": len(xs),
+        "samples": list(samples),
+    }
+
+
+def ratio_stats(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, Any]:
+    """Stats of the per-round ratios numerator / denominator (paired, same round)."""
+    return stats([a / b for a, b in zip(numerators, denominators, strict=True)])
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], Any]],
+    rounds: int,
+    min_run_time: float,
+    label: str = "",
+) -> dict[str, list[float]]:
+    """Per-round median seconds per call of each contender, measured in turn.
+
+    Each measurement is ``torch.utils.benchmark.Timer.blocked_autorange``: it picks the
+    block size, times blocks for ``min_run_time`` and reports their median.
+    """
+    timers = {
+        name: benchmark.Timer("fn()", globals={"fn": fn}, label=label, sub_label=name)
+        for name, fn in contenders.items()
+    }
+    out: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            out[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+    return out
+
+
+def timed_subprocess(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """Run a child process to completion (check=True) and return its stdout."""
+    proc = subprocess.run(
+        argv, check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    return proc.stdout
+
+
+_PYCACHE: list[str] = []
+
+
+def bytecode_env() -> dict[str, str]:
+    """Child-process environment with bytecode caching on, in a private cache folder.
+
+    This machine's environment may set PYTHONDONTWRITEBYTECODE, which makes every fresh
+    interpreter recompile every module it imports (about 35 ms for this package alone);
+    a user's installation has ``.pyc`` files, so the figures are taken with a cache
+    (filled by a dropped warm-up run; kept out of the source tree).
+    """
+    if not _PYCACHE:
+        import tempfile
+
+        _PYCACHE.append(tempfile.mkdtemp(prefix="teops-bench-pycache-"))
+    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": _PYCACHE[0]}
+
+
+def machine_info() -> dict[str, Any]:
+    """The header facts of a results file: machine, torch version, date."""
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "executable": sys.executable,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

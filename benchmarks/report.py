@@ -1,0 +1,375 @@
+"""docs/benchmarks.md and its plots, from benchmarks_cpu.json (+ benchmarks_h200.json).
+
+Tables print every figure as ``median (IQR q1-q3, n runs)``; ratios are medians of
+per-round ratios measured in the same process. Plots need matplotlib (``make bench``
+installs it); without it the tables are still written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import ratio_stats
+from .notes import NOTES
+
+PLOTS = "benchmarks"  # sub-folder of the report's folder
+
+
+def fmt(s: dict[str, Any], digits: int = 2, unit: str = "") -> str:
+    """``median (IQR q1-q3, n=N)`` of a stats dict."""
+    d = digits
+    return (
+        f"{s['median']:.{d}f}{unit} (IQR {s['q1']:.{d}f}-{s['q3']:.{d}f}, "
+        f"range {s['min']:.{d}f}-{s['max']:.{d}f}, n={s['n']})"
+    )
+
+
+def fx(s: dict[str, Any]) -> str:
+    """A ratio: ``12.3x (IQR 11.9-12.8)``."""
+    return f"{s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def _machine(m: dict[str, Any], title: str) -> list[str]:
+    gpu = f", GPU {m['gpu']} (CUDA {m.get('cuda')})" if m.get("gpu") else ""
+    load = m.get("load_average")
+    load_s = f"; load average at start {load[0]:.2f}" if load else ""
+    return [
+        f"* **{title}**: {m['date']}; torch {m['torch']}, Python {m['python']}; "
+        f"{m['processor']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads"
+        f"{gpu}; {m['platform']}{load_s}",
+    ]
+
+
+def _check(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
+    rows: list[list[str]] = []
+    if "boundary" in cpu:
+        for bundle, r in cpu["boundary"].items():
+            for base in ("pytree", "reflection"):
+                x = r["ratio_vs_generated"][base]["median"]
+                rows.append(
+                    [
+                        f"boundary {bundle}: generated vs {base}",
+                        ">= 10x",
+                        f"{x:.1f}x",
+                        _check(x >= 10),
+                    ]
+                )
+    if "import" in cpu:
+        v = cpu["import"]["over_torch_ms"]["generated"]["median"]
+        rows.append(
+            ["import + registration over import torch", "<= 50 ms", f"{v:.1f} ms", _check(v <= 50)]
+        )
+    if "codegen" in cpu:
+        for label in ("python -m codegen", "python -m codegen --check"):
+            v = cpu["codegen"]["wall_ms"][label]["median"]
+            rows.append([f"`{label}` wall", "<= 1 s", f"{v / 1e3:.2f} s", _check(v <= 1000)])
+    if "compile" in cpu:
+        c = cpu["compile"]
+        for name, r in c["ratio_vs_torch"].items():
+            x = r["median"]
+            rows.append(
+                [
+                    f"compile time {name} / torch.nn.Linear bf16",
+                    "<= 1.5x",
+                    f"{x:.2f}x",
+                    _check(x <= 1.5),
+                ]
+            )
+        for name, n in c["counts"].items():
+            g = n["graphs_after_steps"]
+            rows.append(
+                [f"graphs over {c['steps']} + 1 steps, {name}", "exactly 1", str(g), _check(g == 1)]
+            )
+        for name, d in c.get("dynamic", {}).items():
+            g = d["graphs"]
+            rows.append(
+                [f"graphs over 5 dynamic batch sizes, {name}", "exactly 1", str(g), _check(g == 1)]
+            )
+    if gpu:
+        shapes = gpu["gpu"]["shapes"]
+        if "small" in shapes:
+            for key, r in shapes["small"]["eager_over_mode"].items():
+                if key.endswith("reduce-overhead"):
+                    x = r["median"]
+                    rows.append(
+                        [f"H200 small {key} vs eager", ">= 3x faster", f"{x:.2f}x", _check(x >= 3)]
+                    )
+        if "large" in shapes:
+            for key, r in shapes["large"]["over_gemm_floor"].items():
+                x = r["median"]
+                rows.append(
+                    [f"H200 large {key} / its GEMMs", "<= 1.10x", f"{x:.2f}x", _check(x <= 1.10)]
+                )
+    else:
+        rows.append(["H200 figures", "see figure 6", "not measured yet", "pending"])
+    return rows
+
+
+def _boundary(cpu: dict[str, Any]) -> list[str]:
+    out = ["## 1. Boundary: flatten + unflatten round trip", "", NOTES["boundary_method"], ""]
+    rows = []
+    for bundle, r in cpu["boundary"].items():
+        for name in ("generated", "pytree", "reflection"):
+            ratio = (
+                "1 (baseline of the ratios)"
+                if name == "generated"
+                else fx(r["ratio_vs_generated"][name])
+            )
+            rows.append([bundle, name, fmt(r["us"][name], 2, " us"), ratio])
+    out += _table(["bundle", "path", "round trip", "time / generated"], rows)
+    return out + ["![boundary](benchmarks/boundary.png)", ""]
+
+
+def _import(cpu: dict[str, Any]) -> list[str]:
+    r = cpu["import"]
+    out = ["## 2. Import and registration", "", NOTES["import_method"], ""]
+    rows = [["import torch (both paths)", fmt(r["import_torch_ms"], 1, " ms"), "", ""]]
+    for name in ("generated", "reflection"):
+        rows.append(
+            [
+                name,
+                fmt(r["over_torch_ms"][name], 1, " ms"),
+                fmt(r["bundles_ms"][name], 1, " ms"),
+                fmt(r["register_ms"][name], 1, " ms"),
+            ]
+        )
+    out += _table(
+        ["path", "total over import torch", "of which: bundles module", "of which: registration"],
+        rows,
+    )
+    out += [
+        f"reflection / generated (total over torch): {fx(r['ratio_reflection_vs_generated'])}",
+        "",
+    ]
+    return out + ["![import](benchmarks/import.png)", ""]
+
+
+def _codegen(cpu: dict[str, Any]) -> list[str]:
+    out = ["## 3. Codegen", "", NOTES["codegen_method"], ""]
+    rows = [[f"`{k}`", fmt(v, 0, " ms")] for k, v in cpu["codegen"]["wall_ms"].items()]
+    return out + _table(["command", "wall time"], rows)
+
+
+def _compile(cpu: dict[str, Any]) -> list[str]:
+    c = cpu["compile"]
+    out = [
+        "## 4. Compile",
+        "",
+        f"8-layer MLP, input {c['shape'][0]}x{c['shape'][1]}. " + NOTES["compile_method"],
+        "",
+    ]
+    rows = []
+    for name, s in c["first_step_s"].items():
+        ratio = fx(c["ratio_vs_torch"][name]) if name in c["ratio_vs_torch"] else "1 (baseline)"
+        n = c["counts"][name]
+        dyn = c.get("dynamic", {}).get(name, {}).get("graphs", "-")
+        rows.append(
+            [
+                name,
+                fmt(s, 2, " s"),
+                ratio,
+                str(n["graphs_after_first"]),
+                str(n["recompiles"]),
+                str(dyn),
+                str(n["graph_breaks"]),
+            ]
+        )
+    out += _table(
+        [
+            "model/recipe",
+            "time to first compiled step",
+            "/ torch.nn.Linear",
+            "graphs",
+            f"recompiles over {c['steps']} steps",
+            "graphs over 5 dynamic batches",
+            "graph breaks",
+        ],
+        rows,
+    )
+    return out + ["![compile](benchmarks/compile.png)", ""]
+
+
+def _step(cpu: dict[str, Any]) -> list[str]:
+    out = ["## 5. CPU step time (forward + backward)", "", NOTES["step_method"], ""]
+    for shape, r in cpu["step"].items():
+        rows = []
+        for key, s in r["ms"].items():
+            model, recipe, mode = key.split("/")
+            speed = fx(r["eager_over_compiled"][f"{model}/{recipe}"]) if mode == "compiled" else ""
+            vs = (
+                fx(r["ratio_vs_torch_same_mode"][key])
+                if key in r["ratio_vs_torch_same_mode"]
+                else ""
+            )
+            rows.append([f"{model}/{recipe}", mode, fmt(s, 2, " ms"), speed, vs])
+        out += [f"**{shape}** ({r['shape'][0]}x{r['shape'][1]}):", ""]
+        out += _table(
+            ["model/recipe", "mode", "step", "eager / compiled", "/ torch.nn.Linear same mode"],
+            rows,
+        )
+    return out + ["![step](benchmarks/step.png)", ""]
+
+
+def _gpu(gpu: dict[str, Any] | None) -> list[str]:
+    out = ["## 6. H200: step time vs the GEMM floor", ""]
+    if gpu is None:
+        return out + [NOTES["gpu_pending"], ""]
+    g = gpu["gpu"]
+    out += [NOTES["gpu_method"], ""]
+    if g.get("quantizer_compile_limitation"):
+        out += [
+            f"On this torch, FP8 is measured eagerly only: {g['quantizer_compile_limitation']}",
+            "",
+        ]
+    for shape, r in g["shapes"].items():
+        rows = []
+        fp32 = r["ms"].get("bf16-as-fp32/gemm")
+        for key, s in r["ms"].items():
+            floor = fx(r["over_gemm_floor"][key]) if key in r["over_gemm_floor"] else ""
+            speed = fx(r["eager_over_mode"][key]) if key in r["eager_over_mode"] else ""
+            as_issued = ""
+            if fp32 and key.startswith("bf16/") and not key.endswith("/gemm"):
+                as_issued = fx(ratio_stats(s["samples"], fp32["samples"]))
+            rows.append([key, fmt(s, 3, " ms"), floor, as_issued, speed])
+        for key, why in r.get("skipped", {}).items():
+            rows.append([key, why, "", "", ""])
+        out += [f"**{shape}** ({r['shape'][0]} tokens x {r['shape'][1]} hidden):", ""]
+        out += _table(
+            ["recipe/mode", "step", "/ its GEMMs", "/ the fp32 GEMMs gemm issues", "eager / this"],
+            rows,
+        )
+    return out + ["![gpu](benchmarks/gpu.png)", ""]
+
+
+def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`python -m benchmarks`); do not edit by hand. "
+        "H200 figures come from `python -m benchmarks --device cuda --out DIR` "
+        "(`DIR/benchmarks_h200.json`, copied to `docs/`).",
+        "",
+    ]
+    lines += _machine(cpu["machine"], "CPU run")
+    lines += _machine(gpu["machine"], "H200 run") if gpu else ["* **H200 run**: not yet measured"]
+    if cpu.get("quick"):
+        lines += ["", "**Quick (smoke) run: tiny sizes and few rounds; not representative.**"]
+    lines += ["", NOTES["method"], "", "## Targets", ""]
+    lines += _table(["target", "goal", "measured (median)", "status"], targets(cpu, gpu))
+    sections = (
+        ("boundary", _boundary),
+        ("import", _import),
+        ("codegen", _codegen),
+        ("compile", _compile),
+        ("step", _step),
+    )
+    for key, section in sections:
+        if key in cpu:
+            lines += section(cpu)
+    lines += _gpu(gpu)
+    lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
+    return "\n".join(lines)
+
+
+# --- plots --------------------------------------------------------------------------
+
+
+def _bars(ax: Any, labels: list[str], stats_: list[dict[str, Any]], color: Any = None) -> None:
+    med = [s["median"] for s in stats_]
+    lo = [s["median"] - s["q1"] for s in stats_]
+    hi = [s["q3"] - s["median"] for s in stats_]
+    ax.bar(range(len(labels)), med, yerr=[lo, hi], capsize=3, color=color)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+
+
+def plots(cpu: dict[str, Any], gpu: dict[str, Any] | None, folder: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: tables only (pip install 'matplotlib>=3.8')")
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        path = folder / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    colors = ["tab:green", "tab:gray", "tab:orange", "tab:blue", "tab:red", "tab:purple"]
+    if "boundary" in cpu:
+        bundles = list(cpu["boundary"])
+        fig, axes = plt.subplots(1, len(bundles), figsize=(4 * len(bundles), 3.4))
+        for ax, bundle in zip(axes, bundles, strict=True):
+            us = cpu["boundary"][bundle]["us"]
+            _bars(ax, list(us), list(us.values()), colors[: len(us)])
+            ax.set_title(f"{bundle} round trip", fontsize=9)
+            ax.set_ylabel("microseconds (median, IQR)")
+        save(fig, "boundary")
+    if "import" in cpu:
+        r = cpu["import"]["over_torch_ms"]
+        fig, ax = plt.subplots(figsize=(4, 3.4))
+        _bars(ax, list(r), list(r.values()), colors[:2])
+        ax.axhline(50, ls="--", color="k", lw=0.8, label="target 50 ms")
+        ax.set_ylabel("ms over import torch")
+        ax.legend(fontsize=8)
+        ax.set_title("import + registration", fontsize=9)
+        save(fig, "import")
+    if "compile" in cpu:
+        c = cpu["compile"]["first_step_s"]
+        fig, ax = plt.subplots(figsize=(4.5, 3.4))
+        _bars(ax, list(c), list(c.values()), colors[1:4])
+        ax.set_ylabel("seconds to first compiled step")
+        ax.set_title("compile (cold caches)", fontsize=9)
+        save(fig, "compile")
+    if "step" in cpu:
+        shapes = list(cpu["step"])
+        fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.6), squeeze=False)
+        for ax, shape in zip(axes[0], shapes, strict=True):
+            ms = cpu["step"][shape]["ms"]
+            cols = ["tab:gray" if k.endswith("eager") else "tab:blue" for k in ms]
+            _bars(ax, list(ms), list(ms.values()), cols)
+            ax.set_yscale("log")
+            ax.set_ylabel("ms per step (log)")
+            ax.set_title(f"CPU step, {shape}", fontsize=9)
+        save(fig, "step")
+    if gpu:
+        shapes = list(gpu["gpu"]["shapes"])
+        fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.6), squeeze=False)
+        for ax, shape in zip(axes[0], shapes, strict=True):
+            ms = gpu["gpu"]["shapes"][shape]["ms"]
+            cols = ["tab:green" if k.endswith("gemm") else "tab:blue" for k in ms]
+            _bars(ax, list(ms), list(ms.values()), cols)
+            ax.set_yscale("log")
+            ax.set_ylabel("ms per step (log)")
+            ax.set_title(f"H200 step, {shape}", fontsize=9)
+        save(fig, "gpu")
+    return written
+
+
+def write(folder: Path) -> list[Path]:
+    """Write ``folder/benchmarks.md`` and its plots; returns the paths written."""
+    cpu = json.loads((folder / "benchmarks_cpu.json").read_text())
+    gpu_path = folder / "benchmarks_h200.json"
+    gpu = json.loads(gpu_path.read_text()) if gpu_path.exists() else None
+    md = folder / "benchmarks.md"
+    md.write_text(markdown(cpu, gpu) + "\n")
+    return [md, *plots(cpu, gpu, folder / PLOTS)]

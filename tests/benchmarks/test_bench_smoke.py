@@ -1,0 +1,77 @@
+"""Smoke test of ``make bench``: each CPU figure at a tiny size, and the report writer.
+
+The figures' numbers are not checked (timings are not asserted in tests); what is
+checked is that every figure function runs and that the report has its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import (  # noqa: E402
+    boundary,
+    codegen_time,
+    compile_time,
+    import_time,
+    report,
+    step_time,
+)
+from benchmarks.common import machine_info  # noqa: E402
+
+
+def _write_report(tmp_path: Path, results: dict) -> str:
+    data = {"machine": machine_info(), "quick": True, **results}
+    (tmp_path / "benchmarks_cpu.json").write_text(json.dumps(data, default=str))
+    written = report.write(tmp_path)
+    assert written[0] == tmp_path / "benchmarks.md"
+    return written[0].read_text()
+
+
+def test_boundary_import_codegen_and_report(tmp_path: Path) -> None:
+    try:
+        bound = boundary.run(rounds=1, min_run_time=0.01)
+    finally:  # the figure makes a single-process gloo group; leave none behind
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    results = {
+        "boundary": bound,
+        "import": import_time.run(rounds=1, warmup=False),
+        "codegen": codegen_time.run(rounds=1, warmup=False),
+    }
+    assert set(results["boundary"]) == {"LinearFwdArgs", "LinearBwdArgs"}
+    md = _write_report(tmp_path, results)
+    for heading in (
+        "# Benchmarks",
+        "## Targets",
+        "## 1. Boundary",
+        "## 2. Import",
+        "## 3. Codegen",
+    ):
+        assert heading in md
+    assert "| bundle | path | round trip |" in md
+    assert "torch " in md and "H200 run" in md
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "benchmarks" / "boundary.png").stat().st_size > 0
+    assert (tmp_path / "benchmarks" / "import.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_compile_and_step_figures(tmp_path: Path) -> None:
+    configs = (("torch", "bf16"), ("ours", "bf16"))
+    compiled, models = compile_time.run(
+        rounds=1, shape="tiny", steps=1, dynamic=False, configs=configs
+    )
+    assert compiled["counts"]["ours/bf16"]["graph_breaks"] == 0
+    step = step_time.run(shapes=("tiny",), rounds=1, reuse=models, configs={"tiny": configs})
+    md = _write_report(tmp_path, {"compile": compiled, "step": step})
+    assert "## 4. Compile" in md and "## 5. CPU step time" in md
+    assert "ours/bf16 | compiled |" in md
