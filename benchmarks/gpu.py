@@ -4,8 +4,9 @@ For bf16 and FP8 current scaling, at a small shape (CPU-overhead bound) and a la
 (4096 tokens x 8192 hidden), each next to the time of its GEMMs alone, the floor: the
 24 GEMMs of a step (8 layers x fprop, dgrad, wgrad) issued back to back on pre-made
 operands (bf16 ``torch.mm``; FP8 ``torch._scaled_mm``, E4M3 x E4M3 forward, E5M2 x E4M3
-backward, fp32 out, as our ``gemm`` issues them). A second floor, ``gemm_fp32_ms``, is
-what our ``gemm`` issues for unquantized operands today: the same GEMMs in fp32.
+backward, fp32 out, as our ``gemm`` issues them). A second row, ``gemm_fp32_ms``, is
+the same GEMMs in fp32: what ``gemm`` issued for plain CUDA operands before its native
+16-bit path.
 
 Needs only torch and this repository (no libcst, jinja2 or matplotlib): it writes JSON;
 the CPU run turns it into tables and plots. On torch < 2.12 quantized recipes fall back

@@ -71,8 +71,8 @@ NOTES = {
         "`torch.compile(mode='reduce-overhead')` (CUDA graphs), bf16 and FP8 current "
         "scaling, next to the floor: the 24 GEMMs of a step issued back to back "
         "(`bf16/gemm`: bf16 `torch.mm`; `fp8/gemm`: `torch._scaled_mm`, fp32 out; "
-        "`bf16-as-fp32/gemm`: the same GEMMs in fp32, which is what our `gemm` issues for "
-        "unquantized operands today)."
+        "`bf16-as-fp32/gemm`: the same GEMMs in fp32, what our `gemm` issued for plain CUDA "
+        "operands before its native 16-bit path)."
     ),
     "gpu_pending": (
         "Not measured yet. Run on the H200 (torch and this repository only; no libcst, "
@@ -133,16 +133,14 @@ on the CPU: per layer and direction it computes an amax, a scale, a saturated ca
 for the CPU GEMM, a dequantize, all as separate eager kernels inside the op.
 
 **H200 (measured on torch 2.11).** Small shape: CUDA graphs (`reduce-overhead`) make
-the bf16 step ~4.5x faster than eager (target met): eager is bound by the Python of
-the module and op kernels, and plain `torch.compile` is *slower* than eager there
-(~0.7x), because the custom op's real kernel still runs its Python per layer inside
-the compiled graph and the compiled wrapper adds dispatch on top. Large shape: the bf16
-step is ~13x its bf16 GEMM floor (target missed) but within ~4% of the *fp32* GEMMs
-(`bf16-as-fp32/gemm`): our `gemm` upcasts unquantized operands to fp32 on every device,
-and fp32 GEMMs (TF32 off) are ~13x slower than bf16 ones on the H200. The fix belongs in
-`transformer_engine_ops/quantization/gemm.py` (not changed here: it changes numerics):
-on CUDA, two same-dtype 16-bit plain operands should go through `torch.addmm`/`mm` in
-that dtype (cuBLAS accumulates in fp32), which would put the step near the bf16 floor.
+the bf16 step ~3.5x faster than eager (target met): eager is bound by the Python of
+the module and op kernels, and plain `torch.compile` is *slower* than eager there,
+because the custom op's real kernel still runs its Python per layer inside the
+compiled graph and the compiled wrapper adds dispatch on top. Large shape: the bf16
+step is within ~4% of its bf16 GEMM floor in all three modes (target met). Before
+`gemm` ran two plain CUDA bf16 operands as one native `addmm`, it upcast them to fp32
+and the same step took ~13x the floor: that is what the `bf16-as-fp32/gemm` row
+measures (fp32 GEMMs, TF32 off).
 FP8 (eager only on torch 2.11: quantized recipes fall back to eager under compile,
 `runtime/opaque.quantizer_compile_limitation`) is ~4x its `_scaled_mm` floor at the
 large shape: per layer and direction the current-scaling quantize (amax, scale,

@@ -34,7 +34,8 @@ QUANTIZER_TYPE = "transformer_engine_ops.runtime.quantizer.Quantizer"
 
 def rebuilt(q):
     text, env = q.__fx_repr__()
-    return eval(text, dict(env))
+    # Evaluated as FX-generated code evaluates it: `torch` is always in scope there.
+    return eval(text, {"torch": torch, **env})
 
 
 @pytest.mark.parametrize("name", list(QUANTIZERS))

@@ -206,7 +206,7 @@ class QuantizedMeta(OpaqueBase):
         return f"QuantizedMeta({self.tag!r}, {getattr(self.cls, '__qualname__', None)})"
 
     def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
-        names: dict[str, Any] = {"QuantizedMeta": QuantizedMeta, "torch": torch}
+        names: dict[str, Any] = {"QuantizedMeta": QuantizedMeta}  # FX code has `torch`
         if self.cls is None:
             return f"QuantizedMeta({self.tag!r})", names
         names[self.cls.__name__] = self.cls

@@ -109,7 +109,9 @@ class Quantizer(OpaqueBase):
             for f in dataclasses.fields(self)
             if f.init
         )
-        return f"{cls.__name__}({args})", {cls.__name__: cls, "torch": torch}
+        # `torch` is always in scope of FX-generated code; a module object here would
+        # also make inductor's FX graph cache fail to pickle the graph.
+        return f"{cls.__name__}({args})", {cls.__name__: cls}
 
     # ----- format hooks -----
 
