@@ -311,6 +311,18 @@ class QuantizedData:
     def __tensor_flatten__(self) -> tuple[list[str], FlattenContext]:
         return list(self.inner_names()), flatten_context(self._quantizer, self._dtype)
 
+    @classmethod
+    def __tensor_unflatten__(
+        cls,
+        inner: Mapping[str, torch.Tensor],
+        ctx: FlattenContext,
+        outer_size: Optional[Iterable[Any]],
+        outer_stride: Optional[Iterable[Any]],
+    ) -> Any:
+        """Rebuild from inner buffers; the logical shape comes from them if not given."""
+        meta = dict(ctx)
+        return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
+
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """High-precision value, from rowwise data when present, else columnwise."""
         return self.dequantize_usage(columnwise=not self.rowwise_usage, dtype=dtype)
@@ -392,17 +404,6 @@ class QuantizedStorage(QuantizedData):
     @property
     def requires_grad(self) -> bool:
         return False
-
-    @classmethod
-    def __tensor_unflatten__(
-        cls,
-        inner: Mapping[str, torch.Tensor],
-        ctx: FlattenContext,
-        outer_size: Optional[Iterable[Any]],
-        outer_stride: Optional[Iterable[Any]],
-    ) -> QuantizedStorage:
-        meta = dict(ctx)
-        return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
 
     @classmethod
     def _from_flat(
@@ -505,17 +506,6 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
         return type(self)(
             inner, quantizer=self._quantizer, dtype=self._dtype, shape=self.shape, **kwargs
         )
-
-    @classmethod
-    def __tensor_unflatten__(
-        cls,
-        inner: Mapping[str, torch.Tensor],
-        ctx: FlattenContext,
-        outer_size: Optional[Iterable[Any]],
-        outer_stride: Optional[Iterable[Any]],
-    ) -> QuantizedTensor:
-        meta = dict(ctx)
-        return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
 
     @classmethod
     def __torch_dispatch__(
