@@ -41,10 +41,9 @@ demo: $(STAMP)
 	$(PY) demo/linear_demo.py
 
 # Figures 1-5 on this machine -> docs/benchmarks.md + docs/benchmarks/*.png (merging
-# docs/benchmarks_h200.json when present); the H200 part: python -m benchmarks --device cuda.
+# docs/benchmarks_h200.json when present; matplotlib comes with the test extra);
+# the H200 part: python -m benchmarks --device cuda.
 bench: $(STAMP)
-	@$(PY) -c 'import matplotlib' 2>/dev/null || \
-		$(PY) -m pip install -q --disable-pip-version-check 'matplotlib>=3.8'
 	$(PY) -m benchmarks
 
 clean:
