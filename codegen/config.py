@@ -24,7 +24,6 @@ class Config:
     namespace: str
     sources: tuple[str, ...]
     output_dir: str
-    output_package: str
     meta_type: str
     kinds: dict[str, str]  # qualified name -> configurable kind
 
@@ -58,7 +57,6 @@ def load_config(root: Path) -> Config:
             namespace=table["namespace"],
             sources=tuple(table["sources"]),
             output_dir=table["output_dir"],
-            output_package=table["output_package"],
             meta_type=table["meta_type"],
             kinds=kinds,
         )
