@@ -57,26 +57,26 @@ STATE = _State()
 
 
 @contextlib.contextmanager
-def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+def _recipe_scope(field: str, enabled: bool, recipe: Recipe | None) -> Iterator[None]:
+    """Set ``STATE.<field>`` to the recipe's quantizers (None if disabled) inside."""
+    previous = getattr(STATE, field)
+    quantizers = RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
+    setattr(STATE, field, quantizers)
+    try:
+        yield
+    finally:
+        setattr(STATE, field, previous)
+
+
+def autocast(
+    enabled: bool = True, recipe: Recipe | None = None
+) -> contextlib.AbstractContextManager[None]:
     """Run the modules inside with ``recipe`` (default FP8 current scaling)."""
-    previous = STATE.autocast
-    STATE.autocast = (
-        RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
-    )
-    try:
-        yield
-    finally:
-        STATE.autocast = previous
+    return _recipe_scope("autocast", enabled, recipe)
 
 
-@contextlib.contextmanager
-def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+def quantized_model_init(
+    enabled: bool = True, recipe: Recipe | None = None
+) -> contextlib.AbstractContextManager[None]:
     """Create module weights inside as quantized parameters of ``recipe``."""
-    previous = STATE.model_init
-    STATE.model_init = (
-        RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
-    )
-    try:
-        yield
-    finally:
-        STATE.model_init = previous
+    return _recipe_scope("model_init", enabled, recipe)

@@ -19,10 +19,10 @@ import torch
 
 from ..runtime.quantizer import (
     InnerLayout,
-    QuantizedData,
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    RowwiseColumnwisePairs,
 )
 from .encoding import (
     FP8_MAX,
@@ -45,16 +45,7 @@ from .encoding import (
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage"]
 
 
-class _Float8BlockData(QuantizedData):
-    INNER_NAMES: ClassVar[tuple[str, ...]] = (
-        "_rowwise_data",
-        "_rowwise_scale_inv",
-        "_columnwise_data",
-        "_columnwise_scale_inv",
-    )
-    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_rowwise_data", "_rowwise_scale_inv")
-    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_columnwise_data", "_columnwise_scale_inv")
-
+class _Float8BlockData(RowwiseColumnwisePairs):
     @classmethod
     def _logical_shape(cls, inner: Mapping[str, Optional[torch.Tensor]]) -> torch.Size:
         if inner.get("_rowwise_data") is not None:

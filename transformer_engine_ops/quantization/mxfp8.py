@@ -17,10 +17,10 @@ import torch
 
 from ..runtime.quantizer import (
     InnerLayout,
-    QuantizedData,
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    RowwiseColumnwisePairs,
 )
 from .encoding import (
     E8M0_BIAS,
@@ -47,16 +47,7 @@ def _block_shape(columnwise: bool) -> tuple[int, int]:
     return (MXFP8_BLOCK, 1) if columnwise else (1, MXFP8_BLOCK)
 
 
-class _MXFP8Data(QuantizedData):
-    INNER_NAMES: ClassVar[tuple[str, ...]] = (
-        "_rowwise_data",
-        "_rowwise_scale_inv",
-        "_columnwise_data",
-        "_columnwise_scale_inv",
-    )
-    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_rowwise_data", "_rowwise_scale_inv")
-    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_columnwise_data", "_columnwise_scale_inv")
-
+class _MXFP8Data(RowwiseColumnwisePairs):
     @classmethod
     def _logical_shape(cls, inner: Mapping[str, Optional[torch.Tensor]]) -> torch.Size:
         data = inner.get("_rowwise_data")

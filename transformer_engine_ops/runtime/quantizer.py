@@ -371,6 +371,20 @@ class QuantizedData:
         )
 
 
+class RowwiseColumnwisePairs(QuantizedData):
+    """Formats with one (data, scale-inverse) pair per usage, rowwise pair first, as
+    TE's MXFP8 and FP8 block tensors lay them out."""
+
+    INNER_NAMES: ClassVar[tuple[str, ...]] = (
+        "_rowwise_data",
+        "_rowwise_scale_inv",
+        "_columnwise_data",
+        "_columnwise_scale_inv",
+    )
+    ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_rowwise_data", "_rowwise_scale_inv")
+    COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_columnwise_data", "_columnwise_scale_inv")
+
+
 class QuantizedStorage(QuantizedData):
     """A bare quantized value: inner buffers and metadata, not a ``torch.Tensor``."""
 
