@@ -28,7 +28,7 @@ from codegen.cli import main  # noqa: E402
 LINEAR = "transformer_engine_ops/ops/linear.py"
 EVERY_KIND = "tests/codegen/fixtures/every_kind.py"
 CORPUS = "tests/codegen/corpus"
-OUTPUT_DIR = "generated"
+OUTPUT_DIR = "transformer_engine_ops/generated"
 
 
 @dataclass(frozen=True)

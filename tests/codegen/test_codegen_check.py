@@ -29,8 +29,8 @@ def test_check_fails_with_a_diff_after_a_field_is_added_without_regenerating(rep
     result = run_codegen(repo, "--check")
 
     assert result.returncode == 1
-    assert "--- a/generated/linear.py" in result.stdout
-    assert "+++ b/generated/linear.py" in result.stdout
+    assert "--- a/transformer_engine_ops/generated/linear.py" in result.stdout
+    assert "+++ b/transformer_engine_ops/generated/linear.py" in result.stdout
     assert '+    ", bool new_flag"' in result.stdout
     assert "run `make codegen`" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
@@ -43,7 +43,7 @@ def test_check_passes_after_regenerating(repo: Path, cli) -> None:
 
     generated = cli("--root", str(repo))
     assert generated.rc == 0, generated.err
-    assert "wrote generated/linear.py" in generated.out
+    assert "wrote transformer_engine_ops/generated/linear.py" in generated.out
 
     check = cli("--root", str(repo), "--check")
     assert check.rc == 0, check.out + check.err
@@ -62,7 +62,10 @@ def test_check_reports_a_stale_generated_file_and_generate_removes_it(repo: Path
 
     check = cli("--root", str(repo), "--check")
     assert check.rc == 1
-    assert "stale generated file with no source: generated/removed_op.py" in check.out
+    assert (
+        "stale generated file with no source: transformer_engine_ops/generated/removed_op.py"
+        in check.out
+    )
     assert "NOTES.md" not in check.out
     assert "run `make codegen`" in check.err
     assert stale.exists()

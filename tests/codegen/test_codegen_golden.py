@@ -91,11 +91,16 @@ def _compare_with_golden(text: str, golden: Path) -> None:
 
 
 def test_every_kind_module_matches_golden(every_kind_files: dict[str, str]) -> None:
-    _compare_with_golden(every_kind_files["generated/every_kind.py"], GOLDEN / "every_kind.py")
+    _compare_with_golden(
+        every_kind_files["transformer_engine_ops/generated/every_kind.py"], GOLDEN / "every_kind.py"
+    )
 
 
 def test_every_kind_schemas_doc_matches_golden(every_kind_files: dict[str, str]) -> None:
-    _compare_with_golden(every_kind_files["generated/SCHEMAS.md"], GOLDEN / "every_kind.SCHEMAS.md")
+    _compare_with_golden(
+        every_kind_files["transformer_engine_ops/generated/SCHEMAS.md"],
+        GOLDEN / "every_kind.SCHEMAS.md",
+    )
 
 
 def test_fixture_exercises_every_kind() -> None:

@@ -63,16 +63,18 @@ def _schemas(files: dict[str, str]) -> list[tuple[str, str, str, list]]:
 def test_generated_files_declare_both_schemas(emitted: dict[str, str]) -> None:
     ops = {(rel, op) for rel, op, _, _ in _schemas(emitted)}
     assert ops == {
-        ("generated/every_kind.py", "teops::every_kind_fwd"),
-        ("generated/every_kind.py", "teops::every_kind_bwd"),
-        ("generated/linear.py", "teops::linear_fwd"),
-        ("generated/linear.py", "teops::linear_bwd"),
+        ("transformer_engine_ops/generated/every_kind.py", "teops::every_kind_fwd"),
+        ("transformer_engine_ops/generated/every_kind.py", "teops::every_kind_bwd"),
+        ("transformer_engine_ops/generated/linear.py", "teops::linear_fwd"),
+        ("transformer_engine_ops/generated/linear.py", "teops::linear_bwd"),
     }
 
 
 def test_every_emitted_schema_parses_and_matches_its_slot_table(emitted: dict[str, str]) -> None:
     checked_in = (REPO_ROOT / OUTPUT_DIR / "linear.py").read_text(encoding="utf-8")
-    schemas = _schemas({**emitted, "checked-in generated/linear.py": checked_in})
+    schemas = _schemas(
+        {**emitted, "checked-in transformer_engine_ops/generated/linear.py": checked_in}
+    )
     assert len(schemas) == 6
     for rel, op, schema, slots in schemas:
         parsed = torch._C.parse_schema(op + schema)
