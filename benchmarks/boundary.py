@@ -17,13 +17,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
+
 from transformer_engine_ops.generated.linear import (
     flatten_linear_bwd_args,
     flatten_linear_fwd_args,
     unflatten_linear_bwd_args,
     unflatten_linear_fwd_args,
 )
-
 from transformer_engine_ops.modules.autocast import RecipeQuantizers
 from transformer_engine_ops.ops.linear import LinearBwdArgs, LinearFwdArgs
 from transformer_engine_ops.quantization import Float8CurrentScaling

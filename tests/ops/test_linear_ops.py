@@ -9,8 +9,8 @@ import pytest
 import torch
 from linear_cases import CONFIGS, make_bwd_args, make_fwd_args
 from torch._subclasses.fake_tensor import FakeTensorMode
-from transformer_engine_ops.generated import linear as g
 
+from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.runtime.custom_ops import is_none_sentinel
 
 
