@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 
@@ -200,25 +199,7 @@ def _quantized_slots(bundle: Bundle) -> str:
     )
 
 
-def digest(source: SourceModule, templates: dict[str, str], config: Config) -> str:
-    """sha256 over everything the output depends on; nothing machine-specific."""
-    h = hashlib.sha256()
-    parts = [
-        f"format={FORMAT_VERSION}",
-        f"namespace={config.namespace}",
-        f"meta={config.meta_type}",
-        *(f"kind={k}:{v}" for k, v in sorted(config.kinds.items())),
-        f"source={source.path}",
-        source.text,
-        *(f"template={name}\n{text}" for name, text in sorted(templates.items())),
-    ]
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> dict:
+def op_module_context(source: SourceModule, config: Config) -> dict:
     (op,) = source.ops  # the reader allows exactly one op per module
     imports = _Imports()
     for bundle in (op.forward, op.backward):
@@ -241,7 +222,6 @@ def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> 
     return {
         "source_path": source.path,
         "format_version": FORMAT_VERSION,
-        "digest": digest_hex,
         "op": op,
         "namespace": config.namespace,
         "bundles": bundles,

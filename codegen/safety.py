@@ -1,0 +1,264 @@
+"""Checks on every name and path that reaches generated code or the file system.
+
+Nothing the generator writes comes from an unchecked string: the namespace and the
+module names derived from source paths are ASCII identifiers, the output folder is a
+real folder inside the project root that holds no op module, every source is a ``.py``
+file inside the root with a distinct output name, and no name the generated module
+defines shadows a name it imports from the user's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import keyword
+import os
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import CodegenError, ConfigError, Location
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .model import SourceModule
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Output names the generator writes besides one module per source.
+RESERVED_STEMS = ("__init__",)
+
+
+def is_identifier(text: object) -> bool:
+    """An ASCII Python identifier that is not a keyword (safe in code, paths and schemas)."""
+    return (
+        isinstance(text, str) and bool(_IDENTIFIER.fullmatch(text)) and not keyword.iskeyword(text)
+    )
+
+
+def is_dotted_name(text: object) -> bool:
+    return isinstance(text, str) and all(is_identifier(part) for part in text.split("."))
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def check_settings(config: Config, pyproject: Path, table: str) -> None:
+    """Raise ``ConfigError`` naming the setting for any value that is unsafe to use."""
+
+    def fail(key: str, value: object, problem: str) -> ConfigError:
+        return ConfigError(f"{pyproject}: [{table}] {key} = {json.dumps(value)}: {problem}")
+
+    if not is_identifier(config.namespace):
+        raise fail(
+            "namespace",
+            config.namespace,
+            "not an identifier; ops are registered as `<namespace>::<op>_fwd`, so use "
+            'ASCII letters, digits and `_` (e.g. "teops")',
+        )
+    if not is_dotted_name(config.meta_type):
+        raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
+    if not all(isinstance(s, str) for s in config.sources):
+        raise fail("sources", list(config.sources), "every entry must be a path string")
+    problem = output_dir_problem(config.root, config.output_dir, config.sources)
+    if problem:
+        raise fail("output_dir", config.output_dir, problem)
+
+
+def output_dir_problem(root: Path, value: object, sources: Iterable[str]) -> str | None:
+    """Why ``value`` cannot be the output folder, or None when it can."""
+    if not isinstance(value, str) or not value:
+        return "give a folder relative to the project root, e.g. `mypkg/generated`"
+    if value.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", value):
+        return "an absolute path; give a folder relative to the project root"
+    parts = value.split("/")
+    if ".." in parts:
+        return "climbs out of the project root with `..`; give a folder inside it"
+    bad = next((p for p in parts if not is_identifier(p)), None)
+    if bad is not None:
+        return (
+            f"the folder name {json.dumps(bad)} is not an identifier; the generated package "
+            "must be importable, so write it as `a/b/generated` with identifier names"
+        )
+    here = root
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            return (
+                f"passes through the symlink {here.relative_to(root).as_posix()} -> "
+                f"{os.readlink(here)}; the generator never writes through a symlink, so point "
+                "output_dir at a real folder inside the project root"
+            )
+        if here.exists() and not here.is_dir():
+            return f"{here.relative_to(root).as_posix()} is not a folder"
+    if not (root / value).resolve().is_relative_to(root.resolve()):
+        return "resolves outside the project root"
+    for source in sorted(sources):
+        if inside(posixpath.normpath(source), value):
+            return (
+                f"holds the op module {source}: generating there would overwrite "
+                "hand-written code; give the generated code a folder of its own"
+            )
+    return None
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether the repo-relative ``path`` is ``folder`` or lies under it."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+# --- sources ---------------------------------------------------------------------------
+
+
+def normalize_source(root: Path, given: str, output_dir: str) -> str:
+    """The repo-relative POSIX path of a source; ``CodegenError`` at ``given:1:1`` if unfit.
+
+    The path becomes a module name in an import line, the output's file name and a
+    string in the header, so it must be a ``.py`` file inside the root whose folders
+    and stem are identifiers, not a package ``__init__`` and not inside the output folder.
+    """
+    where = Location(given, 1, 1)
+    path = Path(given)
+    if path.is_absolute():
+        try:
+            path = path.relative_to(root)
+        except ValueError:
+            raise CodegenError(
+                where,
+                "the op module lies outside the project root",
+                f"move it under {root} (its generated import must resolve from there)",
+            ) from None
+    rel = posixpath.normpath(path.as_posix())
+    if rel == ".." or rel.startswith("../"):
+        raise CodegenError(
+            where,
+            "the op module lies outside the project root",
+            "move it under the project root (its generated import must resolve from there)",
+        )
+    if not (root / rel).resolve().is_relative_to(root.resolve()):
+        raise CodegenError(
+            where,
+            "the op module resolves outside the project root (through a symlink)",
+            "point the source at the real file inside the project root",
+        )
+    if not rel.endswith(".py"):
+        raise CodegenError(where, "an op module must be a `.py` file", "rename it to `<name>.py`")
+    parts = rel.removesuffix(".py").split("/")
+    bad = next((p for p in parts if not is_identifier(p)), None)
+    if bad is not None:
+        raise CodegenError(
+            where,
+            f"{json.dumps(bad)} in the op module's path is not an identifier, so the module "
+            "cannot be imported by name",
+            "rename it with ASCII letters, digits and `_` only (no space, dash or accent)",
+        )
+    if parts[-1] in RESERVED_STEMS:
+        raise CodegenError(
+            where,
+            "an op module named `__init__.py`: its output would replace the generated "
+            "package's own `__init__.py`",
+            "move the bundles into a module of their own, e.g. `ops/my_op.py`",
+        )
+    if inside(rel, output_dir):
+        raise CodegenError(
+            where,
+            f"the op module lies inside the output folder `{output_dir}`",
+            "keep op modules out of output_dir: the generator owns that folder",
+        )
+    return rel
+
+
+def check_output_names(paths: Sequence[str]) -> None:
+    """Two sources whose outputs would share one file (case-insensitively) are an error."""
+    first: dict[str, str] = {}
+    for rel in paths:
+        stem = rel.rsplit("/", 1)[-1].casefold()
+        if stem in first:
+            raise CodegenError(
+                Location(rel, 1, 1),
+                f"this op module and {first[stem]} would both generate "
+                f"`{rel.rsplit('/', 1)[-1]}` in the output folder",
+                "give op modules distinct file names",
+            )
+        first[stem] = rel
+
+
+# --- generated names -------------------------------------------------------------------
+
+
+def check_generated_names(module: SourceModule, code: str) -> None:
+    """A name imported from user code must not be rebound by what the generator defines.
+
+    ``code`` is the rendered (unformatted) module. Looks for module-level names bound
+    twice where one binding is an import (an impl named ``_b``, an impl named like the
+    generated ``<op>_fwd``, a bundle named ``Any``) and for function-local names in the
+    generated functions that hide an import. Code that does not parse is left to the
+    formatter's report.
+    """
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return
+    imported: dict[str, str] = {}  # local name -> qualified name
+    clashes: list[tuple[str, str, str]] = []  # (local name, user's qualname, other binding)
+    for node in tree.body:
+        bound: list[tuple[str, str]] = []
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if local in imported:
+                    other = f"the import of `{imported[local]}`"
+                    clashes.append((local, f"{node.module}.{alias.name}", other))
+                else:
+                    imported[local] = f"{node.module}.{alias.name}"
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                bound.append((local, f"the import of `{alias.name}`"))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.append((node.name, f"the generated definition of `{node.name}`"))
+            bound += [(n, f"a local name in the generated `{node.name}`") for n in _locals(node)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        bound.append((name.id, f"the generated `{name.id} = ...`"))
+        clashes += [(n, imported[n], what) for n, what in bound if n in imported]
+        if isinstance(node, ast.Import):
+            imported.update({n: n for n, _ in bound})
+    if clashes:
+        name, qualname, what = clashes[0]
+        raise CodegenError(
+            _user_location(module, qualname),
+            f"`{qualname}` is imported into the generated module as `{name}`, "
+            f"which clashes with {what}",
+            f"rename `{name.split('.')[-1]}` in your code: the generated module defines "
+            "and imports these names itself",
+        )
+
+
+def _locals(fn: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(fn):
+        if node is not fn and isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _user_location(module: SourceModule, qualname: str) -> Location:
+    """Where the user's code introduces ``qualname``: a bundle, a field's type, or the op."""
+    for op in module.ops:
+        for bundle in (op.forward, op.backward):
+            if bundle.qualname == qualname:
+                return bundle.location
+            for field in bundle.fields:
+                if field.type.python_type == qualname:
+                    return field.location
+    return module.ops[0].location if module.ops else Location(module.path, 1, 1)
