@@ -30,6 +30,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_STEMS = ("__init__",)
 
 
+def _quote(value: object) -> str:
+    """A value as TOML/JSON would spell it: quoted, control characters escaped."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def is_identifier(text: object) -> bool:
     """An ASCII Python identifier that is not a keyword (safe in code, paths and schemas)."""
     return (
@@ -48,7 +53,7 @@ def check_settings(config: Config, pyproject: Path, table: str) -> None:
     """Raise ``ConfigError`` naming the setting for any value that is unsafe to use."""
 
     def fail(key: str, value: object, problem: str) -> ConfigError:
-        return ConfigError(f"{pyproject}: [{table}] {key} = {json.dumps(value)}: {problem}")
+        return ConfigError(f"{pyproject}: [{table}] {key} = {_quote(value)}: {problem}")
 
     if not is_identifier(config.namespace):
         raise fail(
@@ -78,7 +83,7 @@ def output_dir_problem(root: Path, value: object, sources: Iterable[str]) -> str
     bad = next((p for p in parts if not is_identifier(p)), None)
     if bad is not None:
         return (
-            f"the folder name {json.dumps(bad)} is not an identifier; the generated package "
+            f"the folder name {_quote(bad)} is not an identifier; the generated package "
             "must be importable, so write it as `a/b/generated` with identifier names"
         )
     here = root
@@ -149,7 +154,7 @@ def normalize_source(root: Path, given: str, output_dir: str) -> str:
     if bad is not None:
         raise CodegenError(
             where,
-            f"{json.dumps(bad)} in the op module's path is not an identifier, so the module "
+            f"{_quote(bad)} in the op module's path is not an identifier, so the module "
             "cannot be imported by name",
             "rename it with ASCII letters, digits and `_` only (no space, dash or accent)",
         )
@@ -188,56 +193,73 @@ def check_output_names(paths: Sequence[str]) -> None:
 
 
 def check_generated_names(module: SourceModule, code: str) -> None:
-    """A name imported from user code must not be rebound by what the generator defines.
+    """No name in the generated module may mean two things.
 
-    ``code`` is the rendered (unformatted) module. Looks for module-level names bound
-    twice where one binding is an import (an impl named ``_b``, an impl named like the
-    generated ``<op>_fwd``, a bundle named ``Any``) and for function-local names in the
-    generated functions that hide an import. Code that does not parse is left to the
-    formatter's report.
+    ``code`` is the rendered (unformatted) module. A module-level name bound twice where
+    one binding imports user code (an impl named ``_b`` or like the generated
+    ``<op>_fwd``, a bundle named ``Any``), a function-local name in a generated function
+    that hides such an import, and a name two generated definitions share (an op named
+    ``spec_foo`` beside a bundle ``FooFwd``: both make ``spec_foo_fwd``) are errors at
+    the user's name. Code that does not parse is left to the formatter's report.
     """
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return
     imported: dict[str, str] = {}  # local name -> qualified name
-    clashes: list[tuple[str, str, str]] = []  # (local name, user's qualname, other binding)
+    defined: dict[str, str] = {}  # module-level generated name -> what defines it
     for node in tree.body:
-        bound: list[tuple[str, str]] = []
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
             for alias in node.names:
-                local = alias.asname or alias.name
+                local, qualname = alias.asname or alias.name, f"{node.module}.{alias.name}"
                 if local in imported:
-                    other = f"the import of `{imported[local]}`"
-                    clashes.append((local, f"{node.module}.{alias.name}", other))
-                else:
-                    imported[local] = f"{node.module}.{alias.name}"
+                    first, second = sorted(
+                        (imported[local], qualname), key=lambda q: not _is_users(module, q)
+                    )
+                    _clash(module, local, first, f"the import of `{second}`")
+                imported[local] = qualname
             continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 local = alias.asname or alias.name.split(".")[0]
-                bound.append((local, f"the import of `{alias.name}`"))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if local in imported:
+                    _clash(module, local, imported[local], f"the import of `{alias.name}`")
+                imported[local] = alias.name
+            continue
+        bound: list[tuple[str, str]] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.append((node.name, f"the generated definition of `{node.name}`"))
-            bound += [(n, f"a local name in the generated `{node.name}`") for n in _locals(node)]
+            for local in sorted(_locals(node)):
+                if local in imported:
+                    where = f"a local name in the generated `{node.name}`"
+                    _clash(module, local, imported[local], where)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for name in ast.walk(target):
                     if isinstance(name, ast.Name):
                         bound.append((name.id, f"the generated `{name.id} = ...`"))
-        clashes += [(n, imported[n], what) for n, what in bound if n in imported]
-        if isinstance(node, ast.Import):
-            imported.update({n: n for n, _ in bound})
-    if clashes:
-        name, qualname, what = clashes[0]
-        raise CodegenError(
-            _user_location(module, qualname),
-            f"`{qualname}` is imported into the generated module as `{name}`, "
-            f"which clashes with {what}",
-            f"rename `{name.split('.')[-1]}` in your code: the generated module defines "
-            "and imports these names itself",
-        )
+        for name, what in bound:
+            if name in imported:
+                _clash(module, name, imported[name], what)
+            if name in defined:
+                raise CodegenError(
+                    module.ops[0].location if module.ops else Location(module.path, 1, 1),
+                    f"the generated module would define `{name}` twice: as {defined[name]} "
+                    f"and as {what}",
+                    "rename the op or a bundle: generated names are built from both",
+                )
+            defined[name] = what
+
+
+def _clash(module: SourceModule, name: str, qualname: str, what: str) -> None:
+    raise CodegenError(
+        _user_location(module, qualname),
+        f"`{qualname}` is imported into the generated module as `{name}`, "
+        f"which clashes with {what}",
+        f"rename `{name}` in your code: the generated module defines and imports "
+        "these names itself",
+    )
 
 
 def _locals(fn: ast.AST) -> set[str]:
@@ -262,3 +284,12 @@ def _user_location(module: SourceModule, qualname: str) -> Location:
                 if field.type.python_type == qualname:
                     return field.location
     return module.ops[0].location if module.ops else Location(module.path, 1, 1)
+
+
+def _is_users(module: SourceModule, qualname: str) -> bool:
+    """Whether ``qualname`` comes from the op module or names a type its bundles use."""
+    return qualname.startswith(f"{module.module}.") or any(
+        qualname in (bundle.qualname, *(f.type.python_type for f in bundle.fields))
+        for op in module.ops
+        for bundle in (op.forward, op.backward)
+    )
