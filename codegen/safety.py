@@ -71,8 +71,12 @@ def check_settings(config: Config, pyproject: Path, table: str) -> None:
         raise fail("output_dir", config.output_dir, problem)
 
 
-def output_dir_problem(root: Path, value: object, sources: Iterable[str]) -> str | None:
-    """Why ``value`` cannot be the output folder, or None when it can."""
+def output_dir_problem(
+    root: Path, value: object, sources: Iterable[str], source_root: Path | None = None
+) -> str | None:
+    """Why ``value`` cannot be the output folder, or None when it can.
+
+    ``sources`` are relative to ``source_root`` (default: the project root)."""
     if not isinstance(value, str) or not value:
         return "give a folder relative to the project root, e.g. `mypkg/generated`"
     if value.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", value):
@@ -99,8 +103,9 @@ def output_dir_problem(root: Path, value: object, sources: Iterable[str]) -> str
             return f"{here.relative_to(root).as_posix()} is not a folder"
     if not (root / value).resolve().is_relative_to(root.resolve()):
         return "resolves outside the project root"
+    out = (root / value).resolve()
     for source in sorted(sources):
-        if inside(posixpath.normpath(source), value):
+        if ((source_root or root) / source).resolve().is_relative_to(out):
             return (
                 f"holds the op module {source}: generating there would overwrite "
                 "hand-written code; give the generated code a folder of its own"
@@ -108,21 +113,21 @@ def output_dir_problem(root: Path, value: object, sources: Iterable[str]) -> str
     return None
 
 
-def inside(path: str, folder: str) -> bool:
-    """Whether the repo-relative ``path`` is ``folder`` or lies under it."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
 # --- sources ---------------------------------------------------------------------------
 
 
-def normalize_source(root: Path, given: str, output_dir: str) -> str:
-    """The repo-relative POSIX path of a source; ``CodegenError`` at ``given:1:1`` if unfit.
+def normalize_source(
+    root: Path, given: str, output_dir: str, source_root: Path | None = None
+) -> str:
+    """The relative POSIX path of a source; ``CodegenError`` at ``given:1:1`` if unfit.
 
     The path becomes a module name in an import line, the output's file name and a
-    string in the header, so it must be a ``.py`` file inside the root whose folders
-    and stem are identifiers, not a package ``__init__`` and not inside the output folder.
+    string in the header, so it must be a ``.py`` file inside the source root (the
+    project root unless given) whose folders and stem are identifiers, not a package
+    ``__init__`` and not inside the output folder ``root/output_dir``.
     """
+    out = (root / output_dir).resolve()
+    root = source_root or root
     where = Location(given, 1, 1)
     path = Path(given)
     if path.is_absolute():
@@ -165,7 +170,7 @@ def normalize_source(root: Path, given: str, output_dir: str) -> str:
             "package's own `__init__.py`",
             "move the bundles into a module of their own, e.g. `ops/my_op.py`",
         )
-    if inside(rel, output_dir):
+    if (root / rel).resolve().is_relative_to(out):
         raise CodegenError(
             where,
             f"the op module lies inside the output folder `{output_dir}`",
