@@ -175,3 +175,11 @@ def test_check_and_diff_write_nothing_anywhere_not_even_a_formatter_cache(
     assert diff.returncode == 0, diff.stderr
     assert '+    ", bool new_flag"' in diff.stdout
     assert snapshot(tmp_path) == before
+
+
+def test_a_source_path_is_normalized_before_it_reaches_generated_code(pristine_root, cli) -> None:
+    result = cli(
+        "--root", str(pristine_root), "--check", "--source", f"./{LINEAR}", "--source", LINEAR
+    )
+    assert result.rc == 0, result.out + result.err
+    assert "up to date (3 files)" in result.out

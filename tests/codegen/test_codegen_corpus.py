@@ -33,6 +33,10 @@ from codegen_support import (
     subprocess_env,
 )
 
+from codegen.errors import CodegenError
+from codegen.model import SourceModule
+from codegen.safety import check_generated_names
+
 EXPECT = re.compile(r"^# expect: (?P<line>\d+):(?P<col>\d+) (?P<fragment>.+)$")
 # Cases that need a second module: the error is reported in the case's own file.
 EXTRA_SOURCES = {"duplicate_op_name.py": ("_duplicate_op_support.py",)}
@@ -466,3 +470,47 @@ def test_a_planted_temp_file_symlink_is_never_followed(tmp_path: Path, cli) -> N
     assert planted.is_symlink() and target.read_text("utf-8").startswith("outside the project")
     assert not (root / OUTPUT_DIR / "linear.py").is_symlink()
     assert (root / OUTPUT_DIR / "linear.py").stat().st_mode == mode_before, "mode is kept"
+
+
+# --- the generated-name check on its own (whatever emit aliases) ------------------------
+
+_USER = SourceModule("pkg/op.py", "pkg.op", "", ())
+
+
+@pytest.mark.parametrize(
+    "code,message",
+    [
+        (
+            "from pkg.op import _b\nfrom transformer_engine_ops.runtime import boundary as _b\n",
+            "`pkg.op._b` is imported into the generated module as `_b`, which clashes with "
+            "the import of `transformer_engine_ops.runtime.boundary`",
+        ),
+        (
+            "from pkg.op import lin_fwd\nlin_fwd = 1\n",
+            "as `lin_fwd`, which clashes with the generated `lin_fwd = ...`",
+        ),
+        (
+            "from pkg.op import slot\ndef unflatten(*slots):\n    slot = iter(slots).__next__\n",
+            "as `slot`, which clashes with a local name in the generated `unflatten`",
+        ),
+        (
+            "import torch\nfrom pkg.op import torch\n",
+            "`pkg.op.torch` is imported into the generated module as `torch`",
+        ),
+        (
+            "def spec_x_fwd():\n    pass\nspec_x_fwd = 1\n",
+            "would define `spec_x_fwd` twice",
+        ),
+    ],
+    ids=["import_vs_import", "import_vs_assignment", "import_vs_local", "plain_import", "twice"],
+)
+def test_generated_name_check_reports_every_kind_of_clash(code: str, message: str) -> None:
+    with pytest.raises(CodegenError) as raised:
+        check_generated_names(_USER, code)
+    assert message in str(raised.value)
+    assert str(raised.value).startswith("pkg/op.py:1:1: error: ")
+
+
+def test_generated_name_check_accepts_the_generated_modules() -> None:
+    for path in sorted((REPO_ROOT / OUTPUT_DIR).glob("*.py")):
+        check_generated_names(_USER, path.read_text(encoding="utf-8"))
