@@ -24,6 +24,7 @@ from ..ops.linear import (
     linear_output_shape,
     linear_setup_context,
 )
+from ..runtime import codec
 from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
@@ -66,16 +67,16 @@ def _eager_linear(args: LinearFwdArgs) -> tuple[Any, Any]:
 
 
 @torch._dynamo.assume_constant_result
-def _quantized_output_layout(quantizer: Any) -> tuple[Any, ...]:
-    """``(class, inner names, quantizer)`` of the quantized output ``quantizer`` makes:
+def _quantized_output_layout(quantizer_code: str) -> tuple[Any, ...]:
+    """``(class, inner names)`` of the quantized output ``quantizer`` makes:
     what the forward's quantized output is rebuilt with from its flat buffers.
 
     Computed at trace time (quantizers are graph constants: their methods cannot be
     traced), exactly as ``linear_forward_spec`` describes the output.
     """
-    wrapper = quantizer.with_internal(False)
+    wrapper = codec.decode(quantizer_code).with_internal(False)
     cls = wrapper.wrapper_cls
-    return cls, cls._expected_names(wrapper.rowwise_usage, wrapper.columnwise_usage), wrapper
+    return cls, cls._expected_names(wrapper.rowwise_usage, wrapper.columnwise_usage)
 
 
 def _compiled_linear(args: LinearFwdArgs) -> Any:
@@ -83,7 +84,12 @@ def _compiled_linear(args: LinearFwdArgs) -> Any:
     if not (args.fp8_output and args.output_quantizer is not None):
         return flat[0]
     # A quantized output spans several flat buffers (see linear_forward_spec).
-    cls, names, quantizer = _quantized_output_layout(args.output_quantizer)
+    cls, names = _quantized_output_layout(args.output_quantizer._teops_code)
+    # The args' own object, not a constant-folded copy (torch 2.11's dynamo cannot
+    # rebuild a frozen dataclass instance as a graph constant).
+    quantizer = args.output_quantizer
+    if quantizer.internal:
+        quantizer = quantizer.with_internal(False)
     shape = linear_output_shape(args)
     inner = dict(zip(names, flat, strict=False))
     return cls(inner, quantizer=quantizer, dtype=args.activation_dtype, shape=shape)
