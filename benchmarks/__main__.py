@@ -3,8 +3,9 @@
 * CPU (default): figures 1-5 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
   ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
-* ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json``; needs only
-  torch and this repository. Copy that file into docs/ and run ``python -m benchmarks
+* ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json`` (rewritten
+  after each part, so a cut-short run keeps what it measured); needs only torch (with
+  its Triton) and this repository. Copy that file into docs/ and run ``python -m benchmarks
   --report-only`` (or ``make bench``) to regenerate the report with it.
 """
 
@@ -82,9 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from . import gpu
 
-        data = {"machine": machine_info(), "gpu": gpu.run()}
+        machine = machine_info()
+        path = args.out / "benchmarks_h200.json"
+
+        def save_partial(results: dict[str, Any]) -> None:
+            _write(path, {"machine": machine, "gpu": results, "partial": True})
+
+        data = {"machine": machine, "gpu": gpu.run(save=save_partial)}
         data["seconds"] = time.time() - started
-        _write(args.out / "benchmarks_h200.json", data)
+        _write(path, data)
         return 0
     if not args.report_only:
         torch.set_num_threads(args.threads)

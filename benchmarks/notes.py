@@ -74,6 +74,37 @@ NOTES = {
         "`bf16-as-fp32/gemm`: the same GEMMs in fp32, what our `gemm` issued for plain CUDA "
         "operands before its native 16-bit path)."
     ),
+    "gpu_method_v2": (
+        "One process, one run of `python -m benchmarks --device cuda`. Training step "
+        "(forward + backward, loss = mean of squares, gradients set to None first) of the "
+        "8-layer MLP of square layers: `torch.nn.Linear` bf16 (`torch/...`) and our "
+        "`Linear` in bf16 and under every recipe through `autocast` (`ours/...`), each "
+        "eager, `torch.compile(fullgraph=True)` and `mode='reduce-overhead'` (CUDA "
+        "graphs). A compiled mode that raises under `fullgraph=True` is measured again "
+        "without it and marked in *how it ran*; one that fails that way too is listed as "
+        "failed. GEMM floors: the 24 GEMMs of a step (8 layers x fprop TN, dgrad NN, "
+        "wgrad NT) back to back on pre-made operands: `gemm/bf16` bf16 `torch.mm`; "
+        "`gemm/fp8` `torch._scaled_mm` on the rowwise and transposed buffers (E4M3 x E4M3 "
+        "forward, E5M2 x E4M3 backward) with bf16 out, as our `gemm` issues it; "
+        "`gemm/fp8-fp32-out` the same with fp32 out, as it issued before. Recipes "
+        "without a Hopper GEMM (MXFP8, FP8 block, NVFP4) dequantize to bf16 and run "
+        "bf16 GEMMs, so their floor is `gemm/bf16`."
+    ),
+    "gpu_quantization_method": (
+        "One 4096x8192 bf16 tensor, both usages (rowwise data and the transposed "
+        "columnwise copy): *fused* is `Float8CurrentScalingQuantizer` on CUDA (two Triton "
+        "kernels: amax, then scale + cast + transpose; bit for bit the reference); "
+        "*reference ops* is the format's plain-torch quantize (separate eager kernels), "
+        "which every other format still runs on CUDA. *dequantize* is what a Hopper GEMM "
+        "of a block format pays per operand before its bf16 GEMM. The bf16 copy reads "
+        "and writes 2 bytes per element: the bandwidth yardstick."
+    ),
+    "gpu_memory_method": (
+        "`torch.cuda.max_memory_allocated` over one eager training step after a "
+        "warm-up step, gradients set to None before it; *allocated before* is parameters "
+        "and input, *step peak over that* is what the step itself adds (activations "
+        "saved for backward, quantized copies, gradients, workspaces)."
+    ),
     "gpu_pending": (
         "Not measured yet. Run on the H200 (torch and this repository only; no libcst, "
         "jinja2 or matplotlib needed): `python -m benchmarks --device cuda --out DIR`, "
@@ -132,20 +163,6 @@ in fp32, which this CPU does ~10x faster than bf16. FP8 current scaling costs ~4
 on the CPU: per layer and direction it computes an amax, a scale, a saturated cast and,
 for the CPU GEMM, a dequantize, all as separate eager kernels inside the op.
 
-**H200 (measured on torch 2.11).** Small shape: CUDA graphs (`reduce-overhead`) make
-the bf16 step ~3.5x faster than eager (target met): eager is bound by the Python of
-the module and op kernels, and plain `torch.compile` is *slower* than eager there,
-because the custom op's real kernel still runs its Python per layer inside the
-compiled graph and the compiled wrapper adds dispatch on top. Large shape: the bf16
-step is within ~4% of its bf16 GEMM floor in all three modes (target met). Before
-`gemm` ran two plain CUDA bf16 operands as one native `addmm`, it upcast them to fp32
-and the same step took ~13x the floor: that is what the `bf16-as-fp32/gemm` row
-measures (fp32 GEMMs, TF32 off).
-FP8 (eager only on torch 2.11: quantized recipes fall back to eager under compile,
-`runtime/opaque.quantizer_compile_limitation`) is ~4x its `_scaled_mm` floor at the
-large shape: per layer and direction the current-scaling quantize (amax, scale,
-saturated cast, transpose copy) runs as separate eager kernels, a cost of the same
-order as the GEMMs; fusing amax+cast (a Triton/Inductor kernel, or compiling the
-quantize on torch >= 2.12) is the lever.
+The H200 figures have their own analysis at the end of figure 6.
 """,
 }
