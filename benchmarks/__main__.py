@@ -34,6 +34,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", nargs="*", choices=FIGURES, help="CPU figures to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (smoke)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from JSON")
+    p.add_argument(
+        "--gpu-shapes",
+        nargs="*",
+        choices=("small", "large"),
+        default=["small", "large"],
+        help="step shapes of the --device cuda run",
+    )
+    p.add_argument(
+        "--gpu-parts",
+        nargs="*",
+        choices=("quantization", "op_overhead", "memory"),
+        default=["quantization", "op_overhead", "memory"],
+        help="other parts of the --device cuda run",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
     return p.parse_args(argv)
 
@@ -89,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         def save_partial(results: dict[str, Any]) -> None:
             _write(path, {"machine": machine, "gpu": results, "partial": True})
 
-        data = {"machine": machine, "gpu": gpu.run(save=save_partial)}
+        data = {
+            "machine": machine,
+            "gpu": gpu.run(
+                save=save_partial,
+                shapes=tuple(args.gpu_shapes),
+                parts=tuple(args.gpu_parts),
+            ),
+        }
         data["seconds"] = time.time() - started
         _write(path, data)
         return 0
