@@ -210,16 +210,6 @@ def _quantization(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
     fused_ok = cuda_kernels.available()
     if fused_ok:
         fns["quantize fp8_current fused (Triton)"] = lambda: cur._quantize_impl(x)
-        amax_kernel = cuda_kernels._kernels(False)[0]
-        bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-        programs = min(
-            cuda_kernels.triton_cdiv(n, cuda_kernels.AMAX_BLOCK), cuda_kernels.AMAX_MAX_PROGRAMS
-        )
-
-        def amax_only() -> None:
-            amax_kernel[(programs,)](x, bits, n, BLOCK=cuda_kernels.AMAX_BLOCK, num_warps=8)
-
-        fns["fused: its amax pass alone"] = amax_only
     fns["quantize fp8_current reference ops"] = lambda: _Float8PerTensorQuantizer._quantize_impl(
         cur, x
     )
@@ -239,7 +229,6 @@ def _quantization(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
         "us": us,
         "copy_GBps": 4 * n / copy_s / 1e9,
         "fused_unavailable": cuda_kernels.unavailable_reason(),
-        "fused_tile": cuda_kernels.tuned_tile(),
     }
     if fused_ok:
         fused_s = us["quantize fp8_current fused (Triton)"]["median"] * 1e-6

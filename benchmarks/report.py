@@ -413,8 +413,6 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
                 f"{q['fused_bytes'] / 2**20:.0f} MiB of traffic, "
                 f"{q['fused_over_copy_time_for_its_bytes']:.2f}x a copy of that many bytes"
             )
-        if q.get("fused_tile"):
-            line += f"; autotuned cast + transpose tile: {q['fused_tile']}"
         out += [line + ".", ""]
     o = g.get("op_overhead")
     if o and "us" in o:

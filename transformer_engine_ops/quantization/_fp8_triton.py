@@ -89,20 +89,10 @@ def _cast_transpose(
         tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
 
 
-# Tiles of the cast + transpose kernel tried once per (M, K) on the GPU; every config
-# writes the same bits (the scale does not depend on the tiling), only speed differs.
-TILE_CONFIGS = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8))
-
-
-def build(interpret: bool) -> tuple[Any, Any, bool]:
-    """(amax, cast + transpose, whether the latter picks its own tile) as Triton JIT
-    kernels with the tile autotuned, or interpreted (CPU tensors, tile passed in)."""
+def build(interpret: bool) -> tuple[Any, Any]:
+    """(amax, cast + transpose) as Triton JIT kernels, or interpreted (CPU tensors)."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(_amax), InterpretedFunction(_cast_transpose), False
-    configs = [
-        triton.Config({"BM": bm, "BK": bk}, num_warps=warps) for bm, bk, warps in TILE_CONFIGS
-    ]
-    tuned = triton.autotune(configs=configs, key=["M", "K"])(triton.jit(_cast_transpose))
-    return triton.jit(_amax), tuned, True
+        return InterpretedFunction(_amax), InterpretedFunction(_cast_transpose)
+    return triton.jit(_amax), triton.jit(_cast_transpose)

@@ -11,7 +11,6 @@ separate torch ops) stays the ground truth; these kernels reproduce it bit for b
    ``encoding.scale_from_amax`` does (correctly rounded division, epsilon clamp,
    degenerate amax -> 1, Inf -> FP32_MAX, power-of-two truncation), casts one tile and
    stores it rowwise and/or transposed (columnwise); program (0, 0) writes ``scale_inv``.
-   Its tile is autotuned once per (M, K) on the GPU (all tiles give the same bits).
 
 The FP8 rounding is done on the fp32 bits with the same algorithm as c10's
 ``fp8e4m3fn_from_fp32_value`` / ``fp8e5m2_from_fp32_value`` (what the CPU ``.to()``
@@ -38,8 +37,7 @@ from .encoding import FP8_MAX, transposed_shape
 
 __all__ = ["available", "eligible", "fp8_current_scaling_quantize", "unavailable_reason"]
 
-# Tile of the interpreted cast + transpose kernel (on the GPU it is autotuned among
-# _fp8_triton.TILE_CONFIGS) and chunk of the amax kernel.
+# Tile of the cast + transpose kernel and chunk of the amax kernel.
 BLOCK_M = 64
 BLOCK_K = 64
 AMAX_BLOCK = 4096
@@ -86,8 +84,8 @@ def eligible(x: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _kernels(interpret: bool = False) -> tuple[Any, Any, bool]:
-    """(amax kernel, cast + transpose kernel, whether it tunes its own tile)."""
+def _kernels(interpret: bool = False) -> tuple[Any, Any]:
+    """(amax kernel, cast + transpose kernel), compiled or for Triton's interpreter."""
     from . import _fp8_triton
 
     return _fp8_triton.build(interpret)
@@ -139,7 +137,7 @@ def fp8_current_scaling_quantize(
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"fp8_current_scaling_quantize: {reason}")
-    amax_kernel, cast_kernel, tuned = _kernels(x.device.type != "cuda")
+    amax_kernel, cast_kernel = _kernels(x.device.type != "cuda")
     shape = x.shape
     k = shape[-1]
     m = math.prod(shape[:-1])
@@ -157,12 +155,8 @@ def fp8_current_scaling_quantize(
     )
     scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
     fmax, eps32, constants = _constants(fp8_dtype, float(epsilon))
+    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1))
     dummy = scale_inv  # never written when its usage is off (constexpr-pruned)
-    tile = {} if tuned else {"BM": BLOCK_M, "BK": BLOCK_K, "num_warps": 4}
-
-    def grid(meta: dict[str, Any]) -> tuple[int, int]:
-        return (max(triton_cdiv(m, meta["BM"]), 1), max(triton_cdiv(k, meta["BK"]), 1))
-
     cast_kernel[grid](
         x2,
         amax_bits,
@@ -177,21 +171,12 @@ def fp8_current_scaling_quantize(
         FORCE_POW2=bool(force_pow_2),
         ROWWISE=bool(rowwise),
         COLUMNWISE=bool(columnwise),
-        **tile,
+        BM=BLOCK_M,
+        BK=BLOCK_K,
+        num_warps=4,
     )
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}
 
 
 def triton_cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
-
-
-def tuned_tile() -> Optional[dict[str, Any]]:
-    """The tile the autotuner picked last on this GPU (for the benchmark), if any."""
-    if unavailable_reason() is not None or _interpreting():
-        return None
-    cast_kernel = _kernels(False)[1]
-    best = getattr(cast_kernel, "best_config", None)
-    if best is None:
-        return None
-    return {**best.kwargs, "num_warps": best.num_warps}
