@@ -105,6 +105,44 @@ NOTES = {
         "and input, *step peak over that* is what the step itself adds (activations "
         "saved for backward, quantized copies, gradients, workspaces)."
     ),
+    "gpu_analysis": """\
+**FP8 current scaling (large shape).** The fused Triton quantize (amax pass, then
+scale + cast + transpose in one pass; bit for bit the reference) takes the step from
+46.5 ms (issue 12) to ~15 ms eager: 1.35x its `_scaled_mm` floor and 1.36x faster than
+our bf16 step, just short of both targets (<= 1.25x, >= 1.4x). What is left is the
+quantize itself: per layer the input, the 8192x8192 weight and the output gradient are
+each quantized with both usages, 128 M elements, ~0.45 ms per layer at the measured
+~110 us per 4096x8192 tensor, ~3.5 ms a step. The amax pass runs near copy speed
+(~20 us, measured in a second run); the cast + transpose pass is ~2.5x slower than a
+copy of its bytes: the transposed uint8 stores through `tl.trans` are the bound (an
+autotune over 64/128 tiles, tried in that second run, kept 64x64 and gained nothing).
+Levers: a transpose written with wider packed stores, caching the quantized weight
+across steps where the weight does not change (TE's `is_first_microbatch`), or one
+persistent pass. GEMMs now write bf16 from `_scaled_mm`'s epilogue (no fp32 output
+and cast); all three Linear GEMMs read the rowwise or transposed buffers directly.
+The compiled FP8 rows are not compiled: on torch 2.11 quantized recipes raise under
+`fullgraph=True` and, without it, run eagerly inside the compiled model (the
+`kinds` work makes them compile).
+
+**Block formats on Hopper.** Hopper has no MXFP8 or NVFP4 GEMM (and `_scaled_mm`
+takes no block scales there), so each operand is dequantized to bf16 (exact for MXFP8
+and power-of-two FP8 block scales) and multiplied by one bf16 GEMM: the floor is the
+bf16 GEMM floor plus the dequantize traffic (~0.3 ms per 4096x8192 operand, ~1 ms for
+NVFP4), so on this GPU these formats can only save memory, never time. Today they run
+5x (MXFP8, FP8 block) to 14x (NVFP4) their bf16 floor, bound by the reference
+quantizers (separate eager torch ops, 1-2 ms per 4096x8192 tensor, 6.5 ms for NVFP4,
+several per layer); fused kernels like the FP8 one would bring them near
+1.2-1.4x the bf16 floor.
+
+**Small shape.** Bound by Python per call: the op call costs ~80 us more than its
+kernel called directly (dispatcher, flatten/unflatten, result packing), which is
+issue 12's part 2 (not in this branch). CUDA graphs hide it (`reduce-overhead`
+1.07x `torch.nn.Linear`'s).
+
+**Memory.** A quantized step adds ~2x what a bf16 step adds over the resident
+parameters: the saved quantized input and weight keep both usages (issue 13's first
+defect, decided in the op's plan).
+""",
     "gpu_pending": (
         "Not measured yet. Run on the H200 (torch and this repository only; no libcst, "
         "jinja2 or matplotlib needed): `python -m benchmarks --device cuda --out DIR`, "
