@@ -185,7 +185,8 @@ class Float8BlockQuantizer(Quantizer):
             inner["_rowwise_scale_inv"] = _pad_scale_inv(scale_inv, dim)
         if self.columnwise_usage:
             if dim == 2:  # same 128x128 blocks: the transpose of the rowwise result
-                codes, scale_inv = rowwise[0].t(), rowwise[1].t()
+                # (a copy: never a view of the rowwise codes, even for M or K == 1)
+                codes, scale_inv = transpose_2d_to(rowwise[0], (k, m)), rowwise[1].t()
             else:
                 codes, scale_inv = self._quantize_matrix(x2d.t().contiguous())
             inner["_columnwise_data"] = codes.contiguous().reshape(transposed_shape(x.shape))
