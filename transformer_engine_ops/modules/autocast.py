@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
 from ..runtime.quantizer import Quantizer, value_opaque_reason
+from ..runtime.values import GemmConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class RecipeQuantizers:
     # decided here, outside any compiled region, because it inspects classes.
     compile_blocker: str | None = None
 
+    # The recipe's GEMM configurations and backward precision mode (TE's
+    # fp8_gemm_fprop/dgrad/wgrad and backward_override).
+    fprop_gemm: GemmConfig = GemmConfig()
+    dgrad_gemm: GemmConfig = GemmConfig()
+    wgrad_gemm: GemmConfig = GemmConfig()
+    backward_override: str | None = None
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         quantizers = [recipe.make_quantizer(role) for role in ROLES]
@@ -44,7 +52,16 @@ class RecipeQuantizers:
                     f"{type(quantizer).__name__} is not value-opaque ({reason})"
                 )
                 break
-        return cls(recipe, *quantizers, compile_blocker=blocker)
+        fprop, dgrad, wgrad = recipe.gemm_configs()
+        return cls(
+            recipe,
+            *quantizers,
+            compile_blocker=blocker,
+            fprop_gemm=fprop,
+            dgrad_gemm=dgrad,
+            wgrad_gemm=wgrad,
+            backward_override=getattr(recipe, "backward_override", None),
+        )
 
 
 @dataclass

@@ -20,6 +20,10 @@ from ..runtime.quantizer import (
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
 )
 from .encoding import (
     FP8_MAX,
@@ -139,8 +143,11 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.amax_epsilon >= 0.0:
-            raise ValueError(f"{type(self).__name__}: amax_epsilon must be >= 0")
+        owner = type(self).__name__
+        check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        object.__setattr__(
+            self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
+        )
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(
@@ -150,6 +157,9 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             epsilon=self.amax_epsilon,
         )
 
+
+# Longest amax history a delayed-scaling quantizer keeps (TE defaults to 1024).
+MAX_AMAX_HISTORY_LEN = 1 << 20
 
 _DELAYED_REASON = (
     "delayed scaling keeps an amax history and a scale tensor that every quantize call "
@@ -181,13 +191,14 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(
-                f"{type(self).__name__}: amax_compute_algo must be 'max' or 'most_recent', "
-                f"got {self.amax_compute_algo!r}"
-            )
-        if self.amax_history_len < 1:
-            raise ValueError(f"{type(self).__name__}: amax_history_len must be >= 1")
+        owner = type(self).__name__
+        check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        object.__setattr__(self, "margin", check_int(owner, "margin", self.margin, 0, 64))
+        object.__setattr__(
+            self,
+            "amax_history_len",
+            check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
+        )
         object.__setattr__(self, "scale", torch.ones(1))
         object.__setattr__(self, "amax_history", torch.zeros(self.amax_history_len))
 

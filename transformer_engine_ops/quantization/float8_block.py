@@ -23,6 +23,9 @@ from ..runtime.quantizer import (
     QuantizedTensor,
     Quantizer,
     RowwiseColumnwisePairs,
+    check_bool,
+    check_float,
+    check_int,
 )
 from .encoding import (
     FP8_MAX,
@@ -43,6 +46,9 @@ from .encoding import (
 )
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage"]
+
+# Largest block edge accepted (TE uses 128; a block never needs more than a dim).
+MAX_BLOCK_LEN = 1 << 16
 
 
 class _Float8BlockData(RowwiseColumnwisePairs):
@@ -133,16 +139,18 @@ class Float8BlockQuantizer(Quantizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_fp8_dtype("Float8BlockQuantizer", self.fp8_dtype)
-        if self.block_scaling_dim not in (1, 2):
-            raise ValueError(
-                f"Float8BlockQuantizer: block_scaling_dim must be 1 or 2, "
-                f"got {self.block_scaling_dim}"
-            )
-        if self.block_len < 1:
-            raise ValueError(f"Float8BlockQuantizer: block_len must be >= 1, got {self.block_len}")
-        if not self.amax_epsilon >= 0.0:
-            raise ValueError("Float8BlockQuantizer: amax_epsilon must be >= 0")
+        owner = "Float8BlockQuantizer"
+        require_fp8_dtype(owner, self.fp8_dtype)
+        checked = {
+            "block_len": check_int(owner, "block_len", self.block_len, 1, MAX_BLOCK_LEN),
+            "block_scaling_dim": check_int(
+                owner, "block_scaling_dim", self.block_scaling_dim, 1, 2
+            ),
+            "amax_epsilon": check_float(owner, "amax_epsilon", self.amax_epsilon),
+        }
+        check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        for name, value in checked.items():  # exact ints/floats (an IntEnum becomes int)
+            object.__setattr__(self, name, value)
 
     def block_shape(self) -> tuple[int, int]:
         """(rows, cols) of one block of the rowwise matrix (and of the transposed one)."""
