@@ -9,6 +9,7 @@ changed recipe recompiles.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -64,10 +65,17 @@ class RecipeQuantizers:
         )
 
 
-@dataclass
-class _State:
-    autocast: RecipeQuantizers | None = None
-    model_init: RecipeQuantizers | None = None
+class _State(threading.local):
+    """The active recipes of the calling thread, as ``torch.autocast``'s state is per
+    thread: a context entered on one thread is invisible to the others.
+
+    torch.compile reads it like any global (it evaluates attributes of a
+    ``threading.local``), so a compiled graph guards on the calling thread's value.
+    """
+
+    def __init__(self) -> None:
+        self.autocast: RecipeQuantizers | None = None
+        self.model_init: RecipeQuantizers | None = None
 
 
 STATE = _State()
