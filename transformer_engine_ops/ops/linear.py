@@ -284,7 +284,27 @@ def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArg
     return x
 
 
+def _check_forward_input(args: LinearFwdArgs) -> None:
+    """What the GEMM needs of the input, checked before any work so that the real kernel
+    and the spec fake (under torch.compile) raise the same message."""
+    inp, weight = args.inp, args.weight
+    if len(inp.shape) == 0:
+        raise ValueError("Linear: the input must have at least 1 dimension, got a 0-D tensor")
+    if inp.device.type == "meta":
+        raise ValueError(
+            f"Linear: the input of shape {tuple(inp.shape)} is on the meta device (it has "
+            "no data); move it, and the module, to cpu or cuda"
+        )
+    if inp.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"Linear: the input's last dim is {inp.shape[-1]} (input shape {tuple(inp.shape)}), "
+            f"but the weight of shape {tuple(weight.shape)} expects {weight.shape[-1]} input "
+            "features"
+        )
+
+
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
+    _check_forward_input(args)
     backward_quantized = args.backward_override is None
     needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
     needs_dgrad = args.is_grad_enabled and args.input_requires_grad
