@@ -470,9 +470,22 @@ def _high_precision(value: Any, dtype: torch.dtype) -> Any:
     return value.dequantize(dtype) if isinstance(value, QuantizedData) else value.to(dtype)
 
 
+def _check_no_double_backward(args: LinearBwdArgs) -> None:
+    """A quantized backward is not differentiable (quantization has no useful second
+    derivative, and the GEMMs read quantized codes): refuse ``create_graph=True`` rather
+    than return a gradient silently detached from the graph."""
+    if args.fp8 and torch.is_grad_enabled():
+        raise RuntimeError(
+            "Linear: backward with create_graph=True (double backward) is not supported "
+            "under a quantized recipe; run the backward with create_graph=False, or without "
+            "autocast"
+        )
+
+
 def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     """Gradients of ``(inp, weight, bias)``; None for those not required."""
     _check_supported(args, _BWD_UB_FLAGS)
+    _check_no_double_backward(args)
     plan = _backward_plan(args)
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]
