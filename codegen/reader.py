@@ -19,7 +19,16 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from . import kinds
 from .config import Config
 from .errors import CodegenError, Location
-from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Op, SourceModule, TypeExpr
+from .model import (
+    GRAD_OUTPUT_FIELD,
+    GRAD_OUTPUTS_FIELD,
+    Bundle,
+    Field,
+    Impls,
+    Op,
+    SourceModule,
+    TypeExpr,
+)
 
 DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 _DATACLASS = "dataclasses.dataclass"
@@ -27,7 +36,6 @@ _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
 _IMPL_KEYS = ("forward_impl", "backward_impl", "forward_spec", "backward_spec", "setup_context")
 _DECL_KEYS = ("name", "forward", "backward", "grad_fields", *_IMPL_KEYS)
-_GRADIENT_KINDS = {kinds.Kind.TENSOR, kinds.Kind.TENSOR_OR_QUANTIZED}
 
 
 def module_name(path: str) -> str:
@@ -325,7 +333,7 @@ def _read_field(
         )
     seen[name] = where
     ftype = kinds.classify(expr, config, enums)
-    slots = kinds.slots_for(name, ftype, config.meta_type)
+    slots = kinds.slots_for(name, ftype, config)
     return Field(name, kinds.render(expr), ftype, slots, where)
 
 
@@ -429,12 +437,12 @@ def _read_declaration(
                 f"gradient field `{grad}` is not a field of `{forward.name}`",
                 f"name fields of {forward.name}",
             )
-        if field.type.kind not in _GRADIENT_KINDS:
+        if not kinds.may_receive_gradient(field.type):
             raise CodegenError(
                 file.loc(grad_node.value),
                 f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
                 "which cannot receive a gradient",
-                "only tensor and tensor-or-quantized fields receive gradients",
+                "only tensor, tensor-list and tensor-or-quantized fields receive gradients",
             )
     if len(set(grad_fields)) != len(grad_fields):
         raise CodegenError(
@@ -464,15 +472,17 @@ def _read_declaration(
             names[key] = node.value
         impls = Impls(**names)
         grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
-        if (
-            grad_outputs is None
-            or grad_outputs.type.kind is not kinds.Kind.TENSOR_LIST
-            or grad_outputs.type.optional
-        ):
+        grad_output = backward.field(GRAD_OUTPUT_FIELD)
+        all_grads = grad_outputs is not None and (
+            grad_outputs.type.kind is kinds.Kind.TENSOR_LIST and not grad_outputs.type.optional
+        )
+        first_grad = grad_output is not None and grad_output.type.kind is kinds.Kind.TENSOR
+        if all_grads == first_grad:  # neither, both, or a wrong kind
             raise CodegenError(
                 backward.location,
-                f"backward bundle `{backward.name}` needs a `{GRAD_OUTPUTS_FIELD}: "
-                "List[torch.Tensor]` field to receive the forward outputs' gradients",
+                f"backward bundle `{backward.name}` needs one field receiving the forward "
+                f"outputs' gradients: `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` (all of "
+                f"them) or `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]` (the first)",
                 f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
             )
     return Op(op_name, forward, backward, grad_fields, impls, where)
