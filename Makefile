@@ -59,8 +59,9 @@ test-torch-versions:
 	  venv="$(TORCH_VENVS)/torch-$$v"; \
 	  if ! $$venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$$v')" 2>/dev/null; then \
 	    $(PYTHON) -m venv $$venv && \
-	    $$venv/bin/pip install -q "torch==$$v" jinja2 pytest hypothesis numpy; \
+	    $$venv/bin/pip install -q "torch==$$v"; \
 	  fi; \
+	  $$venv/bin/pip install -q --disable-pip-version-check jinja2 libcst ruff==0.14.0 pytest hypothesis numpy; \
 	  echo "== torch $$v =="; \
 	  PYTHONPATH=. $$venv/bin/python -m pytest tests/ops tests/modules -q -p no:cacheprovider; \
 	done
