@@ -8,6 +8,7 @@ codebase's bundles (TE's own, say) without a code change.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +166,12 @@ def _strings(value: object, what: str, pyproject: Path) -> tuple[str, ...]:
     return tuple(value)  # type: ignore[arg-type]
 
 
+def expand_path(raw: str) -> str:
+    """``${VAR:-default}``, ``$VAR`` and a leading ``~`` expanded."""
+    raw = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1]) or m[2], raw)
+    return os.path.expanduser(os.path.expandvars(raw))
+
+
 def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
     """The optional keys ``source_root``, ``declaration_forms``, ``ops``, ``te_layout``.
 
@@ -177,7 +184,7 @@ def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
     source_root = None
     if "source_root" in table:
         raw = str(_expect(table["source_root"], str, f"{where}.source_root", pyproject))
-        source_root = (root / os.path.expanduser(os.path.expandvars(raw))).resolve()
+        source_root = (root / expand_path(raw)).resolve()
     forms = [OWN_FORM]
     for i, entry in enumerate(table.get("declaration_forms", [])):
         what = f"{where}.declaration_forms[{i}]"

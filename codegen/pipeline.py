@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FORMAT_VERSION, emit, render
+from . import FORMAT_VERSION, emit, render, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
@@ -23,17 +23,21 @@ class Generated:
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
     """Read every op module (sorted, so input order never matters); check op names."""
     modules = []
+    source_root = config.reading.source_root or config.root
     for rel in sorted(set(sources if sources is not None else config.sources)):
-        path = config.root / rel
+        path = source_root / rel
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise CodegenError(
                 Location(rel, 1, 1),
                 f"cannot read the op module: {exc.strerror}",
-                "fix `sources` in [tool.transformer_engine_ops.codegen]",
+                "fix `sources` in [tool.transformer_engine_ops.codegen]"
+                + (
+                    f" (read under source_root {source_root})" if source_root != config.root else ""
+                ),
             ) from None
-        modules.append(read_source(rel, text, config))
+        modules.append(read_source(rel, text, config, source_root))
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:
@@ -56,11 +60,15 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
     out = config.output_dir
     python: dict[str, str] = {}
     contexts = []
+    digests = {}
     for module in modules:
-        ctx = emit.op_module_context(module, config, emit.digest(module, templates, config))
+        digests[module.path] = emit.digest(module, templates, config)
+        ctx = emit.op_module_context(module, config, digests[module.path])
         contexts.append((module, ctx))
         stem = module.path.rsplit("/", 1)[-1]
         python[f"{out}/{stem}"] = env.get_template("op_module.py.j2").render(ctx)
+    if config.reading.te_layout is not None:
+        python.update(te_layout.render_modules(modules, config, env, out, digests))
     python[f"{out}/__init__.py"] = env.get_template("package_init.py.j2").render(
         format_version=FORMAT_VERSION,
         module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],
@@ -69,6 +77,8 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
     files[f"{out}/SCHEMAS.md"] = env.get_template("schemas.md.j2").render(
         emit.schemas_doc_context(contexts)
     )
+    if config.reading.te_layout is not None:
+        files[f"{out}/TE_LAYOUT.md"] = te_layout.layout_doc(modules, config, env)
     return Generated(modules, dict(sorted(files.items())))
 
 
