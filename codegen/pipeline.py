@@ -57,6 +57,8 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
     modules = read_all(config, sources)
     env = render.environment(TEMPLATE_DIR)
     templates = render.template_texts(TEMPLATE_DIR)
+    if config.reading.te_layout is None:  # the TE layout templates shape no other output
+        templates = {k: v for k, v in templates.items() if not k.startswith("te_")}
     out = config.output_dir
     python: dict[str, str] = {}
     contexts = []
