@@ -69,9 +69,7 @@ def _explain(config, sources, name: str | None) -> int:
 
 
 def kind_table_markdown() -> str:
-    lines = ["| annotation | kind | schema slots | crossing |", "|---|---|---|---|"]
-    lines += [f"| {a} | {k} | {s} | {c} |" for a, k, s, c in kinds.KIND_TABLE]
-    return "\n".join(lines) + "\n"
+    return kinds.table_markdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ import tomllib
 from .errors import ConfigError
 
 CONFIG_TABLE = ("tool", "transformer_engine_ops", "codegen")
-CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value")
+CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value", "unsupported")
 
 
 @dataclass(frozen=True)

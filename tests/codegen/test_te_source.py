@@ -26,7 +26,7 @@ import torch
 from codegen_support import REPO_ROOT, run_main, snapshot
 
 from codegen import te_layout
-from codegen.config import CONFIGURABLE_KINDS, load_config
+from codegen.config import load_config
 from codegen.emit import snake
 from codegen.pipeline import find_bundle, read_all
 from codegen.te_wheel import FetchError, ensure_source
@@ -45,15 +45,6 @@ BUNDLES = {
     "FusedAttnFwdArgs": (BACKENDS, 36, 20),
     "FusedAttnBwdArgs": (BACKENDS, 46, 26),
 }
-# TE's attention bundles need the kinds of branch `kinds` (Tuple[int, int] as SymInt[2],
-# configurable None-only names for torch.Generator and typing.Dict); the example config
-# names them. Until that branch is merged these tests must fail, and after it pass.
-KINDS_MERGED = "unsupported" in CONFIGURABLE_KINDS
-needs_kinds = pytest.mark.xfail(
-    not KINDS_MERGED,
-    reason="needs the `kinds` merge (SymInt[2], configurable None-only types)",
-    strict=True,
-)
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +179,6 @@ def ours(te_root: Path) -> dict[str, Any]:
     return {name: find_bundle(modules, name) for name in BUNDLES} | {"_config": config}
 
 
-@needs_kinds
 @pytest.mark.parametrize("name", list(BUNDLES))
 def test_te_layout_schema_equals_the_one_tes_reflection_derives(
     name: str, ours: dict[str, Any], te_classes: dict[str, type], te_runtime: types.ModuleType
@@ -203,7 +193,6 @@ def test_te_layout_schema_equals_the_one_tes_reflection_derives(
     assert len(ours[name].fields) == fields
 
 
-@needs_kinds
 @pytest.mark.parametrize("name", list(BUNDLES))
 def test_every_field_has_the_kind_tes_reflection_gives_it(
     name: str, ours: dict[str, Any], te_classes: dict[str, type], te_runtime: types.ModuleType
@@ -240,7 +229,11 @@ def _generated(name: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(f"_te_example_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
     return module
 
 
@@ -293,13 +286,11 @@ def test_generated_te_pack_refuses_a_value_for_an_unsupported_field(
         generated.pack_linear_fwd_args(fwd)
 
 
-@needs_kinds
 def test_te_boundary_example_is_up_to_date(te_root: Path) -> None:
     result = run_main("--root", str(EXAMPLE), "--check")
     assert result.rc == 0, result.out + result.err
 
 
-@needs_kinds
 def test_explain_prints_every_field_of_tes_linear_forward_bundle(te_root: Path) -> None:
     result = run_main("--root", str(EXAMPLE), "explain", "LinearFwdArgs")
     assert result.rc == 0, result.err
@@ -313,7 +304,7 @@ def test_explain_prints_every_field_of_tes_linear_forward_bundle(te_root: Path) 
     assert "(none: must be None)" in rows["fsdp_group"]
 
 
-@needs_kinds
+@pytest.mark.slow
 def test_a_planted_mixed_union_in_tes_file_is_positioned_and_writes_nothing(
     te_root: Path, tmp_path: Path
 ) -> None:
@@ -334,9 +325,32 @@ def test_a_planted_mixed_union_in_tes_file_is_positioned_and_writes_nothing(
     (project / "pyproject.toml").write_text(config, encoding="utf-8")
     before = snapshot(tmp_path)
     for mode in ((), ("--check",), ("--diff",)):
-        result = run_main("--root", str(project), *mode)
+        result = run_main("--root", str(project), "--source", LINEAR, *mode)
         assert result.rc == 1, result.out + result.err
         assert "Traceback" not in result.out + result.err
         assert f"{LINEAR}:{line}:10: error: mixed union of Tensor, int" in result.err
         assert snapshot(tmp_path) == before
     assert not (project / "generated").exists()
+
+
+@pytest.mark.slow
+def test_te_boundary_writes_only_inside_the_examples_output_folder(
+    te_root: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "generated" / "te_linear.py").unlink()
+    (project / "generated" / "SCHEMAS.md").write_text("stale\n", encoding="utf-8")
+    source_before, outside_before = snapshot(te_root), snapshot(tmp_path)
+
+    result = run_main("--root", str(project))
+
+    assert result.rc == 0, result.err
+    assert sorted(result.out.splitlines()[:-1]) == [
+        "wrote generated/SCHEMAS.md",
+        "wrote generated/te_linear.py",
+    ]
+    assert snapshot(te_root) == source_before
+    changed = {k for k, v in snapshot(tmp_path).items() if outside_before.get(k) != v}
+    assert changed == {"project/generated/SCHEMAS.md", "project/generated/te_linear.py"}
+    assert snapshot(project / "generated") == snapshot(EXAMPLE / "generated")
