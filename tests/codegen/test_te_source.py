@@ -354,3 +354,23 @@ def test_te_boundary_writes_only_inside_the_examples_output_folder(
     changed = {k for k, v in snapshot(tmp_path).items() if outside_before.get(k) != v}
     assert changed == {"project/generated/SCHEMAS.md", "project/generated/te_linear.py"}
     assert snapshot(project / "generated") == snapshot(EXAMPLE / "generated")
+
+
+def test_generated_te_pack_of_the_attention_backward_bundle_equals_tes(
+    te_classes: dict[str, type], te_runtime: types.ModuleType
+) -> None:
+    generated = _generated("te_backends")
+    args = te_classes["FusedAttnBwdArgs"](
+        grad_output=torch.randn(2, 3),
+        q_fp8=torch.randn(2, 3),
+        q=torch.randn(2, 3),
+        window_size=(-1, 0),
+        max_seqlen_q=128,
+        nominal_dtype=torch.bfloat16,
+        qkv_layout="bshd_bshd_bshd",
+    )
+    plan = te_runtime._parse_arg_type(type(args))
+    mine, theirs = generated.pack_fused_attn_bwd_args(args), plan.pack(args)
+    _same_slots(mine, theirs)
+    back = generated.unpack_fused_attn_bwd_args(mine)
+    assert back.window_size == (-1, 0) and back.q_fp8 is args.q_fp8 and back.out_fp8 is None
