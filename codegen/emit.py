@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,24 +171,6 @@ def _quantized_slots(bundle: Bundle) -> str:
     )
 
 
-def digest(source: SourceModule, templates: dict[str, str], config: Config) -> str:
-    """sha256 over everything the output depends on; nothing machine-specific."""
-    h = hashlib.sha256()
-    parts = [
-        f"format={FORMAT_VERSION}",
-        f"namespace={config.namespace}",
-        f"meta={config.meta_type}",
-        *(f"kind={k}:{v}" for k, v in sorted(config.kinds.items())),
-        f"source={source.path}",
-        source.text,
-        *(f"template={name}\n{text}" for name, text in sorted(templates.items())),
-    ]
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 _TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -211,7 +192,7 @@ def _reserved_names(op: Op) -> frozenset[str]:
     return _template_names() | generated
 
 
-def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> dict:
+def op_module_context(source: SourceModule, config: Config) -> dict:
     (op,) = source.ops  # the reader allows exactly one op per module
     imports = _Imports(_reserved_names(op))
     for bundle in (op.forward, op.backward):
@@ -235,7 +216,6 @@ def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> 
     return {
         "source_path": source.path,
         "format_version": FORMAT_VERSION,
-        "digest": digest_hex,
         "op": op,
         "namespace": config.namespace,
         "bundles": bundles,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FORMAT_VERSION, emit, render, te_layout
+from . import FORMAT_VERSION, emit, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
@@ -21,10 +21,15 @@ class Generated:
 
 
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
-    """Read every op module (sorted, so input order never matters); check op names."""
-    modules = []
+    """Read every op module (sorted, so input order never matters); check paths and names."""
+    given = sources if sources is not None else config.sources
     source_root = config.reading.source_root or config.root
-    for rel in sorted(set(sources if sources is not None else config.sources)):
+    paths = sorted(
+        {safety.normalize_source(config.root, s, config.output_dir, source_root) for s in given}
+    )
+    safety.check_output_names(paths)
+    modules = []
+    for rel in paths:
         path = source_root / rel
         try:
             text = path.read_text(encoding="utf-8")
@@ -41,6 +46,12 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:
+            if not safety.is_identifier(op.name):
+                raise CodegenError(
+                    op.location,
+                    f"op name {op.name!r} is not an ASCII identifier",
+                    "name the op with ASCII letters, digits and `_`",
+                )
             first = seen.get(op.name)
             if first is not None:
                 raise CodegenError(
@@ -56,21 +67,26 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
 def generate(config: Config, sources: list[str] | None = None) -> Generated:
     modules = read_all(config, sources)
     env = render.environment(TEMPLATE_DIR)
-    templates = render.template_texts(TEMPLATE_DIR)
-    if config.reading.te_layout is None:  # the TE layout templates shape no other output
-        templates = {k: v for k, v in templates.items() if not k.startswith("te_")}
     out = config.output_dir
     python: dict[str, str] = {}
     contexts = []
-    digests = {}
     for module in modules:
-        digests[module.path] = emit.digest(module, templates, config)
-        ctx = emit.op_module_context(module, config, digests[module.path])
+        ctx = emit.op_module_context(module, config)
         contexts.append((module, ctx))
         stem = module.path.rsplit("/", 1)[-1]
-        python[f"{out}/{stem}"] = env.get_template("op_module.py.j2").render(ctx)
+        code = env.get_template("op_module.py.j2").render(ctx)
+        safety.check_generated_names(module, code)
+        python[f"{out}/{stem}"] = code
     if config.reading.te_layout is not None:
-        python.update(te_layout.render_modules(modules, config, env, out, digests))
+        for module, path, code in te_layout.render_modules(modules, config, env, out):
+            if path in python:
+                raise CodegenError(
+                    Location(module.path, 1, 1),
+                    f"its TE-layout output `{path}` is also another op module's output",
+                    "give op modules names that do not start with `te_`",
+                )
+            safety.check_generated_names(module, code)
+            python[path] = code
     python[f"{out}/__init__.py"] = env.get_template("package_init.py.j2").render(
         format_version=FORMAT_VERSION,
         module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],

@@ -145,7 +145,7 @@ def _bundle_context(bundle: Bundle, role: str, value_bundle_type: str) -> TeBund
     )
 
 
-def module_context(source: SourceModule, config: Config, digest_hex: str) -> dict:
+def module_context(source: SourceModule, config: Config) -> dict:
     layout = config.reading.te_layout
     assert layout is not None
     (op,) = source.ops
@@ -165,7 +165,6 @@ def module_context(source: SourceModule, config: Config, digest_hex: str) -> dic
     return {
         "source_path": source.path,
         "format_version": FORMAT_VERSION,
-        "digest": digest_hex,
         "op": op,
         "runtime": layout.runtime,
         "value_bundle_type": layout.value_bundle_type,
@@ -176,19 +175,15 @@ def module_context(source: SourceModule, config: Config, digest_hex: str) -> dic
 
 
 def render_modules(
-    modules: tuple[SourceModule, ...],
-    config: Config,
-    env: jinja2.Environment,
-    out: str,
-    digests: dict[str, str],
-) -> dict[str, str]:
-    """``te_<module>.py`` for every op module (unformatted Python, keyed by output path)."""
-    files = {}
+    modules: tuple[SourceModule, ...], config: Config, env: jinja2.Environment, out: str
+) -> list[tuple[SourceModule, str, str]]:
+    """``(module, output path, unformatted code)`` of ``te_<module>.py`` for every op module."""
+    rendered = []
     for module in modules:
-        ctx = module_context(module, config, digests[module.path])
         stem = module.path.rsplit("/", 1)[-1]
-        files[f"{out}/te_{stem}"] = env.get_template("te_layout.py.j2").render(ctx)
-    return files
+        code = env.get_template("te_layout.py.j2").render(module_context(module, config))
+        rendered.append((module, f"{out}/te_{stem}", code))
+    return rendered
 
 
 def layout_doc(modules: tuple[SourceModule, ...], config: Config, env: jinja2.Environment) -> str:

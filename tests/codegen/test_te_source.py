@@ -340,7 +340,8 @@ def test_te_boundary_writes_only_inside_the_examples_output_folder(
     project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__"))
     (project / "generated" / "te_linear.py").unlink()
-    (project / "generated" / "SCHEMAS.md").write_text("stale\n", encoding="utf-8")
+    schemas = project / "generated" / "SCHEMAS.md"
+    schemas.write_text(schemas.read_text(encoding="utf-8") + "stale\n", encoding="utf-8")
     source_before, outside_before = snapshot(te_root), snapshot(tmp_path)
 
     result = run_main("--root", str(project))
