@@ -22,11 +22,18 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from . import kinds
 from .config import OWN_DECLARATION, Config, ConfiguredOp, DeclarationForm
 from .errors import CodegenError, Location
-from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Op, SourceModule, TypeExpr
+from .model import (
+    GRAD_OUTPUT_FIELD,
+    GRAD_OUTPUTS_FIELD,
+    Bundle,
+    Field,
+    Impls,
+    Op,
+    SourceModule,
+    TypeExpr,
+)
 
 DECLARATION = OWN_DECLARATION
-# TE's form: the backward bundle receives only the first output's gradient.
-GRAD_OUTPUT_FIELD = "grad_output"
 _DATACLASS = "dataclasses.dataclass"
 _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
@@ -679,38 +686,25 @@ def _check_grad_fields(
         raise CodegenError(whole, "`grad_fields` repeats a field", "name each gradient field once")
 
 
-def grad_receiver(backward: Bundle) -> str | None:
-    """The backward field that receives the forward outputs' gradients, if any.
+def _check_grad_receiver(backward: Bundle) -> None:
+    """Exactly one backward field receives the forward outputs' gradients.
 
     ``grad_outputs: List[torch.Tensor]`` receives all of them; TE's form,
     ``grad_output: Optional[torch.Tensor]``, the first output's.
     """
-    many = backward.field(GRAD_OUTPUTS_FIELD)
-    if many is not None and many.type.kind is kinds.Kind.TENSOR_LIST and not many.type.optional:
-        return GRAD_OUTPUTS_FIELD
-    one = backward.field(GRAD_OUTPUT_FIELD)
-    if one is not None and one.type.kind is kinds.Kind.TENSOR:
-        return GRAD_OUTPUT_FIELD
-    return None
-
-
-def _check_grad_receiver(backward: Bundle, form: DeclarationForm) -> None:
-    receiver = grad_receiver(backward)
-    if receiver is None:
+    grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
+    grad_output = backward.field(GRAD_OUTPUT_FIELD)
+    all_grads = grad_outputs is not None and (
+        grad_outputs.type.kind is kinds.Kind.TENSOR_LIST and not grad_outputs.type.optional
+    )
+    first_grad = grad_output is not None and grad_output.type.kind is kinds.Kind.TENSOR
+    if all_grads == first_grad:  # neither, both, or a wrong kind
         raise CodegenError(
             backward.location,
-            f"backward bundle `{backward.name}` needs a `{GRAD_OUTPUTS_FIELD}: "
-            "List[torch.Tensor]` field to receive the forward outputs' gradients "
-            f"(or TE's `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]`, the first output's)",
+            f"backward bundle `{backward.name}` needs one field receiving the forward "
+            f"outputs' gradients: `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` (all of "
+            f"them) or `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]` (the first)",
             f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
-        )
-    if receiver == GRAD_OUTPUT_FIELD and form.registration:
-        raise CodegenError(
-            backward.location,
-            f"backward bundle `{backward.name}` receives one gradient in "
-            f"`{GRAD_OUTPUT_FIELD}`, but the generated registration passes every output's "
-            f"gradient in `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]`",
-            f"use `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]`, or declare the op boundary-only",
         )
 
 
@@ -796,7 +790,7 @@ def _read_declaration(
                     f"define `def {_code(node)}(...)` at module level",
                 )
             names[key] = node.value
-        _check_grad_receiver(backward, form)
+        _check_grad_receiver(backward)
         if form.registration:
             impls = Impls(**names)
     return Op(op_name, forward, backward, grad_fields, impls, where)

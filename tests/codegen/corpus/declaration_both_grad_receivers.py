@@ -1,10 +1,10 @@
-# expect: 19:7 receives one gradient in `grad_output`
-"""Corpus: TE's `grad_output` receiver on an op whose registration is generated."""
+# expect: 20:7 needs one field receiving the forward outputs' gradients
+"""Corpus: a backward bundle with both `grad_outputs` and TE's `grad_output`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -15,8 +15,10 @@ from transformer_engine_ops.runtime.declaration import OpDeclaration
 class FwdArgs:
     inp: torch.Tensor
 
+
 @dataclass
 class BwdArgs:
+    grad_outputs: List[torch.Tensor]
     grad_output: Optional[torch.Tensor] = None
 
 def fwd(args): ...
