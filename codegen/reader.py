@@ -373,15 +373,18 @@ class _Resolver:
 class _Enums:
     """The enum classes a field may name: the file's own, and those the resolver finds."""
 
-    def __init__(self, local: frozenset[str], resolver: _Resolver | None) -> None:
-        self._local, self._resolver = local, resolver
+    def __init__(self, local: frozenset[str], resolver: _Resolver | None, module: str) -> None:
+        self._local, self._resolver, self._module = local, resolver, module
 
     def __contains__(self, qualname: object) -> bool:
         if qualname in self._local:
             return True
+        # Another module's class, unless configured as a kind (no need to read its module).
         return (
             isinstance(qualname, str)
             and self._resolver is not None
+            and qualname.rpartition(".")[0] != self._module
+            and not self._resolver.configured(qualname)
             and self._resolver.is_enum(qualname)
         )
 
@@ -448,9 +451,10 @@ def _type_expr(
         qualname = file.qualify(dotted, anchor or node)
         if file.resolver is not None:
             qualname = file.resolver.canonical(qualname, stop_at=file.module)
-            expansion = _expand_foreign_alias(file.resolver, qualname, where)
-            if expansion is not None:
-                return expansion
+            if qualname.rpartition(".")[0] != file.module:  # local aliases: expanded above
+                expansion = _expand_foreign_alias(file.resolver, qualname, where)
+                if expansion is not None:
+                    return expansion
         return TypeExpr(qualname, where)
     if isinstance(node, cst.Subscript):
         base = _type_expr(file, node.value, anchor)
@@ -485,8 +489,10 @@ def _expand_alias(file: _File, name: str, use: cst.CSTNode) -> TypeExpr:
 
 def _expand_foreign_alias(resolver: _Resolver, qualname: str, use: Location) -> TypeExpr | None:
     """A type alias defined in another module under the source root, read where it is defined."""
+    if resolver.configured(qualname):
+        return None
     found = resolver.alias(qualname)
-    if found is None or resolver.configured(qualname):
+    if found is None:
         return None
     if qualname in resolver.expanding:
         raise CodegenError(
@@ -873,7 +879,7 @@ def read_source(
         for c in classes
         if any(b in _ENUM_BASES for b in _base_names(file, c))
     )
-    enums = _Enums(local_enums, resolver)
+    enums = _Enums(local_enums, resolver, file.module)
     functions = {s.name.value for s in statements if isinstance(s, cst.FunctionDef)}
     read_bundle = _BundleReader(file, {c.name.value: c for c in classes}, config, enums)
 
