@@ -34,12 +34,12 @@ FORWARD_SCHEMA = (
     ", bool input_requires_grad"
     ", bool weight_requires_grad"
     ", bool bias_requires_grad"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? input_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? weight_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? output_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_input_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_weight_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? output_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
     ", bool fp8_calibration"
@@ -95,42 +95,12 @@ FORWARD_SLOTS = (
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("weight_requires_grad", "scalar", "weight_requires_grad", "bool"),
     _b.SlotRow("bias_requires_grad", "scalar", "bias_requires_grad", "bool"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "output_quantizer",
-        "quantizer",
-        "output_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("output_quantizer", "quantizer", "output_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
     _b.SlotRow("fp8_calibration", "scalar", "fp8_calibration", "bool"),
@@ -177,11 +147,11 @@ BACKWARD_SCHEMA = (
     ", Tensor[] saved_weight__inner"
     ", transformer_engine_ops.runtime.boundary.QuantizedMeta saved_weight__meta"
     ", Tensor? bias"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? input_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? weight_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_input_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_weight_quantizer"
-    ", transformer_engine.pytorch.quantized_tensor.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", bool use_bias"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
@@ -241,36 +211,11 @@ BACKWARD_SLOTS = (
         "transformer_engine_ops.runtime.boundary.QuantizedMeta",
     ),
     _b.SlotRow("bias", "tensor", "bias", "Tensor?"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine.pytorch.quantized_tensor.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("use_bias", "scalar", "use_bias", "bool"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
@@ -318,16 +263,16 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.check(args.input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
         _b.check(args.weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
         _b.check(args.bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
-        _b.check_optional(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
-        _b.check_optional(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
-        _b.check_optional(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
+        _b.optional_code(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
+        _b.optional_code(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
         ),
         _b.check(args.activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
@@ -385,12 +330,12 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         input_requires_grad=slot(),
         weight_requires_grad=slot(),
         bias_requires_grad=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        output_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        output_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
         fp8_calibration=slot(),
@@ -435,15 +380,15 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
         *_b.optional_tensor_or_quantized(args.saved_weight, "LinearBwdArgs.saved_weight"),
         _b.check_optional(args.bias, torch.Tensor, "LinearBwdArgs.bias"),
-        _b.check_optional(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
-        _b.check_optional(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
+        _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LinearBwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LinearBwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
         ),
         _b.check(args.use_bias, bool, "LinearBwdArgs.use_bias"),
@@ -508,11 +453,11 @@ def unflatten_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
         weight_fp8=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
         saved_weight=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
         bias=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         use_bias=slot(),
         requires_dgrad=slot(),
         requires_wgrad=slot(),
