@@ -211,5 +211,9 @@ def untransposed_shape(shape: Any) -> torch.Size:
 
 
 def transpose_2d_to(x2d: torch.Tensor, shape: Any) -> torch.Tensor:
-    """(R, C) matrix -> its transpose, contiguous, reshaped to ``shape``."""
-    return x2d.t().contiguous().reshape(shape)
+    """(R, C) matrix -> its transpose, contiguous, reshaped to ``shape``: always a copy.
+
+    ``.contiguous()`` would return a view when R or C is 1 (the transpose is then
+    already contiguous), and a columnwise buffer sharing storage with the rowwise one
+    makes an op that returns both fail torch's no-aliasing rule for custom ops."""
+    return x2d.t().clone(memory_format=torch.contiguous_format).reshape(shape)

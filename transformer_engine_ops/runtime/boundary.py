@@ -324,16 +324,18 @@ def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, Qua
 def tensor_or_quantized_list(
     value: Any, where: str
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor], list[QuantizedMeta]]:
-    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: plain
-    tensors (None where an element is quantized or None), the inner buffers of the
-    quantized ones concatenated, and one description per element."""
+    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: the
+    tensors (None where an element is a quantized storage or None), the inner buffers
+    of the quantized storages concatenated, and one description per element. A
+    quantized wrapper subclass crosses as a tensor, as in :func:`tensor_or_quantized`:
+    the op's dispatch rule splits it (dynamo cannot call ``__tensor_flatten__``)."""
     if not isinstance(value, list | tuple):
         raise _mismatch(where, "a list of Tensors or quantized values", value)
     tensors: list[torch.Tensor | None] = []
     inner: list[torch.Tensor] = []
     metas: list[QuantizedMeta] = []
     for i, v in enumerate(value):
-        if isinstance(v, QuantizedStorage | QuantizedTensor):
+        if isinstance(v, QuantizedStorage):
             _, buffers, meta = quantized_slots(v)
             tensors.append(None)
             inner += buffers
