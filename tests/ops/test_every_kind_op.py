@@ -1,15 +1,14 @@
 """A second op, written only as the README says, generated and run end to end.
 
 The generator writes the fixture's module (tests/ops/fixtures/every_kind_op.py) into a
-temporary folder; the test imports it, so its calling side, boundary helpers and
-registration run: round trips, opcheck, eager autograd against plain PyTorch,
+temporary folder (``tests/ops/fixture_ops.py``); the test imports it, so its calling
+side, boundary helpers and registration run: round trips, opcheck, eager autograd against plain PyTorch,
 torch.compile bit for bit, repeated backward.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,37 +17,17 @@ from typing import Any
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SOURCE = "tests/ops/fixtures/every_kind_op.py"
-if str(REPO_ROOT) not in sys.path:  # codegen is a build-time tool; the fixture a namespace package
-    sys.path.insert(0, str(REPO_ROOT))
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from codegen.config import load_config  # noqa: E402
-from codegen.pipeline import generate  # noqa: E402
+from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import every_kind_op as op  # noqa: E402
 from transformer_engine_ops.runtime.values import GemmConfig  # noqa: E402
 
-_GENERATED: list[ModuleType] = []
-
-
-def _generated(tmp_dir: Path) -> ModuleType:
-    """Generate the fixture's module once per session and import it (registers its ops)."""
-    if not _GENERATED:
-        config = dataclasses.replace(load_config(REPO_ROOT), output_dir="every_kind_op_out")
-        files = generate(config, [SOURCE]).files
-        path = tmp_dir / "every_kind_op_generated.py"
-        path.write_text(files["every_kind_op_out/every_kind_op.py"], encoding="utf-8")
-        spec = importlib.util.spec_from_file_location("every_kind_op_generated", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dynamo looks traced functions up by module
-        spec.loader.exec_module(module)
-        _GENERATED.append(module)
-    return _GENERATED[0]
-
 
 @pytest.fixture(scope="module")
-def g(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    return _generated(tmp_path_factory.mktemp("every_kind_op"))
+def g() -> ModuleType:
+    return fixture_ops.load("every_kind_op")
 
 
 BATCH, K, N = (2, 3), 5, 4
