@@ -28,10 +28,7 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' na
 from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import grouped_op as op  # noqa: E402
 from transformer_engine_ops.quantization import (  # noqa: E402
-    Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
-    MXFP8Quantizer,
-    NVFP4Quantizer,
 )
 from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
 from transformer_engine_ops.runtime.values import GemmConfig  # noqa: E402
@@ -173,35 +170,6 @@ def _loss(y: torch.Tensor) -> torch.Tensor:
     return (y * y).sum() + (y * weights).sum()
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal bundle values: tensors the same object (a round trip moves no data),
-    quantized values of one class, quantizer and dtype over the same buffers."""
-    if isinstance(a, QuantizedData):
-        return (
-            type(a) is type(b)
-            and a._quantizer == b._quantizer
-            and a._dtype == b._dtype
-            and tuple(a.shape) == tuple(b.shape)
-            and a.inner_names() == b.inner_names()
-            and all(x is y for x, y in zip(a.inner_tensors(), b.inner_tensors(), strict=True))
-        )
-    if isinstance(a, torch.Tensor):
-        return a is b
-    if isinstance(a, list | tuple):
-        return (
-            type(a) is type(b)
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return type(a) is type(b) and a == b
-
-
-def _same_bundle(a: Any, b: Any) -> None:
-    assert type(a) is type(b)
-    for f in dataclasses.fields(a):
-        assert _same(getattr(a, f.name), getattr(b, f.name)), f.name
-
-
 def _backward_bundle(args: op.GroupedOpFwdArgs) -> op.GroupedOpBwdArgs:
     outputs, saved = op.grouped_op_forward(args)
     bwd = op.grouped_op_setup_context(args, saved)
@@ -216,7 +184,7 @@ def _backward_bundle(args: op.GroupedOpFwdArgs) -> op.GroupedOpBwdArgs:
 def test_forward_bundle_round_trips(g, name):
     args = _variant(name)
     back = g.unflatten_grouped_op_fwd_args(*g.flatten_grouped_op_fwd_args(args))
-    _same_bundle(back, args)
+    fixture_ops.same_bundle(back, args)
     assert isinstance(back.pad, tuple) and isinstance(back.m_splits, list)
     assert back.row_pad is None or isinstance(back.row_pad, tuple)
 
@@ -225,7 +193,7 @@ def test_forward_bundle_round_trips(g, name):
 def test_backward_bundle_round_trips_with_its_quantized_values(g, name):
     bwd = _backward_bundle(_variant(name, requires_grad=False))
     back = g.unflatten_grouped_op_bwd_args(*g.flatten_grouped_op_bwd_args(bwd))
-    _same_bundle(back, bwd)
+    fixture_ops.same_bundle(back, bwd)
     if name == "all":
         assert isinstance(back.weights[0], QuantizedData)
         assert all(isinstance(v, QuantizedData) for v in back.inputs)
@@ -254,35 +222,15 @@ def test_a_bad_field_is_named(g, changes, message):
         g.call_grouped_op(make_args(**changes))
 
 
-_QUANTIZERS = {
-    "fp8": Float8CurrentScalingQuantizer(),
-    "fp8-rowwise": Float8CurrentScalingQuantizer(columnwise_usage=False),
-    "mxfp8": MXFP8Quantizer(),
-    "nvfp4": NVFP4Quantizer(),
-    "fp8-block": Float8BlockQuantizer(),
-}
-
-
-@st.composite
-def _tq(draw: Any, shape: tuple[int, int]) -> Any:
-    """None, a plain tensor, or a quantized storage or wrapper of some format."""
-    what = draw(st.sampled_from(["none", "tensor", "storage", "wrapper"]))
-    if what == "none":
-        return None
-    t = torch.randn(shape)
-    if what == "tensor":
-        return t
-    q = _QUANTIZERS[draw(st.sampled_from(sorted(_QUANTIZERS)))]
-    return q.with_internal(what == "storage").quantize(t)
-
-
 @st.composite
 def _bundles(draw: Any) -> tuple[op.GroupedOpFwdArgs, op.GroupedOpBwdArgs]:
     groups = draw(st.integers(1, 3))
     m_splits = draw(st.lists(st.integers(0, 3), min_size=groups, max_size=groups))
     ints = st.integers(-(2**40), 2**40)
     pair = st.tuples(ints, ints)
-    quantizer = st.sampled_from(sorted(_QUANTIZERS)).map(_QUANTIZERS.__getitem__)
+    quantizer = st.sampled_from(sorted(fixture_ops.QUANTIZERS)).map(
+        fixture_ops.QUANTIZERS.__getitem__
+    )
     shape = (32, 32)  # every format's block size divides it
     maybe = st.none().__or__
     fwd = op.GroupedOpFwdArgs(
@@ -293,7 +241,7 @@ def _bundles(draw: Any) -> tuple[op.GroupedOpFwdArgs, op.GroupedOpBwdArgs]:
         group_scales=draw(maybe(st.lists(ints, max_size=4))),
         weight_quantizers=draw(st.lists(maybe(quantizer), max_size=4)),
         input_quantizers=draw(maybe(st.lists(quantizer, max_size=4))),
-        weight_workspaces=draw(maybe(st.lists(_tq(shape), max_size=4))),
+        weight_workspaces=draw(maybe(st.lists(fixture_ops.tensor_or_quantized(shape), max_size=4))),
         pad=draw(pair),
         row_pad=draw(maybe(pair)),
         activation=draw(maybe(st.sampled_from(op.Activation))),
@@ -304,8 +252,8 @@ def _bundles(draw: Any) -> tuple[op.GroupedOpFwdArgs, op.GroupedOpBwdArgs]:
     bwd = op.GroupedOpBwdArgs(
         grad_output=draw(maybe(st.just(torch.randn(3, 3)))),
         x=torch.randn(2, 2),
-        inputs=draw(st.lists(_tq(shape), max_size=4)),
-        weights=draw(st.lists(_tq(shape), max_size=4)),
+        inputs=draw(st.lists(fixture_ops.tensor_or_quantized(shape), max_size=4)),
+        weights=draw(st.lists(fixture_ops.tensor_or_quantized(shape), max_size=4)),
         m_splits=draw(st.lists(ints, max_size=4)),
         group_scales=draw(maybe(st.lists(ints, max_size=4))),
         pad=draw(pair),
@@ -322,8 +270,12 @@ def _bundles(draw: Any) -> tuple[op.GroupedOpFwdArgs, op.GroupedOpBwdArgs]:
 @given(bundles=_bundles())
 def test_any_bundle_values_round_trip(g, bundles):
     fwd, bwd = bundles
-    _same_bundle(g.unflatten_grouped_op_fwd_args(*g.flatten_grouped_op_fwd_args(fwd)), fwd)
-    _same_bundle(g.unflatten_grouped_op_bwd_args(*g.flatten_grouped_op_bwd_args(bwd)), bwd)
+    fixture_ops.same_bundle(
+        g.unflatten_grouped_op_fwd_args(*g.flatten_grouped_op_fwd_args(fwd)), fwd
+    )
+    fixture_ops.same_bundle(
+        g.unflatten_grouped_op_bwd_args(*g.flatten_grouped_op_bwd_args(bwd)), bwd
+    )
 
 
 @settings(
@@ -433,16 +385,14 @@ def test_list_element_gradients_by_autograd_grad(g):
         torch.testing.assert_close(a, b)
 
 
-def test_only_some_list_elements_require_grad(g):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_only_some_list_elements_require_grad(g, compiled):
+    torch._dynamo.reset()
     args, ref = _variant("all"), _variant("all")
     for a in (args, ref):
         a.weights[1].requires_grad_(False)
         a.biases[2].requires_grad_(False)
-    (y,) = g.call_grouped_op(args)
-    _check_against_plain_pytorch_partial(args, ref, y)
-
-
-def _check_against_plain_pytorch_partial(args, ref, y) -> None:
+    y = _run_compiled(g, args, "aot_eager") if compiled else g.call_grouped_op(args)[0]
     want = plain_pytorch(ref)
     _loss(y).backward()
     _loss(want).backward()
