@@ -75,3 +75,21 @@ def test_compile_and_step_figures(tmp_path: Path) -> None:
     md = _write_report(tmp_path, {"compile": compiled, "step": step})
     assert "## 4. Compile" in md and "## 5. CPU step time" in md
     assert "ours/bf16 | compiled |" in md
+
+
+def test_memory_figure_and_its_report_rows(tmp_path: Path) -> None:
+    from benchmarks import memory
+
+    result = memory.run(quick=True)
+    assert set(result["rows"]) == {
+        f"{name} {mode}"
+        for name in ("torch.nn.Linear bf16", *memory.RECIPES)
+        for mode in ("eager", "compiled")
+    }
+    md = _write_report(tmp_path, {"memory": result})
+    assert "## 7. Memory" in md
+    assert "| layer/recipe | mode | saved tensors |" in md
+    for recipe in memory.TARGETS:
+        assert f"saved activation {recipe} / bf16, eager and compiled" in md
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "benchmarks" / "memory.png").stat().st_size > 0
