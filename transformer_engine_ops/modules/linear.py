@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import LinearFwdArgs
+from ..ops.linear import BackwardOverride, LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
@@ -26,6 +26,12 @@ from ..runtime.values import GemmConfig
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
+# A recipe's backward_override string -> the op's enum.
+_BACKWARD_OVERRIDES = {
+    None: None,
+    "high_precision": BackwardOverride.HIGH_PRECISION,
+    "dequantized": BackwardOverride.DEQUANTIZED,
+}
 
 
 def _workspace_fits(args: LinearFwdArgs) -> bool:
@@ -180,10 +186,10 @@ class Linear(nn.Module):
             activation_dtype=dtype,
             fp8=q is not None,
             fp8_output=fp8_output,
-            backward_override=None,
-            fprop_gemm=_GEMM,
-            dgrad_gemm=_GEMM,
-            wgrad_gemm=_GEMM,
+            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
+            fprop_gemm=q.fprop_gemm if q else _GEMM,
+            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
+            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,
