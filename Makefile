@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary
 
 all: test
 
@@ -45,6 +45,13 @@ demo: $(STAMP)
 # the H200 part: python -m benchmarks --device cuda.
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# Transformer Engine 2.20.2's own source, read as it ships and never imported: fetch its
+# pure-Python wheel into ~/.cache/teops (outside git; TEOPS_CACHE moves it), then write the
+# boundary of its four bundles into examples/te_2_20/generated (see docs/te.md).
+te-boundary: $(STAMP)
+	$(PY) -m codegen.te_wheel
+	$(PY) -m codegen --root examples/te_2_20
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
