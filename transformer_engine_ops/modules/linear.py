@@ -210,6 +210,8 @@ class Linear(nn.Module):
         self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
     ) -> Any:
         quantizers = STATE.autocast
+        if not torch.compiler.is_compiling():
+            quantizers = self._recipe_of_this_forward(quantizers)
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
         if torch.compiler.is_compiling():
             reason = _unsupported_reason(args, quantizers)
@@ -254,7 +256,7 @@ class Linear(nn.Module):
     def _with_scaling_state(self, args: LinearFwdArgs) -> LinearFwdArgs:
         """``args`` with this module's own stateful quantizers where the active recipe
         keeps state (delayed scaling), else unchanged."""
-        shared = STATE.autocast
+        shared = STATE.autocast or self.__dict__.get("_teops_forward_recipe")
         if shared is None or shared.compile_blocker is None or args.input_quantizer is None:
             return args
         own = _extra_state.module_quantizers(self, shared)
@@ -269,6 +271,16 @@ class Linear(nn.Module):
             grad_weight_quantizer=own.grad_weight,
             grad_output_quantizer=own.grad_output,
         )
+
+    def _recipe_of_this_forward(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
+        """The recipe a forward runs under: the active one, recorded on the module; in
+        the recompute of an activation-checkpointed region (a forward run by a backward
+        pass, outside the ``autocast`` that wrapped the original forward) the one the
+        original forward recorded, so the recompute quantizes as the forward did."""
+        if active is None and torch._C._current_graph_task_id() != -1:
+            return self.__dict__.get("_teops_forward_recipe")
+        self.__dict__["_teops_forward_recipe"] = active
+        return active
 
     def get_extra_state(self) -> Any:
         return _extra_state.get_extra_state(self)
