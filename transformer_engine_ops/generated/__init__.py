@@ -2,4 +2,7 @@
 # Format version 1.
 """Checked-in custom-op glue, one module per op module; see SCHEMAS.md."""
 
-MODULES = ("linear",)
+MODULES = (
+    "layernorm",
+    "linear",
+)
