@@ -4,5 +4,6 @@
 
 MODULES = (
     "layernorm",
+    "layernorm_linear",
     "linear",
 )

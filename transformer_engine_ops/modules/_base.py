@@ -41,3 +41,45 @@ class ExtraStateMixin:
 
     def set_extra_state(self, state: Any) -> None:
         check_extra_state(self, state)  # type: ignore[arg-type]
+
+
+# --- constructor arguments --------------------------------------------------------
+
+
+def reject_unimplemented(cls: str, **given: tuple[Any, Any]) -> None:
+    """Raise naming every TE argument given a value other than its default
+    (``name=(value, default)``) that this module does not implement."""
+    bad = [f"{name}={value!r}" for name, (value, default) in given.items() if value != default]
+    if bad:
+        raise NotImplementedError(
+            f"{cls}: not implemented by transformer_engine_ops: {', '.join(bad)} "
+            "(leave these at TE's defaults)"
+        )
+
+
+def te_default_init(weight: torch.Tensor) -> None:
+    """TE's default weight init (``init_method_normal(0.023)``)."""
+    torch.nn.init.normal_(weight, mean=0.0, std=0.023)
+
+
+def tp_rank(tp_group: Any, tp_size: int) -> int:
+    return tp_group.rank() if tp_group is not None and tp_size > 1 else 0
+
+
+def full_then_shard(
+    shape: tuple[int, ...],
+    dim: int,
+    parts: int,
+    rank: int,
+    init: Any,
+    dtype: torch.dtype,
+    device: Any,
+) -> torch.Tensor:
+    """Build the full tensor (so every rank draws the same values from ``init``) and
+    keep this rank's ``1/parts`` slice along ``dim``."""
+    full = torch.empty(shape, dtype=dtype, device=device)
+    init(full)
+    if parts == 1:
+        return full
+    local = shape[dim] // parts
+    return full.narrow(dim, rank * local, local).clone()
