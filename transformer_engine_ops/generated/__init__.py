@@ -5,5 +5,6 @@
 MODULES = (
     "layernorm",
     "layernorm_linear",
+    "layernorm_mlp",
     "linear",
 )
