@@ -29,24 +29,28 @@ def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return module
 
 
-def make(kind: str, bias: bool = True, seed: int = 0, **kwargs: Any) -> torch.nn.Module:
+def make(
+    kind: str, bias: bool = True, seed: int = 0, dtype: torch.dtype = DTYPE, **kwargs: Any
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     if kind == "layernorm":
-        module = te.LayerNorm(HIDDEN, params_dtype=DTYPE, **kwargs)
+        module = te.LayerNorm(HIDDEN, params_dtype=dtype, **kwargs)
     elif kind == "rmsnorm":
-        module = te.RMSNorm(HIDDEN, params_dtype=DTYPE, **kwargs)
+        module = te.RMSNorm(HIDDEN, params_dtype=dtype, **kwargs)
     elif kind == "layernorm_linear":
-        module = te.LayerNormLinear(HIDDEN, OUT, bias=bias, params_dtype=DTYPE, **kwargs)
+        module = te.LayerNormLinear(HIDDEN, OUT, bias=bias, params_dtype=dtype, **kwargs)
     elif kind == "layernorm_mlp":
-        module = te.LayerNormMLP(HIDDEN, FFN, bias=bias, params_dtype=DTYPE, **kwargs)
+        module = te.LayerNormMLP(HIDDEN, FFN, bias=bias, params_dtype=dtype, **kwargs)
     else:
         raise ValueError(kind)
     return randomize(module, seed)
 
 
-def make_input(batch: int = 4, seq: int = 32, seed: int = 1) -> torch.Tensor:
+def make_input(
+    batch: int = 4, seq: int = 32, seed: int = 1, dtype: torch.dtype = DTYPE
+) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, seq, HIDDEN, generator=gen).to(DTYPE)
+    return torch.randn(batch, seq, HIDDEN, generator=gen).to(dtype)
 
 
 def compile_and_compare(
