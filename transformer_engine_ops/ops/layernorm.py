@@ -54,7 +54,7 @@ class LayerNormBwdArgs:
     inp: torch.Tensor
     weight: torch.Tensor
     mu: Optional[torch.Tensor]  # None for RMSNorm
-    rsigma: torch.Tensor
+    rsigma: Optional[torch.Tensor]  # None when the forward ran without a backward
 
     # --- What to compute ---
     requires_dgrad: bool
@@ -218,6 +218,8 @@ def layernorm_setup_context(args: LayerNormFwdArgs, saved: tuple[Any, ...]) -> L
 
 def layernorm_backward(args: LayerNormBwdArgs) -> tuple[torch.Tensor | None, ...]:
     """Gradients of ``(inp, weight, bias)``; None for those not required."""
+    if not (args.requires_dgrad or args.requires_wgrad or args.requires_bgrad):
+        return None, None, None  # the forward ran without a backward (no stats saved)
     inp = args.inp
     dy = args.grad_outputs[0]
     dx, dgamma, dbeta = norm_backward(
