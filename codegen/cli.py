@@ -69,9 +69,7 @@ def _explain(config, sources, name: str | None) -> int:
 
 
 def kind_table_markdown() -> str:
-    lines = ["| annotation | kind | schema slots | crossing |", "|---|---|---|---|"]
-    lines += [f"| {a} | {k} | {s} | {c} |" for a, k, s, c in kinds.KIND_TABLE]
-    return "\n".join(lines) + "\n"
+    return kinds.table_markdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,32 +82,46 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "explain":
             return _explain(config, args.sources, args.bundle)
         generated = generate(config, args.sources)
+        output.check_targets(config.root, generated.files)
+        if args.check or args.diff:
+            return _compare(config, generated.files, args)
+        return _write(config, generated.files, args)
     except CodegenError as exc:
         print(exc, file=sys.stderr)
         print(f"{REGENERATE}: nothing was written", file=sys.stderr)
         return 1
     except (ConfigError, FormatterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        print(f"{REGENERATE}: nothing was written", file=sys.stderr)
         return 2
-    root, files = config.root, generated.files
+
+
+def _stale(config, files: dict[str, str], args) -> list[str]:
+    return output.stale(config.root, config.output_dir, files) if args.sources is None else []
+
+
+def _compare(config, files: dict[str, str], args) -> int:
+    """``--check`` / ``--diff``: read the tree, print the difference, write nothing."""
+    root = config.root
     changed = output.changed(root, files)
-    stale = output.stale(root, config.output_dir, files) if args.sources is None else []
-    if args.check or args.diff:
-        if not changed and not stale:
-            print(f"generated code is up to date ({len(files)} files)")
-            return 0
-        cap = output.DIFF_LINE_CAP if args.check else 10**9
-        print(output.unified_diff(root, files, cap), end="")
-        for rel in stale:
-            print(f"stale generated file with no source: {rel}")
-        if args.check:
-            print(
-                f"\ngenerated code is stale: run `{REGENERATE}` and commit the result",
-                file=sys.stderr,
-            )
-            return 1
+    stale = _stale(config, files, args)
+    if not changed and not stale:
+        print(f"generated code is up to date ({len(files)} files)")
         return 0
-    touched = output.write(root, files, stale)
+    cap = output.DIFF_LINE_CAP if args.check else 10**9
+    print(output.unified_diff(root, files, cap), end="")
+    for rel in stale:
+        print(f"stale generated file with no source: {rel}")
+    if args.check:
+        print(
+            f"\ngenerated code is stale: run `{REGENERATE}` and commit the result", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+def _write(config, files: dict[str, str], args) -> int:
+    touched = output.write(config.root, files, _stale(config, files, args))
     for rel in touched:
         print(f"wrote {rel}")
     print(f"{len(files)} generated files, {len(touched)} changed")

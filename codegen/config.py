@@ -13,9 +13,10 @@ from pathlib import Path
 import tomllib
 
 from .errors import ConfigError
+from .safety import check_settings
 
 CONFIG_TABLE = ("tool", "transformer_engine_ops", "codegen")
-CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value")
+CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value", "unsupported")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Config:
         return self.kinds.get(qualname)
 
 
-def load_config(root: Path) -> Config:
+def _read_config(root: Path) -> Config:
     pyproject = root / "pyproject.toml"
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
@@ -62,3 +63,10 @@ def load_config(root: Path) -> Config:
         )
     except KeyError as exc:
         raise ConfigError(f"{pyproject}: generator config lacks key {exc}") from exc
+
+
+def load_config(root: Path) -> Config:
+    """Read the settings and reject any that would reach generated code or paths unchecked."""
+    config = _read_config(root)
+    check_settings(config, root / "pyproject.toml", ".".join(CONFIG_TABLE))
+    return config

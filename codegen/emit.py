@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
+import builtins
+import functools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from . import FORMAT_VERSION
+from . import FORMAT_VERSION, kinds
 from .config import Config
-from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Kind, Op, SourceModule
-
-# Run-time check target for each scalar's Python type, as generated code spells it.
-_SCALAR_CHECK = {
-    "builtins.bool": "bool",
-    "builtins.int": "_b.INT",
-    "builtins.float": "_b.FLOAT",
-    "builtins.str": "str",
-    "torch.dtype": "torch.dtype",
-    "torch.device": "torch.device",
-}
+from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Kind, Op, SourceModule
 
 
 @dataclass(frozen=True)
@@ -37,9 +29,6 @@ class SpecField:
     spec_fn: str
 
 
-_TENSOR_KINDS = {Kind.TENSOR: "spec", Kind.TENSOR_OR_QUANTIZED: "spec", Kind.TENSOR_LIST: "specs"}
-
-
 @dataclass(frozen=True)
 class BundleContext:
     name: str
@@ -49,7 +38,8 @@ class BundleContext:
     slots_name: str
     flatten_name: str
     unflatten_name: str
-    slot_rows: tuple[tuple[str, str, str, str], ...]  # field, kind, slot, type
+    slot_rows: tuple[tuple[str, ...], ...]  # field, kind, slot, type as Python literals
+    doc_rows: tuple[tuple[str, str, str, str], ...]  # field, kind, slot, type as text
     fields: tuple[FieldCode, ...]
     schema: str
     spec_name: str
@@ -63,9 +53,12 @@ def snake(name: str) -> str:
 class _Imports:
     """``from module import Name`` lines, sorted, with deterministic aliases on clashes."""
 
-    def __init__(self) -> None:
+    def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
         self._local: dict[str, str] = {}  # qualified name -> local name
         self._modules: dict[str, list[str]] = {"transformer_engine_ops.runtime": ["boundary as _b"]}
+        # Names the generated module itself defines or uses: an imported user name equal
+        # to one (an enum named `slot`, an impl named `_b`) is imported under an alias.
+        self._reserved = reserved
 
     def use_module(self, package: str, module: str, alias: str) -> None:
         self._modules.setdefault(package, []).append(f"{module} as {alias}")
@@ -73,7 +66,7 @@ class _Imports:
     def use(self, qualname: str) -> str:
         if qualname not in self._local:
             short = qualname.rsplit(".", 1)[-1]
-            taken = set(self._local.values())
+            taken = set(self._local.values()) | self._reserved
             local = short
             n = 2
             while local in taken:
@@ -101,46 +94,19 @@ class _Imports:
 
 
 def _tuple_literal(items: tuple[str, ...]) -> str:
-    """A one-line tuple of strings (no magic trailing comma, so ruff keeps it on one line)."""
-    inner = ", ".join(f'"{item}"' for item in items)
-    return f"({inner},)" if len(items) == 1 else f"({inner})"
+    """A one-line tuple of escaped string literals (no magic trailing comma)."""
+    return kinds.pyrepr(tuple(items))
 
 
 def _field_code(bundle: Bundle, field: Field, imports: _Imports) -> FieldCode:
-    t = field.type
-    value, where = f"args.{field.name}", f'"{bundle.name}.{field.name}"'
-    opt = "optional_" if t.optional else ""
-    check = "check_optional" if t.optional else "check"
-    kind = t.kind
-    if kind is Kind.TENSOR:
-        pack, unpack = f"_b.{check}({value}, torch.Tensor, {where})", "slot()"
-    elif kind is Kind.TENSOR_LIST:
-        pack, unpack = f"_b.{opt}tensor_list({value}, {where})", "slot()"
-    elif kind is Kind.TENSOR_OR_QUANTIZED:
-        pack = f"*_b.{opt}tensor_or_quantized({value}, {where})"
-        unpack = "_b.unpack_tensor_or_quantized(slot(), slot(), slot())"
-    elif kind is Kind.SCALAR:
-        pack, unpack = f"_b.{check}({value}, {_SCALAR_CHECK[t.python_type]}, {where})", "slot()"
-    elif kind is Kind.SIZE:
-        pack = f"_b.{opt}size({value}, {where})"
-        unpack = "_b.optional_torch_size(slot())" if t.optional else "torch.Size(slot())"
-    elif kind is Kind.ENUM:
-        enum = imports.use(t.python_type)
-        pack = f"_b.{opt}enum_name({value}, {enum}, {where})"
-        unpack = f"_b.optional_enum({enum}, slot())" if t.optional else f"{enum}[slot()]"
-    elif kind is Kind.LITERAL:
-        choices = _tuple_literal(t.choices)
-        pack, unpack = f"_b.{opt}choice({value}, {choices}, {where})", "slot()"
-    elif kind in (Kind.QUANTIZER, Kind.VALUE):
-        pack = f"_b.{check}({value}, {imports.use(t.python_type)}, {where})"
-        unpack = "slot()"
-    elif kind is Kind.PROCESS_GROUP:
-        pack = f"_b.{opt}group_name({value}, {where})"
-        unpack = f"_b.resolve_group(slot(), {where})"
-    else:
-        assert kind is Kind.UNSUPPORTED, kind
-        pack, unpack = f"*_b.unsupported({value}, {where})", "None"
-    return FieldCode(field.name, kind.value, pack, unpack)
+    rec = kinds.record(field.type.kind)
+    code = kinds.CodeInput(
+        value=f"args.{field.name}",
+        where=kinds.pyrepr(f"{bundle.name}.{field.name}"),
+        type=field.type,
+        local=imports.use,
+    )
+    return FieldCode(field.name, rec.name, rec.pack(code), rec.unpack(code))
 
 
 def schema_string(bundle: Bundle) -> str:
@@ -154,7 +120,7 @@ def _bundle_context(
     suffix = "fwd" if role == "forward" else "bwd"
     prefix = role.upper()
     return BundleContext(
-        name=bundle.name,
+        name=imports.use(bundle.qualname),
         role=role,
         op_qualname=f"{config.namespace}::{op.name}_{suffix}",
         schema_name=f"{prefix}_SCHEMA",
@@ -162,15 +128,20 @@ def _bundle_context(
         flatten_name=f"flatten_{snake(bundle.name)}",
         unflatten_name=f"unflatten_{snake(bundle.name)}",
         slot_rows=tuple(
+            tuple(kinds.pyrepr(x) for x in (f.name, f.type.kind.value, s.name, s.type))
+            for f in bundle.fields
+            for s in f.slots
+        ),
+        doc_rows=tuple(
             (f.name, f.type.kind.value, s.name, s.type) for f in bundle.fields for s in f.slots
         ),
         fields=tuple(_field_code(bundle, f, imports) for f in bundle.fields),
         schema=schema_string(bundle),
         spec_name=f"spec_{snake(bundle.name)}",
         tensor_fields=tuple(
-            SpecField(f.name, _TENSOR_KINDS[f.type.kind])
+            SpecField(f.name, kinds.record(f.type.kind).spec)  # type: ignore[arg-type]
             for f in bundle.fields
-            if f.type.kind in _TENSOR_KINDS
+            if kinds.record(f.type.kind).spec is not None
         ),
     )
 
@@ -200,33 +171,37 @@ def _quantized_slots(bundle: Bundle) -> str:
     )
 
 
-def digest(source: SourceModule, templates: dict[str, str], config: Config) -> str:
-    """sha256 over everything the output depends on; nothing machine-specific."""
-    h = hashlib.sha256()
-    parts = [
-        f"format={FORMAT_VERSION}",
-        f"namespace={config.namespace}",
-        f"meta={config.meta_type}",
-        *(f"kind={k}:{v}" for k, v in sorted(config.kinds.items())),
-        f"source={source.path}",
-        source.text,
-        *(f"template={name}\n{text}" for name, text in sorted(templates.items())),
-    ]
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+_TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> dict:
+@functools.cache
+def _template_names() -> frozenset[str]:
+    """Every identifier in the templates: a superset of the names generated code uses."""
+    names: set[str] = set(dir(builtins))
+    for path in sorted(_TEMPLATE_DIR.glob("*.j2")):
+        names.update(_IDENTIFIER.findall(path.read_text(encoding="utf-8")))
+    return frozenset(names)
+
+
+def _reserved_names(op: Op) -> frozenset[str]:
+    generated = {f"{op.name}_fwd", f"{op.name}_bwd"}
+    for bundle in (op.forward, op.backward):
+        s = snake(bundle.name)
+        generated |= {f"flatten_{s}", f"unflatten_{s}", f"spec_{s}"}
+    return _template_names() | generated
+
+
+def op_module_context(source: SourceModule, config: Config) -> dict:
     (op,) = source.ops  # the reader allows exactly one op per module
-    imports = _Imports()
+    imports = _Imports(_reserved_names(op))
     for bundle in (op.forward, op.backward):
         imports.use(bundle.qualname)
     registration: dict = {"impls": op.impls}
     if op.impls is not None:
-        for name in vars(op.impls).values():
-            imports.use(f"{source.module}.{name}")
+        registration["impls"] = Impls(
+            **{key: imports.use(f"{source.module}.{name}") for key, name in vars(op.impls).items()}
+        )
         imports.use_module("transformer_engine_ops.runtime", "custom_ops", "_r")
         registration.update(
             forward_grad_slots=_int_tuple([slot_index(op.forward, g) for g in op.grad_fields]),
@@ -241,7 +216,6 @@ def op_module_context(source: SourceModule, config: Config, digest_hex: str) -> 
     return {
         "source_path": source.path,
         "format_version": FORMAT_VERSION,
-        "digest": digest_hex,
         "op": op,
         "namespace": config.namespace,
         "bundles": bundles,

@@ -35,3 +35,7 @@ class CodegenError(Exception):
 
 class ConfigError(Exception):
     """A problem in the generator's configuration (pyproject.toml)."""
+
+
+class OutputError(ConfigError):
+    """The output folder cannot be written safely (a symlink, a hand-written file in the way)."""

@@ -1,83 +1,30 @@
-"""The field-kind rules: one annotation -> one kind -> its schema slots.
+"""The field kinds: one record per kind, the single place that says how a field crosses.
 
-Pure functions of the resolved annotation and the configured type table; this
-is the single place that decides how a bundle field crosses an op boundary.
-``KIND_TABLE`` is the human-readable form, printed into the README.
+A :class:`KindRecord` holds everything about one kind: which annotations it matches,
+the schema slots a field of that kind becomes, the code that flattens (packs) and
+unflattens (unpacks) it in a generated module, the spec helper fake kernels see it
+through, whether it may receive a gradient and how autograd sees its slots, and its
+rows of the documentation table (README and ``python -m codegen kinds``).
+
+Which qualified names mean tensor-or-quantized, quantizer, process group, value or
+unsupported (None-only) is configuration (``[tool.transformer_engine_ops.codegen.kinds]``).
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from .config import Config
 from .errors import CodegenError
-from .model import FieldType, Kind, Slot, TypeExpr
-
-# (annotation, kind, schema slots, crossing) -- printed by `python -m codegen kinds`.
-KIND_TABLE: tuple[tuple[str, str, str, str], ...] = (
-    (
-        "`torch.Tensor` / `Optional[torch.Tensor]`",
-        "tensor",
-        "`Tensor x` / `Tensor? x`",
-        "as is; may receive a gradient",
-    ),
-    ("`List[torch.Tensor]`", "tensor list", "`Tensor[] x`", "as is"),
-    (
-        "`TensorOrQuantized`, optional or not",
-        "tensor-or-quantized",
-        "`Tensor? x, Tensor[] x__inner, <meta> x__meta`",
-        "a quantized value crosses as its inner buffers plus a value-opaque description",
-    ),
-    (
-        "`bool`, `int`, `float`, `str`, optional or not",
-        "scalar",
-        "`bool`, `SymInt`, `float`, `str` (+`?`)",
-        "one typed slot per field",
-    ),
-    ("`torch.dtype`, `torch.device`", "scalar", "`ScalarType`, `Device` (+`?`)", "typed slot"),
-    (
-        "`torch.Size` / `Tuple[int, ...]`",
-        "size",
-        "`SymInt[]` (+`?`)",
-        "typed slot; unflattened to `torch.Size`",
-    ),
-    (
-        "`Enum` subclass defined in the op module",
-        "enum",
-        "`str` (+`?`)",
-        "the member name; converted back and validated",
-    ),
-    ("`Literal['a', 'b']`", "literal", "`str` (+`?`)", "validated against the choices"),
-    (
-        "a configured quantizer class",
-        "quantizer",
-        "one value-opaque slot (+`?`)",
-        "baked into the graph as a constant",
-    ),
-    (
-        "a configured process-group type",
-        "process group",
-        "`str?`",
-        "its c10d registry name, re-resolved inside the op",
-    ),
-    (
-        "a configured value type",
-        "value",
-        "one value-opaque slot (+`?`)",
-        "baked into the graph as a constant",
-    ),
-    (
-        "`Any`, `Callable[...]`",
-        "unsupported",
-        "none",
-        "allowed only when the value is None at call time",
-    ),
-)
+from .model import FieldType, Kind, SchemaType, Slot, TypeExpr
 
 _OPTIONAL = {"typing.Optional"}
 _UNION = {"typing.Union", "<union>"}
-_LIST = {"typing.List", "builtins.list"}
+_LIST = {"typing.List", "builtins.list", "typing.Sequence", "collections.abc.Sequence"}
 _TUPLE = {"typing.Tuple", "builtins.tuple"}
 _LITERAL = {"typing.Literal", "typing_extensions.Literal"}
-_UNSUPPORTED = {"typing.Any", "typing.Callable", "collections.abc.Callable"}
 _SCALARS = {
     "builtins.bool": "bool",
     "builtins.int": "SymInt",
@@ -86,8 +33,524 @@ _SCALARS = {
     "torch.dtype": "ScalarType",
     "torch.device": "Device",
 }
+# Run-time check target of each scalar's Python type, as generated code spells it.
+_SCALAR_CHECK = {
+    "builtins.bool": "bool",
+    "builtins.int": "_b.INT",
+    "builtins.float": "_b.FLOAT",
+    "builtins.str": "str",
+    "torch.dtype": "torch.dtype",
+    "torch.device": "torch.device",
+}
 _TENSOR = "torch.Tensor"
 _SIZE = "torch.Size"
+_INT = "builtins.int"
+
+
+class Gradient(enum.Enum):
+    """Whether a field may receive a gradient, and in what form autograd hands it back."""
+
+    NONE = "never"
+    TENSOR = "one gradient"
+    PER_ELEMENT = "one gradient per element"
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a record's match rule sees: the annotation with ``Optional`` stripped."""
+
+    expr: TypeExpr
+    optional: bool
+    config: Config
+    local_enums: frozenset[str]
+
+
+@dataclass(frozen=True)
+class CodeInput:
+    """What a record's code functions see for one field of one bundle."""
+
+    value: str  # the expression of the field's value in flatten: `args.x`
+    where: str  # a Python string literal naming `Bundle.field`, for error messages
+    type: FieldType
+    local: Callable[[str], str]  # qualified name -> its name in the generated module
+
+    @property
+    def opt(self) -> str:
+        return "optional_" if self.type.optional else ""
+
+    @property
+    def check(self) -> str:
+        return "check_optional" if self.type.optional else "check"
+
+
+@dataclass(frozen=True)
+class DocRow:
+    annotation: str
+    slots: str
+    crossing: str
+
+
+@dataclass(frozen=True)
+class KindRecord:
+    kind: Kind
+    docs: tuple[DocRow, ...]
+    match: Callable[[Match], FieldType | None]
+    slots: Callable[[str, FieldType, Config], tuple[Slot, ...]]
+    pack: Callable[[CodeInput], str]  # one element (or a starred group) of the flatten tuple
+    unpack: Callable[[CodeInput], str]  # one keyword value of the unflatten call
+    spec: str | None = None  # runtime custom_ops helper that describes it as TensorSpec(s)
+    gradient: Gradient = Gradient.NONE
+
+    @property
+    def name(self) -> str:
+        return self.kind.value
+
+
+def grad_form(schema: SchemaType) -> str | None:
+    """How autograd sees one slot: ``"tensor"`` (one gradient or None), ``"list"`` (a
+    ``Tensor[]`` slot wants a list with one gradient or None per element), or None
+    (not differentiable: autograd wants None there)."""
+    if schema.base != "Tensor":
+        return None
+    return "list" if schema.list else "tensor"
+
+
+# --- helpers shared by the records ------------------------------------------------
+
+
+def _one(base: str, *, list_: bool = False, size: int | None = None) -> Callable:
+    def slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+        return (Slot(name, SchemaType(base, t.optional, list_, size)),)
+
+    return slots
+
+
+def _slot(_: CodeInput) -> str:
+    return "slot()"
+
+
+def _is(name: str) -> Callable[[TypeExpr], bool]:
+    return lambda e: e.name == name
+
+
+def _list_of(m: Match, element: Callable[[TypeExpr], bool]) -> bool:
+    e = m.expr
+    return e.name in _LIST and len(e.args) == 1 and element(e.args[0])
+
+
+def _configured(m: Match, kind: str) -> bool:
+    return m.config.kind_of(m.expr.name) == kind
+
+
+def _configured_element(kind: str) -> Callable[[Match], Callable[[TypeExpr], bool]]:
+    def element_of(m: Match) -> Callable[[TypeExpr], bool]:
+        def test(e: TypeExpr) -> bool:
+            inner, _ = _strip_optional(e)
+            return m.config.kind_of(inner.name) == kind
+
+        return test
+
+    return element_of
+
+
+def _meta_type(config: Config) -> SchemaType:
+    return SchemaType.parse(config.meta_type)
+
+
+def _element_name(m: Match) -> str:
+    return _strip_optional(m.expr.args[0])[0].name
+
+
+# --- match rules ------------------------------------------------------------------
+
+
+def _match_tensor(m: Match) -> FieldType | None:
+    return FieldType(Kind.TENSOR, m.optional, "Tensor", _TENSOR) if m.expr.name == _TENSOR else None
+
+
+def _match_tensor_list(m: Match) -> FieldType | None:
+    if _list_of(m, _is(_TENSOR)):
+        return FieldType(Kind.TENSOR_LIST, m.optional, "Tensor", _TENSOR)
+    return None
+
+
+def _match_tq(m: Match) -> FieldType | None:
+    if _configured(m, "tensor_or_quantized"):
+        return FieldType(Kind.TENSOR_OR_QUANTIZED, m.optional, "Tensor", m.expr.name)
+    return None
+
+
+def _match_tq_list(m: Match) -> FieldType | None:
+    if _list_of(m, _configured_element("tensor_or_quantized")(m)):
+        return FieldType(Kind.TENSOR_OR_QUANTIZED_LIST, m.optional, "Tensor", _element_name(m))
+    return None
+
+
+def _match_scalar(m: Match) -> FieldType | None:
+    name = m.expr.name
+    if name in _SCALARS:
+        return FieldType(Kind.SCALAR, m.optional, _SCALARS[name], name)
+    return None
+
+
+def _match_size(m: Match) -> FieldType | None:
+    e = m.expr
+    if e.name == _SIZE or (
+        e.name in _TUPLE and len(e.args) == 2 and e.args[0].name == _INT and e.args[1].name == "..."
+    ):
+        return FieldType(Kind.SIZE, m.optional, "SymInt", _SIZE)
+    return None
+
+
+def _match_int_tuple(m: Match) -> FieldType | None:
+    e = m.expr
+    if e.name in _TUPLE and e.args and all(a.name == _INT for a in e.args):
+        return FieldType(Kind.INT_TUPLE, m.optional, "SymInt", "builtins.tuple", size=len(e.args))
+    return None
+
+
+def _match_int_list(m: Match) -> FieldType | None:
+    if _list_of(m, _is(_INT)):
+        return FieldType(Kind.INT_LIST, m.optional, "SymInt", "builtins.list")
+    return None
+
+
+def _match_enum(m: Match) -> FieldType | None:
+    if m.expr.name in m.local_enums:
+        return FieldType(Kind.ENUM, m.optional, "str", m.expr.name)
+    return None
+
+
+def _match_literal(m: Match) -> FieldType | None:
+    e = m.expr
+    if e.name not in _LITERAL:
+        return None
+    if not e.args or not all(a.name == "<literal>" and isinstance(a.value, str) for a in e.args):
+        raise CodegenError(
+            e.location,
+            f"`{render(e)}`: a Literal field must list one or more strings",
+            "write Literal['a', 'b'], or use an Enum",
+        )
+    return FieldType(
+        Kind.LITERAL, m.optional, "str", "builtins.str", tuple(str(a.value) for a in e.args)
+    )
+
+
+def _match_quantizer(m: Match) -> FieldType | None:
+    if _configured(m, "quantizer"):
+        return FieldType(Kind.QUANTIZER, m.optional, m.expr.name, m.expr.name)
+    return None
+
+
+def _match_quantizer_list(m: Match) -> FieldType | None:
+    if _list_of(m, _configured_element("quantizer")(m)):
+        name = _element_name(m)
+        return FieldType(Kind.QUANTIZER_LIST, m.optional, name, name)
+    return None
+
+
+def _match_group(m: Match) -> FieldType | None:
+    if _configured(m, "process_group"):
+        return FieldType(Kind.PROCESS_GROUP, m.optional, "str", m.expr.name)
+    return None
+
+
+def _match_value(m: Match) -> FieldType | None:
+    if _configured(m, "value"):
+        return FieldType(Kind.VALUE, m.optional, m.expr.name, m.expr.name)
+    return None
+
+
+def _match_unsupported(m: Match) -> FieldType | None:
+    if _configured(m, "unsupported"):
+        return FieldType(Kind.UNSUPPORTED, True, "", "")
+    return None
+
+
+# --- slots --------------------------------------------------------------------------
+
+
+def _tq_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+    return (
+        Slot(name, SchemaType("Tensor", optional=True)),
+        Slot(f"{name}__inner", SchemaType("Tensor", list=True)),
+        Slot(f"{name}__meta", _meta_type(config)),
+    )
+
+
+def _tq_list_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+    meta = _meta_type(config)
+    return (
+        Slot(name, SchemaType("Tensor", optional=t.optional, list=True, element_optional=True)),
+        Slot(f"{name}__inner", SchemaType("Tensor", list=True)),
+        Slot(f"{name}__meta", SchemaType(meta.base, list=True)),
+    )
+
+
+def _quantizer_list_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+    return (Slot(name, SchemaType(t.schema_type, t.optional, list=True, element_optional=True)),)
+
+
+def _int_tuple_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+    return (Slot(name, SchemaType("SymInt", t.optional, list=True, size=t.size)),)
+
+
+def _no_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
+    return ()
+
+
+# --- the records ----------------------------------------------------------------------
+
+KINDS: tuple[KindRecord, ...] = (
+    KindRecord(
+        Kind.TENSOR,
+        (
+            DocRow(
+                "`torch.Tensor` / `Optional[torch.Tensor]`",
+                "`Tensor x` / `Tensor? x`",
+                "as is",
+            ),
+        ),
+        _match_tensor,
+        _one("Tensor"),
+        lambda c: f"_b.{c.check}({c.value}, torch.Tensor, {c.where})",
+        _slot,
+        spec="spec",
+        gradient=Gradient.TENSOR,
+    ),
+    KindRecord(
+        Kind.TENSOR_LIST,
+        (
+            DocRow(
+                "`List[torch.Tensor]`, optional or not",
+                "`Tensor[] x` (+`?`)",
+                "as is",
+            ),
+        ),
+        _match_tensor_list,
+        _one("Tensor", list_=True),
+        lambda c: f"_b.{c.opt}tensor_list({c.value}, {c.where})",
+        _slot,
+        spec="specs",
+        gradient=Gradient.PER_ELEMENT,
+    ),
+    KindRecord(
+        Kind.TENSOR_OR_QUANTIZED,
+        (
+            DocRow(
+                "`TensorOrQuantized`, optional or not",
+                "`Tensor? x, Tensor[] x__inner, <meta> x__meta`",
+                "a quantized value crosses as its inner buffers plus its description",
+            ),
+        ),
+        _match_tq,
+        _tq_slots,
+        lambda c: f"*_b.{c.opt}tensor_or_quantized({c.value}, {c.where})",
+        lambda c: "_b.unpack_tensor_or_quantized(slot(), slot(), slot())",
+        spec="spec",
+        gradient=Gradient.TENSOR,
+    ),
+    KindRecord(
+        Kind.TENSOR_OR_QUANTIZED_LIST,
+        (
+            DocRow(
+                "`List[TensorOrQuantized]`, optional or not",
+                "`Tensor?[] x, Tensor[] x__inner, <meta>[] x__meta` (+`?` on `x`)",
+                "plain tensors in `x`; each quantized one as its buffers plus its description",
+            ),
+        ),
+        _match_tq_list,
+        _tq_list_slots,
+        lambda c: f"*_b.{c.opt}tensor_or_quantized_list({c.value}, {c.where})",
+        lambda c: "_b.unpack_tensor_or_quantized_list(slot(), slot(), slot())",
+        spec="specs",
+    ),
+    KindRecord(
+        Kind.SCALAR,
+        (
+            DocRow(
+                "`bool`, `int`, `float`, `str`, optional or not",
+                "`bool`, `SymInt`, `float`, `str` (+`?`)",
+                "one typed slot per field",
+            ),
+            DocRow("`torch.dtype`, `torch.device`", "`ScalarType`, `Device` (+`?`)", "typed slot"),
+        ),
+        _match_scalar,
+        lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
+        lambda c: f"_b.{c.check}({c.value}, {_SCALAR_CHECK[c.type.python_type]}, {c.where})",
+        _slot,
+    ),
+    KindRecord(
+        Kind.SIZE,
+        (
+            DocRow(
+                "`torch.Size` / `Tuple[int, ...]`",
+                "`SymInt[]` (+`?`)",
+                "typed slot; unflattened to `torch.Size`",
+            ),
+        ),
+        _match_size,
+        _one("SymInt", list_=True),
+        lambda c: f"_b.{c.opt}size({c.value}, {c.where})",
+        lambda c: "_b.optional_torch_size(slot())" if c.type.optional else "torch.Size(slot())",
+    ),
+    KindRecord(
+        Kind.INT_TUPLE,
+        (
+            DocRow(
+                "`Tuple[int, int]` (a fixed number of ints)",
+                "`SymInt[2]` (+`?`)",
+                "typed slot of that length; unflattened to a tuple",
+            ),
+        ),
+        _match_int_tuple,
+        _int_tuple_slots,
+        lambda c: f"_b.{c.opt}int_tuple({c.value}, {c.type.size}, {c.where})",
+        lambda c: "_b.optional_tuple(slot())" if c.type.optional else "tuple(slot())",
+    ),
+    KindRecord(
+        Kind.INT_LIST,
+        (DocRow("`List[int]`", "`SymInt[]` (+`?`)", "typed slot; unflattened to a list"),),
+        _match_int_list,
+        _one("SymInt", list_=True),
+        lambda c: f"_b.{c.opt}int_list({c.value}, {c.where})",
+        lambda c: "_b.optional_list(slot())" if c.type.optional else "list(slot())",
+    ),
+    KindRecord(
+        Kind.ENUM,
+        (
+            DocRow(
+                "`Enum` subclass defined in the op module",
+                "`str` (+`?`)",
+                "the member name; converted back and validated",
+            ),
+        ),
+        _match_enum,
+        _one("str"),
+        lambda c: f"_b.{c.opt}enum_name({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        lambda c: (
+            f"_b.optional_enum({c.local(c.type.python_type)}, slot())"
+            if c.type.optional
+            else f"{c.local(c.type.python_type)}[slot()]"
+        ),
+    ),
+    KindRecord(
+        Kind.LITERAL,
+        (DocRow("`Literal['a', 'b']`", "`str` (+`?`)", "validated against the choices"),),
+        _match_literal,
+        _one("str"),
+        lambda c: f"_b.{c.opt}choice({c.value}, {pyrepr(c.type.choices)}, {c.where})",
+        _slot,
+    ),
+    KindRecord(
+        Kind.QUANTIZER,
+        (
+            DocRow(
+                "a configured quantizer class",
+                "one value-opaque slot (+`?`)",
+                "baked into the graph as a constant",
+            ),
+        ),
+        _match_quantizer,
+        lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
+        lambda c: f"_b.{c.check}({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        _slot,
+    ),
+    KindRecord(
+        Kind.QUANTIZER_LIST,
+        (
+            DocRow(
+                "`List[<quantizer>]` (elements may be None)",
+                "one value-opaque list slot (+`?`)",
+                "one quantizer per element (per GEMM), each baked into the graph",
+            ),
+        ),
+        _match_quantizer_list,
+        _quantizer_list_slots,
+        lambda c: (f"_b.{c.opt}object_list({c.value}, {c.local(c.type.python_type)}, {c.where})"),
+        lambda c: "_b.optional_list(slot())" if c.type.optional else "list(slot())",
+    ),
+    KindRecord(
+        Kind.PROCESS_GROUP,
+        (
+            DocRow(
+                "a configured process-group type",
+                "`str?`",
+                "its c10d registry name, re-resolved inside the op",
+            ),
+        ),
+        _match_group,
+        lambda name, t, config: (Slot(name, SchemaType("str", optional=True)),),
+        lambda c: f"_b.{c.opt}group_name({c.value}, {c.where})",
+        lambda c: f"_b.resolve_group(slot(), {c.where})",
+    ),
+    KindRecord(
+        Kind.VALUE,
+        (
+            DocRow(
+                "a configured value type",
+                "one value-opaque slot (+`?`)",
+                "baked into the graph as a constant",
+            ),
+        ),
+        _match_value,
+        lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
+        lambda c: f"_b.{c.check}({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        _slot,
+    ),
+    KindRecord(
+        Kind.UNSUPPORTED,
+        (
+            DocRow(
+                "a configured unsupported type (`Any`, `Callable[...]`, `Dict[...]`, "
+                "`torch.Generator`)",
+                "none",
+                "allowed only when the value is None at call time",
+            ),
+        ),
+        _match_unsupported,
+        _no_slots,
+        lambda c: f"*_b.unsupported({c.value}, {c.where})",
+        lambda c: "None",
+    ),
+)
+
+RECORDS: dict[Kind, KindRecord] = {r.kind: r for r in KINDS}
+assert set(RECORDS) == set(Kind), "every Kind needs exactly one record"
+
+
+def record(kind: Kind) -> KindRecord:
+    return RECORDS[kind]
+
+
+def pyrepr(value: object) -> str:
+    """``value`` (str, or a tuple of str) as a Python literal: escaped, one line, inert."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        inner = ", ".join(repr(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    raise TypeError(f"pyrepr: expected a str or a tuple of str, got {value!r}")
+
+
+def table_rows() -> tuple[tuple[str, str, str, str, str], ...]:
+    """(annotation, kind, schema slots, crossing, gradient) per documentation row, in record order."""
+    return tuple(
+        (d.annotation, r.name, d.slots, d.crossing, r.gradient.value) for r in KINDS for d in r.docs
+    )
+
+
+def table_markdown() -> str:
+    """The kinds table of the README and of `python -m codegen kinds`."""
+    lines = [
+        "| annotation | kind | schema slots | crossing | gradient |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in table_rows()]
+    return "\n".join(lines) + "\n"
+
+
+# --- classification -----------------------------------------------------------------
 
 
 def render(expr: TypeExpr) -> str:
@@ -136,58 +599,29 @@ def classify(expr: TypeExpr, config: Config, local_enums: frozenset[str]) -> Fie
     if name in _UNION or name in _OPTIONAL:
         # Optional[Optional[X]] and the like: classify the stripped form again.
         nested = classify(inner, config, local_enums)
-        return FieldType(nested.kind, True, nested.schema_type, nested.python_type, nested.choices)
-    if name == _TENSOR:
-        return FieldType(Kind.TENSOR, optional, "Tensor", _TENSOR)
+        return FieldType(
+            nested.kind, True, nested.schema_type, nested.python_type, nested.choices, nested.size
+        )
+    m = Match(inner, optional, config, local_enums)
+    for r in KINDS:
+        found = r.match(m)
+        if found is not None:
+            return found
     if name in _LIST:
-        if len(inner.args) == 1 and inner.args[0].name == _TENSOR:
-            return FieldType(Kind.TENSOR_LIST, optional, "Tensor[]", _TENSOR)
         raise CodegenError(
             inner.location,
-            f"unsupported list annotation `{render(inner)}`: only List[torch.Tensor] "
-            "crosses an op boundary",
-            "use List[torch.Tensor], or Tuple[int, ...] for a shape",
+            f"unsupported list annotation `{render(inner)}`: a list crosses an op boundary "
+            "only as List[torch.Tensor], List[int], or a list of a configured quantizer or "
+            "tensor-or-quantized type",
+            "use one of those, or Tuple[int, ...] for a shape",
         )
-    if name == _SIZE or name in _TUPLE:
-        if name == _SIZE or (
-            len(inner.args) == 2
-            and inner.args[0].name == "builtins.int"
-            and inner.args[1].name == "..."
-        ):
-            return FieldType(Kind.SIZE, optional, "SymInt[]", _SIZE)
+    if name in _TUPLE:
         raise CodegenError(
             inner.location,
             f"unsupported tuple annotation `{render(inner)}`",
-            "only torch.Size or Tuple[int, ...] (a shape) crosses as a typed slot",
+            "only torch.Size, Tuple[int, ...] (a shape) or Tuple[int, int] (a fixed number "
+            "of ints) crosses as a typed slot",
         )
-    if name in _SCALARS:
-        return FieldType(Kind.SCALAR, optional, _SCALARS[name], name)
-    if name in _LITERAL:
-        values = [a.value for a in inner.args]
-        if not values or not all(
-            a.name == "<literal>" and isinstance(a.value, str) for a in inner.args
-        ):
-            raise CodegenError(
-                inner.location,
-                f"`{render(inner)}`: a Literal field must list one or more strings",
-                "write Literal['a', 'b'], or use an Enum",
-            )
-        return FieldType(
-            Kind.LITERAL, optional, "str", "builtins.str", tuple(str(v) for v in values)
-        )
-    if name in local_enums:
-        return FieldType(Kind.ENUM, optional, "str", name)
-    if name in _UNSUPPORTED:
-        return FieldType(Kind.UNSUPPORTED, True, "", "")
-    configured = config.kind_of(name)
-    if configured == "tensor_or_quantized":
-        return FieldType(Kind.TENSOR_OR_QUANTIZED, optional, "Tensor", name)
-    if configured == "quantizer":
-        return FieldType(Kind.QUANTIZER, optional, name, name)
-    if configured == "value":
-        return FieldType(Kind.VALUE, optional, name, name)
-    if configured == "process_group":
-        return FieldType(Kind.PROCESS_GROUP, optional, "str", name)
     raise CodegenError(
         inner.location,
         f"unknown type `{name}`: it maps to no field kind",
@@ -197,18 +631,10 @@ def classify(expr: TypeExpr, config: Config, local_enums: frozenset[str]) -> Fie
     )
 
 
-def slots_for(name: str, ftype: FieldType, meta_type: str) -> tuple[Slot, ...]:
+def slots_for(name: str, ftype: FieldType, config: Config) -> tuple[Slot, ...]:
     """The schema slots of one field, in schema order."""
-    q = "?" if ftype.optional else ""
-    kind = ftype.kind
-    if kind is Kind.UNSUPPORTED:
-        return ()
-    if kind is Kind.TENSOR_OR_QUANTIZED:
-        return (
-            Slot(name, "Tensor?"),
-            Slot(f"{name}__inner", "Tensor[]"),
-            Slot(f"{name}__meta", meta_type),
-        )
-    if kind is Kind.PROCESS_GROUP:
-        return (Slot(name, "str?"),)
-    return (Slot(name, ftype.schema_type + q),)
+    return RECORDS[ftype.kind].slots(name, ftype, config)
+
+
+def may_receive_gradient(ftype: FieldType) -> bool:
+    return RECORDS[ftype.kind].gradient is not Gradient.NONE

@@ -6,6 +6,7 @@ The reader builds it, the kind rules classify it, the emitters only read it.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from .errors import Location
@@ -27,19 +28,72 @@ class TypeExpr:
 
 
 class Kind(enum.Enum):
-    """How a field crosses the op boundary (see ``kinds.KIND_TABLE``)."""
+    """How a field crosses the op boundary; ``kinds.KINDS`` holds one record per kind."""
 
     TENSOR = "tensor"
     TENSOR_LIST = "tensor list"
     TENSOR_OR_QUANTIZED = "tensor-or-quantized"
+    TENSOR_OR_QUANTIZED_LIST = "tensor-or-quantized list"
     SCALAR = "scalar"
     SIZE = "size"
+    INT_TUPLE = "int tuple"
+    INT_LIST = "int list"
     ENUM = "enum"
     LITERAL = "literal"
     QUANTIZER = "quantizer"
+    QUANTIZER_LIST = "quantizer list"
     PROCESS_GROUP = "process group"
     VALUE = "value"
     UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class SchemaType:
+    """One schema argument type: a base type, optionally a list (of fixed ``size``),
+    optionally ``?``. ``str()`` is the schema text (``SymInt[2]?``, ``Tensor[]``);
+    :meth:`parse` reads that text back, so the two round-trip."""
+
+    base: str
+    optional: bool = False
+    list: bool = False
+    size: int | None = None
+    element_optional: bool = False  # `str?[]`: a list whose elements may be None
+
+    def __post_init__(self) -> None:
+        if self.size is not None and not self.list:
+            raise ValueError("a fixed size needs a list type")
+        if self.element_optional and not self.list:
+            raise ValueError("element_optional needs a list type")
+
+    def __str__(self) -> str:
+        text = self.base + ("?" if self.element_optional else "")
+        if self.list:
+            text += f"[{'' if self.size is None else self.size}]"
+        return text + ("?" if self.optional else "")
+
+    def as_optional(self, optional: bool = True) -> SchemaType:
+        return SchemaType(self.base, optional, self.list, self.size, self.element_optional)
+
+    @classmethod
+    def parse(cls, text: str) -> SchemaType:
+        match = _SCHEMA_TYPE.fullmatch(text)
+        if match is None:
+            raise ValueError(f"not a schema type: {text!r}")
+        base, element_optional, brackets, size, optional = match.groups()
+        if brackets is None:  # `Tensor?`: the first `?` is the type's own
+            if element_optional and optional:
+                raise ValueError(f"not a schema type: {text!r}")
+            element_optional, optional = None, element_optional or optional
+        return cls(
+            base,
+            optional=bool(optional),
+            list=brackets is not None,
+            size=int(size) if size else None,
+            element_optional=bool(element_optional),
+        )
+
+
+_SCHEMA_TYPE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(\?)?(\[(\d*)\])?(\?)?")
 
 
 @dataclass(frozen=True)
@@ -56,12 +110,18 @@ class FieldType:
     schema_type: str
     python_type: str = ""
     choices: tuple[str, ...] = ()
+    size: int | None = None  # length of a fixed-length int tuple
 
 
 @dataclass(frozen=True)
 class Slot:
     name: str
-    type: str
+    schema: SchemaType
+
+    @property
+    def type(self) -> str:
+        """The schema text of this slot's type."""
+        return str(self.schema)
 
 
 @dataclass(frozen=True)

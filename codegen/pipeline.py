@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FORMAT_VERSION, emit, render
+from . import FORMAT_VERSION, emit, render, safety
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
@@ -21,9 +21,12 @@ class Generated:
 
 
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
-    """Read every op module (sorted, so input order never matters); check op names."""
+    """Read every op module (sorted, so input order never matters); check paths and names."""
+    given = sources if sources is not None else config.sources
+    paths = sorted({safety.normalize_source(config.root, s, config.output_dir) for s in given})
+    safety.check_output_names(paths)
     modules = []
-    for rel in sorted(set(sources if sources is not None else config.sources)):
+    for rel in paths:
         path = config.root / rel
         try:
             text = path.read_text(encoding="utf-8")
@@ -37,6 +40,12 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:
+            if not safety.is_identifier(op.name):
+                raise CodegenError(
+                    op.location,
+                    f"op name {op.name!r} is not an ASCII identifier",
+                    "name the op with ASCII letters, digits and `_`",
+                )
             first = seen.get(op.name)
             if first is not None:
                 raise CodegenError(
@@ -52,15 +61,16 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
 def generate(config: Config, sources: list[str] | None = None) -> Generated:
     modules = read_all(config, sources)
     env = render.environment(TEMPLATE_DIR)
-    templates = render.template_texts(TEMPLATE_DIR)
     out = config.output_dir
     python: dict[str, str] = {}
     contexts = []
     for module in modules:
-        ctx = emit.op_module_context(module, config, emit.digest(module, templates, config))
+        ctx = emit.op_module_context(module, config)
         contexts.append((module, ctx))
         stem = module.path.rsplit("/", 1)[-1]
-        python[f"{out}/{stem}"] = env.get_template("op_module.py.j2").render(ctx)
+        code = env.get_template("op_module.py.j2").render(ctx)
+        safety.check_generated_names(module, code)
+        python[f"{out}/{stem}"] = code
     python[f"{out}/__init__.py"] = env.get_template("package_init.py.j2").render(
         format_version=FORMAT_VERSION,
         module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],

@@ -27,7 +27,6 @@ _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
 _IMPL_KEYS = ("forward_impl", "backward_impl", "forward_spec", "backward_spec", "setup_context")
 _DECL_KEYS = ("name", "forward", "backward", "grad_fields", *_IMPL_KEYS)
-_GRADIENT_KINDS = {kinds.Kind.TENSOR, kinds.Kind.TENSOR_OR_QUANTIZED}
 
 
 def module_name(path: str) -> str:
@@ -325,7 +324,7 @@ def _read_field(
         )
     seen[name] = where
     ftype = kinds.classify(expr, config, enums)
-    slots = kinds.slots_for(name, ftype, config.meta_type)
+    slots = kinds.slots_for(name, ftype, config)
     return Field(name, kinds.render(expr), ftype, slots, where)
 
 
@@ -429,12 +428,12 @@ def _read_declaration(
                 f"gradient field `{grad}` is not a field of `{forward.name}`",
                 f"name fields of {forward.name}",
             )
-        if field.type.kind not in _GRADIENT_KINDS:
+        if not kinds.may_receive_gradient(field.type):
             raise CodegenError(
                 file.loc(grad_node.value),
                 f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
                 "which cannot receive a gradient",
-                "only tensor and tensor-or-quantized fields receive gradients",
+                "only tensor, tensor-list and tensor-or-quantized fields receive gradients",
             )
     if len(set(grad_fields)) != len(grad_fields):
         raise CodegenError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,8 @@ from pathlib import Path
 import jinja2
 
 RUFF_VERSION = "0.14.0"  # pinned: a formatter change must not drift generated code
-_RUFF_OPTIONS = ("--isolated", "--line-length=100", "--target-version=py310")
+# --no-cache: ruff would otherwise leave a .ruff_cache in the working directory.
+_RUFF_OPTIONS = ("--isolated", "--no-cache", "--line-length=100", "--target-version=py310")
 
 
 class FormatterError(Exception):
@@ -26,10 +28,6 @@ def environment(template_dir: Path) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-
-
-def template_texts(template_dir: Path) -> dict[str, str]:
-    return {p.name: p.read_text(encoding="utf-8") for p in sorted(template_dir.glob("*.j2"))}
 
 
 def _ruff() -> list[str]:
@@ -53,22 +51,35 @@ def check_formatter() -> None:
 
 
 def format_python(sources: dict[str, str]) -> dict[str, str]:
-    """Format many Python texts with one ruff run; keys are relative file names."""
+    """Format many Python texts with one ruff run; keys are relative file names.
+
+    The texts are formatted in a private temporary folder under names of its own
+    (``0.py``, ``1.py``, ...), so no key, whatever it holds, decides where a file lands,
+    and nothing is written into the project.
+    """
     if not sources:
         return {}
     check_formatter()
-    with tempfile.TemporaryDirectory() as tmp:
+    names = sorted(sources)
+    with tempfile.TemporaryDirectory(prefix="codegen-format-") as tmp:
         root = Path(tmp)
-        for name, text in sources.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(text, encoding="utf-8")
+        for i, name in enumerate(names):
+            (root / f"{i}.py").write_text(sources[name], encoding="utf-8")
         done = subprocess.run(
-            [*_ruff(), "format", *_RUFF_OPTIONS, "--quiet", str(root)],
+            [*_ruff(), "format", *_RUFF_OPTIONS, "--quiet", "."],
             capture_output=True,
             text=True,
+            cwd=root,
         )
         if done.returncode != 0:
-            raise FormatterError(
-                "ruff could not format the generated code (a template bug):\n" + done.stderr.strip()
+            stderr = re.sub(
+                r"\b(\d+)\.py\b",
+                lambda m: names[int(m[1])] if int(m[1]) < len(names) else m[0],
+                done.stderr.strip(),
             )
-        return {name: (root / name).read_text(encoding="utf-8") for name in sources}
+            raise FormatterError(
+                "ruff could not format the generated code (a template bug):\n" + stderr
+            )
+        return {
+            name: (root / f"{i}.py").read_text(encoding="utf-8") for i, name in enumerate(names)
+        }

@@ -41,14 +41,23 @@ class CliResult:
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder``, by relative path (``{}`` if it is missing)."""
+    """Every entry under ``folder`` by relative path: a file's sha256, ``dir``, or a symlink's
+    target (never followed); ``{}`` if it is missing. ``__pycache__`` folders are skipped."""
     if not folder.exists():
         return {}
-    return {
-        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
-    }
+    entries: dict[str, str] = {}
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in (*dirs, *sorted(files)):
+            path = Path(top, name)
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                entries[rel] = f"symlink -> {os.readlink(path)}"
+            elif path.is_dir():
+                entries[rel] = "dir"
+            else:
+                entries[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(entries.items()))
 
 
 def copy_essentials(dst: Path, extra: tuple[str, ...] = ()) -> Path:

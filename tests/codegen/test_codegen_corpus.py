@@ -3,19 +3,39 @@
 Each file in corpus/ is one malformed op module whose first line states the expected
 report: ``# expect: LINE:COL message fragment``. Files starting with ``_`` are valid
 helpers that a case reads alongside (see ``EXTRA_SOURCES``).
+
+``TREE_CASES`` are the malformed inputs that are not one file's text: unsafe settings
+(``output_dir``, ``namespace``), odd or colliding source paths, symlinks planted in or
+around the output folder. Each is run as generate, ``--check`` and ``--diff``; every run
+must report the setting or the ``path:line:col``, and leave the temporary root *and its
+parent* byte-identical (files, folders and symlinks alike).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from codegen_support import CORPUS, OUTPUT_DIR, REPO_ROOT, copy_essentials, snapshot, subprocess_env
+from codegen_support import (
+    CORPUS,
+    LINEAR,
+    OUTPUT_DIR,
+    REPO_ROOT,
+    copy_essentials,
+    snapshot,
+    subprocess_env,
+)
+
+from codegen.errors import CodegenError
+from codegen.model import SourceModule
+from codegen.safety import check_generated_names
 
 EXPECT = re.compile(r"^# expect: (?P<line>\d+):(?P<col>\d+) (?P<fragment>.+)$")
 # Cases that need a second module: the error is reported in the case's own file.
@@ -68,7 +88,7 @@ def _assert_reported(case: Case, rc: int, out: str, err: str) -> None:
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repo copy holding the corpus at its repo-relative path, so reports name it alike."""
-    root = copy_essentials(tmp_path_factory.mktemp("corpus"))
+    root = copy_essentials(tmp_path_factory.mktemp("corpus") / "root")
     shutil.copytree(REPO_ROOT / CORPUS, root / CORPUS)
     return root
 
@@ -80,14 +100,14 @@ def test_corpus_is_large_enough() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name.removesuffix(".py") for c in CASES])
 def test_malformed_module_is_reported_at_its_position(case: Case, corpus_root: Path, cli) -> None:
-    ours_before = snapshot(corpus_root / OUTPUT_DIR)
+    ours_before = snapshot(corpus_root.parent)  # the root and everything beside it
     repo_before = snapshot(REPO_ROOT / OUTPUT_DIR)
 
     result = cli("--root", str(corpus_root), *case.argv())
 
     _assert_reported(case, result.rc, result.out, result.err)
     assert "nothing was written" in result.err
-    assert snapshot(corpus_root / OUTPUT_DIR) == ours_before
+    assert snapshot(corpus_root.parent) == ours_before
     assert snapshot(REPO_ROOT / OUTPUT_DIR) == repo_before
 
 
@@ -115,3 +135,382 @@ def test_corpus_helper_modules_are_valid(corpus_root: Path, cli) -> None:
     for helper in sorted((corpus_root / CORPUS).glob("_*.py")):
         result = cli("--root", str(corpus_root), "--diff", "--source", f"{CORPUS}/{helper.name}")
         assert result.rc == 0, result.err
+
+
+# --- cases that are a tree, not one file's text -------------------------------------------
+
+VALID_OP = f"{CORPUS}/_duplicate_op_support.py"  # a small valid op module
+SETTINGS = re.escape("pyproject.toml: [tool.transformer_engine_ops.codegen] ")
+
+
+@dataclass(frozen=True)
+class TreeCase:
+    """``setup(root)`` plants the bad input and returns extra argv; ``report`` is a regex
+    for the first stderr line (``{root}`` and ``{outer}`` are filled in, escaped)."""
+
+    name: str
+    setup: Callable[[Path], list[str]]
+    rc: int
+    report: str
+
+
+def _set(key: str, value: str) -> Callable[[Path], list[str]]:
+    def setup(root: Path) -> list[str]:
+        path = root / "pyproject.toml"
+        text = path.read_text(encoding="utf-8")
+        text, n = re.subn(rf"(?m)^{key} = .*$", lambda _: f"{key} = {json.dumps(value)}", text)
+        assert n == 1, key
+        path.write_text(text, encoding="utf-8")
+        return []
+
+    return setup
+
+
+def _then(*steps: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+    return lambda root: [arg for step in steps for arg in step(root)]
+
+
+def _symlink(rel: str, target: str) -> Callable[[Path], list[str]]:
+    """``root/rel`` -> ``target`` (relative to ``root/rel``'s folder), replacing a file."""
+
+    def setup(root: Path) -> list[str]:
+        link = root / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.exists():
+            link.unlink()
+        link.symlink_to(target)
+        return []
+
+    return setup
+
+
+def _source(rel: str) -> Callable[[Path], list[str]]:
+    """A valid op module copied to ``rel`` (relative to the root), passed as ``--source``."""
+
+    def setup(root: Path) -> list[str]:
+        path = root / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO_ROOT / VALID_OP, path)
+        return ["--source", rel]
+
+    return setup
+
+
+def _setting(key: str, value: str, problem: str) -> str:
+    return rf"^error: .*{SETTINGS}{re.escape(key)} = {re.escape(json.dumps(value, ensure_ascii=False))}: {problem}"
+
+
+def _at(path: str, problem: str) -> str:
+    return rf"^{re.escape(path)}:1:1: error: {problem}"
+
+
+def _hand_written(rel: str, text: str = "HAND_WRITTEN = True\n") -> Callable[[Path], list[str]]:
+    def setup(root: Path) -> list[str]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+        return []
+
+    return setup
+
+
+OUTSIDE_OP = "../outside_op.py"
+TREE_CASES = [
+    # output_dir: outside the root, absolute, through a symlink, onto or around a source.
+    TreeCase(
+        "output_dir_climbs_out",
+        _set("output_dir", "../escaped"),
+        2,
+        _setting("output_dir", "../escaped", "climbs out of the project root"),
+    ),
+    TreeCase(
+        "output_dir_climbs_out_midway",
+        _set("output_dir", "transformer_engine_ops/../../escaped"),
+        2,
+        _setting("output_dir", "transformer_engine_ops/../../escaped", "climbs out"),
+    ),
+    TreeCase(
+        "output_dir_absolute",
+        _set("output_dir", "/tmp/codegen_escaped"),
+        2,
+        _setting("output_dir", "/tmp/codegen_escaped", "an absolute path"),
+    ),
+    TreeCase(
+        "output_dir_is_the_source_folder",
+        _set("output_dir", "transformer_engine_ops/ops"),
+        2,
+        _setting(
+            "output_dir",
+            "transformer_engine_ops/ops",
+            re.escape("holds the op module transformer_engine_ops/ops/linear.py"),
+        ),
+    ),
+    TreeCase(
+        "output_dir_contains_the_source_folder",
+        _set("output_dir", "transformer_engine_ops"),
+        2,
+        _setting("output_dir", "transformer_engine_ops", "holds the op module"),
+    ),
+    TreeCase(
+        "output_dir_is_the_root",
+        _set("output_dir", "."),
+        2,
+        _setting("output_dir", ".", "the folder name"),
+    ),
+    TreeCase(
+        "output_dir_not_an_identifier",
+        _set("output_dir", "gen-out"),
+        2,
+        _setting("output_dir", "gen-out", 'the folder name "gen-out" is not an identifier'),
+    ),
+    TreeCase(
+        "output_dir_is_a_symlink_out_of_the_root",
+        _then(_symlink("gen", "../elsewhere"), _set("output_dir", "gen")),
+        2,
+        _setting("output_dir", "gen", re.escape("passes through the symlink gen -> ../elsewhere")),
+    ),
+    TreeCase(
+        "output_dir_under_a_symlinked_folder",
+        _then(_symlink("pkg", "../elsewhere"), _set("output_dir", "pkg/generated")),
+        2,
+        _setting("output_dir", "pkg/generated", "passes through the symlink pkg -> "),
+    ),
+    TreeCase(
+        "output_dir_onto_hand_written_code",
+        _then(
+            _hand_written("transformer_engine_ops/runtime/__init__.py"),
+            _set("output_dir", "transformer_engine_ops/runtime"),
+        ),
+        2,
+        r"^error: transformer_engine_ops/runtime/__init__\.py exists and is not generated",
+    ),
+    # The atomic write never goes through a symlink at the target.
+    TreeCase(
+        "generated_file_is_a_symlink",
+        _symlink(f"{OUTPUT_DIR}/linear.py", "../../../outside.txt"),
+        2,
+        rf"^error: {re.escape(OUTPUT_DIR)}/linear\.py is a symlink",
+    ),
+    # namespace: pasted into op names in generated code.
+    TreeCase(
+        "namespace_with_a_dash",
+        _set("namespace", "te-ops"),
+        2,
+        _setting("namespace", "te-ops", "not an identifier"),
+    ),
+    TreeCase(
+        "namespace_injection",
+        _set("namespace", 'teops", __import__("os").system("touch M"), "'),
+        2,
+        _setting("namespace", 'teops", __import__("os").system("touch M"), "', "not an identifier"),
+    ),
+    TreeCase(
+        "namespace_not_ascii",
+        _set("namespace", "téops"),
+        2,
+        _setting("namespace", "téops", "not an identifier"),
+    ),
+    TreeCase(
+        "namespace_a_keyword",
+        _set("namespace", "class"),
+        2,
+        _setting("namespace", "class", "not an identifier"),
+    ),
+    # Source paths: they become a module name, an output file name and header text.
+    TreeCase(
+        "source_file_name_with_a_dash",
+        _source("ops_extra/my-op.py"),
+        1,
+        _at("ops_extra/my-op.py", '"my-op" in the op module\'s path is not an identifier'),
+    ),
+    TreeCase(
+        "source_file_name_with_a_space",
+        _source("ops_extra/my op.py"),
+        1,
+        _at("ops_extra/my op.py", '"my op" in the op module\'s path is not an identifier'),
+    ),
+    TreeCase(
+        "source_file_name_not_ascii",
+        _source("ops_extra/línear.py"),
+        1,
+        _at("ops_extra/línear.py", '"línear" in the op module\'s path is not an identifier'),
+    ),
+    TreeCase(
+        "source_file_name_a_keyword",
+        _source("ops_extra/class.py"),
+        1,
+        _at("ops_extra/class.py", '"class" in the op module\'s path is not an identifier'),
+    ),
+    TreeCase(
+        "source_file_name_with_a_quote",
+        _source('ops_extra/a".py'),
+        1,
+        _at(
+            'ops_extra/a".py', re.escape('"a\\"" in the op module') + "'s path is not an identifier"
+        ),
+    ),
+    TreeCase(
+        "source_folder_with_a_dash",
+        _source("ops-extra/my_op.py"),
+        1,
+        _at("ops-extra/my_op.py", '"ops-extra" in the op module\'s path is not an identifier'),
+    ),
+    TreeCase(
+        "source_not_a_python_file",
+        _source("ops_extra/my_op.txt"),
+        1,
+        _at("ops_extra/my_op.txt", r"an op module must be a `\.py` file"),
+    ),
+    TreeCase(
+        "source_named_init",
+        _source("ops_extra/__init__.py"),
+        1,
+        _at("ops_extra/__init__.py", "an op module named `__init__.py`"),
+    ),
+    TreeCase(
+        "source_outside_the_root",
+        lambda root: ["--source", OUTSIDE_OP],
+        1,
+        _at(OUTSIDE_OP, "the op module lies outside the project root"),
+    ),
+    TreeCase(
+        "source_outside_the_root_absolute",
+        lambda root: ["--source", str(root.parent / "outside_op.py")],
+        1,
+        r"^{outer}/outside_op\.py:1:1: error: the op module lies outside the project root",
+    ),
+    TreeCase(
+        "source_symlinked_out_of_the_root",
+        _then(
+            _symlink("ops_extra/linked_op.py", "../../outside_op.py"),
+            _source("ops_extra/linked_op.py"),
+        ),
+        1,
+        _at("ops_extra/linked_op.py", "the op module resolves outside the project root"),
+    ),
+    TreeCase(
+        "source_inside_the_output_folder",
+        _source(f"{OUTPUT_DIR}/extra_op.py"),
+        1,
+        _at(f"{OUTPUT_DIR}/extra_op.py", "the op module lies inside the output folder"),
+    ),
+    TreeCase(
+        "two_sources_with_one_file_name",
+        _then(_source("aaa/linear.py"), _source(LINEAR)),
+        1,
+        _at(LINEAR, "this op module and aaa/linear.py would both generate `linear.py`"),
+    ),
+    TreeCase(
+        "two_sources_with_one_file_name_but_case",
+        _then(_source("aaa/Linear.py"), _source(LINEAR)),
+        1,
+        _at(LINEAR, "this op module and aaa/Linear.py would both generate `linear.py`"),
+    ),
+]
+
+
+def test_tree_cases_cover_the_issue_list() -> None:
+    assert len(TREE_CASES) >= 25
+    assert len({c.name for c in TREE_CASES}) == len(TREE_CASES)
+
+
+@pytest.mark.parametrize("mode", ["generate", "--check", "--diff"])
+@pytest.mark.parametrize("case", TREE_CASES, ids=[c.name for c in TREE_CASES])
+def test_unsafe_tree_is_refused_and_nothing_is_written_anywhere(
+    case: TreeCase, mode: str, tmp_path: Path, cli
+) -> None:
+    outer = tmp_path / "outer"
+    root = copy_essentials(outer / "root")
+    (outer / "outside.txt").write_text("outside the project: must never change\n", "utf-8")
+    (outer / "elsewhere").mkdir()
+    shutil.copy(REPO_ROOT / VALID_OP, outer / "outside_op.py")
+    argv = case.setup(root)
+    before = snapshot(tmp_path)  # the root, its parent and everything beside it
+
+    result = cli("--root", str(root), *([] if mode == "generate" else [mode]), *argv)
+
+    assert result.rc == case.rc, (result.rc, result.out, result.err)
+    assert "Traceback" not in result.out + result.err
+    first = result.err.splitlines()[0]
+    report = case.report.format(root=re.escape(str(root)), outer=re.escape(str(outer)))
+    assert re.match(report, first), first
+    if case.rc == 1:
+        assert re.match(r"^  hint: \S", result.err.splitlines()[1]), result.err
+    assert "nothing was written" in result.err
+    assert snapshot(tmp_path) == before
+
+
+def test_a_planted_temp_file_symlink_is_never_followed(tmp_path: Path, cli) -> None:
+    """The old write went through `generated/.linear.py.tmp`; a link planted there (to a
+    file outside the root) must stay as it is, its target untouched, and no temp file
+    may be left behind."""
+    outer = tmp_path / "outer"
+    root = copy_essentials(outer / "root")
+    target = outer / "outside.txt"
+    target.write_text("outside the project: must never change\n", "utf-8")
+    planted = root / OUTPUT_DIR / ".linear.py.tmp"
+    planted.symlink_to("../../../outside.txt")
+    linear = root / LINEAR
+    linear.write_text(
+        linear.read_text("utf-8").replace(
+            "    fp8_output: bool\n", "    fp8_output: bool\n    x: int\n", 1
+        ),
+        "utf-8",
+    )
+    before = snapshot(tmp_path)
+    mode_before = (root / OUTPUT_DIR / "linear.py").stat().st_mode
+
+    result = cli("--root", str(root))
+
+    assert result.rc == 0, result.err
+    assert f"wrote {OUTPUT_DIR}/linear.py" in result.out
+    after = snapshot(tmp_path)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed == {f"outer/root/{OUTPUT_DIR}/linear.py", f"outer/root/{OUTPUT_DIR}/SCHEMAS.md"}
+    assert planted.is_symlink() and target.read_text("utf-8").startswith("outside the project")
+    assert not (root / OUTPUT_DIR / "linear.py").is_symlink()
+    assert (root / OUTPUT_DIR / "linear.py").stat().st_mode == mode_before, "mode is kept"
+
+
+# --- the generated-name check on its own (whatever emit aliases) ------------------------
+
+_USER = SourceModule("pkg/op.py", "pkg.op", "", ())
+
+
+@pytest.mark.parametrize(
+    "code,message",
+    [
+        (
+            "from pkg.op import _b\nfrom transformer_engine_ops.runtime import boundary as _b\n",
+            "`pkg.op._b` is imported into the generated module as `_b`, which clashes with "
+            "the import of `transformer_engine_ops.runtime.boundary`",
+        ),
+        (
+            "from pkg.op import lin_fwd\nlin_fwd = 1\n",
+            "as `lin_fwd`, which clashes with the generated `lin_fwd = ...`",
+        ),
+        (
+            "from pkg.op import slot\ndef unflatten(*slots):\n    slot = iter(slots).__next__\n",
+            "as `slot`, which clashes with a local name in the generated `unflatten`",
+        ),
+        (
+            "import torch\nfrom pkg.op import torch\n",
+            "`pkg.op.torch` is imported into the generated module as `torch`",
+        ),
+        (
+            "def spec_x_fwd():\n    pass\nspec_x_fwd = 1\n",
+            "would define `spec_x_fwd` twice",
+        ),
+    ],
+    ids=["import_vs_import", "import_vs_assignment", "import_vs_local", "plain_import", "twice"],
+)
+def test_generated_name_check_reports_every_kind_of_clash(code: str, message: str) -> None:
+    with pytest.raises(CodegenError) as raised:
+        check_generated_names(_USER, code)
+    assert message in str(raised.value)
+    assert str(raised.value).startswith("pkg/op.py:1:1: error: ")
+
+
+def test_generated_name_check_accepts_the_generated_modules() -> None:
+    for path in sorted((REPO_ROOT / OUTPUT_DIR).glob("*.py")):
+        check_generated_names(_USER, path.read_text(encoding="utf-8"))

@@ -67,6 +67,22 @@ EXPECTED_FORWARD = {
     "maybe_gemm": ("value", f"{GEMM}? maybe_gemm"),
     "anything": ("unsupported", NONE),
     "hook": ("unsupported", NONE),
+    "window": ("int tuple", "SymInt[2] window"),
+    "maybe_window": ("int tuple", "SymInt[3]? maybe_window"),
+    "splits": ("int list", "SymInt[] splits"),
+    "maybe_splits": ("int list", "SymInt[]? maybe_splits"),
+    "weights": (
+        "tensor-or-quantized list",
+        f"Tensor?[] weights, Tensor[] weights__inner, {META}[] weights__meta",
+    ),
+    "maybe_weights": (
+        "tensor-or-quantized list",
+        f"Tensor?[]? maybe_weights, Tensor[] maybe_weights__inner, {META}[] maybe_weights__meta",
+    ),
+    "quantizers": ("quantizer list", f"{QUANTIZER}?[] quantizers"),
+    "maybe_quantizers": ("quantizer list", f"{QUANTIZER}?[]? maybe_quantizers"),
+    "generator": ("unsupported", NONE),
+    "extra": ("unsupported", NONE),
 }
 EXPECTED_BACKWARD = {
     "grad_outputs": ("tensor list", "Tensor[] grad_outputs"),
@@ -156,14 +172,24 @@ def test_kinds_prints_the_kind_table(cli) -> None:
     result = cli("kinds")
     assert result.rc == 0
     header, rule, *rows = result.out.splitlines()
-    assert header == "| annotation | kind | schema slots | crossing |"
-    assert rule == "|---|---|---|---|"
+    assert header == "| annotation | kind | schema slots | crossing | gradient |"
+    assert rule == "|---|---|---|---|---|"
     cells = [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
-    assert all(len(c) == 4 for c in cells), rows
+    assert all(len(c) == 5 for c in cells), rows
     assert {c[1] for c in cells} == {kind.value for kind in Kind}
     slots = [(c[1], c[2]) for c in cells]
     assert ("process group", "`str?`") in slots
     assert ("scalar", "`bool`, `SymInt`, `float`, `str` (+`?`)") in slots
+    gradients = {c[1]: c[4] for c in cells}
+    assert gradients["tensor"] == "one gradient"
+    assert gradients["tensor list"] == "one gradient per element"
+    assert gradients["scalar"] == "never"
+
+
+def test_readme_kind_table_is_the_generated_one(cli) -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    table = cli("kinds").out
+    assert table in readme, "README's kind table differs from `python -m codegen kinds`"
 
 
 def test_kinds_needs_no_project(cli, tmp_path: Path) -> None:

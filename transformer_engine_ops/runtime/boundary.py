@@ -99,6 +99,55 @@ def optional_torch_size(value: Sequence[Any] | None) -> torch.Size | None:
     return None if value is None else torch.Size(value)
 
 
+def int_tuple(value: Any, length: int, where: str) -> list[Any]:
+    """A fixed-length tuple of ints (``Tuple[int, int]``) as its ``SymInt[length]`` slot."""
+    if (
+        isinstance(value, tuple | list | torch.Size)
+        and len(value) == length
+        and all(isinstance(d, INT) and not isinstance(d, bool) for d in value)
+    ):
+        return list(value)
+    raise _mismatch(where, f"a tuple of {length} ints", value)
+
+
+def optional_int_tuple(value: Any, length: int, where: str) -> list[Any] | None:
+    return None if value is None else int_tuple(value, length, where)
+
+
+def optional_tuple(value: Sequence[Any] | None) -> tuple[Any, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def int_list(value: Any, where: str) -> list[Any]:
+    if isinstance(value, list | tuple) and all(
+        isinstance(d, INT) and not isinstance(d, bool) for d in value
+    ):
+        return list(value)
+    raise _mismatch(where, "a list of ints", value)
+
+
+def optional_int_list(value: Any, where: str) -> list[Any] | None:
+    return None if value is None else int_list(value, where)
+
+
+def optional_list(value: Sequence[Any] | None) -> list[Any] | None:
+    return None if value is None else list(value)
+
+
+def object_list(value: Any, expected: type, where: str) -> list[Any]:
+    """A list whose elements are each ``expected`` or None (one quantizer per GEMM)."""
+    if isinstance(value, list | tuple):
+        for v in value:
+            if v is not None and not (type(v) is expected or isinstance(v, expected)):
+                raise _mismatch(where, f"a list of {_type_names(expected)} or None", v)
+        return list(value)
+    raise _mismatch(where, f"a list of {_type_names(expected)} or None", value)
+
+
+def optional_object_list(value: Any, expected: type, where: str) -> list[Any] | None:
+    return None if value is None else object_list(value, expected, where)
+
+
 def enum_name(value: Any, cls: type[enum.Enum], where: str) -> str:
     if isinstance(value, cls):
         return value.name
@@ -270,6 +319,57 @@ def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, Qua
     if value is None:
         return None, [], _NONE_META
     return tensor_or_quantized(value, where)
+
+
+def tensor_or_quantized_list(
+    value: Any, where: str
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor], list[QuantizedMeta]]:
+    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: plain
+    tensors (None where an element is quantized or None), the inner buffers of the
+    quantized ones concatenated, and one description per element."""
+    if not isinstance(value, list | tuple):
+        raise _mismatch(where, "a list of Tensors or quantized values", value)
+    tensors: list[torch.Tensor | None] = []
+    inner: list[torch.Tensor] = []
+    metas: list[QuantizedMeta] = []
+    for i, v in enumerate(value):
+        if isinstance(v, QuantizedStorage | QuantizedTensor):
+            _, buffers, meta = quantized_slots(v)
+            tensors.append(None)
+            inner += buffers
+        elif isinstance(v, torch.Tensor):
+            tensors.append(v)
+            meta = _TENSOR_META
+        elif v is None:
+            tensors.append(None)
+            meta = _NONE_META
+        else:
+            raise _mismatch(f"{where}[{i}]", "Tensor, a quantized value or None", v)
+        metas.append(meta)
+    return tensors, inner, metas
+
+
+def optional_tensor_or_quantized_list(
+    value: Any, where: str
+) -> tuple[list[torch.Tensor | None] | None, list[torch.Tensor], list[QuantizedMeta]]:
+    if value is None:
+        return None, [], []
+    return tensor_or_quantized_list(value, where)
+
+
+def unpack_tensor_or_quantized_list(
+    tensors: Sequence[torch.Tensor | None] | None,
+    inner: Sequence[torch.Tensor],
+    metas: Sequence[QuantizedMeta],
+) -> list[Any] | None:
+    if tensors is None:
+        return None
+    values, cursor = [], 0
+    for tensor, meta in zip(tensors, metas, strict=True):
+        n = len(meta.inner_names)
+        values.append(unpack_tensor_or_quantized(tensor, inner[cursor : cursor + n], meta))
+        cursor += n
+    return values
 
 
 def unpack_tensor_or_quantized(

@@ -52,7 +52,7 @@ def spec(value: Any) -> TensorSpec | None:
 
 
 def specs(values: Sequence[Any] | None) -> list[TensorSpec] | None:
-    return None if values is None else [to_tensor_spec(v) for v in values]
+    return None if values is None else [None if v is None else to_tensor_spec(v) for v in values]
 
 
 # --- flat results -----------------------------------------------------------------

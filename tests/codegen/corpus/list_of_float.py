@@ -1,5 +1,5 @@
-# expect: 19:11 unsupported list annotation `List[int]`
-"""Corpus: List[int] is not a tensor list."""
+# expect: 19:11 unsupported list annotation `List[float]`
+"""Corpus: List[float] crosses as no kind."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import List
 class FwdArgs:
     inp: torch.Tensor
     scale: float
-    dims: List[int]
+    dims: List[float]
 
 @dataclass
 class BwdArgs:

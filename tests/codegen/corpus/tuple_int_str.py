@@ -1,5 +1,5 @@
-# expect: 19:11 unsupported tuple annotation `Tuple[int, int]`
-"""Corpus: a fixed-length tuple is not a shape."""
+# expect: 19:11 unsupported tuple annotation `Tuple[int, str]`
+"""Corpus: a tuple of mixed types crosses as no kind."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Tuple
 class FwdArgs:
     inp: torch.Tensor
     scale: float
-    pair: Tuple[int, int]
+    pair: Tuple[int, str]
 
 @dataclass
 class BwdArgs:
