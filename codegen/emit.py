@@ -10,7 +10,16 @@ from pathlib import Path
 
 from . import FORMAT_VERSION, kinds
 from .config import Config
-from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Kind, Op, SourceModule
+from .model import (
+    GRAD_OUTPUT_FIELD,
+    GRAD_OUTPUTS_FIELD,
+    Bundle,
+    Field,
+    Impls,
+    Kind,
+    Op,
+    SourceModule,
+)
 
 
 @dataclass(frozen=True)
@@ -156,9 +165,14 @@ def slot_index(bundle: Bundle, field_name: str) -> int:
     raise KeyError(field_name)
 
 
-def _int_tuple(items: list[int]) -> str:
-    inner = ", ".join(str(i) for i in items)
+def _code_tuple(items: list[str]) -> str:
+    """A one-line tuple display of code items (no magic trailing comma)."""
+    inner = ", ".join(items)
     return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def _int_tuple(items: list[int]) -> str:
+    return _code_tuple([str(i) for i in items])
 
 
 def _quantized_slots(bundle: Bundle) -> str:
@@ -169,6 +183,46 @@ def _quantized_slots(bundle: Bundle) -> str:
             if f.type.kind is Kind.TENSOR_OR_QUANTIZED
         ]
     )
+
+
+def _tensor_list_slots(bundle: Bundle) -> str:
+    """Every ``Tensor[]`` slot (autograd wants one gradient per element there)."""
+    index, found = 0, []
+    for f in bundle.fields:
+        for s in f.slots:
+            if str(s.type).startswith("Tensor[]"):
+                found.append(index)
+            index += 1
+    return _int_tuple(found)
+
+
+_CARRIES_TENSORS = (Kind.TENSOR, Kind.TENSOR_LIST, Kind.TENSOR_OR_QUANTIZED)
+
+
+def calling_side_context(op: Op) -> dict:
+    """What the generated calling side (eager autograd path, compiled call) needs."""
+    grad_name = (
+        GRAD_OUTPUTS_FIELD
+        if op.backward.field(GRAD_OUTPUTS_FIELD) is not None
+        else GRAD_OUTPUT_FIELD
+    )
+    grad_kinds = [op.forward.field(g).type.kind for g in op.grad_fields]  # type: ignore[union-attr]
+    saved = [
+        f.name
+        for f in op.backward.fields
+        if f.type.kind in _CARRIES_TENSORS and f.name != grad_name
+    ]
+    return {
+        "grad_outputs_field": grad_name,
+        "grad_output_only": grad_name == GRAD_OUTPUT_FIELD,
+        "backward_grad_outputs_slot": slot_index(op.backward, grad_name),
+        "forward_tensor_list_slots": _tensor_list_slots(op.forward),
+        "backward_tensor_list_slots": _tensor_list_slots(op.backward),
+        "grad_field_lists": _code_tuple([str(k is Kind.TENSOR_LIST) for k in grad_kinds]),
+        "grad_values": _code_tuple([f"args.{g}" for g in op.grad_fields]),
+        "saved_fields": tuple(saved),
+        "class_prefix": "".join(part.title() for part in op.name.split("_")),
+    }
 
 
 _TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -186,6 +240,8 @@ def _template_names() -> frozenset[str]:
 
 def _reserved_names(op: Op) -> frozenset[str]:
     generated = {f"{op.name}_fwd", f"{op.name}_bwd"}
+    prefix = calling_side_context(op)["class_prefix"] if op.impls is not None else ""
+    generated |= {f"call_{op.name}", f"{op.name}_eager", f"{op.name}_compiled", f"_{prefix}Eager"}
     for bundle in (op.forward, op.backward):
         s = snake(bundle.name)
         generated |= {f"flatten_{s}", f"unflatten_{s}", f"spec_{s}"}
@@ -207,7 +263,7 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
             forward_grad_slots=_int_tuple([slot_index(op.forward, g) for g in op.grad_fields]),
             forward_quantized_slots=_quantized_slots(op.forward),
             backward_quantized_slots=_quantized_slots(op.backward),
-            backward_grad_outputs_slot=slot_index(op.backward, GRAD_OUTPUTS_FIELD),
+            **calling_side_context(op),
         )
     bundles = [
         _bundle_context(op, op.forward, "forward", config, imports),

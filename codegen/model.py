@@ -146,6 +146,8 @@ class Bundle:
 
 # The backward bundle field that receives the forward outputs' gradients.
 GRAD_OUTPUTS_FIELD = "grad_outputs"
+# TE's form: the gradient of the first forward output only (``Optional[Tensor]``).
+GRAD_OUTPUT_FIELD = "grad_output"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,16 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from . import kinds
 from .config import Config
 from .errors import CodegenError, Location
-from .model import GRAD_OUTPUTS_FIELD, Bundle, Field, Impls, Op, SourceModule, TypeExpr
+from .model import (
+    GRAD_OUTPUT_FIELD,
+    GRAD_OUTPUTS_FIELD,
+    Bundle,
+    Field,
+    Impls,
+    Op,
+    SourceModule,
+    TypeExpr,
+)
 
 DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 _DATACLASS = "dataclasses.dataclass"
@@ -463,15 +472,17 @@ def _read_declaration(
             names[key] = node.value
         impls = Impls(**names)
         grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
-        if (
-            grad_outputs is None
-            or grad_outputs.type.kind is not kinds.Kind.TENSOR_LIST
-            or grad_outputs.type.optional
-        ):
+        grad_output = backward.field(GRAD_OUTPUT_FIELD)
+        all_grads = grad_outputs is not None and (
+            grad_outputs.type.kind is kinds.Kind.TENSOR_LIST and not grad_outputs.type.optional
+        )
+        first_grad = grad_output is not None and grad_output.type.kind is kinds.Kind.TENSOR
+        if all_grads == first_grad:  # neither, both, or a wrong kind
             raise CodegenError(
                 backward.location,
-                f"backward bundle `{backward.name}` needs a `{GRAD_OUTPUTS_FIELD}: "
-                "List[torch.Tensor]` field to receive the forward outputs' gradients",
+                f"backward bundle `{backward.name}` needs one field receiving the forward "
+                f"outputs' gradients: `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` (all of "
+                f"them) or `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]` (the first)",
                 f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
             )
     return Op(op_name, forward, backward, grad_fields, impls, where)

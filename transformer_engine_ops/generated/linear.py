@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/linear.py`; see SCHEMA
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -36,7 +37,13 @@ FORWARD_GRAD_SLOTS = (3, 0, 4)
 # `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
 FORWARD_QUANTIZED_SLOTS = (0, 5)
 BACKWARD_QUANTIZED_SLOTS = (1, 4)
+# Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
+# Every `Tensor[]` slot (autograd wants a list of gradients there).
+FORWARD_TENSOR_LIST_SLOTS = (1, 6)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 2, 5)
+# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
+GRAD_FIELD_LISTS = (False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -450,11 +457,13 @@ def spec_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = linear_forward(unflatten_linear_fwd_args(*slots))
+    _r.record_outputs(FORWARD_OP, outputs)
     return _r.pack_result(outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = linear_forward_spec(spec_linear_fwd_args(*slots))
+    _r.record_output_specs(FORWARD_OP, outputs)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -472,9 +481,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]
     out_specs, saved_specs = linear_forward_spec(spec_linear_fwd_args(*inputs))
     _, saved = _r.split_result(out_specs, saved_specs, output)
     backward = linear_setup_context(unflatten_linear_fwd_args(*inputs), tuple(saved))
-    _r.save_backward_slots(ctx, flatten_linear_bwd_args(backward))
+    _r.save_backward_slots(ctx, flatten_linear_bwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS)
     ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS)
+    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
 
 
 def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -490,3 +499,76 @@ if linear_fwd is not None:
     linear_fwd.register_autograd(_backward, setup_context=_setup_context)
 _r.register_quantized_dispatch(linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(linear_bwd, BACKWARD_QUANTIZED_SLOTS)
+
+
+# --- Calling side -------------------------------------------------------------------
+# `call_linear` is what a module calls. Eagerly it runs `linear_eager` (the impls,
+# no op boundary); under torch.compile, `linear_compiled` (the custom ops, one graph
+# node each way).
+
+
+class _LinearEager(torch.autograd.Function):
+    """The eager path: `linear_forward`, `linear_setup_context` and
+    `linear_backward` called directly; the backward bundle's tensors are
+    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: LinearFwdArgs, made: list[Any], lengths: Any, *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = linear_forward(args)
+        backward = linear_setup_context(args, saved)
+        _r.save_values(
+            ctx,
+            (
+                backward.inputmat,
+                backward.weight_fp8,
+            ),
+        )
+        backward.inputmat = None
+        backward.weight_fp8 = None
+        ctx.backward_args = backward
+        ctx.lengths = lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        args = copy.copy(ctx.backward_args)
+        (
+            args.inputmat,
+            args.weight_fp8,
+        ) = _r.load_values(ctx)
+        args.grad_outputs = list(grads)
+        input_grads = linear_backward(args)
+        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+
+
+def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`(outputs, saved)` of `linear_forward(args)`, outputs attached to autograd
+    when a gradient field requires grad. `saved` (what the forward made for the
+    backward) is handed back so a module may cache it (e.g. a quantized weight).
+    Every field is checked as `flatten_linear_fwd_args` checks it for the compiled path."""
+    flatten_linear_fwd_args(args)
+    inputs, lengths = _r.eager_inputs((args.inp, args.weight, args.bias), GRAD_FIELD_LISTS)
+    if not _r.needs_autograd(inputs):
+        return linear_forward(args)
+    made: list[Any] = []
+    outputs = _LinearEager.apply(args, made, lengths, *inputs)
+    return outputs, made[0]
+
+
+def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:
+    """The user outputs of `teops::linear_fwd` on `args`' slots (quantized outputs rebuilt
+    as their class, as the fake kernel describes them)."""
+    flat = linear_fwd(*flatten_linear_fwd_args(args))
+    return _r.user_outputs(FORWARD_OP, flat)
+
+
+def call_linear(args: LinearFwdArgs) -> tuple[Any, ...]:
+    """The `linear` op's user outputs: through the custom op under torch.compile,
+    straight into the impls otherwise."""
+    if torch.compiler.is_compiling():
+        return linear_compiled(args)
+    return linear_eager(args)[0]

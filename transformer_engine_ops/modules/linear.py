@@ -1,9 +1,10 @@
 """``Linear``: TE's Linear conventions, compiled through the generated custom ops.
 
-Eager calls run the op's implementation directly through an ``autograd.Function``
-and pay no op-boundary cost; under ``torch.compile`` the module packs its bundle
-with the generated ``flatten_linear_fwd_args`` and calls ``teops::linear_fwd``, one
-graph node each way. What the op path cannot serve runs eagerly with a named reason.
+The module builds the op's forward bundle and calls the generated calling side:
+``linear_eager`` (the op's impls through a generated ``autograd.Function``, no
+op-boundary cost) or, under ``torch.compile``, ``linear_compiled`` (``teops::linear_fwd``,
+one graph node each way). What the op path cannot serve runs eagerly with a named
+reason. Module logic only: nothing here crosses the op boundary by hand.
 """
 
 from __future__ import annotations
@@ -15,15 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.linear import flatten_linear_fwd_args, linear_fwd
-from ..ops.linear import (
-    LinearBwdArgs,
-    LinearFwdArgs,
-    linear_backward,
-    linear_forward,
-    linear_output_shape,
-    linear_setup_context,
-)
+from ..generated.linear import linear_compiled, linear_eager
+from ..ops.linear import LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
@@ -34,61 +28,6 @@ from ._base import reject_unimplemented
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
-
-
-class _LinearFunction(torch.autograd.Function):
-    """Eager path: the op's forward and backward implementations, no boundary."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, args: LinearFwdArgs, made: list[Any], inp: Any, weight: Any, bias: Any
-    ) -> Any:
-        (out,), saved = linear_forward(args)
-        ctx.backward_args = linear_setup_context(args, saved)
-        made.append(saved[1])
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        backward_args: LinearBwdArgs = ctx.backward_args
-        ctx.backward_args = None
-        backward_args.grad_outputs = [grad_out]
-        dgrad, wgrad, bgrad = linear_backward(backward_args)
-        return None, None, dgrad, wgrad, bgrad
-
-
-def _eager_linear(args: LinearFwdArgs) -> tuple[Any, Any]:
-    """``(output, the quantized weight made by this call or None)``."""
-    if args.is_grad_enabled:
-        made: list[Any] = []
-        out = _LinearFunction.apply(args, made, args.inp, args.weight, args.bias)
-        return out, made[0]
-    (out,), saved = linear_forward(args)
-    return out, saved[1]
-
-
-@torch._dynamo.assume_constant_result
-def _quantized_output_layout(quantizer: Any) -> tuple[Any, ...]:
-    """``(class, inner names, quantizer)`` of the quantized output ``quantizer`` makes:
-    what the forward's quantized output is rebuilt with from its flat buffers.
-
-    Computed at trace time (quantizers are graph constants: their methods cannot be
-    traced), exactly as ``linear_forward_spec`` describes the output.
-    """
-    wrapper = quantizer.with_internal(False)
-    cls = wrapper.wrapper_cls
-    return cls, cls._expected_names(wrapper.rowwise_usage, wrapper.columnwise_usage), wrapper
-
-
-def _compiled_linear(args: LinearFwdArgs) -> Any:
-    flat = linear_fwd(*flatten_linear_fwd_args(args))
-    if not (args.fp8_output and args.output_quantizer is not None):
-        return flat[0]
-    # A quantized output spans several flat buffers (see linear_forward_spec).
-    cls, names, quantizer = _quantized_output_layout(args.output_quantizer)
-    shape = linear_output_shape(args)
-    inner = dict(zip(names, flat, strict=False))
-    return cls(inner, quantizer=quantizer, dtype=args.activation_dtype, shape=shape)
 
 
 def _workspace_fits(args: LinearFwdArgs) -> bool:
@@ -309,14 +248,12 @@ class Linear(nn.Module):
         if torch.compiler.is_compiling():
             reason = _unsupported_reason(args, quantizers)
             if reason is None:
-                return _compiled_linear(args)
+                (out,) = linear_compiled(args)
+                return out
             return run_eagerly(reason, self._eager, args)
         return self._eager(args)
 
     def _eager(self, args: LinearFwdArgs) -> Any:
-        # The generated flatten checks every field (``LinearFwdArgs.<field>: expected
-        # ..., got ...``) as the compiled path does; a few microseconds per call.
-        flatten_linear_fwd_args(args)
         if args.tp_group is not None:
             # What the compiled path's unflatten does: the group must still be registered.
             registered_group(args.tp_group, "LinearFwdArgs.tp_group")
@@ -327,7 +264,9 @@ class Linear(nn.Module):
         )
         if caching and args.weight_workspace is not None and not _workspace_fits(args):
             args = dataclasses.replace(args, weight_workspace=None)
-        out, made_weight = _eager_linear(args)
+        # The generated eager path checks every field (``LinearFwdArgs.<field>:
+        # expected ..., got ...``) as the compiled path does.
+        (out,), (_, made_weight) = linear_eager(args)
         if caching and args.weight_workspace is None:
             # First microbatch (or a workspace lacking a usage): keep the quantized
             # weight this call made; later microbatches reuse it without quantizing.

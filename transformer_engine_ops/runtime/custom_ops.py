@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .boundary import quantized_slots
+from .boundary import quantized_slots, unpack_tensor_or_quantized
 from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes
 from .tensor_spec import TensorSpec, to_tensor_spec
 
@@ -114,39 +114,61 @@ def split_result(
     return assemble(out_specs, flat[:n_out]), assemble(saved_specs, flat[n_out:])
 
 
-def pack_grads(
-    grads: Sequence[torch.Tensor | None], device: torch.device | None
-) -> list[torch.Tensor]:
-    return [none_sentinel(device) if g is None else g.contiguous() for g in grads]
+def _flat_grads(grads: Sequence[Any], device: torch.device | None) -> list[torch.Tensor]:
+    flat: list[torch.Tensor] = []
+    for g in grads:
+        if isinstance(g, list | tuple):  # a ``List[Tensor]`` gradient field: one per element
+            flat += [none_sentinel(device) if e is None else e.contiguous() for e in g]
+        else:
+            flat.append(none_sentinel(device) if g is None else g.contiguous())
+    return flat
 
 
-def fake_grads(
-    grad_specs: Sequence[TensorSpec | None], device: torch.device | None
-) -> list[torch.Tensor]:
-    return [none_sentinel(device) if s is None else s.create_tensor() for s in grad_specs]
+def pack_grads(grads: Sequence[Any], device: torch.device | None) -> list[torch.Tensor]:
+    """A backward's gradients as one flat list (a list gradient spreads over its elements)."""
+    return _flat_grads(grads, device)
+
+
+def fake_grads(grad_specs: Sequence[Any], device: torch.device | None) -> list[torch.Tensor]:
+    flat: list[torch.Tensor] = []
+    for s in grad_specs:
+        for e in s if isinstance(s, list | tuple) else (s,):
+            flat.append(none_sentinel(device) if e is None else e.create_tensor())
+    return flat
 
 
 # --- autograd context -------------------------------------------------------------
 
 
-def save_backward_slots(ctx: Any, slots: Sequence[Any]) -> None:
-    """Keep the backward op's slots on ``ctx``; tensors go through save_for_backward."""
+def save_backward_slots(
+    ctx: Any, slots: Sequence[Any], tensor_list_slots: tuple[int, ...] | None = None
+) -> None:
+    """Keep the backward op's slots on ``ctx``; tensors go through save_for_backward.
+
+    ``tensor_list_slots`` are the ``Tensor[]`` slots (their elements are saved one by
+    one); every other slot is a tensor, None or a plain value. Without it, non-empty
+    lists of tensors are taken for ``Tensor[]`` slots.
+    """
+    if tensor_list_slots is None:
+        tensor_list_slots = _tensor_lists(slots)
     tensors: list[torch.Tensor] = []
     layout: list[Any] = []
-    for value in slots:
+    for i, value in enumerate(slots):
         if isinstance(value, torch.Tensor):
             layout.append(("t", len(tensors)))
             tensors.append(value)
-        elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+        elif i in tensor_list_slots and value is not None:
             layout.append(("l", len(tensors), len(value)))
             tensors += value
         else:
             layout.append(("v", value))
     ctx.save_for_backward(*tensors)
-    ctx.backward_layout = layout
+    ctx.backward_layout = tuple(layout)
 
 
 def load_backward_slots(ctx: Any) -> list[Any]:
+    """The slots :func:`save_backward_slots` kept. The context is left intact, so a
+    retained graph may run its backward again (``retain_graph=True``)."""
     tensors = ctx.saved_tensors
     slots: list[Any] = []
     for entry in ctx.backward_layout:
@@ -156,7 +178,6 @@ def load_backward_slots(ctx: Any) -> list[Any]:
             slots.append(list(tensors[entry[1] : entry[1] + entry[2]]))
         else:
             slots.append(entry[1])
-    ctx.backward_layout = None
     return slots
 
 
@@ -241,14 +262,38 @@ def first_device(slots: Sequence[Any]) -> torch.device | None:
     return None
 
 
-def grad_layout(inputs: Sequence[Any], grad_slots: tuple[int, ...]) -> tuple[Any, ...]:
-    """What the backward needs of the forward inputs: the gradient slots' shapes and
-    the length of every ``Tensor[]`` slot (autograd wants a list of grads there)."""
-    shapes = tuple(
-        inputs[i].shape if isinstance(inputs[i], torch.Tensor) else None for i in grad_slots
+def _tensor_lists(slots: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(
+        i
+        for i, v in enumerate(slots)
+        if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v)
     )
-    lists = tuple((i, len(v)) for i, v in enumerate(inputs) if isinstance(v, list))
+
+
+def grad_layout(
+    inputs: Sequence[Any],
+    grad_slots: tuple[int, ...],
+    tensor_list_slots: tuple[int, ...] | None = None,
+) -> tuple[Any, ...]:
+    """What the backward needs of the forward inputs: each gradient slot's shape (a
+    list of element shapes for a ``Tensor[]`` slot) and the length of every non-None
+    ``Tensor[]`` slot (autograd wants a list of gradients there, nothing else does).
+    Generated modules name their ``Tensor[]`` slots; without them, non-empty lists of
+    tensors are taken for ``Tensor[]`` slots (an empty one then gets no gradient list).
+    """
+    if tensor_list_slots is None:
+        tensor_list_slots = _tensor_lists(inputs)
+    shapes = tuple(_shape_of(inputs[i]) for i in grad_slots)
+    lists = tuple((i, len(inputs[i])) for i in tensor_list_slots if inputs[i] is not None)
     return shapes, lists
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, list):
+        return [t.shape for t in value]
+    return None
 
 
 def input_grads(
@@ -257,11 +302,197 @@ def input_grads(
     grads: Sequence[torch.Tensor],
     layout: tuple[Any, ...],
 ) -> tuple[Any, ...]:
-    """One gradient per forward slot: the declared gradient fields' at their slots."""
+    """One gradient per forward slot from the backward op's flat result: the declared
+    gradient fields' at their slots (a ``Tensor[]`` field takes one per element)."""
     shapes, lists = layout
     out: list[Any] = [None] * n_slots
     for slot, length in lists:
         out[slot] = [None] * length
-    for slot, grad, shape in zip(grad_slots, grads, shapes, strict=True):
-        out[slot] = input_grad(grad, shape)
+    cursor = 0
+    for slot, shape in zip(grad_slots, shapes, strict=True):
+        if isinstance(shape, list):
+            n = len(shape)
+            out[slot] = [
+                input_grad(g, s) for g, s in zip(grads[cursor : cursor + n], shape, strict=True)
+            ]
+            cursor += n
+        else:
+            out[slot] = input_grad(grads[cursor], shape)
+            cursor += 1
     return tuple(out)
+
+
+# --- user outputs of a compiled call ----------------------------------------------
+# A forward op returns one flat ``Tensor[]``: user outputs, then saved values, a
+# quantized value spread over its inner buffers. Which buffers form which output is
+# what the kernel that ran last for the op described: the fake kernel when dynamo
+# traces the call (so the compiled graph rebuilds outputs exactly as the fake, that is
+# the op's spec function, describes them), the real kernel otherwise. Each entry is
+# shape-free and hashable, a graph constant: ``("none",)``, ``("tensor",)`` or
+# ``(tag, class, inner names, flatten context)`` with tag ``storage`` or ``wrapper``.
+_OUTPUT_LAYOUTS: dict[str, tuple[tuple[Any, ...], ...]] = {}
+
+
+def _value_layout(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ("none",)
+    if isinstance(value, QuantizedData):
+        names, context = value.__tensor_flatten__()
+        tag = "wrapper" if isinstance(value, torch.Tensor) else "storage"
+        return (tag, type(value), tuple(names), context)
+    return ("tensor",)
+
+
+def _spec_layout(s: TensorSpec | None) -> tuple[Any, ...]:
+    if s is None:
+        return ("none",)
+    if s.quantizer is None:
+        return ("tensor",)
+    internal = s.quantizer.internal
+    cls = s.quantizer.storage_cls if internal else s.quantizer.wrapper_cls
+    return ("storage" if internal else "wrapper", cls, s.inner_names(), s.create_metadata())
+
+
+def record_outputs(qualname: str, outputs: Sequence[Any]) -> None:
+    """Remember how the real kernel's user outputs sit in its flat result."""
+    _OUTPUT_LAYOUTS[qualname] = tuple(_value_layout(v) for v in outputs)
+
+
+def record_output_specs(qualname: str, out_specs: Sequence[TensorSpec | None]) -> None:
+    """Remember how the fake kernel's user outputs sit in its flat result."""
+    _OUTPUT_LAYOUTS[qualname] = tuple(_spec_layout(s) for s in out_specs)
+    # Dynamo reads the layout as a constant. Marked here (a fake runs before dynamo
+    # traces :func:`user_outputs`), not at import: importing torch._dynamo there would
+    # cost every import of a generated module.
+    torch.compiler.assume_constant_result(output_layout)
+
+
+def output_layout(qualname: str) -> tuple[tuple[Any, ...], ...]:
+    """The user-output layout of the op call that just ran (a constant while tracing)."""
+    return _OUTPUT_LAYOUTS[qualname]
+
+
+def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """The user outputs of a forward op's flat result, quantized ones rebuilt."""
+    outputs: list[Any] = []
+    cursor = 0
+    for entry in output_layout(qualname):
+        tag = entry[0]
+        if tag == "none":
+            outputs.append(None)
+            cursor += 1
+        elif tag == "tensor":
+            outputs.append(flat[cursor])
+            cursor += 1
+        else:
+            _, cls, names, context = entry
+            inner = flat[cursor : cursor + len(names)]
+            cursor += len(names)
+            if tag == "storage":
+                outputs.append(cls._from_flat(names, list(inner), context))
+            else:
+                # What ``__tensor_unflatten__`` does, spelled so dynamo traces it (it
+                # cannot trace that classmethod on a tensor subclass).
+                meta = dict(context)
+                buffers = dict(zip(names, inner, strict=False))
+                outputs.append(cls(buffers, quantizer=meta["quantizer"], dtype=meta["dtype"]))
+    return tuple(outputs)
+
+
+# --- the eager path: an autograd.Function straight into the impls -------------------
+
+
+def save_values(ctx: Any, values: Sequence[Any]) -> None:
+    """Save the tensor-carrying fields of a backward bundle with ``save_for_backward``:
+    every tensor (a quantized value as its inner buffers), so saved-tensor hooks
+    (``save_on_cpu``, checkpointing, memory tools) see all of them."""
+    tensors: list[torch.Tensor] = []
+    layout: list[Any] = []
+    for value in values:
+        if value is None:
+            layout.append(None)
+        elif isinstance(value, list | tuple):
+            layout.append(("l", tuple(_save(item, tensors) for item in value)))
+        else:
+            layout.append(_save(value, tensors))
+    ctx.save_for_backward(*tensors)
+    ctx.saved_layout = tuple(layout)
+
+
+def _save(value: Any, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+    if isinstance(value, QuantizedData):
+        _, inner, meta = quantized_slots(value)
+        tensors += inner
+        return ("q", len(tensors) - len(inner), len(inner), meta)
+    tensors.append(value)
+    return ("t", len(tensors) - 1)
+
+
+def _load(entry: Any, tensors: Sequence[torch.Tensor]) -> Any:
+    if entry[0] == "t":
+        return tensors[entry[1]]
+    _, start, n, meta = entry
+    return unpack_tensor_or_quantized(None, tensors[start : start + n], meta)
+
+
+def load_values(ctx: Any) -> list[Any]:
+    """The values :func:`save_values` saved; the context stays intact (the backward may
+    run again on a retained graph)."""
+    tensors = ctx.saved_tensors
+    values: list[Any] = []
+    for entry in ctx.saved_layout:
+        if entry is None:
+            values.append(None)
+        elif entry[0] == "l":
+            values.append([_load(e, tensors) for e in entry[1]])
+        else:
+            values.append(_load(entry, tensors))
+    return values
+
+
+def eager_inputs(
+    values: Sequence[Any], lists: tuple[bool, ...]
+) -> tuple[tuple[Any, ...], tuple[int | None, ...]]:
+    """The gradient fields' values as ``autograd.Function`` inputs (a list field spread
+    over its elements), and each field's length (None for a single value)."""
+    flat: list[Any] = []
+    lengths: list[int | None] = []
+    for value, is_list in zip(values, lists, strict=True):
+        if is_list:
+            items = [] if value is None else list(value)
+            flat += items
+            lengths.append(len(items))
+        else:
+            flat.append(value)
+            lengths.append(None)
+    return tuple(flat), tuple(lengths)
+
+
+def needs_autograd(inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    )
+
+
+def eager_input_grads(
+    lengths: tuple[int | None, ...], is_tensor: tuple[bool, ...], grads: Sequence[Any]
+) -> tuple[Any, ...]:
+    """``backward_impl``'s gradients, one per ``autograd.Function`` input (None where
+    the input was not a tensor: a None optional field or a bare quantized storage)."""
+    flat: list[Any] = []
+    if len(grads) != len(lengths):
+        raise ValueError(
+            f"backward_impl returned {len(grads)} gradients, but the op declares "
+            f"{len(lengths)} grad_fields"
+        )
+    for n, grad in zip(lengths, grads, strict=True):
+        if n is None:
+            flat.append(grad)
+        else:
+            items = [None] * n if grad is None else list(grad)
+            if len(items) != n:
+                raise ValueError(
+                    f"backward_impl returned {len(items)} gradients for a list of {n} tensors"
+                )
+            flat += items
+    return tuple(g if t else None for g, t in zip(flat, is_tensor, strict=True))

@@ -7,6 +7,7 @@ Generated from the bundles in `tests/codegen/fixtures/every_kind.py`; see SCHEMA
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -36,7 +37,13 @@ FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5)
 # `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
 FORWARD_QUANTIZED_SLOTS = (6, 9)
 BACKWARD_QUANTIZED_SLOTS = ()
+# Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
+# Every `Tensor[]` slot (autograd wants a list of gradients there).
+FORWARD_TENSOR_LIST_SLOTS = (5, 7, 10, 43, 46)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 1)
+# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
+GRAD_FIELD_LISTS = (False, False, False, False, True)
 
 FORWARD_SCHEMA = (
     "("
@@ -361,11 +368,13 @@ def spec_every_kind_bwd_args(*slots: Any) -> EveryKindBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = every_kind_forward(unflatten_every_kind_fwd_args(*slots))
+    _r.record_outputs(FORWARD_OP, outputs)
     return _r.pack_result(outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = every_kind_forward_spec(spec_every_kind_fwd_args(*slots))
+    _r.record_output_specs(FORWARD_OP, outputs)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -383,9 +392,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]
     out_specs, saved_specs = every_kind_forward_spec(spec_every_kind_fwd_args(*inputs))
     _, saved = _r.split_result(out_specs, saved_specs, output)
     backward = every_kind_setup_context(unflatten_every_kind_fwd_args(*inputs), tuple(saved))
-    _r.save_backward_slots(ctx, flatten_every_kind_bwd_args(backward))
+    _r.save_backward_slots(ctx, flatten_every_kind_bwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS)
     ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS)
+    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
 
 
 def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -401,3 +410,71 @@ if every_kind_fwd is not None:
     every_kind_fwd.register_autograd(_backward, setup_context=_setup_context)
 _r.register_quantized_dispatch(every_kind_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(every_kind_bwd, BACKWARD_QUANTIZED_SLOTS)
+
+
+# --- Calling side -------------------------------------------------------------------
+# `call_every_kind` is what a module calls. Eagerly it runs `every_kind_eager` (the impls,
+# no op boundary); under torch.compile, `every_kind_compiled` (the custom ops, one graph
+# node each way).
+
+
+class _EveryKindEager(torch.autograd.Function):
+    """The eager path: `every_kind_forward`, `every_kind_setup_context` and
+    `every_kind_backward` called directly; the backward bundle's tensors are
+    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: EveryKindFwdArgs, made: list[Any], lengths: Any, *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = every_kind_forward(args)
+        backward = every_kind_setup_context(args, saved)
+        _r.save_values(
+            ctx,
+            (backward.saved,),
+        )
+        backward.saved = None
+        ctx.backward_args = backward
+        ctx.lengths = lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        args = copy.copy(ctx.backward_args)
+        (args.saved,) = _r.load_values(ctx)
+        args.grad_outputs = list(grads)
+        input_grads = every_kind_backward(args)
+        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+
+
+def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`(outputs, saved)` of `every_kind_forward(args)`, outputs attached to autograd
+    when a gradient field requires grad. `saved` (what the forward made for the
+    backward) is handed back so a module may cache it (e.g. a quantized weight).
+    Every field is checked as `flatten_every_kind_fwd_args` checks it for the compiled path."""
+    flatten_every_kind_fwd_args(args)
+    inputs, lengths = _r.eager_inputs(
+        (args.x, args.w, args.maybe_x, args.forward_ref, args.xs), GRAD_FIELD_LISTS
+    )
+    if not _r.needs_autograd(inputs):
+        return every_kind_forward(args)
+    made: list[Any] = []
+    outputs = _EveryKindEager.apply(args, made, lengths, *inputs)
+    return outputs, made[0]
+
+
+def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
+    """The user outputs of `teops::every_kind_fwd` on `args`' slots (quantized outputs rebuilt
+    as their class, as the fake kernel describes them)."""
+    flat = every_kind_fwd(*flatten_every_kind_fwd_args(args))
+    return _r.user_outputs(FORWARD_OP, flat)
+
+
+def call_every_kind(args: EveryKindFwdArgs) -> tuple[Any, ...]:
+    """The `every_kind` op's user outputs: through the custom op under torch.compile,
+    straight into the impls otherwise."""
+    if torch.compiler.is_compiling():
+        return every_kind_compiled(args)
+    return every_kind_eager(args)[0]
