@@ -32,23 +32,23 @@ class _Recorder:
     def __init__(self) -> None:
         self.args: Any = None
 
-    def __call__(self, args: Any, n_outputs: int, quantizers: Any = None) -> tuple[Any, ...]:
+    def __call__(self, eager: Any, compiled: Any, args: Any, quantizers: Any) -> tuple[Any, ...]:
         self.args = args
-        return (None,) * n_outputs
+        return (None, None)
 
 
 def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str) -> Any:
     """The forward bundle ``module(x)`` hands its op under ``recipe`` (op not run)."""
     owner: ModuleType = sys.modules[type(module).__module__]
-    recorder, original = _Recorder(), owner._CALL
-    owner._CALL = recorder
+    recorder, original = _Recorder(), owner.call_op
+    owner.call_op = recorder
     factory = RECIPES[recipe]
     context = autocast(recipe=factory()) if factory is not None else contextlib.nullcontext()
     try:
         with context:
             module(x)
     finally:
-        owner._CALL = original
+        owner.call_op = original
     return recorder.args
 
 

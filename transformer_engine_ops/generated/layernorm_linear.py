@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm_linear.py`; 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -35,7 +36,13 @@ FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6)
 # `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
 FORWARD_QUANTIZED_SLOTS = (3,)
 BACKWARD_QUANTIZED_SLOTS = (5, 8)
+# Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
+# Every `Tensor[]` slot (autograd wants a list of gradients there).
+FORWARD_TENSOR_LIST_SLOTS = (4,)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 6, 9)
+# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
+GRAD_FIELD_LISTS = (False, False, False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -481,11 +488,13 @@ def spec_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_linear_forward(unflatten_layer_norm_linear_fwd_args(*slots))
+    _r.record_outputs(FORWARD_OP, outputs)
     return _r.pack_result(outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_linear_forward_spec(spec_layer_norm_linear_fwd_args(*slots))
+    _r.record_output_specs(FORWARD_OP, outputs)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -505,9 +514,11 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]
     backward = layernorm_linear_setup_context(
         unflatten_layer_norm_linear_fwd_args(*inputs), tuple(saved)
     )
-    _r.save_backward_slots(ctx, flatten_layer_norm_linear_bwd_args(backward))
+    _r.save_backward_slots(
+        ctx, flatten_layer_norm_linear_bwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS
+    )
     ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS)
+    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
 
 
 def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -523,3 +534,90 @@ if layernorm_linear_fwd is not None:
     layernorm_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
 _r.register_quantized_dispatch(layernorm_linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
+
+
+# --- Calling side -------------------------------------------------------------------
+# `call_layernorm_linear` is what a module calls. Eagerly it runs `layernorm_linear_eager` (the impls,
+# no op boundary); under torch.compile, `layernorm_linear_compiled` (the custom ops, one graph
+# node each way).
+
+
+class _LayernormLinearEager(torch.autograd.Function):
+    """The eager path: `layernorm_linear_forward`, `layernorm_linear_setup_context` and
+    `layernorm_linear_backward` called directly; the backward bundle's tensors are
+    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: LayerNormLinearFwdArgs, made: list[Any], lengths: Any, *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = layernorm_linear_forward(args)
+        backward = layernorm_linear_setup_context(args, saved)
+        _r.save_values(
+            ctx,
+            (
+                backward.inp,
+                backward.ln_weight,
+                backward.mu,
+                backward.rsigma,
+                backward.inputmat,
+                backward.weight_fp8,
+            ),
+        )
+        backward.inp = None
+        backward.ln_weight = None
+        backward.mu = None
+        backward.rsigma = None
+        backward.inputmat = None
+        backward.weight_fp8 = None
+        ctx.backward_args = backward
+        ctx.lengths = lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        args = copy.copy(ctx.backward_args)
+        (
+            args.inp,
+            args.ln_weight,
+            args.mu,
+            args.rsigma,
+            args.inputmat,
+            args.weight_fp8,
+        ) = _r.load_values(ctx)
+        args.grad_outputs = list(grads)
+        input_grads = layernorm_linear_backward(args)
+        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+
+
+def layernorm_linear_eager(args: LayerNormLinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`(outputs, saved)` of `layernorm_linear_forward(args)`, outputs attached to autograd
+    when a gradient field requires grad. `saved` (what the forward made for the
+    backward) is handed back so a module may cache it (e.g. a quantized weight).
+    Every field is checked as `flatten_layer_norm_linear_fwd_args` checks it for the compiled path."""
+    flatten_layer_norm_linear_fwd_args(args)
+    inputs, lengths = _r.eager_inputs(
+        (args.inp, args.ln_weight, args.ln_bias, args.weight, args.bias), GRAD_FIELD_LISTS
+    )
+    if not _r.needs_autograd(inputs):
+        return layernorm_linear_forward(args)
+    made: list[Any] = []
+    outputs = _LayernormLinearEager.apply(args, made, lengths, *inputs)
+    return outputs, made[0]
+
+
+def layernorm_linear_compiled(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+    """The user outputs of `teops::layernorm_linear_fwd` on `args`' slots (quantized outputs rebuilt
+    as their class, as the fake kernel describes them)."""
+    flat = layernorm_linear_fwd(*flatten_layer_norm_linear_fwd_args(args))
+    return _r.user_outputs(FORWARD_OP, flat)
+
+
+def call_layernorm_linear(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+    """The `layernorm_linear` op's user outputs: through the custom op under torch.compile,
+    straight into the impls otherwise."""
+    if torch.compiler.is_compiling():
+        return layernorm_linear_compiled(args)
+    return layernorm_linear_eager(args)[0]

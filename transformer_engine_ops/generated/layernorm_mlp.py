@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm_mlp.py`; see
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -35,7 +36,13 @@ FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6, 7, 10)
 # `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
 FORWARD_QUANTIZED_SLOTS = (3, 7)
 BACKWARD_QUANTIZED_SLOTS = (5, 8, 13, 16)
+# Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
+# Every `Tensor[]` slot (autograd wants a list of gradients there).
+FORWARD_TENSOR_LIST_SLOTS = (4, 8)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 6, 9, 14, 17)
+# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
+GRAD_FIELD_LISTS = (False, False, False, False, False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -706,11 +713,13 @@ def spec_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_mlp_forward(unflatten_layer_norm_mlpfwd_args(*slots))
+    _r.record_outputs(FORWARD_OP, outputs)
     return _r.pack_result(outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_mlp_forward_spec(spec_layer_norm_mlpfwd_args(*slots))
+    _r.record_output_specs(FORWARD_OP, outputs)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -728,9 +737,11 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]
     out_specs, saved_specs = layernorm_mlp_forward_spec(spec_layer_norm_mlpfwd_args(*inputs))
     _, saved = _r.split_result(out_specs, saved_specs, output)
     backward = layernorm_mlp_setup_context(unflatten_layer_norm_mlpfwd_args(*inputs), tuple(saved))
-    _r.save_backward_slots(ctx, flatten_layer_norm_mlpbwd_args(backward))
+    _r.save_backward_slots(
+        ctx, flatten_layer_norm_mlpbwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS
+    )
     ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS)
+    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
 
 
 def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -746,3 +757,108 @@ if layernorm_mlp_fwd is not None:
     layernorm_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
 _r.register_quantized_dispatch(layernorm_mlp_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
+
+
+# --- Calling side -------------------------------------------------------------------
+# `call_layernorm_mlp` is what a module calls. Eagerly it runs `layernorm_mlp_eager` (the impls,
+# no op boundary); under torch.compile, `layernorm_mlp_compiled` (the custom ops, one graph
+# node each way).
+
+
+class _LayernormMlpEager(torch.autograd.Function):
+    """The eager path: `layernorm_mlp_forward`, `layernorm_mlp_setup_context` and
+    `layernorm_mlp_backward` called directly; the backward bundle's tensors are
+    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: LayerNormMLPFwdArgs, made: list[Any], lengths: Any, *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = layernorm_mlp_forward(args)
+        backward = layernorm_mlp_setup_context(args, saved)
+        _r.save_values(
+            ctx,
+            (
+                backward.inp,
+                backward.ln_weight,
+                backward.mu,
+                backward.rsigma,
+                backward.fc1_inputmat,
+                backward.fc1_weight_fp8,
+                backward.fc1_out,
+                backward.fc2_inputmat,
+                backward.fc2_weight_fp8,
+            ),
+        )
+        backward.inp = None
+        backward.ln_weight = None
+        backward.mu = None
+        backward.rsigma = None
+        backward.fc1_inputmat = None
+        backward.fc1_weight_fp8 = None
+        backward.fc1_out = None
+        backward.fc2_inputmat = None
+        backward.fc2_weight_fp8 = None
+        ctx.backward_args = backward
+        ctx.lengths = lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        args = copy.copy(ctx.backward_args)
+        (
+            args.inp,
+            args.ln_weight,
+            args.mu,
+            args.rsigma,
+            args.fc1_inputmat,
+            args.fc1_weight_fp8,
+            args.fc1_out,
+            args.fc2_inputmat,
+            args.fc2_weight_fp8,
+        ) = _r.load_values(ctx)
+        args.grad_outputs = list(grads)
+        input_grads = layernorm_mlp_backward(args)
+        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+
+
+def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`(outputs, saved)` of `layernorm_mlp_forward(args)`, outputs attached to autograd
+    when a gradient field requires grad. `saved` (what the forward made for the
+    backward) is handed back so a module may cache it (e.g. a quantized weight).
+    Every field is checked as `flatten_layer_norm_mlpfwd_args` checks it for the compiled path."""
+    flatten_layer_norm_mlpfwd_args(args)
+    inputs, lengths = _r.eager_inputs(
+        (
+            args.inp,
+            args.ln_weight,
+            args.ln_bias,
+            args.fc1_weight,
+            args.fc1_bias,
+            args.fc2_weight,
+            args.fc2_bias,
+        ),
+        GRAD_FIELD_LISTS,
+    )
+    if not _r.needs_autograd(inputs):
+        return layernorm_mlp_forward(args)
+    made: list[Any] = []
+    outputs = _LayernormMlpEager.apply(args, made, lengths, *inputs)
+    return outputs, made[0]
+
+
+def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
+    """The user outputs of `teops::layernorm_mlp_fwd` on `args`' slots (quantized outputs rebuilt
+    as their class, as the fake kernel describes them)."""
+    flat = layernorm_mlp_fwd(*flatten_layer_norm_mlpfwd_args(args))
+    return _r.user_outputs(FORWARD_OP, flat)
+
+
+def call_layernorm_mlp(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
+    """The `layernorm_mlp` op's user outputs: through the custom op under torch.compile,
+    straight into the impls otherwise."""
+    if torch.compiler.is_compiling():
+        return layernorm_mlp_compiled(args)
+    return layernorm_mlp_eager(args)[0]

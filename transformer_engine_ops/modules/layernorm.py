@@ -15,12 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated import layernorm as _generated
+from ..generated.layernorm import layernorm_compiled, layernorm_eager
 from ..ops.layernorm import LayerNormFwdArgs
 from ._base import ExtraStateMixin
-from ._call import OpCall
-
-_CALL = OpCall(_generated, "layernorm", _generated.flatten_layer_norm_fwd_args)
+from ._call import call_op
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -108,7 +106,7 @@ class _Norm(ExtraStateMixin, nn.Module):
             zero_centered_gamma=self.zero_centered_gamma,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        return _CALL(args, 1)[0]
+        return call_op(layernorm_eager, layernorm_compiled, args, None)[0]
 
     def extra_repr(self) -> str:
         return (

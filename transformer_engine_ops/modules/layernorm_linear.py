@@ -13,15 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated import layernorm_linear as _generated
+from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
-from ._call import OpCall
+from ._call import call_op
 from .autocast import STATE
 from .linear import _check_parallelism
 
-_CALL = OpCall(_generated, "layernorm_linear", _generated.flatten_layer_norm_linear_fwd_args)
 _GEMM = GemmConfig()
 
 
@@ -187,7 +186,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             out_features=self.out_features,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        outputs = _CALL(args, 2 if self.return_layernorm_output else 1, q)
+        outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
         out = outputs[0]
         extra: tuple[Any, ...] = ()
         if self.return_bias:

@@ -16,16 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated import layernorm_mlp as _generated
+from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
 from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
-from ._call import OpCall
+from ._call import call_op
 from .autocast import STATE
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
 
-_CALL = OpCall(_generated, "layernorm_mlp", _generated.flatten_layer_norm_mlpfwd_args)
 _GEMM = GemmConfig()
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
@@ -192,7 +191,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             ffn_hidden_size=self.ffn_hidden_size,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        outputs = _CALL(args, 2 if self.return_layernorm_output else 1, q)
+        outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, q)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
             extra += (None if self.fc2_bias is None else self.fc2_bias.to(dtype),)
