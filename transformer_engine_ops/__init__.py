@@ -1,7 +1,7 @@
 """Transformer Engine style modules under ``torch.compile(fullgraph=True)``.
 
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
-``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.LayerNorm``, ``te.RMSNorm``,
+``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.LayerNorm``, ``te.RMSNorm``,
 ``te.autocast``, ``te.quantized_model_init`` and the recipes in ``te.recipe``.
 
 The names resolve on first use (PEP 562): importing a subpackage
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from . import recipe
     from .modules import (
+        GroupedLinear,
         LayerNorm,
         LayerNormLinear,
         LayerNormMLP,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "GroupedLinear": ".modules",
     "LayerNorm": ".modules",
     "LayerNormLinear": ".modules",
     "LayerNormMLP": ".modules",
@@ -38,6 +40,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "GroupedLinear",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",

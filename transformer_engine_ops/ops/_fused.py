@@ -16,6 +16,7 @@ from transformer_engine_ops.ops.linear import (
     LinearBwdArgs,
     LinearFwdArgs,
     _forward_plan,
+    _internal,
 )
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
@@ -146,3 +147,20 @@ def linear_backward_stage(
         wgrad_store=None,
         main_grad_func=None,
     )
+
+
+def quantized_for_backward(args: LinearFwdArgs) -> tuple[Any, Any]:
+    """What ``linear_forward(args)`` saves for the backward (the quantized input and
+    weight, None where it saves nothing), made without running the GEMM: for ops that
+    keep the original input and re-quantize it in the backward (TE's
+    ``save_original_input``). Not for tensor-parallel stages."""
+    plan = _forward_plan(args)
+    dtype = args.activation_dtype
+    saved_input = saved_weight = None
+    if plan.save_input is not None:
+        x = args.inp.reshape(-1, args.inp.shape[-1]).to(dtype)
+        saved_input = _internal(args.input_quantizer, plan.save_input).quantize(x)
+    if plan.quantize_weight is not None:
+        w = args.weight.to(dtype)
+        saved_weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(w)
+    return saved_input, saved_weight
