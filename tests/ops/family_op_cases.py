@@ -37,8 +37,8 @@ class _Recorder:
         return (None, None)
 
 
-def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str) -> Any:
-    """The forward bundle ``module(x)`` hands its op under ``recipe`` (op not run)."""
+def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str, *extra: Any) -> Any:
+    """The forward bundle ``module(x, *extra)`` hands its op under ``recipe`` (op not run)."""
     owner: ModuleType = sys.modules[type(module).__module__]
     recorder, original = _Recorder(), owner.call_op
     owner.call_op = recorder
@@ -46,7 +46,7 @@ def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str) -> Any
     context = autocast(recipe=factory()) if factory is not None else contextlib.nullcontext()
     try:
         with context:
-            module(x)
+            module(x, *extra)
     finally:
         owner.call_op = original
     return recorder.args
@@ -56,6 +56,8 @@ def _detached(value: Any) -> Any:
     # The backward op runs inside autograd's backward: its inputs carry no graph.
     if isinstance(value, torch.Tensor):
         return value.detach()
+    if isinstance(value, list):
+        return [_detached(v) for v in value]
     return value
 
 
@@ -85,5 +87,6 @@ def check_fake_layouts(
     assert _layout(fake) == _layout(real)
     bwd = backward_bundle(g, name, fwd)
     real, fake = _real_and_fake(getattr(g, f"{name}_bwd"), flatten_bwd(bwd))
-    assert len(real) == len(fake) == len(g.GRAD_FIELDS)
+    # One flat gradient per plain field, one per element of a list field.
+    assert len(real) == len(fake) >= len(g.GRAD_FIELDS)
     assert _layout(fake) == _layout(real)
