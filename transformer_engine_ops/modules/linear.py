@@ -21,7 +21,6 @@ from ..ops.linear import LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
-from ..runtime.opaque import quantizer_compile_limitation, value_type_registration_error
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import reject_unimplemented
@@ -39,10 +38,8 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
-# Decided once at import: on a torch whose opaque-object API refused our types, or
-# that could not define the ops, every compiled call runs eagerly with this reason.
-_REGISTRATION_PROBLEM = registration_error() or value_type_registration_error()
-_QUANTIZER_LIMITATION = quantizer_compile_limitation()
+# Decided once at import: on a torch that could not define the ops, every compiled call runs eagerly with this reason.
+_REGISTRATION_PROBLEM = registration_error()
 
 
 def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
@@ -51,8 +48,6 @@ def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None
         return _REGISTRATION_PROBLEM
     if quantizers is not None and quantizers.compile_blocker is not None:
         return quantizers.compile_blocker
-    if quantizers is not None and _QUANTIZER_LIMITATION is not None:
-        return _QUANTIZER_LIMITATION
     if isinstance(args.inp, QuantizedData):
         return "a quantized input tensor"
     if args.fp8_output and args.is_grad_enabled:

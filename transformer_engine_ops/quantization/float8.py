@@ -142,6 +142,20 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         if not self.amax_epsilon >= 0.0:
             raise ValueError(f"{type(self).__name__}: amax_epsilon must be >= 0")
 
+    def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        from . import cuda_kernels  # fused Triton kernels; same bits as the reference
+
+        if cuda_kernels.eligible(x):
+            return cuda_kernels.fp8_current_scaling_quantize(
+                x,
+                self.fp8_dtype,
+                epsilon=self.amax_epsilon,
+                force_pow_2=self.force_pow_2_scales,
+                rowwise=self.rowwise_usage,
+                columnwise=self.columnwise_usage,
+            )
+        return super()._quantize_impl(x)
+
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(
             tensor_amax(x),

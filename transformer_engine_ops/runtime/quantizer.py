@@ -2,8 +2,8 @@
 
 A quantizer's configuration is its identity: concrete quantizers are frozen dataclasses
 whose fields are the config, so equality and hashing come from the fields, and the
-registered value-opaque base lets torch.compile bake a quantizer into a graph as a
-constant. A quantized value exists in two forms sharing one implementation
+boundary codec (runtime/codec.py) lets a quantizer cross an op boundary as one guarded
+constant string. A quantized value exists in two forms sharing one implementation
 (:class:`QuantizedData`): a bare :class:`QuantizedStorage` (not a tensor; cheap, for
 internal use) and a :class:`QuantizedTensor` wrapper subclass (for parameters and
 outputs). Each format lists its inner buffers once, in flatten order.
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from .opaque import OpaqueBase, register_value_type
+from . import codec
 
 __all__ = [
     "InnerLayout",
@@ -42,9 +42,10 @@ SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _fx_value_repr(value: Any, owner: str, name: str) -> str:
-    if value is None or isinstance(value, (bool, int, str)):
+    # Exact built-in types only: an IntEnum member is an int whose repr is not code.
+    if value is None or type(value) in (bool, int, str):
         return repr(value)
-    if isinstance(value, float):
+    if type(value) is float:
         if value != value or value in (float("inf"), float("-inf")):
             return f"float({str(value)!r})"
         return repr(value)
@@ -54,7 +55,7 @@ def _fx_value_repr(value: Any, owner: str, name: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Quantizer(OpaqueBase):
+class Quantizer:
     """Abstract base of all quantizers; a quantizer is an immutable configuration value.
 
     ``rowwise_usage``/``columnwise_usage`` choose which layouts ``quantize`` produces;
@@ -73,12 +74,19 @@ class Quantizer(OpaqueBase):
     # Human-readable format name used in error messages ("MXFP8", "NVFP4", ...).
     format_name: ClassVar[str] = "quantized"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        codec.register(cls)
+
     def __post_init__(self) -> None:
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError(
                 f"{type(self).__name__}: at least one of rowwise_usage and "
                 "columnwise_usage must be True"
             )
+        # The boundary text (see runtime/codec.py), once per object: a compiled graph
+        # reads it as a guarded constant and never traces the encoder.
+        codec.code_of(self)
 
     # ----- value semantics -----
 
@@ -177,9 +185,6 @@ class Quantizer(OpaqueBase):
         return self.wrapper_cls(
             inner, quantizer=self, dtype=dtype, shape=shape, requires_grad=requires_grad
         )
-
-
-register_value_type(Quantizer)
 
 
 def value_opaque_reason(q: Quantizer) -> Optional[str]:
