@@ -53,14 +53,14 @@ FORWARD_SCHEMA = (
     ", bool input_requires_grad"
     ", bool weights_requires_grad"
     ", bool biases_requires_grad"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] input_quantizers"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] weight_quantizers"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] grad_output_quantizers"
+    ", str?[] input_quantizers"
+    ", str?[] weight_quantizers"
+    ", str?[] grad_output_quantizers"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig fprop_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str fprop_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", SymInt num_gemms"
     ", SymInt in_features"
     ", SymInt out_features"
@@ -75,35 +75,14 @@ FORWARD_SLOTS = (
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("weights_requires_grad", "scalar", "weights_requires_grad", "bool"),
     _b.SlotRow("biases_requires_grad", "scalar", "biases_requires_grad", "bool"),
-    _b.SlotRow(
-        "input_quantizers",
-        "quantizer list",
-        "input_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
-    _b.SlotRow(
-        "weight_quantizers",
-        "quantizer list",
-        "weight_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizers",
-        "quantizer list",
-        "grad_output_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
+    _b.SlotRow("input_quantizers", "quantizer list", "input_quantizers", "str?[]"),
+    _b.SlotRow("weight_quantizers", "quantizer list", "weight_quantizers", "str?[]"),
+    _b.SlotRow("grad_output_quantizers", "quantizer list", "grad_output_quantizers", "str?[]"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "fprop_gemm", "value", "fprop_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("num_gemms", "scalar", "num_gemms", "SymInt"),
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
@@ -120,14 +99,14 @@ BACKWARD_SCHEMA = (
     ", bool requires_wgrad"
     ", bool requires_bgrad"
     ", bool has_biases"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] input_quantizers"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] weight_quantizers"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] grad_output_quantizers"
+    ", str?[] input_quantizers"
+    ", str?[] weight_quantizers"
+    ", str?[] grad_output_quantizers"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig fprop_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str fprop_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", SymInt num_gemms"
     ", SymInt in_features"
     ", SymInt out_features"
@@ -142,35 +121,14 @@ BACKWARD_SLOTS = (
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
     _b.SlotRow("requires_bgrad", "scalar", "requires_bgrad", "bool"),
     _b.SlotRow("has_biases", "scalar", "has_biases", "bool"),
-    _b.SlotRow(
-        "input_quantizers",
-        "quantizer list",
-        "input_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
-    _b.SlotRow(
-        "weight_quantizers",
-        "quantizer list",
-        "weight_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizers",
-        "quantizer list",
-        "grad_output_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
+    _b.SlotRow("input_quantizers", "quantizer list", "input_quantizers", "str?[]"),
+    _b.SlotRow("weight_quantizers", "quantizer list", "weight_quantizers", "str?[]"),
+    _b.SlotRow("grad_output_quantizers", "quantizer list", "grad_output_quantizers", "str?[]"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "fprop_gemm", "value", "fprop_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("num_gemms", "scalar", "num_gemms", "SymInt"),
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
@@ -187,16 +145,16 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         _b.check(args.input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
         _b.check(args.weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
         _b.check(args.biases_requires_grad, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
-        _b.object_list(args.input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
-        _b.object_list(args.weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
-        _b.object_list(
+        _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
+        _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
+        _b.code_list(
             args.grad_output_quantizers, Quantizer, "GroupedLinearFwdArgs.grad_output_quantizers"
         ),
         _b.check(args.activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "GroupedLinearFwdArgs.fp8"),
-        _b.check(args.fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
-        _b.check(args.dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
+        _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
         _b.check(args.num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
         _b.check(args.in_features, _b.INT, "GroupedLinearFwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
@@ -215,14 +173,14 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         input_requires_grad=slot(),
         weights_requires_grad=slot(),
         biases_requires_grad=slot(),
-        input_quantizers=list(slot()),
-        weight_quantizers=list(slot()),
-        grad_output_quantizers=list(slot()),
+        input_quantizers=_b.decode_list(slot()),
+        weight_quantizers=_b.decode_list(slot()),
+        grad_output_quantizers=_b.decode_list(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        fprop_gemm=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        fprop_gemm=_b.decode(slot()),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         num_gemms=slot(),
         in_features=slot(),
         out_features=slot(),
@@ -241,16 +199,16 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         _b.check(args.requires_wgrad, bool, "GroupedLinearBwdArgs.requires_wgrad"),
         _b.check(args.requires_bgrad, bool, "GroupedLinearBwdArgs.requires_bgrad"),
         _b.check(args.has_biases, bool, "GroupedLinearBwdArgs.has_biases"),
-        _b.object_list(args.input_quantizers, Quantizer, "GroupedLinearBwdArgs.input_quantizers"),
-        _b.object_list(args.weight_quantizers, Quantizer, "GroupedLinearBwdArgs.weight_quantizers"),
-        _b.object_list(
+        _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearBwdArgs.input_quantizers"),
+        _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearBwdArgs.weight_quantizers"),
+        _b.code_list(
             args.grad_output_quantizers, Quantizer, "GroupedLinearBwdArgs.grad_output_quantizers"
         ),
         _b.check(args.activation_dtype, torch.dtype, "GroupedLinearBwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "GroupedLinearBwdArgs.fp8"),
-        _b.check(args.fprop_gemm, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
-        _b.check(args.dgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
+        _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
         _b.check(args.num_gemms, _b.INT, "GroupedLinearBwdArgs.num_gemms"),
         _b.check(args.in_features, _b.INT, "GroupedLinearBwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "GroupedLinearBwdArgs.out_features"),
@@ -269,14 +227,14 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
         requires_wgrad=slot(),
         requires_bgrad=slot(),
         has_biases=slot(),
-        input_quantizers=list(slot()),
-        weight_quantizers=list(slot()),
-        grad_output_quantizers=list(slot()),
+        input_quantizers=_b.decode_list(slot()),
+        weight_quantizers=_b.decode_list(slot()),
+        grad_output_quantizers=_b.decode_list(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        fprop_gemm=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        fprop_gemm=_b.decode(slot()),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         num_gemms=slot(),
         in_features=slot(),
         out_features=slot(),

@@ -51,7 +51,7 @@ FORWARD_SCHEMA = (
     ", Tensor? ln_bias"
     ", Tensor? weight"
     ", Tensor[] weight__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta weight__meta"
+    ", str weight__meta"
     ", Tensor? bias"
     ", bool input_requires_grad"
     ", bool ln_weight_requires_grad"
@@ -62,17 +62,17 @@ FORWARD_SCHEMA = (
     ", float eps"
     ", bool zero_centered_gamma"
     ", bool return_layernorm_output"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? output_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig fprop_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str fprop_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", str? parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -88,12 +88,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("ln_bias", "tensor", "ln_bias", "Tensor?"),
     _b.SlotRow("weight", "tensor-or-quantized", "weight", "Tensor?"),
     _b.SlotRow("weight", "tensor-or-quantized", "weight__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weight",
-        "tensor-or-quantized",
-        "weight__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("weight", "tensor-or-quantized", "weight__meta", "str"),
     _b.SlotRow("bias", "tensor", "bias", "Tensor?"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("ln_weight_requires_grad", "scalar", "ln_weight_requires_grad", "bool"),
@@ -104,53 +99,17 @@ FORWARD_SLOTS = (
     _b.SlotRow("eps", "scalar", "eps", "float"),
     _b.SlotRow("zero_centered_gamma", "scalar", "zero_centered_gamma", "bool"),
     _b.SlotRow("return_layernorm_output", "scalar", "return_layernorm_output", "bool"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "output_quantizer",
-        "quantizer",
-        "output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("output_quantizer", "quantizer", "output_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "fprop_gemm", "value", "fprop_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -169,10 +128,10 @@ BACKWARD_SCHEMA = (
     ", Tensor? rsigma"
     ", Tensor? inputmat"
     ", Tensor[] inputmat__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta inputmat__meta"
+    ", str inputmat__meta"
     ", Tensor? weight_fp8"
     ", Tensor[] weight_fp8__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta weight_fp8__meta"
+    ", str weight_fp8__meta"
     ", SymInt[] ln_out_shape"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
@@ -183,15 +142,15 @@ BACKWARD_SCHEMA = (
     ", str normalization"
     ", bool zero_centered_gamma"
     ", bool return_layernorm_output"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", str? parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -206,20 +165,10 @@ BACKWARD_SLOTS = (
     _b.SlotRow("rsigma", "tensor", "rsigma", "Tensor?"),
     _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat", "Tensor?"),
     _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat__inner", "Tensor[]"),
-    _b.SlotRow(
-        "inputmat",
-        "tensor-or-quantized",
-        "inputmat__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat__meta", "str"),
     _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8", "Tensor?"),
     _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weight_fp8",
-        "tensor-or-quantized",
-        "weight_fp8__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8__meta", "str"),
     _b.SlotRow("ln_out_shape", "size", "ln_out_shape", "SymInt[]"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
@@ -230,44 +179,15 @@ BACKWARD_SLOTS = (
     _b.SlotRow("normalization", "literal", "normalization", "str"),
     _b.SlotRow("zero_centered_gamma", "scalar", "zero_centered_gamma", "bool"),
     _b.SlotRow("return_layernorm_output", "scalar", "return_layernorm_output", "bool"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -298,29 +218,27 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.check(
             args.return_layernorm_output, bool, "LayerNormLinearFwdArgs.return_layernorm_output"
         ),
-        _b.check_optional(
-            args.input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"
-        ),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"),
+        _b.optional_code(
             args.weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormLinearFwdArgs.fp8"),
-        _b.check(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
-        _b.check(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
+        _b.code(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormLinearFwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
@@ -349,17 +267,17 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         eps=slot(),
         zero_centered_gamma=slot(),
         return_layernorm_output=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        output_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        output_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        fprop_gemm=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        fprop_gemm=_b.decode(slot()),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LayerNormLinearFwdArgs.tp_group"),
         tp_size=slot(),
@@ -396,25 +314,23 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         _b.check(
             args.return_layernorm_output, bool, "LayerNormLinearBwdArgs.return_layernorm_output"
         ),
-        _b.check_optional(
-            args.input_quantizer, Quantizer, "LayerNormLinearBwdArgs.input_quantizer"
-        ),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearBwdArgs.input_quantizer"),
+        _b.optional_code(
             args.weight_quantizer, Quantizer, "LayerNormLinearBwdArgs.weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_output_quantizer"
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearBwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormLinearBwdArgs.fp8"),
-        _b.check(args.dgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormLinearBwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
@@ -443,15 +359,15 @@ def unflatten_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
         normalization=slot(),
         zero_centered_gamma=slot(),
         return_layernorm_output=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LayerNormLinearBwdArgs.tp_group"),
         tp_size=slot(),

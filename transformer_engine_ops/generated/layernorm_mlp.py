@@ -51,11 +51,11 @@ FORWARD_SCHEMA = (
     ", Tensor? ln_bias"
     ", Tensor? fc1_weight"
     ", Tensor[] fc1_weight__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc1_weight__meta"
+    ", str fc1_weight__meta"
     ", Tensor? fc1_bias"
     ", Tensor? fc2_weight"
     ", Tensor[] fc2_weight__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc2_weight__meta"
+    ", str fc2_weight__meta"
     ", Tensor? fc2_bias"
     ", bool input_requires_grad"
     ", bool ln_weight_requires_grad"
@@ -69,23 +69,23 @@ FORWARD_SCHEMA = (
     ", bool zero_centered_gamma"
     ", bool return_layernorm_output"
     ", str activation"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_output_quantizer"
+    ", str? fc1_input_quantizer"
+    ", str? fc1_weight_quantizer"
+    ", str? fc1_output_quantizer"
+    ", str? fc1_grad_input_quantizer"
+    ", str? fc1_grad_weight_quantizer"
+    ", str? fc1_grad_output_quantizer"
+    ", str? fc2_input_quantizer"
+    ", str? fc2_weight_quantizer"
+    ", str? fc2_output_quantizer"
+    ", str? fc2_grad_input_quantizer"
+    ", str? fc2_grad_weight_quantizer"
+    ", str? fc2_grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig fprop_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str fprop_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", bool set_parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -101,21 +101,11 @@ FORWARD_SLOTS = (
     _b.SlotRow("ln_bias", "tensor", "ln_bias", "Tensor?"),
     _b.SlotRow("fc1_weight", "tensor-or-quantized", "fc1_weight", "Tensor?"),
     _b.SlotRow("fc1_weight", "tensor-or-quantized", "fc1_weight__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc1_weight",
-        "tensor-or-quantized",
-        "fc1_weight__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc1_weight", "tensor-or-quantized", "fc1_weight__meta", "str"),
     _b.SlotRow("fc1_bias", "tensor", "fc1_bias", "Tensor?"),
     _b.SlotRow("fc2_weight", "tensor-or-quantized", "fc2_weight", "Tensor?"),
     _b.SlotRow("fc2_weight", "tensor-or-quantized", "fc2_weight__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc2_weight",
-        "tensor-or-quantized",
-        "fc2_weight__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc2_weight", "tensor-or-quantized", "fc2_weight__meta", "str"),
     _b.SlotRow("fc2_bias", "tensor", "fc2_bias", "Tensor?"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("ln_weight_requires_grad", "scalar", "ln_weight_requires_grad", "bool"),
@@ -129,89 +119,23 @@ FORWARD_SLOTS = (
     _b.SlotRow("zero_centered_gamma", "scalar", "zero_centered_gamma", "bool"),
     _b.SlotRow("return_layernorm_output", "scalar", "return_layernorm_output", "bool"),
     _b.SlotRow("activation", "literal", "activation", "str"),
-    _b.SlotRow(
-        "fc1_input_quantizer",
-        "quantizer",
-        "fc1_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_weight_quantizer",
-        "quantizer",
-        "fc1_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_output_quantizer",
-        "quantizer",
-        "fc1_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_input_quantizer",
-        "quantizer",
-        "fc1_grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_weight_quantizer",
-        "quantizer",
-        "fc1_grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_output_quantizer",
-        "quantizer",
-        "fc1_grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_input_quantizer",
-        "quantizer",
-        "fc2_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_weight_quantizer",
-        "quantizer",
-        "fc2_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_output_quantizer",
-        "quantizer",
-        "fc2_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_input_quantizer",
-        "quantizer",
-        "fc2_grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_weight_quantizer",
-        "quantizer",
-        "fc2_grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_output_quantizer",
-        "quantizer",
-        "fc2_grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("fc1_input_quantizer", "quantizer", "fc1_input_quantizer", "str?"),
+    _b.SlotRow("fc1_weight_quantizer", "quantizer", "fc1_weight_quantizer", "str?"),
+    _b.SlotRow("fc1_output_quantizer", "quantizer", "fc1_output_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_input_quantizer", "quantizer", "fc1_grad_input_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_weight_quantizer", "quantizer", "fc1_grad_weight_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_output_quantizer", "quantizer", "fc1_grad_output_quantizer", "str?"),
+    _b.SlotRow("fc2_input_quantizer", "quantizer", "fc2_input_quantizer", "str?"),
+    _b.SlotRow("fc2_weight_quantizer", "quantizer", "fc2_weight_quantizer", "str?"),
+    _b.SlotRow("fc2_output_quantizer", "quantizer", "fc2_output_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_input_quantizer", "quantizer", "fc2_grad_input_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_weight_quantizer", "quantizer", "fc2_grad_weight_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_output_quantizer", "quantizer", "fc2_grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "fprop_gemm", "value", "fprop_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("set_parallel_mode", "scalar", "set_parallel_mode", "bool"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -230,18 +154,18 @@ BACKWARD_SCHEMA = (
     ", Tensor? rsigma"
     ", Tensor? fc1_inputmat"
     ", Tensor[] fc1_inputmat__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc1_inputmat__meta"
+    ", str fc1_inputmat__meta"
     ", Tensor? fc1_weight_fp8"
     ", Tensor[] fc1_weight_fp8__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc1_weight_fp8__meta"
+    ", str fc1_weight_fp8__meta"
     ", SymInt[] ln_out_shape"
     ", Tensor? fc1_out"
     ", Tensor? fc2_inputmat"
     ", Tensor[] fc2_inputmat__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc2_inputmat__meta"
+    ", str fc2_inputmat__meta"
     ", Tensor? fc2_weight_fp8"
     ", Tensor[] fc2_weight_fp8__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta fc2_weight_fp8__meta"
+    ", str fc2_weight_fp8__meta"
     ", SymInt[] act_shape"
     ", bool fc1_requires_dgrad"
     ", bool fc1_requires_wgrad"
@@ -256,20 +180,20 @@ BACKWARD_SCHEMA = (
     ", bool zero_centered_gamma"
     ", bool return_layernorm_output"
     ", str activation"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc1_grad_output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? fc2_grad_output_quantizer"
+    ", str? fc1_input_quantizer"
+    ", str? fc1_weight_quantizer"
+    ", str? fc1_grad_input_quantizer"
+    ", str? fc1_grad_weight_quantizer"
+    ", str? fc1_grad_output_quantizer"
+    ", str? fc2_input_quantizer"
+    ", str? fc2_weight_quantizer"
+    ", str? fc2_grad_input_quantizer"
+    ", str? fc2_grad_weight_quantizer"
+    ", str? fc2_grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", bool set_parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -284,38 +208,18 @@ BACKWARD_SLOTS = (
     _b.SlotRow("rsigma", "tensor", "rsigma", "Tensor?"),
     _b.SlotRow("fc1_inputmat", "tensor-or-quantized", "fc1_inputmat", "Tensor?"),
     _b.SlotRow("fc1_inputmat", "tensor-or-quantized", "fc1_inputmat__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc1_inputmat",
-        "tensor-or-quantized",
-        "fc1_inputmat__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc1_inputmat", "tensor-or-quantized", "fc1_inputmat__meta", "str"),
     _b.SlotRow("fc1_weight_fp8", "tensor-or-quantized", "fc1_weight_fp8", "Tensor?"),
     _b.SlotRow("fc1_weight_fp8", "tensor-or-quantized", "fc1_weight_fp8__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc1_weight_fp8",
-        "tensor-or-quantized",
-        "fc1_weight_fp8__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc1_weight_fp8", "tensor-or-quantized", "fc1_weight_fp8__meta", "str"),
     _b.SlotRow("ln_out_shape", "size", "ln_out_shape", "SymInt[]"),
     _b.SlotRow("fc1_out", "tensor", "fc1_out", "Tensor?"),
     _b.SlotRow("fc2_inputmat", "tensor-or-quantized", "fc2_inputmat", "Tensor?"),
     _b.SlotRow("fc2_inputmat", "tensor-or-quantized", "fc2_inputmat__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc2_inputmat",
-        "tensor-or-quantized",
-        "fc2_inputmat__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc2_inputmat", "tensor-or-quantized", "fc2_inputmat__meta", "str"),
     _b.SlotRow("fc2_weight_fp8", "tensor-or-quantized", "fc2_weight_fp8", "Tensor?"),
     _b.SlotRow("fc2_weight_fp8", "tensor-or-quantized", "fc2_weight_fp8__inner", "Tensor[]"),
-    _b.SlotRow(
-        "fc2_weight_fp8",
-        "tensor-or-quantized",
-        "fc2_weight_fp8__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("fc2_weight_fp8", "tensor-or-quantized", "fc2_weight_fp8__meta", "str"),
     _b.SlotRow("act_shape", "size", "act_shape", "SymInt[]"),
     _b.SlotRow("fc1_requires_dgrad", "scalar", "fc1_requires_dgrad", "bool"),
     _b.SlotRow("fc1_requires_wgrad", "scalar", "fc1_requires_wgrad", "bool"),
@@ -330,74 +234,20 @@ BACKWARD_SLOTS = (
     _b.SlotRow("zero_centered_gamma", "scalar", "zero_centered_gamma", "bool"),
     _b.SlotRow("return_layernorm_output", "scalar", "return_layernorm_output", "bool"),
     _b.SlotRow("activation", "literal", "activation", "str"),
-    _b.SlotRow(
-        "fc1_input_quantizer",
-        "quantizer",
-        "fc1_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_weight_quantizer",
-        "quantizer",
-        "fc1_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_input_quantizer",
-        "quantizer",
-        "fc1_grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_weight_quantizer",
-        "quantizer",
-        "fc1_grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc1_grad_output_quantizer",
-        "quantizer",
-        "fc1_grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_input_quantizer",
-        "quantizer",
-        "fc2_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_weight_quantizer",
-        "quantizer",
-        "fc2_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_input_quantizer",
-        "quantizer",
-        "fc2_grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_weight_quantizer",
-        "quantizer",
-        "fc2_grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "fc2_grad_output_quantizer",
-        "quantizer",
-        "fc2_grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("fc1_input_quantizer", "quantizer", "fc1_input_quantizer", "str?"),
+    _b.SlotRow("fc1_weight_quantizer", "quantizer", "fc1_weight_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_input_quantizer", "quantizer", "fc1_grad_input_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_weight_quantizer", "quantizer", "fc1_grad_weight_quantizer", "str?"),
+    _b.SlotRow("fc1_grad_output_quantizer", "quantizer", "fc1_grad_output_quantizer", "str?"),
+    _b.SlotRow("fc2_input_quantizer", "quantizer", "fc2_input_quantizer", "str?"),
+    _b.SlotRow("fc2_weight_quantizer", "quantizer", "fc2_weight_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_input_quantizer", "quantizer", "fc2_grad_input_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_weight_quantizer", "quantizer", "fc2_grad_weight_quantizer", "str?"),
+    _b.SlotRow("fc2_grad_output_quantizer", "quantizer", "fc2_grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("set_parallel_mode", "scalar", "set_parallel_mode", "bool"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -437,55 +287,55 @@ def flatten_layer_norm_mlpfwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]
             ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"),
             "LayerNormMLPFwdArgs.activation",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_weight_quantizer,
             Quantizer,
             "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_output_quantizer,
             Quantizer,
             "LayerNormMLPFwdArgs.fc1_grad_output_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_weight_quantizer,
             Quantizer,
             "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_output_quantizer,
             Quantizer,
             "LayerNormMLPFwdArgs.fc2_grad_output_quantizer",
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormMLPFwdArgs.fp8"),
-        _b.check(args.fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
-        _b.check(args.dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
+        _b.code(args.fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
         _b.check(args.set_parallel_mode, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormMLPFwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
@@ -519,23 +369,23 @@ def unflatten_layer_norm_mlpfwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         zero_centered_gamma=slot(),
         return_layernorm_output=slot(),
         activation=slot(),
-        fc1_input_quantizer=slot(),
-        fc1_weight_quantizer=slot(),
-        fc1_output_quantizer=slot(),
-        fc1_grad_input_quantizer=slot(),
-        fc1_grad_weight_quantizer=slot(),
-        fc1_grad_output_quantizer=slot(),
-        fc2_input_quantizer=slot(),
-        fc2_weight_quantizer=slot(),
-        fc2_output_quantizer=slot(),
-        fc2_grad_input_quantizer=slot(),
-        fc2_grad_weight_quantizer=slot(),
-        fc2_grad_output_quantizer=slot(),
+        fc1_input_quantizer=_b.optional_decode(slot()),
+        fc1_weight_quantizer=_b.optional_decode(slot()),
+        fc1_output_quantizer=_b.optional_decode(slot()),
+        fc1_grad_input_quantizer=_b.optional_decode(slot()),
+        fc1_grad_weight_quantizer=_b.optional_decode(slot()),
+        fc1_grad_output_quantizer=_b.optional_decode(slot()),
+        fc2_input_quantizer=_b.optional_decode(slot()),
+        fc2_weight_quantizer=_b.optional_decode(slot()),
+        fc2_output_quantizer=_b.optional_decode(slot()),
+        fc2_grad_input_quantizer=_b.optional_decode(slot()),
+        fc2_grad_weight_quantizer=_b.optional_decode(slot()),
+        fc2_grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        fprop_gemm=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        fprop_gemm=_b.decode(slot()),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         set_parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LayerNormMLPFwdArgs.tp_group"),
         tp_size=slot(),
@@ -580,48 +430,48 @@ def flatten_layer_norm_mlpbwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...]
             ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"),
             "LayerNormMLPBwdArgs.activation",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_weight_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_weight_quantizer,
             Quantizer,
             "LayerNormMLPBwdArgs.fc1_grad_weight_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc1_grad_output_quantizer,
             Quantizer,
             "LayerNormMLPBwdArgs.fc1_grad_output_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_weight_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_weight_quantizer,
             Quantizer,
             "LayerNormMLPBwdArgs.fc2_grad_weight_quantizer",
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.fc2_grad_output_quantizer,
             Quantizer,
             "LayerNormMLPBwdArgs.fc2_grad_output_quantizer",
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormMLPBwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormMLPBwdArgs.fp8"),
-        _b.check(args.dgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.wgrad_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.wgrad_gemm"),
         _b.check(args.set_parallel_mode, bool, "LayerNormMLPBwdArgs.set_parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormMLPBwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
@@ -658,20 +508,20 @@ def unflatten_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
         zero_centered_gamma=slot(),
         return_layernorm_output=slot(),
         activation=slot(),
-        fc1_input_quantizer=slot(),
-        fc1_weight_quantizer=slot(),
-        fc1_grad_input_quantizer=slot(),
-        fc1_grad_weight_quantizer=slot(),
-        fc1_grad_output_quantizer=slot(),
-        fc2_input_quantizer=slot(),
-        fc2_weight_quantizer=slot(),
-        fc2_grad_input_quantizer=slot(),
-        fc2_grad_weight_quantizer=slot(),
-        fc2_grad_output_quantizer=slot(),
+        fc1_input_quantizer=_b.optional_decode(slot()),
+        fc1_weight_quantizer=_b.optional_decode(slot()),
+        fc1_grad_input_quantizer=_b.optional_decode(slot()),
+        fc1_grad_weight_quantizer=_b.optional_decode(slot()),
+        fc1_grad_output_quantizer=_b.optional_decode(slot()),
+        fc2_input_quantizer=_b.optional_decode(slot()),
+        fc2_weight_quantizer=_b.optional_decode(slot()),
+        fc2_grad_input_quantizer=_b.optional_decode(slot()),
+        fc2_grad_weight_quantizer=_b.optional_decode(slot()),
+        fc2_grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         set_parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LayerNormMLPBwdArgs.tp_group"),
         tp_size=slot(),

@@ -14,13 +14,11 @@ import torch
 
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
-from ..runtime.opaque import quantizer_compile_limitation, value_type_registration_error
 from ..runtime.quantizer import QuantizedData
 from .autocast import RecipeQuantizers
 
 # Decided once at import, as for Linear.
-_REGISTRATION_PROBLEM = registration_error() or value_type_registration_error()
-_QUANTIZER_LIMITATION = quantizer_compile_limitation()
+_REGISTRATION_PROBLEM = registration_error()
 
 
 def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
@@ -29,8 +27,6 @@ def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | 
         return _REGISTRATION_PROBLEM
     if quantizers is not None and quantizers.compile_blocker is not None:
         return quantizers.compile_blocker
-    if quantizers is not None and _QUANTIZER_LIMITATION is not None:
-        return _QUANTIZER_LIMITATION
     if isinstance(args.inp, QuantizedData):
         return "a quantized input tensor"
     return None
