@@ -55,7 +55,6 @@ from transformer_engine_ops.quantization import (
     cuda_kernels,
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
-from transformer_engine_ops.runtime.opaque import quantizer_compile_limitation
 
 from .common import interleaved, progress, ratio_stats, stats
 from .models import LAYERS, SHAPES, make_input, make_model
@@ -419,7 +418,8 @@ def run(
         torch._dynamo.config.accumulated_cache_size_limit = 1024
     results: dict[str, Any] = {
         "version": 2,
-        "quantizer_compile_limitation": quantizer_compile_limitation(),
+        # Quantizers cross as str codes since the kinds merge: no torch limits FP8 compile.
+        "quantizer_compile_limitation": None,
         "fused_fp8_kernels": cuda_kernels.unavailable_reason() or "available",
         "shapes": {},
     }
