@@ -126,13 +126,16 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         if init is not None:
             fc1 = init.weight.with_internal(False).quantize(fc1)
             fc2 = init.weight.with_internal(False).quantize(fc2)
+        # Registered in TE's order: fc1 weight and bias, then fc2's.
         self.fc1_weight = nn.Parameter(fc1)
-        self.fc2_weight = nn.Parameter(fc2)
         if bias:
             self.fc1_bias = nn.Parameter(torch.zeros(halves * local, dtype=dtype, device=device))
-            self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
         else:
             self.register_parameter("fc1_bias", None)
+        self.fc2_weight = nn.Parameter(fc2)
+        if bias:
+            self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+        else:
             self.register_parameter("fc2_bias", None)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
