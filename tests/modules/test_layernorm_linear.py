@@ -4,6 +4,8 @@ sizes, quantized weights, TE's constructor and state-dict keys."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from family_cases import (
@@ -17,6 +19,7 @@ from family_cases import (
 from module_cases import RECIPES, assert_bitwise, graph_breaks, recipe_context, unique_graphs
 
 import transformer_engine_ops as te
+from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
 
 KIND = "layernorm_linear"
 AOT = "aot_eager"
@@ -202,3 +205,17 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways(normalization):
     x = make_input()
     assert torch.equal(b(x), a(x))
     a.load_state_dict(b.state_dict(), strict=True)
+
+
+def test_delayed_scaling_falls_back_eagerly_with_its_reason_and_matches_eager():
+    module, x = make(KIND), make_input()
+    compiled = torch.compile(module, backend=AOT)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with te.autocast(recipe=te.recipe.DelayedScaling()):
+            got = compiled(x)
+    with te.autocast(recipe=te.recipe.DelayedScaling()):
+        expected = module(x)
+    assert torch.equal(got, expected)
+    reasons = [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(reasons) == 1 and "DelayedScaling" in reasons[0], reasons
