@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary
 
 all: test
 
@@ -46,6 +46,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# Transformer Engine 2.20.2's own source, read as it ships and never imported: fetch its
+# pure-Python wheel into ~/.cache/teops (outside git; TEOPS_CACHE moves it), then write the
+# boundary of its four bundles into examples/te_2_20/generated (see docs/te.md).
+te-boundary: $(STAMP)
+	$(PY) -m codegen.te_wheel
+	$(PY) -m codegen --root examples/te_2_20
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
 
@@ -59,8 +66,9 @@ test-torch-versions:
 	  venv="$(TORCH_VENVS)/torch-$$v"; \
 	  if ! $$venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$$v')" 2>/dev/null; then \
 	    $(PYTHON) -m venv $$venv && \
-	    $$venv/bin/pip install -q "torch==$$v" jinja2 pytest hypothesis numpy; \
+	    $$venv/bin/pip install -q "torch==$$v"; \
 	  fi; \
+	  $$venv/bin/pip install -q --disable-pip-version-check jinja2 libcst ruff==0.14.0 pytest hypothesis numpy; \
 	  echo "== torch $$v =="; \
 	  PYTHONPATH=. $$venv/bin/python -m pytest tests/ops tests/modules -q -p no:cacheprovider; \
 	done

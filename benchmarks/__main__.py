@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
+* CPU (default): figures 1-5 and 7 (memory) -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
   ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
 * ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json`` (rewritten
@@ -24,7 +24,7 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step")
+FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -59,7 +59,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
-    from . import boundary, codegen_time, compile_time, import_time, step_time
+    from . import boundary, codegen_time, compile_time, import_time, memory, step_time
 
     results: dict[str, Any] = {}
     if "boundary" in only:
@@ -84,6 +84,8 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         )
         if not quick:  # about 1-3 s a step on 2 cores: fewer rounds
             results["step"].update(step_time.run(shapes=("medium",), rounds=3))
+    if "memory" in only:
+        results["memory"] = memory.run(quick=quick)
     return results
 
 

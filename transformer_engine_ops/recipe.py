@@ -1,11 +1,11 @@
-"""``te.recipe``: the quantization recipes, under the name TE users import them by
-(``transformer_engine.common.recipe``)."""
+"""``te.recipe``: TE 2.20.2's recipe classes under their TE module name."""
 
 from .quantization.recipes import (
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
     Format,
+    MMParams,
     MXFP8BlockScaling,
     NVFP4BlockScaling,
     Recipe,
@@ -16,6 +16,7 @@ __all__ = [
     "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
+    "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
     "Recipe",

@@ -113,3 +113,21 @@ def test_gpu_report_states_each_issue_12_target_met_or_missed() -> None:
     assert rows["H200 small: ours bf16 eager / torch.nn.Linear eager"][3] == "**missed**"
     md = "\n".join(report._gpu(gpu))
     assert "failed: Unsupported: x" in md and "| ours/fp8_current/eager |" in md
+
+
+def test_memory_figure_and_its_report_rows(tmp_path: Path) -> None:
+    from benchmarks import memory
+
+    result = memory.run(quick=True)
+    assert set(result["rows"]) == {
+        f"{name} {mode}"
+        for name in ("torch.nn.Linear bf16", *memory.RECIPES)
+        for mode in ("eager", "compiled")
+    }
+    md = _write_report(tmp_path, {"memory": result})
+    assert "## 7. Memory" in md
+    assert "| layer/recipe | mode | saved tensors |" in md
+    for recipe in memory.TARGETS:
+        assert f"saved activation {recipe} / bf16, eager and compiled" in md
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "benchmarks" / "memory.png").stat().st_size > 0

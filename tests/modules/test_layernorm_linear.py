@@ -209,13 +209,15 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways(normalization):
 
 def test_delayed_scaling_falls_back_eagerly_with_its_reason_and_matches_eager():
     module, x = make(KIND), make_input()
+    # The module keeps its delayed-scaling state across calls: the eager twin starts fresh.
+    twin = make(KIND)
     compiled = torch.compile(module, backend=AOT)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with te.autocast(recipe=te.recipe.DelayedScaling()):
             got = compiled(x)
     with te.autocast(recipe=te.recipe.DelayedScaling()):
-        expected = module(x)
+        expected = twin(x)
     assert torch.equal(got, expected)
     reasons = [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]
     assert len(reasons) == 1 and "DelayedScaling" in reasons[0], reasons

@@ -226,7 +226,7 @@ def test_changing_the_recipe_recompiles_naming_the_quantizer_field(recompile_log
     model, x = make_mlp(), make_input()
     compiled = torch.compile(model, fullgraph=True, backend=AOT)
     step(compiled, x, "fp8_current")
-    with autocast(recipe=Float8CurrentScaling(force_pow_2_scales=True)):
+    with autocast(recipe=Float8CurrentScaling(use_power_2_scales=True)):
         step(compiled, x, None)
     assert unique_graphs() == 2
     assert len(recompile_log.messages) == 1

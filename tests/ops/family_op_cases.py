@@ -9,23 +9,13 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from linear_cases import RECIPES as LINEAR_RECIPES
 from test_linear_ops import _layout, _real_and_fake
 
 from transformer_engine_ops.modules.autocast import autocast
-from transformer_engine_ops.quantization import (
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    MXFP8BlockScaling,
-    NVFP4BlockScaling,
-)
 
-RECIPES: dict[str, Any] = {
-    "bf16": None,
-    "fp8_current": Float8CurrentScaling,
-    "mxfp8": MXFP8BlockScaling,
-    "nvfp4": NVFP4BlockScaling,
-    "fp8_block": Float8BlockScaling,
-}
+# The ops' recipes, as the Linear op tests make them.
+RECIPES: dict[str, Any] = LINEAR_RECIPES
 
 
 class _Recorder:

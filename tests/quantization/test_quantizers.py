@@ -182,11 +182,13 @@ def test_block_recipes_follow_te_choices():
     assert blocks.make_quantizer("grad_output").block_scaling_dim == 1
     assert isinstance(blocks.make_quantizer("input"), Float8BlockQuantizer)
     assert isinstance(MXFP8BlockScaling().make_quantizer("grad_output"), MXFP8Quantizer)
-    nvfp4 = NVFP4BlockScaling()
+    nvfp4 = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)
     assert nvfp4.make_quantizer("weight") == NVFP4Quantizer(with_2d_quantization=True)
     assert nvfp4.make_quantizer("input") == NVFP4Quantizer()
     assert (
-        not NVFP4BlockScaling(disable_2d_quantization=True)
+        not NVFP4BlockScaling(
+            disable_2d_quantization=True, disable_rht=True, disable_stochastic_rounding=True
+        )
         .make_quantizer("weight")
         .with_2d_quantization
     )
@@ -196,7 +198,7 @@ def test_recipes_make_equal_stateless_quantizers_on_every_call():
     for recipe in (
         Float8CurrentScaling(),
         MXFP8BlockScaling(),
-        NVFP4BlockScaling(),
+        NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True),
         Float8BlockScaling(),
     ):
         for role in FORWARD + BACKWARD:

@@ -31,7 +31,8 @@ BACKWARD_OP = "teops::layernorm_bwd"
 GRAD_FIELDS = ("inp", "weight", "bias")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (0, 1, 2)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = ()
 BACKWARD_QUANTIZED_SLOTS = ()
 # Backward slot receiving the outputs' gradients (`grad_outputs`).

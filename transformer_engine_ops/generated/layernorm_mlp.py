@@ -33,7 +33,8 @@ BACKWARD_OP = "teops::layernorm_mlp_bwd"
 GRAD_FIELDS = ("inp", "ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6, 7, 10)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (3, 7)
 BACKWARD_QUANTIZED_SLOTS = (5, 8, 13, 16)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).

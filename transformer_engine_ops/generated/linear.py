@@ -34,7 +34,8 @@ BACKWARD_OP = "teops::linear_bwd"
 GRAD_FIELDS = ("inp", "weight", "bias")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (3, 0, 4)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (0, 5)
 BACKWARD_QUANTIZED_SLOTS = (1, 4)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).

@@ -1,11 +1,10 @@
-"""What every module of this package shares with TE's module base: ``_extra_state``.
+"""What every module of this package shares: ``_extra_state`` and TE's constructor
+argument conventions.
 
-TE's modules keep their quantization-recipe state under the state-dict key
-``<prefix>_extra_state`` (a pickled dict as a uint8 tensor; an empty tensor when the
-module holds no state, which is every stateless recipe and every unquantized module).
-Modules here hold no recipe state between calls, so they save the empty tensor and
-load an empty one (or None); a non-empty state is refused by name rather than dropped.
-Modules that do keep state override ``extra_state``/``load_extra_state``.
+``_extra_state`` (TE's state-dict key for recipe state) is kept by
+``modules/_extra_state.py``: an empty uint8 tensor for a module without scaling state,
+the module's delayed-scaling state otherwise. ``ExtraStateMixin`` gives a module those
+``get_extra_state``/``set_extra_state`` methods.
 """
 
 from __future__ import annotations
@@ -14,33 +13,26 @@ from typing import Any
 
 import torch
 
-
-def empty_extra_state() -> torch.Tensor:
-    """The ``_extra_state`` TE writes for a module without recipe state."""
-    return torch.empty(0, dtype=torch.uint8)
-
-
-def check_extra_state(module: torch.nn.Module, state: Any) -> None:
-    """Accept what :func:`empty_extra_state` writes (and None, as TE does)."""
-    if state is None:
-        return
-    if isinstance(state, torch.Tensor) and state.numel() == 0:
-        return
-    raise NotImplementedError(
-        f"{type(module).__name__}.set_extra_state: this module keeps no quantization-recipe "
-        "state, but the checkpoint's _extra_state is not empty (saved with a stateful recipe "
-        "such as DelayedScaling); loading that state is not implemented for this module"
-    )
+from . import _extra_state
+from .autocast import RecipeQuantizers
 
 
 class ExtraStateMixin:
-    """``get_extra_state``/``set_extra_state`` with TE's ``_extra_state`` key."""
+    """``get_extra_state``/``set_extra_state`` with TE's ``_extra_state`` key, and the
+    module's own quantizers where the active recipe keeps state (delayed scaling)."""
 
-    def get_extra_state(self) -> torch.Tensor:
-        return empty_extra_state()
+    def get_extra_state(self) -> Any:
+        return _extra_state.get_extra_state(self)  # type: ignore[arg-type]
 
     def set_extra_state(self, state: Any) -> None:
-        check_extra_state(self, state)  # type: ignore[arg-type]
+        _extra_state.set_extra_state(self, state)  # type: ignore[arg-type]
+
+    def _recipe_quantizers(self, shared: RecipeQuantizers | None) -> RecipeQuantizers | None:
+        """``shared`` for a stateless recipe (or none); this module's stateful quantizers
+        under delayed scaling (such a recipe runs eagerly, so this is never traced)."""
+        if shared is None or shared.compile_blocker is None:
+            return shared
+        return _extra_state.module_quantizers(self, shared)  # type: ignore[arg-type]
 
 
 # --- constructor arguments --------------------------------------------------------

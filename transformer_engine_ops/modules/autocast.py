@@ -9,11 +9,14 @@ changed recipe recompiles.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..quantization.float8 import deferred_scale_updates
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
 from ..runtime.quantizer import Quantizer, value_opaque_reason
+from ..runtime.values import GemmConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,13 @@ class RecipeQuantizers:
     # decided here, outside any compiled region, because it inspects classes.
     compile_blocker: str | None = None
 
+    # The recipe's GEMM configurations and backward precision mode (TE's
+    # fp8_gemm_fprop/dgrad/wgrad and backward_override).
+    fprop_gemm: GemmConfig = GemmConfig()
+    dgrad_gemm: GemmConfig = GemmConfig()
+    wgrad_gemm: GemmConfig = GemmConfig()
+    backward_override: str | None = None
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         quantizers = [recipe.make_quantizer(role) for role in ROLES]
@@ -44,13 +54,29 @@ class RecipeQuantizers:
                     f"{type(quantizer).__name__} is not value-opaque ({reason})"
                 )
                 break
-        return cls(recipe, *quantizers, compile_blocker=blocker)
+        fprop, dgrad, wgrad = recipe.gemm_configs()
+        return cls(
+            recipe,
+            *quantizers,
+            compile_blocker=blocker,
+            fprop_gemm=fprop,
+            dgrad_gemm=dgrad,
+            wgrad_gemm=wgrad,
+            backward_override=getattr(recipe, "backward_override", None),
+        )
 
 
-@dataclass
-class _State:
-    autocast: RecipeQuantizers | None = None
-    model_init: RecipeQuantizers | None = None
+class _State(threading.local):
+    """The active recipes of the calling thread, as ``torch.autocast``'s state is per
+    thread: a context entered on one thread is invisible to the others.
+
+    torch.compile reads it like any global (it evaluates attributes of a
+    ``threading.local``), so a compiled graph guards on the calling thread's value.
+    """
+
+    def __init__(self) -> None:
+        self.autocast: RecipeQuantizers | None = None
+        self.model_init: RecipeQuantizers | None = None
 
 
 STATE = _State()
@@ -71,8 +97,20 @@ def _recipe_scope(field: str, enabled: bool, recipe: Recipe | None) -> Iterator[
 def autocast(
     enabled: bool = True, recipe: Recipe | None = None
 ) -> contextlib.AbstractContextManager[None]:
-    """Run the modules inside with ``recipe`` (default FP8 current scaling)."""
-    return _recipe_scope("autocast", enabled, recipe)
+    """Run the modules inside with ``recipe`` (default FP8 current scaling).
+
+    Delayed scaling: each module keeps its own scaling state per tensor role; the
+    forward scales update from the amax history when the outermost region exits (TE's
+    ``reduce_and_update_fp8_tensors(forward=True)``), the gradient scales at the end of
+    each backward pass.
+    """
+    return _autocast_scope(enabled, recipe)
+
+
+@contextlib.contextmanager
+def _autocast_scope(enabled: bool, recipe: Recipe | None) -> Iterator[None]:
+    with deferred_scale_updates(), _recipe_scope("autocast", enabled, recipe):
+        yield
 
 
 def quantized_model_init(

@@ -127,7 +127,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             m_splits = torch.tensor(m_splits, dtype=torch.int64)
         elif not isinstance(m_splits, torch.Tensor):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
-        q: Any = STATE.autocast
+        q: Any = self._recipe_quantizers(STATE.autocast)
         n = self.num_gemms
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype

@@ -147,7 +147,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             fp8_output=(fp8_output, False),
             fp8_grad=(fp8_grad, False),
         )
-        q: Any = STATE.autocast
+        q: Any = self._recipe_quantizers(STATE.autocast)
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
         bias = None if self.return_bias else self.bias

@@ -143,7 +143,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             f"{type(self).__name__}.forward", is_first_microbatch=(is_first_microbatch, None)
         )
         # fc1 and fc2 each take the recipe's quantizers in their own bundle fields.
-        q: Any = STATE.autocast
+        q: Any = self._recipe_quantizers(STATE.autocast)
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
         fc2_bias = None if self.return_bias else self.fc2_bias

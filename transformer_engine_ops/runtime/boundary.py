@@ -354,15 +354,19 @@ def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, li
     """
     if isinstance(value, torch.Tensor):
         meta = _describe(value)
+        code = meta_code(meta)
     else:
         state = value.__dict__
         cached = state.get("_boundary_meta")
         quantizer = value._quantizer
         if cached is None or cached[0] is not quantizer or cached[1] is not value._dtype:
-            cached = (quantizer, value._dtype, _describe(value))
+            meta = _describe(value)
+            cached = (quantizer, value._dtype, meta, meta_code(meta))
             state["_boundary_meta"] = cached
-        meta = cached[2]
-    return None, [getattr(value, n) for n in meta.inner_names], meta_code(meta)
+        # The text is cached with the description: under torch.compile a storage
+        # flattened eagerly before then needs no (untraceable) look-up or encoding.
+        meta, code = cached[2], cached[3]
+    return None, [getattr(value, n) for n in meta.inner_names], code
 
 
 def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
@@ -382,16 +386,18 @@ def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str
 def tensor_or_quantized_list(
     value: Any, where: str
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor], list[str]]:
-    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: plain
-    tensors (None where an element is quantized or None), the inner buffers of the
-    quantized ones concatenated, and one description per element."""
+    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: the
+    tensors (None where an element is a quantized storage or None), the inner buffers
+    of the quantized storages concatenated, and one description per element. A
+    quantized wrapper subclass crosses as a tensor, as in :func:`tensor_or_quantized`:
+    the op's dispatch rule splits it (dynamo cannot call ``__tensor_flatten__``)."""
     if not isinstance(value, list | tuple):
         raise _mismatch(where, "a list of Tensors or quantized values", value)
     tensors: list[torch.Tensor | None] = []
     inner: list[torch.Tensor] = []
     metas: list[str] = []
     for i, v in enumerate(value):
-        if isinstance(v, QuantizedStorage | QuantizedTensor):
+        if isinstance(v, QuantizedStorage):
             _, buffers, meta = quantized_slots(v)
             tensors.append(None)
             inner += buffers

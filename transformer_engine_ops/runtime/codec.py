@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import itertools
 import json
 import weakref
@@ -66,6 +67,21 @@ def _value(value: Any, where: str) -> Any:
     )
 
 
+@functools.cache
+def _init_fields(cls: type) -> tuple[str, ...]:
+    """The constructor fields of an encodable dataclass, in declaration order.
+
+    Read once per class from the dataclass's field table: encoding a value is not
+    schema derivation (schemas are generated at build time), and nothing per call or
+    per import reflects beyond this one lookup.
+    """
+    return tuple(
+        name
+        for name, f in cls.__dataclass_fields__.items()  # type: ignore[attr-defined]
+        if f.init and f._field_type is dataclasses._FIELD  # type: ignore[attr-defined]
+    )
+
+
 def encode(obj: Any) -> str:
     """The canonical text of a dataclass value object (not cached; see :func:`code_of`)."""
     cls = type(obj)
@@ -75,9 +91,7 @@ def encode(obj: Any) -> str:
         _IDENTITY[n] = obj
         return json.dumps({"class": _name(cls), "identity": n})
     fields = {
-        f.name: _value(getattr(obj, f.name), f"{cls.__qualname__}.{f.name}")
-        for f in dataclasses.fields(obj)
-        if f.init
+        name: _value(getattr(obj, name), f"{cls.__qualname__}.{name}") for name in _init_fields(cls)
     }
     return json.dumps({"class": _name(cls), "fields": fields}, separators=(",", ":"))
 

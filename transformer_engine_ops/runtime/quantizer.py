@@ -25,6 +25,10 @@ __all__ = [
     "QuantizedStorage",
     "QuantizedTensor",
     "Quantizer",
+    "check_bool",
+    "check_choice",
+    "check_float",
+    "check_int",
     "flatten_context",
     "is_quantized",
     "quantized_tensor_classes",
@@ -39,6 +43,44 @@ InnerLayout = tuple[tuple[str, tuple[Any, ...], torch.dtype], ...]
 SUPPORTED_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Devices the plain-PyTorch reference quantizes on.
 SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
+
+
+# ----- configuration checks (quantizers and recipes validate at construction) -----
+
+
+def check_bool(owner: str, name: str, value: Any) -> bool:
+    """``value`` if it is exactly a bool; else TypeError naming ``owner.name``."""
+    if type(value) is not bool:
+        raise TypeError(f"{owner}: {name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_int(owner: str, name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an exact ``int`` in ``[low, high]`` (an ``IntEnum`` member becomes its
+    int); bools, floats and other types are refused with a message naming ``owner.name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    value = int(value)  # exact int: graph-constant code must never see a subclass repr
+    if not low <= value <= high:
+        raise ValueError(f"{owner}: {name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_float(owner: str, name: str, value: Any, low: float = 0.0) -> float:
+    """``value`` as an exact finite ``float`` >= ``low`` (ints accepted, bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: {name} must be a float, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (value >= low and value != float("inf")):
+        raise ValueError(f"{owner}: {name} must be a finite float >= {low}, got {value}")
+    return value
+
+
+def check_choice(owner: str, name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of ``choices`` (exact built-in types); else ValueError."""
+    if type(value) not in (type(None), str) or value not in choices:
+        raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}")
+    return str(value) if value is not None else None
 
 
 def _fx_value_repr(value: Any, owner: str, name: str) -> str:
@@ -79,14 +121,23 @@ class Quantizer:
         codec.register(cls)
 
     def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("rowwise_usage", "columnwise_usage", "internal"):
+            check_bool(owner, name, getattr(self, name))
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError(
                 f"{type(self).__name__}: at least one of rowwise_usage and "
                 "columnwise_usage must be True"
             )
-        # The boundary text (see runtime/codec.py), once per object: a compiled graph
-        # reads it as a guarded constant and never traces the encoder.
+        self._init_fields()
+        # The boundary text (see runtime/codec.py), once per object and after every field
+        # is normalized: a compiled graph reads it as a guarded constant and never traces
+        # the encoder.
         codec.code_of(self)
+
+    def _init_fields(self) -> None:
+        """Subclasses validate, normalize (an IntEnum becomes an exact int) and initialize
+        their own fields here, before the boundary text is computed from them."""
 
     # ----- value semantics -----
 

@@ -34,8 +34,9 @@ BACKWARD_OP = "teops::every_kind_bwd"
 GRAD_FIELDS = ("x", "w", "maybe_x", "forward_ref", "xs")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
-FORWARD_QUANTIZED_SLOTS = (6, 9)
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
+FORWARD_QUANTIZED_SLOTS = (6, 9, 42, 45)
 BACKWARD_QUANTIZED_SLOTS = ()
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
