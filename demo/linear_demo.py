@@ -1,12 +1,14 @@
-"""Linear under torch.compile(fullgraph=True) vs eager, for bf16 and every recipe.
+"""TE-style models under torch.compile(fullgraph=True) vs eager, bf16 and every recipe.
 
-For each configuration a 3-layer MLP of ``Linear`` (256 hidden, bf16 parameters) is
+Two models: a 3-layer MLP of ``Linear`` (256 hidden) and a transformer-style block
+(``LayerNormLinear`` -> ``Linear`` -> residual -> ``LayerNormMLP``, 256 hidden, 512 FFN),
+both with bf16 parameters. For each model and configuration the model is
 trained for a few SGD steps twice from the same initial weights: once eagerly and once
 compiled with ``fullgraph=True`` on the default inductor backend. The compiled run must
 take zero graph breaks and agree with eager bit for bit (outputs and every gradient);
 the script exits non-zero otherwise.
 
-Run: ``python demo/linear_demo.py`` (about a minute on 2 CPU cores).
+Run: ``python demo/linear_demo.py`` (a few minutes on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
-from transformer_engine_ops.modules.autocast import autocast
-from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.modules import LayerNormLinear, LayerNormMLP, Linear, autocast
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -60,6 +61,25 @@ class MLP(torch.nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
+class Block(torch.nn.Module):
+    """A transformer-style block: norm + projection, output projection, residual, then a
+    norm + MLP with its own residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        kw = dict(params_dtype=torch.bfloat16)
+        self.ln_qkv = LayerNormLinear(BATCH[1], HIDDEN, **kw)
+        self.proj = Linear(HIDDEN, BATCH[1], **kw)
+        self.mlp = LayerNormMLP(BATCH[1], 2 * HIDDEN, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.proj(self.ln_qkv(x))
+        return h + self.mlp(h)
+
+
+MODELS: list[tuple[str, Any]] = [("Linear MLP", MLP), ("block", Block)]
+
+
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -78,11 +98,11 @@ def _train_step(model: Any, params: list, opt: Any, x: torch.Tensor, recipe: Any
     return y.detach(), [x.grad, *(p.grad.clone() for p in params)], seconds
 
 
-def run(name: str, recipe: Any) -> dict[str, Any]:
+def run(model_name: str, model_cls: Any, name: str, recipe: Any) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    eager = MLP()
+    eager = model_cls()
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, fullgraph=True, backend=BACKEND)
     eager_params, comp_params = list(eager.parameters()), list(compiled_model.parameters())
@@ -101,12 +121,13 @@ def run(name: str, recipe: Any) -> dict[str, Any]:
             eager_times.append(t_e)
             comp_times.append(t_c)
         print(
-            f"  [{name}] step {i + 1}/{STEPS}: eager {t_e * 1e3:7.1f} ms, "
+            f"  [{model_name}, {name}] step {i + 1}/{STEPS}: eager {t_e * 1e3:7.1f} ms, "
             f"compiled {t_c * 1e3:7.1f} ms{' (includes compile)' if i == 0 else ''}, "
             f"max|diff| out {out_diff:g} grads {grad_diff:g}",
             flush=True,
         )
     return dict(
+        model=model_name,
         recipe=name,
         breaks=sum(counters["graph_break"].values()),
         compiles=counters["stats"]["unique_graphs"],
@@ -123,16 +144,18 @@ def main() -> int:
     # opaque constants' globals); it only loses the on-disk cache, so keep the log quiet.
     logging.getLogger("torch._inductor.codecache").setLevel(logging.ERROR)
     print(
-        f"Linear MLP {BATCH[1]}->{HIDDEN}->{HIDDEN}->64, bf16 params, input {BATCH}, "
+        f"Linear MLP {BATCH[1]}->{HIDDEN}->{HIDDEN}->64 and a LayerNormLinear/Linear/"
+        f"LayerNormMLP block ({HIDDEN} hidden, {2 * HIDDEN} FFN), bf16 params, input {BATCH}, "
         f"{STEPS} SGD steps; torch.compile(fullgraph=True, backend={BACKEND!r}) vs eager",
         flush=True,
     )
     rows = []
-    for name, recipe in RECIPES:
-        print(f"{name}:", flush=True)
-        rows.append(run(name, recipe))
+    for model_name, model_cls in MODELS:
+        for name, recipe in RECIPES:
+            print(f"{model_name}, {name}:", flush=True)
+            rows.append(run(model_name, model_cls, name, recipe))
     header = (
-        f"{'recipe':<22}| {'graph breaks':>12} | {'compiles':>8} | "
+        f"{'model':<11}| {'recipe':<22}| {'graph breaks':>12} | {'compiles':>8} | "
         f"{'max|c-e| output':>15} | {'max|c-e| grads':>14} | "
         f"{'eager step ms':>13} | {'compiled step ms':>16}"
     )
@@ -141,11 +164,15 @@ def main() -> int:
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['recipe']:<22}| {r['breaks']:>12} | {r['compiles']:>8} | "
+            f"{r['model']:<11}| {r['recipe']:<22}| {r['breaks']:>12} | {r['compiles']:>8} | "
             f"{r['out_diff']:>15g} | {r['grad_diff']:>14g} | "
             f"{r['eager_ms']:>13.2f} | {r['comp_ms']:>16.2f}"
         )
-    bad = [r["recipe"] for r in rows if r["breaks"] or r["out_diff"] or r["grad_diff"]]
+    bad = [
+        f"{r['model']} {r['recipe']}"
+        for r in rows
+        if r["breaks"] or r["out_diff"] or r["grad_diff"]
+    ]
     if bad:
         print(f"\nFAIL: compiled differs from eager or broke the graph: {', '.join(bad)}")
         return 1

@@ -29,6 +29,8 @@ LINEAR = "transformer_engine_ops/ops/linear.py"
 EVERY_KIND = "tests/codegen/fixtures/every_kind.py"
 CORPUS = "tests/codegen/corpus"
 OUTPUT_DIR = "transformer_engine_ops/generated"
+# Every configured op module lives here (and may import another: the folder is copied).
+OPS_DIR = "transformer_engine_ops/ops"
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,10 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def copy_essentials(dst: Path, extra: tuple[str, ...] = ()) -> Path:
-    """Copy pyproject.toml, the configured op module, generated/ and ``extra`` paths."""
+    """Copy pyproject.toml, the op modules, generated/ and ``extra`` paths."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     dst.mkdir(parents=True, exist_ok=True)
-    for rel in ("pyproject.toml", LINEAR, OUTPUT_DIR, *extra):
+    for rel in ("pyproject.toml", OPS_DIR, OUTPUT_DIR, *extra):
         src, target = REPO_ROOT / rel, dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():

@@ -401,6 +401,11 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         return _mlp(w, name)
     if name.startswith("unused-output-"):
         return _unused_output(w, name)
+    if name.startswith("family-"):
+        # The Linear family's cases (they build on the helpers above).
+        from dist_family_cases import run_family_case
+
+        return run_family_case(w, name)
     return _errors(w, name)
 
 

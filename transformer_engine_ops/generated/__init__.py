@@ -2,4 +2,10 @@
 # Format version 1.
 """Checked-in custom-op glue, one module per op module; see SCHEMAS.md."""
 
-MODULES = ("linear",)
+MODULES = (
+    "grouped_linear",
+    "layernorm",
+    "layernorm_linear",
+    "layernorm_mlp",
+    "linear",
+)

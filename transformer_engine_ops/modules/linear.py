@@ -24,6 +24,7 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from . import _extra_state
+from ._base import reject_unimplemented
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
@@ -107,17 +108,52 @@ class Linear(nn.Module):
         self,
         in_features: int,
         out_features: int,
-        bias: bool = True,
-        *,
-        params_dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
         tp_group: Any = None,
         tp_size: int = 1,
-        parallel_mode: str | None = None,
-        sequence_parallel: bool = False,
+        get_rng_state_tracker: Any = None,
+        rng_tracker_name: str | None = None,
         init_method: Any = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        parameters_split: Any = None,
+        device: torch.device | str | None = None,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        save_original_input: bool = False,
+        name: str | None = None,
     ) -> None:
+        """TE 2.20.2's arguments in TE's order (``device=None``: torch's default device,
+        where TE defaults to ``"cuda"``); the ones not implemented here raise
+        ``NotImplementedError`` naming them unless left at TE's defaults."""
         super().__init__()
+        reject_unimplemented(
+            "Linear",
+            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
+            get_rng_state_tracker=(get_rng_state_tracker, None),
+            rng_tracker_name=(rng_tracker_name, None),
+            return_bias=(return_bias, False),
+            parameters_split=(parameters_split, None),
+            ub_overlap_ag=(ub_overlap_ag, False),
+            ub_overlap_rs=(ub_overlap_rs, False),
+            ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
+            ub_bulk_dgrad=(ub_bulk_dgrad, False),
+            ub_bulk_wgrad=(ub_bulk_wgrad, False),
+            ub_name=(ub_name, None),
+            delay_wgrad_compute=(delay_wgrad_compute, False),
+            symmetric_ar_type=(symmetric_ar_type, None),
+            save_original_input=(save_original_input, False),
+        )
+        self.name = name
         tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
         self.in_features, self.out_features = in_features, out_features
         self.params_dtype = params_dtype or torch.get_default_dtype()

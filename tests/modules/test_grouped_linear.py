@@ -1,0 +1,154 @@
+"""GroupedLinear: every recipe x bias compiled bitwise equal to eager over changing
+splits (zeros, one group taking everything) without recompiling, the plain formula,
+one gradient per weight and bias, TE's constructor and state-dict keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from module_cases import RECIPES, graph_breaks, recipe_context, unique_graphs
+
+import transformer_engine_ops as te
+
+AOT = "aot_eager"
+ROWS = 128
+# Multiples of 32 rows (MXFP8's block), with empty groups and a group taking everything.
+SPLITS = ([32, 0, 96], [128, 0, 0], [0, 0, 128], [64, 32, 32])
+
+
+def make(bias: bool = True, seed: int = 0, num_gemms: int = 3) -> te.GroupedLinear:
+    torch.manual_seed(seed)
+    module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        for i in range(num_gemms):
+            if bias:
+                getattr(module, f"bias{i}").normal_(std=0.1)
+    return module
+
+
+def make_input(seed: int = 1, rows: int = ROWS) -> torch.Tensor:
+    return torch.randn(rows, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def step(module, x, splits, recipe):
+    for p in module.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    with recipe_context(recipe):
+        y = module(x, splits)
+    y.float().square().sum().backward()
+    inner = getattr(module, "_orig_mod", module)
+    return [y.detach(), x.grad, *[p.grad for p in inner.parameters()]]
+
+
+def assert_equal(got, expected):
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert a is not None and b is not None, f"entry {i} has no value"
+        assert torch.equal(a, b), f"entry {i} differs"
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_compiled_is_bitwise_equal_to_eager_and_splits_change_without_recompile(recipe, bias):
+    module, x = make(bias), make_input()
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
+    for splits in SPLITS:
+        s = torch.tensor(splits)
+        assert_equal(step(compiled, x, s, recipe), step(module, x, s, recipe))
+    assert unique_graphs() == 1
+    assert graph_breaks() == 0
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_compiled_on_inductor_is_bitwise_equal_to_eager(recipe):
+    module, x = make(), make_input()
+    compiled = torch.compile(module, fullgraph=True, backend="inductor")
+    for splits in SPLITS[:2]:
+        s = torch.tensor(splits)
+        assert_equal(step(compiled, x, s, recipe), step(module, x, s, recipe))
+    assert unique_graphs() == 1
+
+
+def test_list_splits_under_dynamic_compile_share_one_graph():
+    module, x = make(), make_input()
+    compiled = torch.compile(module, fullgraph=True, backend=AOT, dynamic=True)
+    for splits in ([32, 0, 96], [64, 32, 32], [1, 2, 125]):
+        assert_equal(step(compiled, x, splits, "bf16"), step(module, x, splits, "bf16"))
+    assert unique_graphs() == 1
+
+
+def test_dynamic_row_counts_share_one_graph():
+    module = make()
+    compiled = torch.compile(module, fullgraph=True, backend=AOT, dynamic=True)
+    for rows in (32, 64, 96, 160, 224):
+        x, s = make_input(rows, rows), torch.tensor([rows - 32, 0, 32])
+        assert_equal(step(compiled, x, s, "mxfp8"), step(module, x, s, "mxfp8"))
+    assert unique_graphs() == 1
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_matches_per_group_linear_and_every_parameter_gets_its_gradient(bias):
+    module, x = make(bias), make_input()
+    splits = [32, 0, 96]
+    got = step(module, x, torch.tensor(splits), "bf16")
+    xf = x.float().requires_grad_(True)
+    params = [p.detach().float().requires_grad_(True) for p in module.parameters()]
+    weights = params[0::2] if bias else params
+    biases = params[1::2] if bias else [None] * 3
+    y = torch.cat(
+        [F.linear(xi, w, b) for xi, w, b in zip(xf.split(splits), weights, biases, strict=True)]
+    )
+    y.square().sum().backward()
+    for a, b in zip(got, [y, xf.grad, *[p.grad for p in params]], strict=True):
+        assert (a.float() - b).abs().max() <= 2e-2 * max(b.abs().max().item(), 1.0)
+    # The empty group's weight (and bias) gets a zero gradient, not None.
+    empty_w = got[2 + (2 if bias else 1)]
+    assert torch.equal(empty_w, torch.zeros_like(empty_w))
+
+
+def test_bad_splits_are_named():
+    module, x = make(), make_input()
+    with pytest.raises(ValueError, match="must be non-negative and sum to the input's 128 rows"):
+        module(x, [64, 0, 32])
+    with pytest.raises(ValueError, match="m_splits: shape \\(2,\\), expected \\(3,\\)"):
+        module(x, [64, 64])
+
+
+def test_a_3d_input_keeps_its_leading_dims():
+    module = make()
+    x = make_input().view(4, 32, 64)
+    assert tuple(module(x, [32, 32, 64]).shape) == (4, 32, 32)
+
+
+# --- TE's constructor and state dict ----------------------------------------------------
+
+
+def test_te_positional_arguments_mean_what_they_mean_in_te():
+    m = te.GroupedLinear(2, 64, 32, False, False, None, 1, None, None, None, False)
+    assert (m.num_gemms, m.use_bias) == (2, False)
+    assert set(m.state_dict()) == {"weight0", "weight1", "_extra_state"}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(parallel_mode="row"), dict(return_bias=True), dict(single_grouped_weight=True)],
+    ids=lambda kw: next(iter(kw)),
+)
+def test_unimplemented_arguments_raise_naming_them(kwargs):
+    with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
+        te.GroupedLinear(2, 64, 32, **kwargs)
+
+
+def test_state_dict_has_te_keys_and_loads_strictly_both_ways():
+    a, b = make(), make(seed=4)
+    state = a.state_dict()
+    expected = {f"weight{i}": (32, 64) for i in range(3)}
+    expected |= {f"bias{i}": (32,) for i in range(3)}
+    expected["_extra_state"] = (0,)
+    assert {k: tuple(v.shape) for k, v in state.items()} == expected
+    b.load_state_dict(state, strict=True)
+    x = make_input()
+    assert torch.equal(b(x, [32, 0, 96]), a(x, [32, 0, 96]))
+    a.load_state_dict(b.state_dict(), strict=True)

@@ -1,0 +1,108 @@
+"""LayerNorm and RMSNorm modules: the plain formula, compile equal to eager, dynamic
+batch sizes, TE's constructor and state-dict keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_cases import (
+    assert_close_to_reference,
+    compile_and_compare,
+    make,
+    make_input,
+    reference_step,
+)
+from module_cases import assert_bitwise, graph_breaks, step, unique_graphs
+
+import transformer_engine_ops as te
+
+NORMS = ["layernorm", "rmsnorm"]
+
+
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+@pytest.mark.parametrize("kind", NORMS)
+def test_bf16_eager_matches_the_torch_formula(kind, zero_centered_gamma):
+    module = make(kind, zero_centered_gamma=zero_centered_gamma)
+    x = make_input()
+    got = step(module, x, "bf16")
+    assert got[0].dtype == torch.bfloat16
+    assert_close_to_reference(got, reference_step(module, kind, x), rtol=2e-2)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+@pytest.mark.parametrize("kind", NORMS)
+def test_compiled_is_bitwise_equal_to_eager(kind, recipe):
+    compile_and_compare(make(kind), recipe)
+
+
+@pytest.mark.parametrize("kind", NORMS)
+def test_compiled_on_inductor_is_bitwise_equal_to_eager(kind):
+    compile_and_compare(make(kind), "bf16", backend="inductor")
+
+
+@pytest.mark.parametrize("kind", NORMS)
+def test_dynamic_batch_sizes_share_one_graph(kind):
+    module = make(kind)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager", dynamic=True)
+    for batch in (2, 3, 5, 6, 8):
+        x = make_input(batch=batch, seed=batch)
+        assert_bitwise(step(compiled, x, "bf16"), step(module, x, "bf16"))
+    assert unique_graphs() == 1
+    assert graph_breaks() == 0
+
+
+def test_no_grad_forward_matches_the_training_forward():
+    module, x = make("layernorm"), make_input()
+    with torch.no_grad():
+        y = module(x)
+    assert torch.equal(y, module(x))
+
+
+# --- TE's constructor and state dict ----------------------------------------------------
+
+
+def test_te_positional_arguments_mean_what_they_mean_in_te():
+    # TE: (normalized_shape, eps, sequence_parallel, params_dtype, zero_centered_gamma)
+    m = te.LayerNorm(64, 1e-3, None, torch.bfloat16, True)
+    assert (m.normalized_shape, m.eps, m.zero_centered_gamma) == ((64,), 1e-3, True)
+    assert m.weight.dtype == torch.bfloat16 and torch.equal(m.weight, torch.zeros(64))
+    assert te.RMSNorm(32, dtype=torch.float16).weight.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(normalized_shape=(4, 8)), NotImplementedError, "normalized_shape=(4, 8)"),
+        (dict(), ValueError, "pass normalized_shape"),
+        (dict(normalized_shape=8, unknown=1), TypeError, "unknown"),
+    ],
+)
+def test_bad_constructor_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        te.LayerNorm(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("cls", "keys"),
+    [(te.LayerNorm, {"weight", "bias", "_extra_state"}), (te.RMSNorm, {"weight", "_extra_state"})],
+)
+def test_state_dict_has_te_keys_and_loads_strictly_both_ways(cls, keys):
+    a, b = cls(64), cls(64)
+    with torch.no_grad():
+        a.weight.normal_()
+    state = a.state_dict()
+    assert set(state) == keys
+    # What TE writes for a module without recipe state: an empty uint8 tensor.
+    te_state = {k: v.clone() for k, v in state.items()}
+    te_state["_extra_state"] = torch.empty(0, dtype=torch.uint8)
+    b.load_state_dict(te_state, strict=True)
+    assert torch.equal(b.weight, a.weight)
+    a.load_state_dict(b.state_dict(), strict=True)
+
+
+def test_a_non_empty_extra_state_is_refused_by_name():
+    module = te.LayerNorm(8)
+    state = module.state_dict()
+    state["_extra_state"] = torch.ones(3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="LayerNorm: this _extra_state is a non-empty byte tensor"):
+        module.load_state_dict(state)

@@ -1,0 +1,19 @@
+"""TE-style modules compiled through the generated custom ops."""
+
+from .autocast import autocast, quantized_model_init
+from .grouped_linear import GroupedLinear
+from .layernorm import LayerNorm, RMSNorm
+from .layernorm_linear import LayerNormLinear
+from .layernorm_mlp import LayerNormMLP
+from .linear import Linear
+
+__all__ = [
+    "GroupedLinear",
+    "LayerNorm",
+    "LayerNormLinear",
+    "LayerNormMLP",
+    "Linear",
+    "RMSNorm",
+    "autocast",
+    "quantized_model_init",
+]

@@ -1,0 +1,51 @@
+"""How a module picks the path of a generated op call: the generated compiled call under
+``torch.compile``, its eager path otherwise, and the eager path with a named reason where
+the op path cannot serve a compiled call (the same policy ``modules/linear.py`` applies
+to Linear). Nothing here crosses the op boundary: the generated ``<op>_eager`` and
+``<op>_compiled`` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..runtime.custom_ops import registration_error
+from ..runtime.fallback import run_eagerly
+from ..runtime.quantizer import QuantizedData
+from .autocast import RecipeQuantizers
+
+# Decided once at import, as for Linear.
+_REGISTRATION_PROBLEM = registration_error()
+
+
+def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
+    """Why the op path cannot serve this compiled call (None when it can)."""
+    if _REGISTRATION_PROBLEM is not None:
+        return _REGISTRATION_PROBLEM
+    if quantizers is not None and quantizers.compile_blocker is not None:
+        return quantizers.compile_blocker
+    if isinstance(args.inp, QuantizedData):
+        return "a quantized input tensor"
+    return None
+
+
+def _eager_outputs(eager: Callable[[Any], tuple[Any, Any]], args: Any) -> tuple[Any, ...]:
+    return eager(args)[0]
+
+
+def call_op(
+    eager: Callable[[Any], tuple[Any, Any]],
+    compiled: Callable[[Any], tuple[Any, ...]],
+    args: Any,
+    quantizers: RecipeQuantizers | None,
+) -> tuple[Any, ...]:
+    """The op's user outputs for ``args`` through the generated ``eager``/``compiled`` call."""
+    if torch.compiler.is_compiling():
+        reason = unsupported_reason(args, quantizers)
+        if reason is None:
+            return compiled(args)
+        return run_eagerly(reason, _eager_outputs, eager, args)
+    return _eager_outputs(eager, args)

@@ -1,0 +1,162 @@
+"""``GroupedLinear``: TE's ``num_gemms`` Linear layers over consecutive row groups,
+through the generated ``grouped_linear`` op.
+
+The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
+(``weight0``.. ``weight{n-1}``, ``bias0``.. ``bias{n-1}``, plus ``_extra_state``).
+``device=None`` means torch's default device (TE defaults to ``"cuda"``).
+``forward(inp, m_splits)`` takes the rows of each GEMM as an int64 tensor or a list of
+ints (zeros allowed). A tensor's values never reach the graph, so one compiled graph
+serves every split; a list's ints do (dynamo guards on them) unless compiled with
+``dynamic=True``. The op always keeps the original input and re-quantizes it in the
+backward, which is TE's ``save_original_input=True`` (with ``False`` TE keeps the
+quantized input instead: the same numbers, more memory), so both values are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
+from ..ops.grouped_linear import GroupedLinearFwdArgs
+from ..runtime.values import GemmConfig
+from ._base import ExtraStateMixin, reject_unimplemented, te_default_init
+from ._call import call_op
+from .autocast import STATE
+
+_GEMM = GemmConfig()
+
+
+class GroupedLinear(ExtraStateMixin, nn.Module):
+    """``y[rows of group i] = x[rows of group i] W_i^T + b_i`` for ``i < num_gemms``."""
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable | None = None,
+        rng_tracker_name: str | None = None,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        device: torch.device | str | None = None,
+        ub_overlap_rs: bool = False,
+        ub_overlap_ag: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        save_original_input: bool = False,
+        single_grouped_weight: bool = False,
+        single_grouped_bias: bool = False,
+        name: str | None = None,
+        use_grouped_tensor: bool | None = None,
+    ) -> None:
+        super().__init__()
+        cls = type(self).__name__
+        reject_unimplemented(
+            cls,
+            sequence_parallel=(sequence_parallel, False),
+            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
+            tp_group=(tp_group, None),
+            tp_size=(tp_size, 1),
+            get_rng_state_tracker=(get_rng_state_tracker, None),
+            rng_tracker_name=(rng_tracker_name, None),
+            return_bias=(return_bias, False),
+            parallel_mode=(parallel_mode, None),
+            ub_overlap_rs=(ub_overlap_rs, False),
+            ub_overlap_ag=(ub_overlap_ag, False),
+            ub_name=(ub_name, None),
+            delay_wgrad_compute=(delay_wgrad_compute, False),
+            single_grouped_weight=(single_grouped_weight, False),
+            single_grouped_bias=(single_grouped_bias, False),
+            use_grouped_tensor=(use_grouped_tensor, None),
+        )
+        if not isinstance(num_gemms, int) or num_gemms < 1:
+            raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
+        if STATE.model_init is not None:
+            raise NotImplementedError(
+                f"{cls}: quantized_model_init weights are not implemented (per-GEMM weights "
+                "cross as tensors receiving gradients); build the module outside it"
+            )
+        self.name = name
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.save_original_input = bool(save_original_input)
+        self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
+        self.use_bias = bool(bias)
+        for i in range(num_gemms):
+            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+            (init_method or te_default_init)(weight)
+            self.register_parameter(f"weight{i}", nn.Parameter(weight))
+            if bias:
+                zeros = torch.zeros(out_features, dtype=dtype, device=device)
+                self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+
+    def _weights(self) -> list[torch.Tensor]:
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def _biases(self) -> list[torch.Tensor] | None:
+        if not self.use_bias:
+            return None
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        m_splits: torch.Tensor | list[int],
+        is_first_microbatch: bool | None = None,
+        out: torch.Tensor | None = None,
+        dgrad_out: torch.Tensor | None = None,
+    ) -> Any:
+        cls = f"{type(self).__name__}.forward"
+        reject_unimplemented(
+            cls,
+            is_first_microbatch=(is_first_microbatch, None),
+            out=(None if out is None else "a tensor", None),
+            dgrad_out=(None if dgrad_out is None else "a tensor", None),
+        )
+        if isinstance(m_splits, (list, tuple)):
+            m_splits = torch.tensor(m_splits, dtype=torch.int64)
+        elif not isinstance(m_splits, torch.Tensor):
+            raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
+        q: Any = self._recipe_quantizers(STATE.autocast)
+        n = self.num_gemms
+        is_tensor = isinstance(inp, torch.Tensor)
+        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        weights, biases = self._weights(), self._biases()
+        args = GroupedLinearFwdArgs(
+            inp=inp,
+            weights=weights,
+            biases=biases,
+            m_splits=m_splits,
+            input_requires_grad=is_tensor and inp.requires_grad,
+            weights_requires_grad=any(w.requires_grad for w in weights),
+            biases_requires_grad=biases is not None and any(b.requires_grad for b in biases),
+            input_quantizers=[q and q.input] * n,
+            weight_quantizers=[q and q.weight] * n,
+            grad_output_quantizers=[q and q.grad_output] * n,
+            activation_dtype=dtype,
+            fp8=q is not None,
+            fprop_gemm=_GEMM,
+            dgrad_gemm=_GEMM,
+            wgrad_gemm=_GEMM,
+            num_gemms=n,
+            in_features=self.in_features,
+            out_features=self.out_features,
+            is_grad_enabled=torch.is_grad_enabled(),
+        )
+        return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_gemms={self.num_gemms}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.use_bias}"
+        )

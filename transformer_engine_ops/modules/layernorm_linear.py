@@ -1,0 +1,202 @@
+"""``LayerNormLinear``: TE's LayerNorm/RMSNorm + Linear, through the generated op.
+
+The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
+(``layer_norm_weight``, ``layer_norm_bias``, ``weight``, ``bias``, plus ``_extra_state``).
+``device=None`` means torch's default device (TE defaults to ``"cuda"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
+from ..ops.layernorm_linear import LayerNormLinearFwdArgs
+from ..runtime.values import GemmConfig
+from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
+from ._call import call_op
+from .autocast import STATE
+from .linear import _check_parallelism
+
+_GEMM = GemmConfig()
+
+
+def check_normalization(cls: str, normalization: str) -> None:
+    if normalization not in ("LayerNorm", "RMSNorm"):
+        raise ValueError(
+            f"{cls}: normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}"
+        )
+
+
+class LayerNormLinear(ExtraStateMixin, nn.Module):
+    """``y = norm(x) W^T + b`` with TE's recipes and column parallelism."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable | None = None,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        parameters_split: Any = None,
+        zero_centered_gamma: bool = False,
+        device: torch.device | str | None = None,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        cls = type(self).__name__
+        reject_unimplemented(
+            cls,
+            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
+            get_rng_state_tracker=(get_rng_state_tracker, None),
+            return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
+            parameters_split=(parameters_split, None),
+            ub_overlap_ag=(ub_overlap_ag, False),
+            ub_overlap_rs=(ub_overlap_rs, False),
+            ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
+            ub_bulk_wgrad=(ub_bulk_wgrad, False),
+            ub_bulk_dgrad=(ub_bulk_dgrad, False),
+            ub_name=(ub_name, None),
+            delay_wgrad_compute=(delay_wgrad_compute, False),
+            symmetric_ar_type=(symmetric_ar_type, None),
+        )
+        if parallel_mode == "row":
+            raise NotImplementedError(
+                f"{cls}: parallel_mode='row' is not implemented (column parallel or None)"
+            )
+        check_normalization(cls, normalization)
+        tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
+        self.name = name
+        self.in_features, self.out_features = in_features, out_features
+        self.eps = float(eps)
+        self.normalization = normalization
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.return_bias = bool(return_bias)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.tp_group, self.tp_size = tp_group, tp_size
+        self.parallel_mode = parallel_mode
+        self.sequence_parallel = (
+            bool(sequence_parallel) and parallel_mode is not None and tp_size > 1
+        )
+        dtype = self.params_dtype
+        self.layer_norm_weight = nn.Parameter(
+            torch.full((in_features,), float(not zero_centered_gamma), dtype=dtype, device=device)
+        )
+        if normalization == "LayerNorm":
+            self.layer_norm_bias = nn.Parameter(
+                torch.zeros(in_features, dtype=dtype, device=device)
+            )
+        else:
+            self.register_parameter("layer_norm_bias", None)
+        parts = tp_size if parallel_mode == "column" else 1
+        rank = tp_rank(tp_group, tp_size)
+        weight = full_then_shard(
+            (out_features, in_features),
+            0,
+            parts,
+            rank,
+            init_method or te_default_init,
+            dtype,
+            device,
+        )
+        self.out_features_per_partition = out_features // parts
+        init = STATE.model_init
+        if init is not None:
+            weight = init.weight.with_internal(False).quantize(weight)
+        self.weight = nn.Parameter(weight)
+        if bias:
+            self.bias = nn.Parameter(
+                torch.zeros(self.out_features_per_partition, dtype=dtype, device=device)
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ) -> Any:
+        reject_unimplemented(
+            f"{type(self).__name__}.forward",
+            is_first_microbatch=(is_first_microbatch, None),
+            fp8_output=(fp8_output, False),
+            fp8_grad=(fp8_grad, False),
+        )
+        q: Any = self._recipe_quantizers(STATE.autocast)
+        is_tensor = isinstance(inp, torch.Tensor)
+        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        bias = None if self.return_bias else self.bias
+        ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
+        args = LayerNormLinearFwdArgs(
+            inp=inp,
+            ln_weight=ln_weight,
+            ln_bias=ln_bias,
+            weight=self.weight,
+            bias=bias,
+            input_requires_grad=is_tensor and inp.requires_grad,
+            ln_weight_requires_grad=ln_weight.requires_grad,
+            ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
+            weight_requires_grad=self.weight.requires_grad,
+            bias_requires_grad=bias is not None and bias.requires_grad,
+            normalization=self.normalization,
+            eps=self.eps,
+            zero_centered_gamma=self.zero_centered_gamma,
+            return_layernorm_output=self.return_layernorm_output,
+            input_quantizer=q and q.input,
+            weight_quantizer=q and q.weight,
+            output_quantizer=q and q.output,
+            grad_input_quantizer=q and q.grad_input,
+            grad_weight_quantizer=q and q.grad_weight,
+            grad_output_quantizer=q and q.grad_output,
+            activation_dtype=dtype,
+            fp8=q is not None,
+            fprop_gemm=_GEMM,
+            dgrad_gemm=_GEMM,
+            wgrad_gemm=_GEMM,
+            parallel_mode=self.parallel_mode,
+            tp_group=self.tp_group,
+            tp_size=self.tp_size,
+            sequence_parallel=self.sequence_parallel,
+            in_features=self.in_features,
+            out_features=self.out_features,
+            is_grad_enabled=torch.is_grad_enabled(),
+        )
+        outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
+        out = outputs[0]
+        extra: tuple[Any, ...] = ()
+        if self.return_bias:
+            extra += (None if self.bias is None else self.bias.to(dtype),)
+        if self.return_layernorm_output:
+            extra += (outputs[1],)
+        return (out, *extra) if extra else out
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, normalization={self.normalization}"
+        )

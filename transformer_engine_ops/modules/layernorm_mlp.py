@@ -1,0 +1,210 @@
+"""``LayerNormMLP``: TE's norm -> fc1 -> activation -> fc2 block, through one generated op.
+
+The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
+(``layer_norm_weight``, ``layer_norm_bias``, ``fc1_weight``, ``fc1_bias``, ``fc2_weight``,
+``fc2_bias``, plus ``_extra_state``). ``device=None`` means torch's default device (TE
+defaults to ``"cuda"``). With ``set_parallel_mode=True`` fc1 is column- and fc2
+row-parallel over ``tp_group``; every rank builds the same full weights and keeps its
+shard (for a gated activation, its shard of each half).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
+from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs
+from ..runtime.values import GemmConfig
+from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
+from ._call import call_op
+from .autocast import STATE
+from .layernorm_linear import check_normalization
+from .linear import _check_parallelism
+
+_GEMM = GemmConfig()
+ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
+
+
+class LayerNormMLP(ExtraStateMixin, nn.Module):
+    """``y = fc2(act(fc1(norm(x))))`` with TE's recipes and tensor/sequence parallelism."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        return_bias: bool = False,
+        get_rng_state_tracker: Callable | None = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        activation: str = "gelu",
+        activation_params: dict | None = None,
+        output_layer_init_method: Callable | None = None,
+        fuse_wgrad_accumulation: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        set_parallel_mode: bool = False,
+        zero_centered_gamma: bool = False,
+        device: torch.device | str | None = None,
+        ub_overlap_ag: bool = False,
+        name: str | None = None,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        cls = type(self).__name__
+        reject_unimplemented(
+            cls,
+            get_rng_state_tracker=(get_rng_state_tracker, None),
+            activation_params=(activation_params, None),
+            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
+            return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
+            seq_length=(seq_length, None),
+            micro_batch_size=(micro_batch_size, None),
+            ub_overlap_ag=(ub_overlap_ag, False),
+            ub_overlap_rs=(ub_overlap_rs, False),
+            ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
+            ub_bulk_dgrad=(ub_bulk_dgrad, False),
+            ub_bulk_wgrad=(ub_bulk_wgrad, False),
+            delay_wgrad_compute=(delay_wgrad_compute, False),
+            symmetric_ar_type=(symmetric_ar_type, None),
+            checkpoint=(checkpoint, False),
+        )
+        check_normalization(cls, normalization)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{cls}: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        mode = "column" if set_parallel_mode else None
+        tp_size = _check_parallelism(hidden_size, ffn_hidden_size, tp_group, tp_size, mode)
+        self.name = name
+        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.eps = float(eps)
+        self.normalization, self.activation = normalization, activation
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.return_bias = bool(return_bias)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
+        self.tp_group, self.tp_size = tp_group, tp_size
+        self.set_parallel_mode = bool(set_parallel_mode)
+        self.sequence_parallel = bool(sequence_parallel) and self.set_parallel_mode and tp_size > 1
+        parts = tp_size if set_parallel_mode else 1
+        rank = tp_rank(tp_group, tp_size)
+        self.size_per_partition = local = ffn_hidden_size // parts
+        self.layer_norm_weight = nn.Parameter(
+            torch.full((hidden_size,), float(not zero_centered_gamma), dtype=dtype, device=device)
+        )
+        if normalization == "LayerNorm":
+            self.layer_norm_bias = nn.Parameter(
+                torch.zeros(hidden_size, dtype=dtype, device=device)
+            )
+        else:
+            self.register_parameter("layer_norm_bias", None)
+        halves = 2 if activation in GATED else 1
+        fc1 = torch.empty(halves * ffn_hidden_size, hidden_size, dtype=dtype, device=device)
+        (init_method or te_default_init)(fc1)
+        # This rank's rows of each half (gate and linear halves of a gated activation).
+        fc1 = torch.cat([h.narrow(0, rank * local, local) for h in fc1.chunk(halves, 0)]).clone()
+        fc2 = torch.empty(hidden_size, ffn_hidden_size, dtype=dtype, device=device)
+        (output_layer_init_method or te_default_init)(fc2)
+        fc2 = fc2.narrow(1, rank * local, local).clone()
+        init = STATE.model_init
+        if init is not None:
+            fc1 = init.weight.with_internal(False).quantize(fc1)
+            fc2 = init.weight.with_internal(False).quantize(fc2)
+        # Registered in TE's order: fc1 weight and bias, then fc2's.
+        self.fc1_weight = nn.Parameter(fc1)
+        if bias:
+            self.fc1_bias = nn.Parameter(torch.zeros(halves * local, dtype=dtype, device=device))
+        else:
+            self.register_parameter("fc1_bias", None)
+        self.fc2_weight = nn.Parameter(fc2)
+        if bias:
+            self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+        else:
+            self.register_parameter("fc2_bias", None)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
+        reject_unimplemented(
+            f"{type(self).__name__}.forward", is_first_microbatch=(is_first_microbatch, None)
+        )
+        # fc1 and fc2 each take the recipe's quantizers in their own bundle fields.
+        q: Any = self._recipe_quantizers(STATE.autocast)
+        is_tensor = isinstance(inp, torch.Tensor)
+        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        fc2_bias = None if self.return_bias else self.fc2_bias
+        ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
+        fc1_bias = self.fc1_bias
+        args = LayerNormMLPFwdArgs(
+            inp=inp,
+            ln_weight=ln_weight,
+            ln_bias=ln_bias,
+            fc1_weight=self.fc1_weight,
+            fc1_bias=fc1_bias,
+            fc2_weight=self.fc2_weight,
+            fc2_bias=fc2_bias,
+            input_requires_grad=is_tensor and inp.requires_grad,
+            ln_weight_requires_grad=ln_weight.requires_grad,
+            ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
+            fc1_weight_requires_grad=self.fc1_weight.requires_grad,
+            fc1_bias_requires_grad=fc1_bias is not None and fc1_bias.requires_grad,
+            fc2_weight_requires_grad=self.fc2_weight.requires_grad,
+            fc2_bias_requires_grad=fc2_bias is not None and fc2_bias.requires_grad,
+            normalization=self.normalization,
+            eps=self.eps,
+            zero_centered_gamma=self.zero_centered_gamma,
+            return_layernorm_output=self.return_layernorm_output,
+            activation=self.activation,
+            fc1_input_quantizer=q and q.input,
+            fc1_weight_quantizer=q and q.weight,
+            fc1_output_quantizer=q and q.output,
+            fc1_grad_input_quantizer=q and q.grad_input,
+            fc1_grad_weight_quantizer=q and q.grad_weight,
+            fc1_grad_output_quantizer=q and q.grad_output,
+            fc2_input_quantizer=q and q.input,
+            fc2_weight_quantizer=q and q.weight,
+            fc2_output_quantizer=q and q.output,
+            fc2_grad_input_quantizer=q and q.grad_input,
+            fc2_grad_weight_quantizer=q and q.grad_weight,
+            fc2_grad_output_quantizer=q and q.grad_output,
+            activation_dtype=dtype,
+            fp8=q is not None,
+            fprop_gemm=_GEMM,
+            dgrad_gemm=_GEMM,
+            wgrad_gemm=_GEMM,
+            set_parallel_mode=self.set_parallel_mode,
+            tp_group=self.tp_group,
+            tp_size=self.tp_size,
+            sequence_parallel=self.sequence_parallel,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size,
+            is_grad_enabled=torch.is_grad_enabled(),
+        )
+        outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, q)
+        extra: tuple[Any, ...] = ()
+        if self.return_bias:
+            extra += (None if self.fc2_bias is None else self.fc2_bias.to(dtype),)
+        if self.return_layernorm_output:
+            extra += (outputs[1],)
+        return (outputs[0], *extra) if extra else outputs[0]
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+            f"activation={self.activation}, normalization={self.normalization}, "
+            f"bias={self.fc1_bias is not None}, set_parallel_mode={self.set_parallel_mode}"
+        )

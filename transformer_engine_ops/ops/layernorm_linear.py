@@ -1,0 +1,393 @@
+"""The LayerNormLinear op: LayerNorm or RMSNorm, then a Linear GEMM on the norm output.
+
+The norm runs in fp32 (``ops/layernorm.py``'s math) and writes its output in the
+activation dtype; the GEMM stage is the Linear op's own forward and backward
+(``ops/_fused.py``), so the norm output is quantized for the GEMM by the input quantizer
+under every recipe, and column parallelism (with sequence parallelism: the norm output
+all-gathered before the GEMM, dgrad reduce-scattered after) is Linear's.
+``return_layernorm_output`` returns the (local) norm output as a second output; its
+gradient joins the GEMM's dgrad before the norm backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Optional
+
+import torch
+
+from transformer_engine_ops.ops._fused import (
+    GemmQuantizers,
+    keeps_high_precision_input,
+    linear_backward_stage,
+    linear_stage,
+)
+from transformer_engine_ops.ops.layernorm import (
+    check_norm,
+    norm_backward,
+    norm_forward,
+    norm_stats_specs,
+)
+from transformer_engine_ops.ops.linear import (
+    LinearFwdArgs,
+    linear_backward,
+    linear_backward_spec,
+    linear_forward,
+    linear_forward_spec,
+    linear_setup_context,
+)
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.runtime.tensor_spec import TensorSpec
+from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
+from transformer_engine_ops.runtime.values import GemmConfig
+
+Normalization = Literal["LayerNorm", "RMSNorm"]
+ParallelMode = Literal["column"]
+
+
+@dataclass
+class LayerNormLinearFwdArgs:
+    """Everything the LayerNormLinear forward needs."""
+
+    # --- Differentiable inputs ---
+    inp: torch.Tensor
+    ln_weight: torch.Tensor
+    ln_bias: Optional[torch.Tensor]  # None for RMSNorm
+    weight: TensorOrQuantized
+    bias: Optional[torch.Tensor]
+
+    # --- requires_grad, recorded so the backward does not re-query ---
+    input_requires_grad: bool
+    ln_weight_requires_grad: bool
+    ln_bias_requires_grad: bool
+    weight_requires_grad: bool
+    bias_requires_grad: bool
+
+    # --- Norm ---
+    normalization: Normalization
+    eps: float
+    zero_centered_gamma: bool
+    return_layernorm_output: bool
+
+    # --- Quantizers of the GEMM (None when the recipe does not quantize that tensor) ---
+    input_quantizer: Optional[Quantizer]
+    weight_quantizer: Optional[Quantizer]
+    output_quantizer: Optional[Quantizer]
+    grad_input_quantizer: Optional[Quantizer]
+    grad_weight_quantizer: Optional[Quantizer]
+    grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    fprop_gemm: GemmConfig
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Tensor and sequence parallelism (column parallel only) ---
+    parallel_mode: Optional[ParallelMode]
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+    in_features: int
+    out_features: int
+
+    # --- Autograd state ---
+    is_grad_enabled: bool
+
+
+@dataclass
+class LayerNormLinearBwdArgs:
+    """Everything the LayerNormLinear backward needs."""
+
+    # --- One per forward output: out (and ln_out with return_layernorm_output) ---
+    grad_outputs: list[torch.Tensor]
+
+    # --- Saved for the norm backward ---
+    inp: torch.Tensor
+    ln_weight: torch.Tensor
+    mu: Optional[torch.Tensor]
+    rsigma: Optional[torch.Tensor]
+
+    # --- Saved for the GEMM backward ---
+    inputmat: Optional[TensorOrQuantized]
+    weight_fp8: Optional[TensorOrQuantized]
+    ln_out_shape: torch.Size
+
+    # --- What to compute ---
+    requires_dgrad: bool  # through the GEMM into the norm
+    requires_wgrad: bool
+    use_bias: bool
+    input_requires_grad: bool
+    ln_weight_requires_grad: bool
+    ln_bias_requires_grad: bool
+
+    normalization: Normalization
+    zero_centered_gamma: bool
+    return_layernorm_output: bool
+
+    # --- Quantizers ---
+    input_quantizer: Optional[Quantizer]
+    weight_quantizer: Optional[Quantizer]
+    grad_input_quantizer: Optional[Quantizer]
+    grad_weight_quantizer: Optional[Quantizer]
+    grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Tensor and sequence parallelism ---
+    parallel_mode: Optional[ParallelMode]
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+
+
+# --- The plan: every decision real kernels and spec fakes share ---------------------
+
+
+def _quantizers(args: LayerNormLinearFwdArgs | LayerNormLinearBwdArgs) -> GemmQuantizers:
+    return GemmQuantizers(
+        args.input_quantizer,
+        args.weight_quantizer,
+        getattr(args, "output_quantizer", None),
+        args.grad_input_quantizer,
+        args.grad_weight_quantizer,
+        args.grad_output_quantizer,
+    )
+
+
+def _norm_grads_needed(args: LayerNormLinearFwdArgs) -> bool:
+    return args.is_grad_enabled and (
+        args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad
+    )
+
+
+def _gemm_args(args: LayerNormLinearFwdArgs, ln_out: Any) -> LinearFwdArgs:
+    """The Linear stage's bundle, with the norm output (real or spec) as its input."""
+    return linear_stage(
+        weight=args.weight,
+        inp=ln_out,
+        bias=args.bias,
+        input_requires_grad=_norm_grads_needed(args),
+        weight_requires_grad=args.weight_requires_grad,
+        bias_requires_grad=args.bias_requires_grad,
+        quantizers=_quantizers(args),
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.fprop_gemm, args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        in_features=args.in_features,
+        out_features=args.out_features,
+        is_grad_enabled=args.is_grad_enabled,
+    )
+
+
+class _ForwardPlan(NamedTuple):
+    gemm: LinearFwdArgs  # the GEMM stage, on a spec of the norm output
+    save_stats: bool  # mu/rsigma for the norm backward
+    save_ln_out: bool  # the unquantized norm output for the GEMM's wgrad
+    return_ln_out: bool
+
+
+def _forward_plan(args: LayerNormLinearFwdArgs) -> _ForwardPlan:
+    hidden = args.inp.shape[-1]
+    check_norm(
+        args.normalization,
+        args.ln_weight,
+        args.ln_bias,
+        hidden,
+        "LayerNormLinearFwdArgs",
+        "ln_bias",
+    )
+    if hidden != args.weight.shape[-1]:
+        raise ValueError(
+            f"LayerNormLinearFwdArgs: the input's last dim is {hidden}, but the weight has "
+            f"shape {tuple(args.weight.shape)} (expected (out_features, {hidden}))"
+        )
+    ln_out = TensorSpec(tuple(args.inp.shape), args.activation_dtype, device=args.inp.device)
+    gemm = _gemm_args(args, ln_out)
+    return _ForwardPlan(
+        gemm,
+        _norm_grads_needed(args),
+        keeps_high_precision_input(gemm),
+        args.return_layernorm_output,
+    )
+
+
+# --- Forward ---------------------------------------------------------------------
+
+
+def layernorm_linear_forward(
+    args: LayerNormLinearFwdArgs,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``outputs == (out,)`` or ``(out, ln_out)``; ``saved == (mu, rsigma, ln_out,
+    gemm input, gemm weight)`` (None where the backward does not need it)."""
+    plan = _forward_plan(args)
+    inp = args.inp
+    y, mu, rsigma = norm_forward(
+        inp.reshape(-1, inp.shape[-1]),
+        args.ln_weight,
+        args.ln_bias,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        args.activation_dtype,
+    )
+    ln_out = y.view(inp.shape)
+    (out,), (gemm_input, gemm_weight) = linear_forward(_gemm_args(args, ln_out))
+    saved_ln_out = ln_out if plan.save_ln_out else None
+    outputs: tuple[Any, ...] = (out,)
+    if plan.return_ln_out:
+        # A returned tensor must not alias a saved one: the saved copy is separate.
+        outputs = (out, ln_out.clone() if plan.save_ln_out else ln_out)
+    stats = (mu, rsigma) if plan.save_stats else (None, None)
+    return outputs, (*stats, saved_ln_out, gemm_input, gemm_weight)
+
+
+def layernorm_linear_forward_spec(
+    args: LayerNormLinearFwdArgs,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    plan = _forward_plan(args)
+    inp = args.inp
+    (out,), (gemm_input, gemm_weight) = linear_forward_spec(plan.gemm)
+    ln_out = TensorSpec(tuple(inp.shape), args.activation_dtype, device=inp.device)
+    outputs: tuple[Any, ...] = (out, ln_out) if plan.return_ln_out else (out,)
+    stats: tuple[Any, ...] = (None, None)
+    if plan.save_stats:
+        rows = 1
+        for d in inp.shape[:-1]:
+            rows = rows * d
+        stats = norm_stats_specs(args.normalization, rows, inp.device)
+    saved_ln_out = ln_out if plan.save_ln_out else None
+    return outputs, (*stats, saved_ln_out, gemm_input, gemm_weight)
+
+
+def layernorm_linear_setup_context(
+    args: LayerNormLinearFwdArgs, saved: tuple[Any, ...]
+) -> LayerNormLinearBwdArgs:
+    mu, rsigma, ln_out, gemm_input, gemm_weight = saved
+    # Without a saved norm output the GEMM backward does not read its input: the
+    # forward input (same shape) stands in for the shape only.
+    gemm = linear_setup_context(
+        _gemm_args(args, ln_out if ln_out is not None else args.inp), (gemm_input, gemm_weight)
+    )
+    grad = args.is_grad_enabled
+    return LayerNormLinearBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        ln_weight=args.ln_weight,
+        mu=mu,
+        rsigma=rsigma,
+        inputmat=gemm.inputmat,
+        weight_fp8=gemm.weight_fp8,
+        ln_out_shape=gemm.inp_shape,
+        requires_dgrad=gemm.requires_dgrad,
+        requires_wgrad=gemm.requires_wgrad,
+        use_bias=gemm.use_bias,
+        input_requires_grad=grad and args.input_requires_grad,
+        ln_weight_requires_grad=grad and args.ln_weight_requires_grad,
+        ln_bias_requires_grad=grad and args.ln_bias is not None and args.ln_bias_requires_grad,
+        normalization=args.normalization,
+        zero_centered_gamma=args.zero_centered_gamma,
+        return_layernorm_output=args.return_layernorm_output,
+        input_quantizer=args.input_quantizer,
+        weight_quantizer=args.weight_quantizer,
+        grad_input_quantizer=args.grad_input_quantizer,
+        grad_weight_quantizer=args.grad_weight_quantizer,
+        grad_output_quantizer=args.grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+    )
+
+
+# --- Backward --------------------------------------------------------------------
+
+
+def _gemm_backward_args(args: LayerNormLinearBwdArgs) -> Any:
+    return linear_backward_stage(
+        grad_output=args.grad_outputs[0],
+        inputmat=args.inputmat,
+        weight_fp8=args.weight_fp8,
+        inp_shape=args.ln_out_shape,
+        requires_dgrad=args.requires_dgrad,
+        requires_wgrad=args.requires_wgrad,
+        use_bias=args.use_bias,
+        quantizers=_quantizers(args),
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+    )
+
+
+def layernorm_linear_backward(args: LayerNormLinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``(inp, ln_weight, ln_bias, weight, bias)``; None where not required."""
+    dln, wgrad, bgrad = linear_backward(_gemm_backward_args(args))
+    dgrad = dgamma = dbeta = None
+    if args.requires_dgrad:
+        inp = args.inp
+        dln = dln.reshape(-1, dln.shape[-1]).float()
+        if args.return_layernorm_output:
+            ln_grad = args.grad_outputs[1]
+            dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
+        dx, dg, db = norm_backward(
+            dln,
+            inp.reshape(-1, inp.shape[-1]),
+            args.ln_weight,
+            args.mu,
+            args.rsigma,
+            args.zero_centered_gamma,
+            need_dgrad=args.input_requires_grad,
+        )
+        pdtype = args.ln_weight.dtype
+        dgrad = dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None
+        dgamma = dg.to(pdtype) if args.ln_weight_requires_grad else None
+        dbeta = db.to(pdtype) if args.ln_bias_requires_grad else None
+    return dgrad, dgamma, dbeta, wgrad, bgrad
+
+
+def layernorm_linear_backward_spec(
+    args: LayerNormLinearBwdArgs,
+) -> tuple[TensorSpec | None, ...]:
+    _, wgrad, bgrad = linear_backward_spec(_gemm_backward_args(args))
+    inp, w = args.inp, args.ln_weight
+    norm = args.requires_dgrad
+    dgrad = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
+    dgamma = TensorSpec(tuple(w.shape), w.dtype, device=inp.device)
+    return (
+        dgrad if norm and args.input_requires_grad else None,
+        dgamma if norm and args.ln_weight_requires_grad else None,
+        dgamma if norm and args.ln_bias_requires_grad else None,
+        wgrad,
+        bgrad,
+    )
+
+
+LAYERNORM_LINEAR = OpDeclaration(
+    name="layernorm_linear",
+    forward=LayerNormLinearFwdArgs,
+    backward=LayerNormLinearBwdArgs,
+    grad_fields=("inp", "ln_weight", "ln_bias", "weight", "bias"),
+    forward_impl=layernorm_linear_forward,
+    backward_impl=layernorm_linear_backward,
+    forward_spec=layernorm_linear_forward_spec,
+    backward_spec=layernorm_linear_backward_spec,
+    setup_context=layernorm_linear_setup_context,
+)

@@ -1,0 +1,574 @@
+"""The LayerNormMLP op: norm -> fc1 -> activation -> fc2, one op each way.
+
+The norm is ``ops/layernorm.py``'s fp32 math; fc1 and fc2 are the Linear op's own GEMM
+stages (``ops/_fused.py``), each with its own six quantizers, so each GEMM quantizes its
+input, weight and gradients as Linear does. The activation runs in fp32 on fc1's
+output; gated activations (``swiglu``, ``geglu``, ``reglu``) gate the first half of
+fc1's output features with the second, as TE does. With ``set_parallel_mode`` fc1 is
+column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
+norm output before fc1 and reduce-scatters fc2's output (and the reverse in backward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Optional
+
+import torch
+
+from transformer_engine_ops.ops._fused import (
+    GemmQuantizers,
+    keeps_high_precision_input,
+    linear_backward_stage,
+    linear_stage,
+)
+from transformer_engine_ops.ops.layernorm import (
+    check_norm,
+    norm_backward,
+    norm_forward,
+    norm_stats_specs,
+)
+from transformer_engine_ops.ops.linear import (
+    LinearFwdArgs,
+    linear_backward,
+    linear_backward_spec,
+    linear_forward,
+    linear_forward_spec,
+    linear_setup_context,
+)
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.runtime.tensor_spec import TensorSpec
+from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
+from transformer_engine_ops.runtime.values import GemmConfig
+
+Normalization = Literal["LayerNorm", "RMSNorm"]
+Activation = Literal["gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"]
+
+
+@dataclass
+class LayerNormMLPFwdArgs:
+    """Everything the LayerNormMLP forward needs."""
+
+    # --- Differentiable inputs ---
+    inp: torch.Tensor
+    ln_weight: torch.Tensor
+    ln_bias: Optional[torch.Tensor]  # None for RMSNorm
+    fc1_weight: TensorOrQuantized
+    fc1_bias: Optional[torch.Tensor]
+    fc2_weight: TensorOrQuantized
+    fc2_bias: Optional[torch.Tensor]
+
+    # --- requires_grad, recorded so the backward does not re-query ---
+    input_requires_grad: bool
+    ln_weight_requires_grad: bool
+    ln_bias_requires_grad: bool
+    fc1_weight_requires_grad: bool
+    fc1_bias_requires_grad: bool
+    fc2_weight_requires_grad: bool
+    fc2_bias_requires_grad: bool
+
+    # --- Norm and activation ---
+    normalization: Normalization
+    eps: float
+    zero_centered_gamma: bool
+    return_layernorm_output: bool
+    activation: Activation
+
+    # --- fc1 quantizers ---
+    fc1_input_quantizer: Optional[Quantizer]
+    fc1_weight_quantizer: Optional[Quantizer]
+    fc1_output_quantizer: Optional[Quantizer]
+    fc1_grad_input_quantizer: Optional[Quantizer]
+    fc1_grad_weight_quantizer: Optional[Quantizer]
+    fc1_grad_output_quantizer: Optional[Quantizer]
+
+    # --- fc2 quantizers ---
+    fc2_input_quantizer: Optional[Quantizer]
+    fc2_weight_quantizer: Optional[Quantizer]
+    fc2_output_quantizer: Optional[Quantizer]
+    fc2_grad_input_quantizer: Optional[Quantizer]
+    fc2_grad_weight_quantizer: Optional[Quantizer]
+    fc2_grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    fprop_gemm: GemmConfig
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Tensor and sequence parallelism: fc1 column-, fc2 row-parallel ---
+    set_parallel_mode: bool
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+    hidden_size: int
+    ffn_hidden_size: int
+
+    # --- Autograd state ---
+    is_grad_enabled: bool
+
+
+@dataclass
+class LayerNormMLPBwdArgs:
+    """Everything the LayerNormMLP backward needs."""
+
+    # --- One per forward output: out (and ln_out with return_layernorm_output) ---
+    grad_outputs: list[torch.Tensor]
+
+    # --- Saved for the norm backward ---
+    inp: torch.Tensor
+    ln_weight: torch.Tensor
+    mu: Optional[torch.Tensor]
+    rsigma: Optional[torch.Tensor]
+
+    # --- Saved for the GEMM and activation backward ---
+    fc1_inputmat: Optional[TensorOrQuantized]
+    fc1_weight_fp8: Optional[TensorOrQuantized]
+    ln_out_shape: torch.Size
+    fc1_out: Optional[torch.Tensor]
+    fc2_inputmat: Optional[TensorOrQuantized]
+    fc2_weight_fp8: Optional[TensorOrQuantized]
+    act_shape: torch.Size
+
+    # --- What to compute ---
+    fc1_requires_dgrad: bool
+    fc1_requires_wgrad: bool
+    fc1_use_bias: bool
+    fc2_requires_dgrad: bool
+    fc2_requires_wgrad: bool
+    fc2_use_bias: bool
+    input_requires_grad: bool
+    ln_weight_requires_grad: bool
+    ln_bias_requires_grad: bool
+
+    normalization: Normalization
+    zero_centered_gamma: bool
+    return_layernorm_output: bool
+    activation: Activation
+
+    # --- Quantizers ---
+    fc1_input_quantizer: Optional[Quantizer]
+    fc1_weight_quantizer: Optional[Quantizer]
+    fc1_grad_input_quantizer: Optional[Quantizer]
+    fc1_grad_weight_quantizer: Optional[Quantizer]
+    fc1_grad_output_quantizer: Optional[Quantizer]
+    fc2_input_quantizer: Optional[Quantizer]
+    fc2_weight_quantizer: Optional[Quantizer]
+    fc2_grad_input_quantizer: Optional[Quantizer]
+    fc2_grad_weight_quantizer: Optional[Quantizer]
+    fc2_grad_output_quantizer: Optional[Quantizer]
+
+    # --- Numerics ---
+    activation_dtype: torch.dtype
+    fp8: bool
+    dgrad_gemm: GemmConfig
+    wgrad_gemm: GemmConfig
+
+    # --- Tensor and sequence parallelism ---
+    set_parallel_mode: bool
+    tp_group: Optional[ProcessGroup]
+    tp_size: int
+    sequence_parallel: bool
+
+
+# --- Activations (fp32 math) ---------------------------------------------------------
+
+GATED = ("swiglu", "geglu", "reglu")
+_TANH_K = math.sqrt(2.0 / math.pi)
+
+
+def _unary(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(f(x), f'(x))`` of the activation (or the gate of a gated one)."""
+    if name in ("gelu", "geglu"):  # TE's gelu is the tanh approximation
+        inner = _TANH_K * (x + 0.044715 * x.pow(3))
+        t = torch.tanh(inner)
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _TANH_K * (1 + 3 * 0.044715 * x * x)
+        return 0.5 * x * (1 + t), d
+    if name in ("relu", "reglu"):
+        return torch.relu(x), (x > 0).to(x.dtype)
+    if name == "srelu":
+        r = torch.relu(x)
+        return r * r, 2 * r
+    if name == "qgelu":
+        s = torch.sigmoid(1.702 * x)
+        return x * s, s + 1.702 * x * s * (1 - s)
+    # swiglu: SiLU gate
+    s = torch.sigmoid(x)
+    return x * s, s + x * s * (1 - s)
+
+
+def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    xf = x.float()
+    if name in GATED:
+        a, b = xf.chunk(2, dim=-1)
+        return (_unary(name, a)[0] * b).to(out_dtype)
+    return _unary(name, xf)[0].to(out_dtype)
+
+
+def activation_backward(
+    name: str, dy: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    xf, dyf = x.float(), dy.float()
+    if name in GATED:
+        a, b = xf.chunk(2, dim=-1)
+        fa, dfa = _unary(name, a)
+        return torch.cat([dyf * b * dfa, dyf * fa], dim=-1).to(out_dtype)
+    return (dyf * _unary(name, xf)[1]).to(out_dtype)
+
+
+# --- The plan: every decision real kernels and spec fakes share ---------------------
+
+
+def _fc_quantizers(args: Any, fc: int) -> GemmQuantizers:
+    if fc == 1:
+        return GemmQuantizers(
+            args.fc1_input_quantizer,
+            args.fc1_weight_quantizer,
+            getattr(args, "fc1_output_quantizer", None),
+            args.fc1_grad_input_quantizer,
+            args.fc1_grad_weight_quantizer,
+            args.fc1_grad_output_quantizer,
+        )
+    return GemmQuantizers(
+        args.fc2_input_quantizer,
+        args.fc2_weight_quantizer,
+        getattr(args, "fc2_output_quantizer", None),
+        args.fc2_grad_input_quantizer,
+        args.fc2_grad_weight_quantizer,
+        args.fc2_grad_output_quantizer,
+    )
+
+
+def _norm_grads_needed(args: LayerNormMLPFwdArgs) -> bool:
+    return args.is_grad_enabled and (
+        args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad
+    )
+
+
+def _fc1_args(args: LayerNormMLPFwdArgs, ln_out: Any) -> LinearFwdArgs:
+    return linear_stage(
+        weight=args.fc1_weight,
+        inp=ln_out,
+        bias=args.fc1_bias,
+        input_requires_grad=_norm_grads_needed(args),
+        weight_requires_grad=args.fc1_weight_requires_grad,
+        bias_requires_grad=args.fc1_bias_requires_grad,
+        quantizers=_fc_quantizers(args, 1),
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.fprop_gemm, args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode="column" if args.set_parallel_mode else None,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        in_features=args.hidden_size,
+        out_features=args.fc1_weight.shape[0],
+        is_grad_enabled=args.is_grad_enabled,
+    )
+
+
+def _fc1_needs_grad(fc1: LinearFwdArgs) -> bool:
+    """Whether anything before the activation needs a gradient (so fc2 computes dgrad)."""
+    return fc1.is_grad_enabled and (
+        fc1.input_requires_grad
+        or fc1.weight_requires_grad
+        or (fc1.bias is not None and fc1.bias_requires_grad)
+    )
+
+
+def _fc2_args(args: LayerNormMLPFwdArgs, act_out: Any, fc1: LinearFwdArgs) -> LinearFwdArgs:
+    return linear_stage(
+        weight=args.fc2_weight,
+        inp=act_out,
+        bias=args.fc2_bias,
+        input_requires_grad=_fc1_needs_grad(fc1),
+        weight_requires_grad=args.fc2_weight_requires_grad,
+        bias_requires_grad=args.fc2_bias_requires_grad,
+        quantizers=_fc_quantizers(args, 2),
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.fprop_gemm, args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode="row" if args.set_parallel_mode else None,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        in_features=args.ffn_hidden_size,
+        out_features=args.hidden_size,
+        is_grad_enabled=args.is_grad_enabled,
+    )
+
+
+class _ForwardPlan(NamedTuple):
+    fc1: LinearFwdArgs  # on a spec of the norm output
+    fc2: LinearFwdArgs  # on a spec of the activation output
+    fc1_out: TensorSpec
+    save_stats: bool
+    save_ln_out: bool  # fc1's wgrad reads the unquantized norm output
+    save_fc1_out: bool  # the activation backward reads fc1's output
+    save_act_out: bool  # fc2's wgrad reads the unquantized activation output
+
+
+def _spec(shape: Any, args: LayerNormMLPFwdArgs) -> TensorSpec:
+    return TensorSpec(tuple(shape), args.activation_dtype, device=args.inp.device)
+
+
+def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
+    hidden = args.inp.shape[-1]
+    check_norm(
+        args.normalization, args.ln_weight, args.ln_bias, hidden, "LayerNormMLPFwdArgs", "ln_bias"
+    )
+    if args.activation not in ("gelu", "relu", "qgelu", "srelu", *GATED):
+        raise ValueError(f"LayerNormMLPFwdArgs.activation: unknown activation {args.activation!r}")
+    fc1_rows, fc2_cols = args.fc1_weight.shape[0], args.fc2_weight.shape[-1]
+    act_features = fc1_rows // 2 if args.activation in GATED else fc1_rows
+    if act_features != fc2_cols or (args.activation in GATED and fc1_rows % 2):
+        raise ValueError(
+            f"LayerNormMLPFwdArgs: fc1_weight {tuple(args.fc1_weight.shape)} and fc2_weight "
+            f"{tuple(args.fc2_weight.shape)} do not fit activation={args.activation!r} "
+            "(fc2's in features must be fc1's out features, halved for a gated activation)"
+        )
+    fc1 = _fc1_args(args, _spec(args.inp.shape, args))
+    fc1_out = linear_forward_spec(fc1)[0][0]
+    act_out = _spec((*fc1_out.shape[:-1], act_features), args)
+    fc2 = _fc2_args(args, act_out, fc1)
+    return _ForwardPlan(
+        fc1,
+        fc2,
+        fc1_out,
+        _norm_grads_needed(args),
+        keeps_high_precision_input(fc1),
+        fc2.input_requires_grad,
+        keeps_high_precision_input(fc2),
+    )
+
+
+# --- Forward ---------------------------------------------------------------------
+
+
+def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``outputs == (out,)`` or ``(out, ln_out)``; ``saved == (mu, rsigma, ln_out, fc1_out,
+    act_out, fc1 input, fc1 weight, fc2 input, fc2 weight)`` (None where not needed)."""
+    plan = _forward_plan(args)
+    inp, dtype = args.inp, args.activation_dtype
+    y, mu, rsigma = norm_forward(
+        inp.reshape(-1, inp.shape[-1]),
+        args.ln_weight,
+        args.ln_bias,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        dtype,
+    )
+    ln_out = y.view(inp.shape)
+    fc1 = _fc1_args(args, ln_out)
+    (fc1_out,), (fc1_input, fc1_weight) = linear_forward(fc1)
+    act_out = activation_forward(args.activation, fc1_out, dtype)
+    (out,), (fc2_input, fc2_weight) = linear_forward(_fc2_args(args, act_out, fc1))
+    outputs: tuple[Any, ...] = (out,)
+    if args.return_layernorm_output:
+        # A returned tensor must not alias a saved one: the saved copy is separate.
+        outputs = (out, ln_out.clone() if plan.save_ln_out else ln_out)
+    stats = (mu, rsigma) if plan.save_stats else (None, None)
+    return outputs, (
+        *stats,
+        ln_out if plan.save_ln_out else None,
+        fc1_out if plan.save_fc1_out else None,
+        act_out if plan.save_act_out else None,
+        fc1_input,
+        fc1_weight,
+        fc2_input,
+        fc2_weight,
+    )
+
+
+def layernorm_mlp_forward_spec(
+    args: LayerNormMLPFwdArgs,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    plan = _forward_plan(args)
+    inp = args.inp
+    (_,), (fc1_input, fc1_weight) = linear_forward_spec(plan.fc1)
+    (out,), (fc2_input, fc2_weight) = linear_forward_spec(plan.fc2)
+    ln_out = plan.fc1.inp
+    outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
+    stats: tuple[Any, ...] = (None, None)
+    if plan.save_stats:
+        stats = norm_stats_specs(args.normalization, math.prod(inp.shape[:-1]), inp.device)
+    return outputs, (
+        *stats,
+        ln_out if plan.save_ln_out else None,
+        plan.fc1_out if plan.save_fc1_out else None,
+        plan.fc2.inp if plan.save_act_out else None,
+        fc1_input,
+        fc1_weight,
+        fc2_input,
+        fc2_weight,
+    )
+
+
+def layernorm_mlp_setup_context(
+    args: LayerNormMLPFwdArgs, saved: tuple[Any, ...]
+) -> LayerNormMLPBwdArgs:
+    mu, rsigma, ln_out, fc1_out, act_out, fc1_input, fc1_weight, fc2_input, fc2_weight = saved
+    plan = _forward_plan(args)
+    # Where an intermediate was not kept, its stage's backward does not read it: a
+    # spec-shaped stand-in is only asked for its shape.
+    fc1 = linear_setup_context(
+        _fc1_args(args, ln_out if ln_out is not None else args.inp), (fc1_input, fc1_weight)
+    )
+    fc2 = linear_setup_context(
+        _fc2_args(args, act_out if act_out is not None else plan.fc2.inp, plan.fc1),
+        (fc2_input, fc2_weight),
+    )
+    grad = args.is_grad_enabled
+    return LayerNormMLPBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        ln_weight=args.ln_weight,
+        mu=mu,
+        rsigma=rsigma,
+        fc1_inputmat=fc1.inputmat,
+        fc1_weight_fp8=fc1.weight_fp8,
+        ln_out_shape=fc1.inp_shape,
+        fc1_out=fc1_out,
+        fc2_inputmat=fc2.inputmat,
+        fc2_weight_fp8=fc2.weight_fp8,
+        act_shape=torch.Size(fc2.inp_shape),
+        fc1_requires_dgrad=fc1.requires_dgrad,
+        fc1_requires_wgrad=fc1.requires_wgrad,
+        fc1_use_bias=fc1.use_bias,
+        fc2_requires_dgrad=fc2.requires_dgrad,
+        fc2_requires_wgrad=fc2.requires_wgrad,
+        fc2_use_bias=fc2.use_bias,
+        input_requires_grad=grad and args.input_requires_grad,
+        ln_weight_requires_grad=grad and args.ln_weight_requires_grad,
+        ln_bias_requires_grad=grad and args.ln_bias is not None and args.ln_bias_requires_grad,
+        normalization=args.normalization,
+        zero_centered_gamma=args.zero_centered_gamma,
+        return_layernorm_output=args.return_layernorm_output,
+        activation=args.activation,
+        fc1_input_quantizer=args.fc1_input_quantizer,
+        fc1_weight_quantizer=args.fc1_weight_quantizer,
+        fc1_grad_input_quantizer=args.fc1_grad_input_quantizer,
+        fc1_grad_weight_quantizer=args.fc1_grad_weight_quantizer,
+        fc1_grad_output_quantizer=args.fc1_grad_output_quantizer,
+        fc2_input_quantizer=args.fc2_input_quantizer,
+        fc2_weight_quantizer=args.fc2_weight_quantizer,
+        fc2_grad_input_quantizer=args.fc2_grad_input_quantizer,
+        fc2_grad_weight_quantizer=args.fc2_grad_weight_quantizer,
+        fc2_grad_output_quantizer=args.fc2_grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        set_parallel_mode=args.set_parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+    )
+
+
+# --- Backward --------------------------------------------------------------------
+
+
+def _fc_backward_args(args: LayerNormMLPBwdArgs, fc: int, grad_output: Any) -> Any:
+    parallel = args.set_parallel_mode
+    first = fc == 1
+    return linear_backward_stage(
+        grad_output=grad_output,
+        inputmat=args.fc1_inputmat if first else args.fc2_inputmat,
+        weight_fp8=args.fc1_weight_fp8 if first else args.fc2_weight_fp8,
+        inp_shape=args.ln_out_shape if first else args.act_shape,
+        requires_dgrad=args.fc1_requires_dgrad if first else args.fc2_requires_dgrad,
+        requires_wgrad=args.fc1_requires_wgrad if first else args.fc2_requires_wgrad,
+        use_bias=args.fc1_use_bias if first else args.fc2_use_bias,
+        quantizers=_fc_quantizers(args, fc),
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode=("column" if first else "row") if parallel else None,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+    )
+
+
+def _fc1_grad_output_spec(args: LayerNormMLPBwdArgs) -> TensorSpec:
+    fc1_out = args.fc1_out
+    return TensorSpec(tuple(fc1_out.shape), args.activation_dtype, device=fc1_out.device)
+
+
+def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``(inp, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight,
+    fc2_bias)``; None where not required."""
+    dtype = args.activation_dtype
+    d_act, fc2_wgrad, fc2_bgrad = linear_backward(_fc_backward_args(args, 2, args.grad_outputs[0]))
+    dgrad = dgamma = dbeta = fc1_wgrad = fc1_bgrad = None
+    if args.fc2_requires_dgrad:
+        d_fc1 = activation_backward(args.activation, d_act, args.fc1_out, dtype)
+        dln, fc1_wgrad, fc1_bgrad = linear_backward(_fc_backward_args(args, 1, d_fc1))
+        if args.fc1_requires_dgrad:
+            inp = args.inp
+            dln = dln.reshape(-1, dln.shape[-1]).float()
+            if args.return_layernorm_output:
+                ln_grad = args.grad_outputs[1]
+                dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
+            dx, dg, db = norm_backward(
+                dln,
+                inp.reshape(-1, inp.shape[-1]),
+                args.ln_weight,
+                args.mu,
+                args.rsigma,
+                args.zero_centered_gamma,
+                need_dgrad=args.input_requires_grad,
+            )
+            pdtype = args.ln_weight.dtype
+            dgrad = dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None
+            dgamma = dg.to(pdtype) if args.ln_weight_requires_grad else None
+            dbeta = db.to(pdtype) if args.ln_bias_requires_grad else None
+    return dgrad, dgamma, dbeta, fc1_wgrad, fc1_bgrad, fc2_wgrad, fc2_bgrad
+
+
+def layernorm_mlp_backward_spec(args: LayerNormMLPBwdArgs) -> tuple[TensorSpec | None, ...]:
+    _, fc2_wgrad, fc2_bgrad = linear_backward_spec(_fc_backward_args(args, 2, args.grad_outputs[0]))
+    fc1_wgrad = fc1_bgrad = None
+    norm = False
+    if args.fc2_requires_dgrad:
+        grad = _fc1_grad_output_spec(args)
+        _, fc1_wgrad, fc1_bgrad = linear_backward_spec(_fc_backward_args(args, 1, grad))
+        norm = args.fc1_requires_dgrad
+    inp, w = args.inp, args.ln_weight
+    dgrad = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
+    dgamma = TensorSpec(tuple(w.shape), w.dtype, device=inp.device)
+    return (
+        dgrad if norm and args.input_requires_grad else None,
+        dgamma if norm and args.ln_weight_requires_grad else None,
+        dgamma if norm and args.ln_bias_requires_grad else None,
+        fc1_wgrad,
+        fc1_bgrad,
+        fc2_wgrad,
+        fc2_bgrad,
+    )
+
+
+LAYERNORM_MLP = OpDeclaration(
+    name="layernorm_mlp",
+    forward=LayerNormMLPFwdArgs,
+    backward=LayerNormMLPBwdArgs,
+    grad_fields=(
+        "inp",
+        "ln_weight",
+        "ln_bias",
+        "fc1_weight",
+        "fc1_bias",
+        "fc2_weight",
+        "fc2_bias",
+    ),
+    forward_impl=layernorm_mlp_forward,
+    backward_impl=layernorm_mlp_backward,
+    forward_spec=layernorm_mlp_forward_spec,
+    backward_spec=layernorm_mlp_backward_spec,
+    setup_context=layernorm_mlp_setup_context,
+)
