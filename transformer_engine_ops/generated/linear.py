@@ -7,7 +7,6 @@ Generated from the bundles in `transformer_engine_ops/ops/linear.py`; see SCHEMA
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -457,8 +456,7 @@ def spec_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = linear_forward(unflatten_linear_fwd_args(*slots))
-    _r.record_outputs(FORWARD_OP, outputs, saved)
-    return _r.pack_result(outputs, saved)
+    return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
@@ -538,7 +536,7 @@ class _LinearEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = copy.copy(ctx.backward_args)
+        args = _r.shallow_copy(ctx.backward_args)
         (
             args.inputmat,
             args.weight_fp8,

@@ -356,6 +356,33 @@ def _spec_layout(s: TensorSpec | None) -> tuple[Any, ...]:
     return ("storage" if internal else "wrapper", cls, s.inner_names(), s.create_metadata())
 
 
+def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any]) -> list[Any]:
+    """:func:`record_outputs` and :func:`pack_result` in one pass (a real kernel's return)."""
+    flat: list[torch.Tensor] = []
+    layouts: list[tuple[Any, ...]] = []
+    device = None
+    for value in (*outputs, *saved):
+        if type(value) is torch.Tensor:  # the common case: a plain tensor
+            flat.append(value.contiguous())
+            layouts.append(_TENSOR_LAYOUT)
+            device = device or value.device
+        elif value is None:
+            flat.append(None)
+            layouts.append(_NONE_LAYOUT)
+        else:
+            flat += _flat_value(value, None)
+            layouts.append(_value_layout(value))
+            device = device or value.device
+    n = len(outputs)
+    _OUTPUT_LAYOUTS[qualname] = out = tuple(layouts[:n])
+    _RESULT_LAYOUTS[qualname] = (out, tuple(layouts[n:]))
+    return [none_sentinel(device) if t is None else t for t in flat]
+
+
+_TENSOR_LAYOUT = ("tensor",)
+_NONE_LAYOUT = ("none",)
+
+
 def record_outputs(qualname: str, outputs: Sequence[Any], saved: Sequence[Any] = ()) -> None:
     """Remember how the real kernel's user outputs (and saved values) sit in its flat result."""
     _OUTPUT_LAYOUTS[qualname] = out = tuple(_value_layout(v) for v in outputs)
@@ -387,6 +414,15 @@ def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]
 
 
 # --- the eager path: an autograd.Function straight into the impls -------------------
+
+
+def shallow_copy(bundle: Any) -> Any:
+    """A shallow copy of a bundle (``copy.copy`` without its reduce protocol)."""
+    if not hasattr(bundle, "__dict__"):
+        return copy.copy(bundle)
+    new = object.__new__(type(bundle))
+    new.__dict__.update(bundle.__dict__)
+    return new
 
 
 def save_values(ctx: Any, values: Sequence[Any]) -> None:
@@ -613,8 +649,7 @@ class _OpFunction(torch.autograd.Function):
         if direct:
             args = glue.unflatten(*slots)
             outputs, saved = glue.forward_impl(args)
-            record_outputs(glue.qualname, outputs, saved)
-            flat = pack_result(outputs, saved)
+            flat = pack_and_record(glue.qualname, outputs, saved)
         else:
             with torch._C._AutoDispatchBelowAutograd():
                 flat = glue.op.redispatch(below, *slots)
@@ -650,7 +685,7 @@ class _OpFunction(torch.autograd.Function):
             if g is None and zeros is not None:
                 g = torch.zeros(zeros[0], dtype=zeros[1], device=zeros[2])
             grads.append(g)
-        args = copy.copy(ctx.backward_args)
+        args = shallow_copy(ctx.backward_args)
         for f, value in zip(glue.saved_fields, load_values(ctx), strict=True):
             setattr(args, f, value)
         setattr(args, glue.grad_outputs_field, grads[0] if glue.grad_output_only else grads)

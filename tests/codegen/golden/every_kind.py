@@ -7,7 +7,6 @@ Generated from the bundles in `tests/codegen/fixtures/every_kind.py`; see SCHEMA
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -368,8 +367,7 @@ def spec_every_kind_bwd_args(*slots: Any) -> EveryKindBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = every_kind_forward(unflatten_every_kind_fwd_args(*slots))
-    _r.record_outputs(FORWARD_OP, outputs, saved)
-    return _r.pack_result(outputs, saved)
+    return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
@@ -445,7 +443,7 @@ class _EveryKindEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = copy.copy(ctx.backward_args)
+        args = _r.shallow_copy(ctx.backward_args)
         (args.saved,) = _r.load_values(ctx)
         args.grad_outputs = list(grads)
         input_grads = every_kind_backward(args)
