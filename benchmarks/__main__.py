@@ -1,9 +1,9 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
+* CPU (default): figures 1-5 and 7 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
   ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
-* ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json``; needs only
+* ``--device cuda --out DIR``: figures 6 and 7 -> ``DIR/benchmarks_h200.json``; needs only
   torch and this repository. Copy that file into docs/ and run ``python -m benchmarks
   --report-only`` (or ``make bench``) to regenerate the report with it.
 """
@@ -23,7 +23,7 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step")
+FIGURES = ("boundary", "import", "codegen", "compile", "step", "overhead")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +44,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
-    from . import boundary, codegen_time, compile_time, import_time, step_time
+    from . import boundary, codegen_time, compile_time, import_time, overhead, step_time
 
     results: dict[str, Any] = {}
     if "boundary" in only:
@@ -69,6 +69,12 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         )
         if not quick:  # about 1-3 s a step on 2 cores: fewer rounds
             results["step"].update(step_time.run(shapes=("medium",), rounds=3))
+    if "overhead" in only:
+        results["overhead"] = overhead.run(
+            shape=(8, 32) if quick else (64, 256),
+            rounds=1 if quick else 5,
+            min_run_time=0.02 if quick else 0.2,
+        )
     return results
 
 
@@ -80,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
             return 2
-        from . import gpu
+        from . import gpu, overhead
 
         data = {"machine": machine_info(), "gpu": gpu.run()}
+        data["overhead"] = overhead.run(device="cuda")
         data["seconds"] = time.time() - started
         _write(args.out / "benchmarks_h200.json", data)
         return 0

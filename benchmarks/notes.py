@@ -148,4 +148,31 @@ saturated cast, transpose copy) runs as separate eager kernels, a cost of the sa
 order as the GEMMs; fusing amax+cast (a Triton/Inductor kernel, or compiling the
 quantize on torch >= 2.12) is the lever.
 """,
+    "overhead_method": (
+        "`benchmarks/overhead.py` (`python -m benchmarks --only overhead`; on a GPU "
+        "`overhead.run(device='cuda')`, which `--device cuda` adds to its JSON). One layer, "
+        "every contender called in turn within each round: `torch` is `torch.nn.Linear`; "
+        "`kernel` the op's impls called directly on a ready bundle (`linear_forward`, and "
+        "with autograd `linear_forward` + `linear_setup_context` + `linear_backward`); "
+        "`op` is `teops::linear_fwd` on ready slots (dispatcher, argument conversion, "
+        "unflatten, result packing; with autograd the op's own autograd node, its "
+        "backward on the kept bundle); `compiled call` is `linear_compiled` run eagerly "
+        "(flatten + op + user outputs: what a compiled graph is traced from); `eager call` "
+        "is `linear_eager` (field checks + the generated autograd.Function); `module` is "
+        "our `Linear` (bundle construction + eager call). *over the kernel* is the "
+        "per-round difference to `kernel`, the fixed cost of that path. The MLP step is "
+        "8 layers with ReLU between them, forward + backward, eager and "
+        "`torch.compile(fullgraph=True)` (CUDA: also `reduce-overhead`); *per layer over "
+        "torch.nn.Linear* is (ours - torch) / 8. CPU: float32 for both (our `gemm` "
+        "computes in fp32 on the CPU, and this CPU's bf16 GEMMs are ~10x slower, which "
+        "would hide the overhead); CUDA: bfloat16. *before* is the same module run on the "
+        "tree before this work (commit 5789685), in the same session."
+    ),
+    "overhead_gpu_pending": (
+        "H200: not measured here; `python -m benchmarks --device cuda` records this figure "
+        "(key `overhead` of `benchmarks_h200.json`), and the targets table then checks "
+        "issue 12's goals (compiled <= 1.2x, eager <= 1.3x, reduce-overhead <= 1x "
+        "`torch.nn.Linear`)."
+    ),
+    "overhead_analysis": """OVERHEAD_ANALYSIS""",
 }

@@ -75,3 +75,19 @@ def test_compile_and_step_figures(tmp_path: Path) -> None:
     md = _write_report(tmp_path, {"compile": compiled, "step": step})
     assert "## 4. Compile" in md and "## 5. CPU step time" in md
     assert "ours/bf16 | compiled |" in md
+
+
+@pytest.mark.slow
+def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
+    from benchmarks import overhead
+
+    o = overhead.run(shape=(8, 32), rounds=1, min_run_time=0.01)
+    assert o["dtype"] == "float32" and o["layers"] == overhead.LAYERS
+    for grad in ("no grad", "autograd"):
+        for name in overhead.CALLS:
+            assert o["us"][f"{grad}/{name}"]["median"] > 0
+    assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled"}
+    md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
+    assert "## 7. Per-call overhead of the op path" in md
+    assert "| autograd/op |" in md and "before (median)" in md
+    assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md
