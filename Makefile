@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: all codegen check-codegen lint format test test-all demo bench clean
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary
 
 all: test
 
@@ -46,5 +46,29 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# Transformer Engine 2.20.2's own source, read as it ships and never imported: fetch its
+# pure-Python wheel into ~/.cache/teops (outside git; TEOPS_CACHE moves it), then write the
+# boundary of its four bundles into examples/te_2_20/generated (see docs/te.md).
+te-boundary: $(STAMP)
+	$(PY) -m codegen.te_wheel
+	$(PY) -m codegen --root examples/te_2_20
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+
+# The op and module tests on other torch releases, each in its own venv under a cache
+# dir outside git (created on first use; torch with its CUDA libraries is ~5 GB each).
+# Not part of `make test`. TORCH_VERSIONS="2.11.0" make test-torch-versions runs one.
+TORCH_VERSIONS ?= 2.11.0 2.14.1
+TORCH_VENVS ?= $(HOME)/.cache/teops-venvs
+test-torch-versions:
+	@set -e; for v in $(TORCH_VERSIONS); do \
+	  venv="$(TORCH_VENVS)/torch-$$v"; \
+	  if ! $$venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$$v')" 2>/dev/null; then \
+	    $(PYTHON) -m venv $$venv && \
+	    $$venv/bin/pip install -q "torch==$$v"; \
+	  fi; \
+	  $$venv/bin/pip install -q --disable-pip-version-check jinja2 libcst ruff==0.14.0 pytest hypothesis numpy; \
+	  echo "== torch $$v =="; \
+	  PYTHONPATH=. $$venv/bin/python -m pytest tests/ops tests/modules -q -p no:cacheprovider; \
+	done

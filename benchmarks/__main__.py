@@ -3,8 +3,10 @@
 * CPU (default): figures 1-5 and 7 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
   ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
-* ``--device cuda --out DIR``: figures 6 and 7 -> ``DIR/benchmarks_h200.json``; needs only
-  torch and this repository. Copy that file into docs/ and run ``python -m benchmarks
+* ``--device cuda --out DIR``: figure 6 (and, with the ``op_overhead`` part, figure 7) ->
+  ``DIR/benchmarks_h200.json`` (rewritten after each part, so a cut-short run keeps what
+  it measured); needs only torch (with its Triton) and this repository. Copy that file
+  into docs/ and run ``python -m benchmarks
   --report-only`` (or ``make bench``) to regenerate the report with it.
 """
 
@@ -33,6 +35,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", nargs="*", choices=FIGURES, help="CPU figures to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (smoke)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from JSON")
+    p.add_argument(
+        "--gpu-shapes",
+        nargs="*",
+        choices=("small", "large"),
+        default=["small", "large"],
+        help="step shapes of the --device cuda run",
+    )
+    p.add_argument(
+        "--gpu-parts",
+        nargs="*",
+        choices=("quantization", "op_overhead", "memory"),
+        default=["quantization", "op_overhead", "memory"],
+        help="other parts of the --device cuda run",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
     return p.parse_args(argv)
 
@@ -88,10 +104,25 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from . import gpu, overhead
 
-        data = {"machine": machine_info(), "gpu": gpu.run()}
-        data["overhead"] = overhead.run(device="cuda")
+        machine = machine_info()
+        path = args.out / "benchmarks_h200.json"
+
+        def save_partial(results: dict[str, Any]) -> None:
+            _write(path, {"machine": machine, "gpu": results, "partial": True})
+
+        data = {
+            "machine": machine,
+            "gpu": gpu.run(
+                save=save_partial,
+                shapes=tuple(args.gpu_shapes),
+                parts=tuple(args.gpu_parts),
+            ),
+        }
+        if "op_overhead" in args.gpu_parts:  # figure 7: the op path against nn.Linear
+            _write(path, {**data, "partial": True})
+            data["overhead"] = overhead.run(device="cuda")
         data["seconds"] = time.time() - started
-        _write(args.out / "benchmarks_h200.json", data)
+        _write(path, data)
         return 0
     if not args.report_only:
         torch.set_num_threads(args.threads)

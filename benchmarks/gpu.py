@@ -1,45 +1,167 @@
-"""Figure 6 (H200): training-step time eager vs compiled vs compiled with CUDA graphs.
+"""Figure 6 (H200): training-step time, GEMM floors, per-op overhead, peak memory.
 
-For bf16 and FP8 current scaling, at a small shape (CPU-overhead bound) and a large one
-(4096 tokens x 8192 hidden), each next to the time of its GEMMs alone, the floor: the
-24 GEMMs of a step (8 layers x fprop, dgrad, wgrad) issued back to back on pre-made
-operands (bf16 ``torch.mm``; FP8 ``torch._scaled_mm``, E4M3 x E4M3 forward, E5M2 x E4M3
-backward, fp32 out, as our ``gemm`` issues them). A second row, ``gemm_fp32_ms``, is
-the same GEMMs in fp32: what ``gemm`` issued for plain CUDA operands before its native
-16-bit path.
+One process, one run (``python -m benchmarks --device cuda --out DIR``):
 
-Needs only torch and this repository (no libcst, jinja2 or matplotlib): it writes JSON;
-the CPU run turns it into tables and plots. On torch < 2.12 quantized recipes fall back
-to eager inside compiled regions (``runtime.opaque.quantizer_compile_limitation``), so
-there FP8 is measured eagerly only and the JSON says so.
+* **steps**: an 8-layer MLP of square layers, one training step (forward + backward,
+  gradients set to None first), at 64x256 and 4096x8192: ``torch.nn.Linear`` bf16 and
+  our ``Linear`` in bf16 and every recipe, each eager, ``torch.compile(fullgraph=True)``
+  and ``mode='reduce-overhead'`` (CUDA graphs). A compiled mode that raises under
+  ``fullgraph=True`` is recorded with its error and measured again without
+  ``fullgraph`` (marked), so a fallback is reported, never hidden; a mode that fails
+  that way too is reported as failed. Fallback warnings and graph breaks are recorded.
+* **GEMM floors**: the 24 GEMMs of a step (8 layers x fprop TN, dgrad NN, wgrad NT)
+  issued back to back on pre-made operands: bf16 ``torch.mm``, and FP8 ``_scaled_mm``
+  (E4M3 x E4M3 forward, E5M2 x E4M3 backward) with bf16 out as our ``gemm`` issues it
+  (and fp32 out, what it issued before).
+* **quantization**: one 4096x8192 bf16 tensor quantized with both usages by every
+  format (the fused Triton FP8 current-scaling kernels next to the reference torch
+  ops), dequantized to bf16, and a bf16 copy (the memory-bandwidth yardstick).
+* **per-op overhead** (64x256, no grad): ``teops::linear_fwd`` called through the
+  dispatcher against its kernel ``linear_forward`` called directly, and
+  ``torch.nn.functional.linear``.
+* **memory** (issue 13): peak ``torch.cuda.max_memory_allocated`` over one eager
+  4096x8192 step for every recipe against ``torch.nn.Linear``, minus what was
+  allocated before the step (parameters and input).
+
+Timings are interleaved medians (``benchmarks.common``). Needs only torch, Triton (as
+shipped with CUDA torch) and this repository; it writes JSON.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any, Optional
 
 import torch
 
-from transformer_engine_ops.runtime.opaque import quantizer_compile_limitation
+from transformer_engine_ops.modules.autocast import autocast
+from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.ops.linear import linear_forward
+from transformer_engine_ops.quantization import (
+    DelayedScaling,
+    Float8BlockQuantizer,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    MXFP8BlockScaling,
+    MXFP8Quantizer,
+    NVFP4BlockScaling,
+    NVFP4Quantizer,
+    cuda_kernels,
+)
+from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
 from .common import interleaved, progress, ratio_stats, stats
-from .models import LAYERS, SHAPES, make_input, make_model, train_step
+from .models import LAYERS, SHAPES, make_input, make_model
 
-RECIPES = ("bf16", "fp8")
 MODES = ("eager", "compiled", "reduce-overhead")
+RECIPES: dict[str, Optional[Callable[[], Any]]] = {
+    "bf16": None,
+    "fp8_current": Float8CurrentScaling,
+    "fp8_delayed": DelayedScaling,
+    "mxfp8": MXFP8BlockScaling,
+    "fp8_block": Float8BlockScaling,
+    "nvfp4": NVFP4BlockScaling,
+}
 
 
-def _gemm_floor(rows: int, hidden: int, recipe: str, device: str) -> Any:
-    """A callable issuing the step's 3 x LAYERS GEMMs on pre-made operands."""
-    g = torch.Generator(device=device).manual_seed(0)
+_DEV = ["cuda"]  # run(device=...) sets it; "cpu" only for the smoke test
+
+
+def _sync() -> None:
+    if _DEV[0] == "cuda":
+        torch.cuda.synchronize()
+
+
+def _short(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+
+
+# --- steps -----------------------------------------------------------------------------
+
+
+def _train_step(
+    model: Any, params: list[torch.Tensor], x: torch.Tensor, recipe: Any, cudagraphs: bool
+) -> Callable[[], None]:
+    def step() -> None:
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        for p in params:
+            p.grad = None
+        x.grad = None
+        ctx = autocast(recipe=recipe) if recipe is not None else contextlib.nullcontext()
+        with ctx:
+            y = model(x)
+        y.float().pow(2).mean().backward()
+
+    return step
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def _build(
+    kind: str, recipe_name: str, mode: str, hidden: int, x: torch.Tensor
+) -> tuple[Optional[Callable[[], None]], dict[str, Any]]:
+    """(warmed-up step or None when it failed, what happened)."""
+    factory = RECIPES[recipe_name]
+    recipe = factory() if factory is not None else None
+    model = make_model(kind, hidden, device=_DEV[0])
+    params = list(model.parameters())
+    info: dict[str, Any] = {"fullgraph": mode != "eager"}
+    attempts = [True, False] if mode != "eager" else [None]
+    for fullgraph in attempts:
+        run: Any = model
+        if fullgraph is not None:
+            kw = {"mode": "reduce-overhead"} if mode == "reduce-overhead" else {}
+            run = torch.compile(model, fullgraph=fullgraph, **kw)
+        fn = _train_step(run, params, x, recipe, mode == "reduce-overhead")
+        breaks = _graph_breaks()
+        started = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                for _ in range(3):  # compile, record the CUDA graph, replay once
+                    fn()
+                _sync()
+            except Exception as exc:  # reported, never fatal
+                key = "fullgraph_error" if fullgraph else "error"
+                info[key] = _short(exc)
+                info["traceback_tail"] = traceback.format_exc().strip().splitlines()[-3:]
+                continue
+            finally:
+                msgs = sorted({str(w.message)[:300] for w in caught})
+                info.setdefault("warnings", []).extend(msgs)
+        info["fullgraph"] = bool(fullgraph)
+        info["graph_breaks"] = _graph_breaks() - breaks
+        info["warmup_s"] = time.perf_counter() - started
+        info.pop("error", None)
+        return fn, info
+    info["failed"] = True
+    return None, info
+
+
+# --- GEMM floors --------------------------------------------------------------------
+
+
+def _gemm_floor(rows: int, hidden: int, which: str) -> Callable[[], None]:
+    """The step's 3 x LAYERS GEMMs on pre-made operands, as our gemm issues them."""
+    g = torch.Generator(device=_DEV[0]).manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16)
+        return torch.randn(*shape, generator=g, device=_DEV[0], dtype=torch.bfloat16)
 
     x, w, dy = rand(rows, hidden), rand(hidden, hidden), rand(rows, hidden)
-    if recipe == "bf16-as-fp32":
-        x, w, dy = x.float(), w.float(), dy.float()
-    if recipe in ("bf16", "bf16-as-fp32"):
+    if which == "bf16":
         pairs = [(x, w.t()), (dy, w), (dy.t(), x)]
 
         def run() -> None:
@@ -48,8 +170,10 @@ def _gemm_floor(rows: int, hidden: int, recipe: str, device: str) -> Any:
                     torch.mm(a, b)
 
         return run
+    out = torch.bfloat16 if which == "fp8" else torch.float32
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
-    one = torch.ones((), device=device)
+    one = torch.ones((), device=_DEV[0])
+    # Rowwise data and the transposed (columnwise) buffers, as the quantizers make them;
     # _scaled_mm wants a row-major first and a column-major second operand.
     xq, wq, dyq = x.to(e4), w.to(e4), dy.to(e5)
     xt, wt, dyt = x.t().contiguous().to(e4), w.t().contiguous().to(e4), dy.t().contiguous()
@@ -59,81 +183,272 @@ def _gemm_floor(rows: int, hidden: int, recipe: str, device: str) -> Any:
     def run_fp8() -> None:
         for _ in range(LAYERS):
             for a, b in pairs:
-                torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+                torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out)
 
     return run_fp8
 
 
-def _step(model: Any, x: torch.Tensor, recipe: str, cudagraphs: bool) -> Any:
-    params = list(getattr(model, "_orig_mod", model).parameters())
+# --- quantization -------------------------------------------------------------------
 
-    def step() -> None:
-        if cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        for p in params:
-            p.grad = None
-        x.grad = None
-        train_step(model, x, recipe)
 
-    return step
+def _quantization(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
+    x = torch.randn(rows, hidden, device=_DEV[0], dtype=torch.bfloat16)
+    n = x.numel()
+    cur = Float8CurrentScalingQuantizer()
+    quantizers = {
+        "fp8_current": cur,
+        "fp8_delayed": Float8Quantizer(),
+        "mxfp8": MXFP8Quantizer(),
+        "fp8_block_1d": Float8BlockQuantizer(block_scaling_dim=1),
+        "fp8_block_2d": Float8BlockQuantizer(block_scaling_dim=2),
+        "nvfp4": NVFP4Quantizer(),
+    }
+    fns: dict[str, Callable[[], Any]] = {}
+    copy_dst = torch.empty_like(x)
+    fns["bf16 copy (read + write)"] = lambda: copy_dst.copy_(x)
+    fused_ok = cuda_kernels.available()
+    if fused_ok:
+        fns["quantize fp8_current fused (Triton)"] = lambda: cur._quantize_impl(x)
+    fns["quantize fp8_current reference ops"] = lambda: _Float8PerTensorQuantizer._quantize_impl(
+        cur, x
+    )
+    for name, q in quantizers.items():
+        if name == "fp8_current":
+            continue
+        fns[f"quantize {name} reference ops"] = lambda q=q: q._quantize_impl(x)
+    for name, q in quantizers.items():
+        value = q.with_internal(True).quantize(x)
+        fns[f"dequantize {name} to bf16"] = lambda v=value: v.dequantize(torch.bfloat16)
+    progress(f"quantization: timing {len(fns)} contenders at {rows}x{hidden}")
+    runs = interleaved(fns, rounds=rounds, min_run_time=0.2, label="quantization")
+    us = {k: stats([s * 1e6 for s in v]) for k, v in runs.items()}
+    copy_s = us["bf16 copy (read + write)"]["median"] * 1e-6
+    out: dict[str, Any] = {
+        "shape": [rows, hidden],
+        "us": us,
+        "copy_GBps": 4 * n / copy_s / 1e9,
+        "fused_unavailable": cuda_kernels.unavailable_reason(),
+    }
+    if fused_ok:
+        fused_s = us["quantize fp8_current fused (Triton)"]["median"] * 1e-6
+        # amax pass reads 2n, cast pass reads 2n and writes n + n bytes.
+        out["fused_bytes"] = 6 * n
+        out["fused_GBps"] = 6 * n / fused_s / 1e9
+        out["fused_over_copy_time_for_its_bytes"] = fused_s / (copy_s * 6 / 4)
+    return out
+
+
+# --- per-op overhead ----------------------------------------------------------------
+
+
+def _op_overhead(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
+    from transformer_engine_ops.generated.linear import flatten_linear_fwd_args, linear_fwd
+
+    layer = Linear(hidden, hidden, params_dtype=torch.bfloat16, device=_DEV[0])
+    ref = torch.nn.Linear(hidden, hidden, dtype=torch.bfloat16, device=_DEV[0])
+    x = torch.randn(rows, hidden, device=_DEV[0], dtype=torch.bfloat16)
+    with torch.no_grad():
+        args = layer._fwd_args(x, None, None, False)
+    fns = {
+        "op call (teops::linear_fwd via dispatcher)": lambda: linear_fwd(
+            *flatten_linear_fwd_args(args)
+        ),
+        "its kernel called directly (linear_forward)": lambda: linear_forward(args),
+        "torch.nn.functional.linear": lambda: torch.nn.functional.linear(x, ref.weight, ref.bias),
+    }
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()
+        progress(f"per-op overhead: timing {len(fns)} calls at {rows}x{hidden}")
+        runs = interleaved(fns, rounds=rounds, min_run_time=0.2, label="op overhead")
+    us = {k: stats([s * 1e6 for s in v]) for k, v in runs.items()}
+    keys = list(fns)
+    over = [a - b for a, b in zip(runs[keys[0]], runs[keys[1]], strict=True)]
+    return {
+        "shape": [rows, hidden],
+        "us": us,
+        "overhead_us": stats([s * 1e6 for s in over]),
+        "op_over_kernel": ratio_stats(runs[keys[0]], runs[keys[1]]),
+        "op_over_torch": ratio_stats(runs[keys[0]], runs[keys[2]]),
+    }
+
+
+# --- memory -------------------------------------------------------------------------
+
+
+def _memory(rows: int, hidden: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"shape": [rows, hidden], "MiB": {}, "errors": {}}
+    configs = [("torch", "bf16")] + [("ours", r) for r in RECIPES]
+    for kind, recipe_name in configs:
+        key = f"{kind}/{recipe_name}"
+        torch.cuda.empty_cache()
+        try:
+            factory = RECIPES[recipe_name]
+            model = make_model(kind, hidden, device=_DEV[0])
+            x = make_input(rows, hidden, device=_DEV[0])
+            step = _train_step(
+                model, list(model.parameters()), x, factory() if factory else None, False
+            )
+            step()  # warm-up (allocator, lazy state)
+            for p in model.parameters():
+                p.grad = None
+            _sync()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            _sync()
+            peak = torch.cuda.max_memory_allocated()
+            out["MiB"][key] = {
+                "peak": peak / 2**20,
+                "resident_before": base / 2**20,
+                "step_peak_over_resident": (peak - base) / 2**20,
+            }
+            progress(
+                f"memory {key}: peak {peak / 2**20:.0f} MiB, over resident "
+                f"{(peak - base) / 2**20:.0f} MiB"
+            )
+            del model, x, step
+        except Exception as exc:
+            out["errors"][key] = _short(exc)
+            progress(f"memory {key}: failed: {_short(exc)}")
+    torch.cuda.empty_cache()
+    return out
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+def _floor_of(key: str) -> str:
+    """The GEMM floor of a contender: FP8 recipes run _scaled_mm, the rest bf16 GEMMs."""
+    return "gemm/fp8" if key.split("/")[1] in ("fp8_current", "fp8_delayed") else "gemm/bf16"
+
+
+def _ratio_of_medians(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """a / b for two contenders timed apart; the interval spans their IQRs (n=0)."""
+    x = a["median"] / b["median"]
+    lo, hi = a["q1"] / b["q3"], a["q3"] / b["q1"]
+    return {"median": x, "q1": lo, "q3": hi, "min": lo, "max": hi, "n": 0, "samples": []}
+
+
+def _shape(shape: str, rounds: int, min_run_time: float) -> dict[str, Any]:
+    """Each contender alone (fresh dynamo state), interleaved with its GEMM floor."""
+    rows, hidden = SHAPES[shape]
+    x = make_input(rows, hidden, device=_DEV[0])
+    whichs = ("bf16", "fp8", "fp8-fp32-out") if _DEV[0] == "cuda" else ("bf16",)
+    floors = {f"gemm/{w}": _gemm_floor(rows, hidden, w) for w in whichs}
+    ms: dict[str, Any] = {}
+    builds: dict[str, Any] = {}
+    over_floor: dict[str, Any] = {}
+    floor_samples: dict[str, list[float]] = {k: [] for k in floors}
+    contenders = [("torch", "bf16")] + [("ours", r) for r in RECIPES]
+    for kind, recipe_name in contenders:
+        for mode in MODES:
+            key = f"{kind}/{recipe_name}/{mode}"
+            progress(f"{shape} {rows}x{hidden} {key}: building and warming up")
+            torch._dynamo.reset()  # no recompile limit shared across contenders
+            fn, info = _build(kind, recipe_name, mode, hidden, x)
+            builds[key] = info
+            if fn is None:
+                progress(f"  FAILED: {info.get('error') or info.get('fullgraph_error')}")
+                continue
+            note = "" if info["fullgraph"] or mode == "eager" else " (without fullgraph)"
+            floor = _floor_of(key)
+            pair = {key: fn}
+            if floor in floors:
+                pair[floor] = floors[floor]
+            try:
+                runs = interleaved(pair, rounds=rounds, min_run_time=min_run_time, label=shape)
+            except Exception as exc:  # reported, never fatal
+                info["timing_error"] = _short(exc)
+                progress(f"  timing FAILED: {_short(exc)}")
+                continue
+            finally:
+                del fn
+                torch._dynamo.reset()
+                _sync()
+                if _DEV[0] == "cuda":
+                    torch.cuda.empty_cache()
+            ms[key] = stats([t * 1e3 for t in runs[key]])
+            if floor in runs:
+                over_floor[key] = ratio_stats(runs[key], runs[floor])
+                floor_samples[floor] += runs[floor]
+            med = ms[key]["median"]
+            vs = f", {over_floor[key]['median']:.2f}x {floor}" if key in over_floor else ""
+            progress(f"  ready in {info['warmup_s']:.1f} s{note}; {med:.3f} ms{vs}")
+    for floor, samples in floor_samples.items():
+        if samples:
+            ms[floor] = stats([t * 1e3 for t in samples])
+    steps = [k for k in ms if not k.startswith("gemm/")]
+
+    def versus(base: str) -> dict[str, Any]:
+        out = {}
+        for k in steps:
+            ref = f"{base}/{k.split('/')[2]}"
+            if k.startswith("ours/") and ref in ms and k != ref:
+                out[k] = _ratio_of_medians(ms[k], ms[ref])
+        return out
+
+    return {
+        "shape": [rows, hidden],
+        "ms": ms,
+        "builds": builds,
+        "over_gemm_floor": over_floor,
+        "floor_of": {k: _floor_of(k) for k in steps},
+        "over_torch_same_mode": versus("torch/bf16"),
+        "over_bf16_same_mode": versus("ours/bf16"),
+    }
 
 
 def run(
+    save: Optional[Callable[[dict[str, Any]], None]] = None,
     shapes: tuple[str, ...] = ("small", "large"),
-    rounds: int = 5,
-    min_run_time: float = 0.5,
+    *,
     device: str = "cuda",
+    parts: tuple[str, ...] = ("quantization", "op_overhead", "memory"),
 ) -> dict[str, Any]:
-    torch.backends.cuda.matmul.allow_tf32 = False  # keep fp32 GEMMs fp32, as on the CPU
-    limitation = quantizer_compile_limitation()
-    results: dict[str, Any] = {"quantizer_compile_limitation": limitation, "shapes": {}}
+    """All of figure 6; ``save(results)`` is called after each part (partial results).
+
+    ``device="cpu"`` (with a shape such as ``"tiny"`` and no parts) only checks that
+    the machinery runs: its numbers mean nothing.
+    """
+    _DEV[0] = device
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch._dynamo.config.cache_size_limit = 64  # many models compile the same code
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        torch._dynamo.config.accumulated_cache_size_limit = 1024
+    results: dict[str, Any] = {
+        "version": 2,
+        # Quantizers cross as str codes since the kinds merge: no torch limits FP8 compile.
+        "quantizer_compile_limitation": None,
+        "fused_fp8_kernels": cuda_kernels.unavailable_reason() or "available",
+        "shapes": {},
+    }
+
+    def checkpoint() -> None:
+        if save is not None:
+            save(results)
+
+    runners: dict[str, Callable[[], Any]] = {
+        "quantization": lambda: _quantization(*SHAPES["large"], rounds=3),
+        "op_overhead": lambda: _op_overhead(*SHAPES["small"], rounds=5),
+        "memory": lambda: _memory(*SHAPES["large"]),
+    }
+    for name in parts:
+        part = runners[name]
+        try:
+            results[name] = part()
+        except Exception as exc:
+            results[name] = {"error": _short(exc)}
+            progress(f"{name}: failed: {_short(exc)}")
+        checkpoint()
     for shape in shapes:
-        rows, hidden = SHAPES[shape]
-        x = make_input(rows, hidden, device=device)
-        fns: dict[str, Any] = {}
-        skipped: dict[str, str] = {}
-        for recipe in RECIPES:
-            for mode in MODES:
-                key = f"{recipe}/{mode}"
-                if recipe == "fp8" and mode != "eager" and limitation is not None:
-                    skipped[key] = f"not measured: falls back to eager ({limitation})"
-                    continue
-                progress(f"figure 6: {shape} {rows}x{hidden} {key}: building and warming up")
-                torch._dynamo.reset()
-                model = make_model("ours", hidden, device=device)
-                if mode != "eager":
-                    kw = {"mode": "reduce-overhead"} if mode == "reduce-overhead" else {}
-                    model = torch.compile(model, fullgraph=True, **kw)
-                fn = _step(model, x, recipe, mode == "reduce-overhead")
-                for _ in range(3):  # compile, record the CUDA graph, replay once
-                    fn()
-                torch.cuda.synchronize()
-                fns[key] = fn
-        for recipe in ("bf16", "fp8", "bf16-as-fp32"):
-            fns[f"{recipe}/gemm"] = _gemm_floor(rows, hidden, recipe, device)
-        progress(f"figure 6: {shape}: timing {len(fns)} contenders, {rounds} rounds")
-        runs = interleaved(fns, rounds=rounds, min_run_time=min_run_time, label=shape)
-        ms = {k: stats([s * 1e3 for s in v]) for k, v in runs.items()}
-        vs_gemm = {
-            k: ratio_stats(v, runs[f"{k.split('/')[0]}/gemm"])
-            for k, v in runs.items()
-            if not k.endswith("/gemm") and not k.startswith("bf16-as-fp32")
-        }
-        vs_eager = {
-            k: ratio_stats(runs[f"{k.split('/')[0]}/eager"], v)
-            for k, v in runs.items()
-            if k.split("/")[1] in ("compiled", "reduce-overhead")
-        }
-        results["shapes"][shape] = {
-            "shape": [rows, hidden],
-            "ms": ms,
-            "over_gemm_floor": vs_gemm,
-            "eager_over_mode": vs_eager,
-            "skipped": skipped,
-        }
-        for k, v in ms.items():
-            progress(f"  {shape} {k}: {v['median']:.3f} ms (IQR {v['q1']:.3f}-{v['q3']:.3f})")
-        del fns, runs
-        torch._dynamo.reset()
+        small = shape != "large"
+        results["shapes"][shape] = _shape(
+            shape, rounds=5 if small else 3, min_run_time=0.15 if small else 0.25
+        )
+        checkpoint()
         torch.cuda.empty_cache()
     return results
+
+
+__all__ = ["MODES", "RECIPES", "run"]

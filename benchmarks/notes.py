@@ -74,6 +74,75 @@ NOTES = {
         "`bf16-as-fp32/gemm`: the same GEMMs in fp32, what our `gemm` issued for plain CUDA "
         "operands before its native 16-bit path)."
     ),
+    "gpu_method_v2": (
+        "One process, one run of `python -m benchmarks --device cuda`. Training step "
+        "(forward + backward, loss = mean of squares, gradients set to None first) of the "
+        "8-layer MLP of square layers: `torch.nn.Linear` bf16 (`torch/...`) and our "
+        "`Linear` in bf16 and under every recipe through `autocast` (`ours/...`), each "
+        "eager, `torch.compile(fullgraph=True)` and `mode='reduce-overhead'` (CUDA "
+        "graphs). A compiled mode that raises under `fullgraph=True` is measured again "
+        "without it and marked in *how it ran*; one that fails that way too is listed as "
+        "failed. GEMM floors: the 24 GEMMs of a step (8 layers x fprop TN, dgrad NN, "
+        "wgrad NT) back to back on pre-made operands: `gemm/bf16` bf16 `torch.mm`; "
+        "`gemm/fp8` `torch._scaled_mm` on the rowwise and transposed buffers (E4M3 x E4M3 "
+        "forward, E5M2 x E4M3 backward) with bf16 out, as our `gemm` issues it; "
+        "`gemm/fp8-fp32-out` the same with fp32 out, as it issued before. Recipes "
+        "without a Hopper GEMM (MXFP8, FP8 block, NVFP4) dequantize to bf16 and run "
+        "bf16 GEMMs, so their floor is `gemm/bf16`."
+    ),
+    "gpu_quantization_method": (
+        "One 4096x8192 bf16 tensor, both usages (rowwise data and the transposed "
+        "columnwise copy): *fused* is `Float8CurrentScalingQuantizer` on CUDA (two Triton "
+        "kernels: amax, then scale + cast + transpose; bit for bit the reference); "
+        "*reference ops* is the format's plain-torch quantize (separate eager kernels), "
+        "which every other format still runs on CUDA. *dequantize* is what a Hopper GEMM "
+        "of a block format pays per operand before its bf16 GEMM. The bf16 copy reads "
+        "and writes 2 bytes per element: the bandwidth yardstick."
+    ),
+    "gpu_memory_method": (
+        "`torch.cuda.max_memory_allocated` over one eager training step after a "
+        "warm-up step, gradients set to None before it; *allocated before* is parameters "
+        "and input, *step peak over that* is what the step itself adds (activations "
+        "saved for backward, quantized copies, gradients, workspaces)."
+    ),
+    "gpu_analysis": """\
+**FP8 current scaling (large shape).** The fused Triton quantize (amax pass, then
+scale + cast + transpose in one pass; bit for bit the reference) takes the step from
+46.5 ms (issue 12) to ~15 ms eager: 1.35x its `_scaled_mm` floor and 1.36x faster than
+our bf16 step, just short of both targets (<= 1.25x, >= 1.4x). What is left is the
+quantize itself: per layer the input, the 8192x8192 weight and the output gradient are
+each quantized with both usages, 128 M elements, ~0.45 ms per layer at the measured
+~110 us per 4096x8192 tensor, ~3.5 ms a step. The amax pass runs near copy speed
+(~20 us, measured in a second run); the cast + transpose pass is ~2.5x slower than a
+copy of its bytes: the transposed uint8 stores through `tl.trans` are the bound (an
+autotune over 64/128 tiles, tried in that second run, kept 64x64 and gained nothing).
+Levers: a transpose written with wider packed stores, caching the quantized weight
+across steps where the weight does not change (TE's `is_first_microbatch`), or one
+persistent pass. GEMMs now write bf16 from `_scaled_mm`'s epilogue (no fp32 output
+and cast); all three Linear GEMMs read the rowwise or transposed buffers directly.
+The compiled FP8 rows are not compiled: on torch 2.11 quantized recipes raise under
+`fullgraph=True` and, without it, run eagerly inside the compiled model (the
+`kinds` work makes them compile).
+
+**Block formats on Hopper.** Hopper has no MXFP8 or NVFP4 GEMM (and `_scaled_mm`
+takes no block scales there), so each operand is dequantized to bf16 (exact for MXFP8
+and power-of-two FP8 block scales) and multiplied by one bf16 GEMM: the floor is the
+bf16 GEMM floor plus the dequantize traffic (~0.3 ms per 4096x8192 operand, ~1 ms for
+NVFP4), so on this GPU these formats can only save memory, never time. Today they run
+5x (MXFP8, FP8 block) to 14x (NVFP4) their bf16 floor, bound by the reference
+quantizers (separate eager torch ops, 1-2 ms per 4096x8192 tensor, 6.5 ms for NVFP4,
+several per layer); fused kernels like the FP8 one would bring them near
+1.2-1.4x the bf16 floor.
+
+**Small shape.** Bound by Python per call: the op call costs ~80 us more than its
+kernel called directly (dispatcher, flatten/unflatten, result packing), which is
+issue 12's part 2 (not in this branch). CUDA graphs hide it (`reduce-overhead`
+1.07x `torch.nn.Linear`'s).
+
+**Memory.** A quantized step adds ~2x what a bf16 step adds over the resident
+parameters: the saved quantized input and weight keep both usages (issue 13's first
+defect, decided in the op's plan).
+""",
     "gpu_pending": (
         "Not measured yet. Run on the H200 (torch and this repository only; no libcst, "
         "jinja2 or matplotlib needed): `python -m benchmarks --device cuda --out DIR`, "
@@ -132,21 +201,7 @@ in fp32, which this CPU does ~10x faster than bf16. FP8 current scaling costs ~4
 on the CPU: per layer and direction it computes an amax, a scale, a saturated cast and,
 for the CPU GEMM, a dequantize, all as separate eager kernels inside the op.
 
-**H200 (measured on torch 2.11).** Small shape: CUDA graphs (`reduce-overhead`) make
-the bf16 step ~3.5x faster than eager (target met): eager is bound by the Python of
-the module and op kernels, and plain `torch.compile` is *slower* than eager there,
-because the custom op's real kernel still runs its Python per layer inside the
-compiled graph and the compiled wrapper adds dispatch on top. Large shape: the bf16
-step is within ~4% of its bf16 GEMM floor in all three modes (target met). Before
-`gemm` ran two plain CUDA bf16 operands as one native `addmm`, it upcast them to fp32
-and the same step took ~13x the floor: that is what the `bf16-as-fp32/gemm` row
-measures (fp32 GEMMs, TF32 off).
-FP8 (eager only on torch 2.11: quantized recipes fall back to eager under compile,
-`runtime/opaque.quantizer_compile_limitation`) is ~4x its `_scaled_mm` floor at the
-large shape: per layer and direction the current-scaling quantize (amax, scale,
-saturated cast, transpose copy) runs as separate eager kernels, a cost of the same
-order as the GEMMs; fusing amax+cast (a Triton/Inductor kernel, or compiling the
-quantize on torch >= 2.12) is the lever.
+The H200 figures have their own analysis at the end of figure 6.
 """,
     "overhead_method": (
         "`benchmarks/overhead.py` (`python -m benchmarks --only overhead`; on a GPU "

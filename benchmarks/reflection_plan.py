@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.runtime import boundary as _b
-from transformer_engine_ops.runtime.opaque import opaque_type_name
 from transformer_engine_ops.runtime.quantizer import QuantizedStorage, Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
 
@@ -34,7 +33,7 @@ from transformer_engine_ops.runtime.values import GemmConfig
 TENSOR, TENSOR_OR_QUANTIZED, TENSOR_LIST, SIZE, SCALAR, ENUM, LITERAL = range(7)
 PROCESS_GROUP, OPAQUE, UNSUPPORTED = range(7, 10)
 
-_META_TYPE = "transformer_engine_ops.runtime.boundary.QuantizedMeta"
+_META_TYPE = "str"
 _SCALAR_TYPES: dict[Any, tuple[Any, str]] = {
     bool: (bool, "bool"),
     int: (_b.INT, "SymInt"),
@@ -95,7 +94,14 @@ def _entry(owner: str, name: str, annot: Any) -> Entry:
         expected, schema = _SCALAR_TYPES[inner]
         return Entry(name, SCALAR, optional, expected, where, ((name, f"{schema}{q}"),))
     if isinstance(inner, type) and issubclass(inner, _OPAQUE_TYPES):
-        return Entry(name, OPAQUE, optional, inner, where, ((name, opaque_type_name(inner) + q),))
+        return Entry(
+            name,
+            OPAQUE,
+            optional,
+            inner,
+            where,
+            ((name, f"str{q}"),),
+        )
     return Entry(name, UNSUPPORTED, True, None, where, ())
 
 
@@ -118,7 +124,11 @@ class Plan:
         for e in self.entries:
             value = getattr(obj, e.name)
             kind = e.kind
-            if kind == SCALAR or kind == OPAQUE or kind == TENSOR:
+            if kind == OPAQUE:
+                slots[e.name] = (
+                    None if value is None and e.optional else _b.code(value, e.data, e.where)
+                )
+            elif kind == SCALAR or kind == TENSOR:
                 expected = e.data
                 if not (
                     (value is None and e.optional)
@@ -154,8 +164,10 @@ class Plan:
         obj = self.cls.__new__(self.cls)
         for e in self.entries:
             kind = e.kind
-            if kind == SCALAR or kind == OPAQUE or kind == TENSOR or kind == TENSOR_LIST:
+            if kind == SCALAR or kind == TENSOR or kind == TENSOR_LIST:
                 value = slots[e.name]
+            elif kind == OPAQUE:
+                value = _b.optional_decode(slots[e.name])
             elif kind == TENSOR_OR_QUANTIZED:
                 (t, _), (i, _), (m, _) = e.slots
                 value = _b.unpack_tensor_or_quantized(slots[t], slots[i], slots[m])

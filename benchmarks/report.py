@@ -98,23 +98,117 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
                 [f"graphs over 5 dynamic batch sizes, {name}", "exactly 1", str(g), _check(g == 1)]
             )
     rows += _overhead_targets(cpu, gpu)
-    if gpu:
-        shapes = gpu["gpu"]["shapes"]
-        if "small" in shapes:
-            for key, r in shapes["small"]["eager_over_mode"].items():
-                if key.endswith("reduce-overhead"):
-                    x = r["median"]
-                    rows.append(
-                        [f"H200 small {key} vs eager", ">= 3x faster", f"{x:.2f}x", _check(x >= 3)]
-                    )
-        if "large" in shapes:
-            for key, r in shapes["large"]["over_gemm_floor"].items():
-                x = r["median"]
-                rows.append(
-                    [f"H200 large {key} / its GEMMs", "<= 1.10x", f"{x:.2f}x", _check(x <= 1.10)]
-                )
+    if gpu and gpu["gpu"].get("version", 1) >= 2:
+        rows += gpu_targets(gpu["gpu"])
+    elif gpu:
+        rows += _gpu_targets_v1(gpu["gpu"])
     else:
         rows.append(["H200 figures", "see figure 6", "not measured yet", "pending"])
+    return rows
+
+
+def _gpu_targets_v1(g: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    shapes = g["shapes"]
+    if "small" in shapes:
+        for key, r in shapes["small"]["eager_over_mode"].items():
+            if key.endswith("reduce-overhead"):
+                x = r["median"]
+                rows.append(
+                    [f"H200 small {key} vs eager", ">= 3x faster", f"{x:.2f}x", _check(x >= 3)]
+                )
+    if "large" in shapes:
+        for key, r in shapes["large"]["over_gemm_floor"].items():
+            x = r["median"]
+            rows.append(
+                [f"H200 large {key} / its GEMMs", "<= 1.10x", f"{x:.2f}x", _check(x <= 1.10)]
+            )
+    return rows
+
+
+def _how(info: dict[str, Any]) -> str:
+    """How a contender ran: fullgraph, fallen back to no fullgraph (why), or failed."""
+    if info.get("failed"):
+        return f"failed: {info.get('error') or info.get('fullgraph_error')}"
+    if "fullgraph_error" in info:
+        return (
+            f"not under fullgraph=True ({info['fullgraph_error']}); measured without, "
+            f"{info.get('graph_breaks', '?')} graph breaks"
+        )
+    fallbacks = [w for w in info.get("warnings", []) if "eager" in w.lower()]
+    if fallbacks:
+        return f"fell back to eager: {fallbacks[0]}"
+    if "graph_breaks" in info and info.get("fullgraph"):
+        return "fullgraph"
+    return ""
+
+
+def gpu_targets(g: dict[str, Any]) -> list[list[str]]:
+    """Issue 12's H200 targets, each met or missed (missed when not measured)."""
+    rows: list[list[str]] = []
+    shapes = g["shapes"]
+
+    def ratio(shape: str, table: str, key: str) -> float | None:
+        r = shapes.get(shape, {}).get(table, {}).get(key)
+        return None if r is None else r["median"]
+
+    def add(target: str, goal: str, x: float | None, ok: Any, unit: str = "x") -> None:
+        if x is None:
+            rows.append([target, goal, "not measured (see figure 6)", "**missed**"])
+        else:
+            rows.append([target, goal, f"{x:.2f}{unit}", _check(bool(ok(x)))])
+
+    for shape in shapes:
+        builds = shapes[shape]["builds"]
+        for key, info in builds.items():
+            kind, recipe, mode = key.split("/")
+            if kind != "ours" or mode == "eager":
+                continue
+            ok = (
+                not info.get("failed")
+                and "fullgraph_error" not in info
+                and not _how(info).startswith("fell back")
+            )
+            rows.append(
+                [
+                    f"H200 {shape}: {recipe} compiles, {mode}",
+                    "fullgraph, no eager fallback",
+                    "yes" if ok else _how(info)[:160],
+                    _check(ok),
+                ]
+            )
+    small = "ours/bf16/{}"
+    for mode, goal, limit in (
+        ("compiled", "<= 1.2x", 1.2),
+        ("eager", "<= 1.3x", 1.3),
+        ("reduce-overhead", "<= 1.0x", 1.0),
+    ):
+        add(
+            f"H200 small: ours bf16 {mode} / torch.nn.Linear {mode}",
+            goal,
+            ratio("small", "over_torch_same_mode", small.format(mode)),
+            lambda x, limit=limit: x <= limit,
+        )
+    for mode in ("eager", "compiled", "reduce-overhead"):
+        add(
+            f"H200 large: FP8 current scaling {mode} / FP8 GEMM floor",
+            "<= 1.25x",
+            ratio("large", "over_gemm_floor", f"ours/fp8_current/{mode}"),
+            lambda x: x <= 1.25,
+        )
+        r = ratio("large", "over_bf16_same_mode", f"ours/fp8_current/{mode}")
+        add(
+            f"H200 large: FP8 current scaling {mode} speed-up over our bf16 {mode}",
+            ">= 1.4x",
+            None if r is None else 1 / r,
+            lambda x: x >= 1.4,
+        )
+        add(
+            f"H200 large: bf16 {mode} / bf16 GEMM floor",
+            "<= 1.1x",
+            ratio("large", "over_gemm_floor", f"ours/bf16/{mode}"),
+            lambda x: x <= 1.1,
+        )
     return rows
 
 
@@ -292,7 +386,7 @@ def _overhead(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[str]:
     return out + [NOTES["overhead_analysis"], ""]
 
 
-def _gpu(gpu: dict[str, Any] | None) -> list[str]:
+def _gpu_v1(gpu: dict[str, Any] | None) -> list[str]:
     out = ["## 6. H200: step time vs the GEMM floor", ""]
     if gpu is None:
         return out + [NOTES["gpu_pending"], ""]
@@ -321,6 +415,123 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
             rows,
         )
     return out + ["![gpu](benchmarks/gpu.png)", ""]
+
+
+def _gpu(gpu: dict[str, Any] | None) -> list[str]:
+    if gpu is not None and gpu["gpu"].get("version", 1) < 2:
+        return _gpu_v1(gpu)
+    out = ["## 6. H200: step time vs the GEMM floor and torch.nn.Linear", ""]
+    if gpu is None:
+        return out + [NOTES["gpu_pending"], ""]
+    g = gpu["gpu"]
+    out += [NOTES["gpu_method_v2"], ""]
+    if gpu.get("partial"):
+        out += ["**This run was cut short: the parts below are those it finished.**", ""]
+    if g.get("quantizer_compile_limitation"):
+        out += [
+            f"Quantizer compile limitation on this torch: {g['quantizer_compile_limitation']}",
+            "",
+        ]
+    out += [f"Fused FP8 current-scaling kernels: {g.get('fused_fp8_kernels')}.", ""]
+    for shape, r in g["shapes"].items():
+        rows = []
+        for key, s_ in r["ms"].items():
+            floor = r["over_gemm_floor"].get(key)
+            vs_torch = r["over_torch_same_mode"].get(key)
+            vs_bf16 = r["over_bf16_same_mode"].get(key)
+            info = r["builds"].get(key, {})
+            rows.append(
+                [
+                    key,
+                    fmt(s_, 3, " ms"),
+                    f"{fx(floor)} ({r['floor_of'][key]})" if floor else "",
+                    fx(vs_torch) if vs_torch else "",
+                    fx(vs_bf16) if vs_bf16 and not key.startswith("ours/bf16") else "",
+                    _how(info),
+                ]
+            )
+        for key, info in r["builds"].items():
+            if key not in r["ms"]:
+                rows.append([key, "not measured", "", "", "", _how(info)])
+        out += [f"**{shape}** ({r['shape'][0]} tokens x {r['shape'][1]} hidden):", ""]
+        out += _table(
+            [
+                "model/recipe/mode",
+                "step",
+                "/ its GEMM floor",
+                "/ torch.nn.Linear same mode",
+                "/ our bf16 same mode",
+                "how it ran",
+            ],
+            rows,
+        )
+    out += ["![gpu](benchmarks/gpu.png)", ""]
+    q = g.get("quantization")
+    if q and "us" in q:
+        out += [
+            f"### Quantization at {q['shape'][0]}x{q['shape'][1]} bf16 (both usages)",
+            "",
+            NOTES["gpu_quantization_method"],
+            "",
+        ]
+        rows = [[k, fmt(v, 1, " us")] for k, v in q["us"].items()]
+        out += _table(["operation", "time"], rows)
+        line = f"bf16 copy bandwidth: {q['copy_GBps']:.0f} GB/s"
+        if "fused_GBps" in q:
+            line += (
+                f"; fused FP8 quantize: {q['fused_GBps']:.0f} GB/s over its "
+                f"{q['fused_bytes'] / 2**20:.0f} MiB of traffic, "
+                f"{q['fused_over_copy_time_for_its_bytes']:.2f}x a copy of that many bytes"
+            )
+        out += [line + ".", ""]
+    o = g.get("op_overhead")
+    if o and "us" in o:
+        out += [
+            f"### Per-op overhead ({o['shape'][0]}x{o['shape'][1]} bf16 forward, no grad)",
+            "",
+        ]
+        rows = [[k, fmt(v, 1, " us")] for k, v in o["us"].items()]
+        rows.append(["op call - kernel (per-round difference)", fmt(o["overhead_us"], 1, " us")])
+        rows.append(["op call / kernel", fx(o["op_over_kernel"])])
+        rows.append(["op call / torch.nn.functional.linear", fx(o["op_over_torch"])])
+        out += _table(["call", "time per call"], rows)
+    m = g.get("memory")
+    if m and "MiB" in m:
+        out += [
+            f"### Peak memory of one eager {m['shape'][0]}x{m['shape'][1]} 8-layer training "
+            "step (issue 13)",
+            "",
+            NOTES["gpu_memory_method"],
+            "",
+        ]
+        base = m["MiB"].get("torch/bf16", {}).get("step_peak_over_resident")
+        rows = []
+        for key, v in m["MiB"].items():
+            rel = f"{v['step_peak_over_resident'] / base:.2f}x" if base else ""
+            rows.append(
+                [
+                    key,
+                    f"{v['peak']:.0f} MiB",
+                    f"{v['resident_before']:.0f} MiB",
+                    f"{v['step_peak_over_resident']:.0f} MiB",
+                    rel,
+                ]
+            )
+        for key, err in m.get("errors", {}).items():
+            rows.append([key, f"failed: {err}", "", "", ""])
+        out += _table(
+            [
+                "model/recipe",
+                "peak allocated",
+                "allocated before the step",
+                "step peak over that",
+                "/ torch.nn.Linear",
+            ],
+            rows,
+        )
+    if "gpu_analysis" in NOTES:
+        out += ["### Where the H200 time goes", "", NOTES["gpu_analysis"], ""]
+    return out
 
 
 def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:

@@ -7,7 +7,9 @@ codebase's bundles (TE's own, say) without a code change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
@@ -27,6 +29,8 @@ class Config:
     output_dir: str
     meta_type: str
     kinds: dict[str, str]  # qualified name -> configurable kind
+    # Reading other codebases (TE's own source): see `load_reading`.
+    reading: Reading = field(default_factory=lambda: Reading())
 
     def kind_of(self, qualname: str) -> str | None:
         return self.kinds.get(qualname)
@@ -60,6 +64,7 @@ def _read_config(root: Path) -> Config:
             output_dir=table["output_dir"],
             meta_type=table["meta_type"],
             kinds=kinds,
+            reading=load_reading(table, root, pyproject),
         )
     except KeyError as exc:
         raise ConfigError(f"{pyproject}: generator config lacks key {exc}") from exc
@@ -70,3 +75,190 @@ def load_config(root: Path) -> Config:
     config = _read_config(root)
     check_settings(config, root / "pyproject.toml", ".".join(CONFIG_TABLE))
     return config
+
+
+# --- Reading another codebase's source as it ships (issue 9, part 3) -------------------
+
+# The generator's own declaration keywords, in the order they are documented.
+DECLARATION_KEYS = (
+    "name",
+    "forward",
+    "backward",
+    "grad_fields",
+    "forward_impl",
+    "backward_impl",
+    "forward_spec",
+    "backward_spec",
+    "setup_context",
+)
+OWN_DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
+
+
+@dataclass(frozen=True)
+class DeclarationForm:
+    """A call that declares an op: the callee's qualified name and its keywords.
+
+    ``keywords`` maps each of the callee's keyword names to one of DECLARATION_KEYS.
+    ``registration`` is False when the callee's impl contracts are not ours (TE's
+    ``register_custom_op``): the impls are checked to exist, and only the boundary
+    (schemas, flatten/unflatten) is generated.
+    """
+
+    callee: str
+    keywords: dict[str, str]
+    registration: bool = True
+
+    def keyword_for(self, key: str) -> str:
+        """The callee's spelling of one of our declaration keys."""
+        return next((k for k, v in self.keywords.items() if v == key), key)
+
+    @property
+    def short(self) -> str:
+        return self.callee.rsplit(".", 1)[-1]
+
+
+OWN_FORM = DeclarationForm(OWN_DECLARATION, {k: k for k in DECLARATION_KEYS})
+
+
+@dataclass(frozen=True)
+class ConfiguredOp:
+    """An op declared in the configuration for a source file that declares none."""
+
+    source: str
+    name: str
+    forward: str
+    backward: str
+    grad_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TeLayout:
+    """Also render every bundle in TE's run-time layout (``te_<module>.py``).
+
+    ``runtime`` is the module whose value bundle and storage helpers the generated
+    pack/unpack call (TE's ``dynamo/custom_op``); ``value_bundle_type`` the schema
+    type of the value-bundle slots.
+    """
+
+    runtime: str
+    value_bundle_type: str
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where sources live and how they declare ops; the defaults read this project."""
+
+    source_root: Path | None = None  # None: the project root
+    forms: tuple[DeclarationForm, ...] = (OWN_FORM,)
+    ops: tuple[ConfiguredOp, ...] = ()
+    te_layout: TeLayout | None = None
+
+    def form_for(self, callee: str) -> DeclarationForm | None:
+        return next((f for f in self.forms if f.callee == callee), None)
+
+    def op_for(self, source: str) -> ConfiguredOp | None:
+        return next((o for o in self.ops if o.source == source), None)
+
+
+def _expect(value: object, kind: type | tuple[type, ...], what: str, pyproject: Path) -> object:
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{pyproject}: {what} must be a {names}, got {value!r}")
+    return value
+
+
+def _strings(value: object, what: str, pyproject: Path) -> tuple[str, ...]:
+    _expect(value, list, what, pyproject)
+    for item in value:  # type: ignore[attr-defined]
+        _expect(item, str, f"each entry of {what}", pyproject)
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def expand_path(raw: str) -> str:
+    """``${VAR:-default}``, ``$VAR`` and a leading ``~`` expanded."""
+    raw = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1]) or m[2], raw)
+    return os.path.expanduser(os.path.expandvars(raw))
+
+
+def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
+    """The optional keys ``source_root``, ``declaration_forms``, ``ops``, ``te_layout``.
+
+    ``source_root`` (``~`` and ``$VARS`` expanded; relative to the project root) is
+    where ``sources`` and the packages they import are found, so a source may live
+    outside the project (an unpacked wheel in a cache). Output is always written
+    under the project root.
+    """
+    where = ".".join(CONFIG_TABLE)
+    source_root = None
+    if "source_root" in table:
+        raw = str(_expect(table["source_root"], str, f"{where}.source_root", pyproject))
+        source_root = (root / expand_path(raw)).resolve()
+    forms = [OWN_FORM]
+    for i, entry in enumerate(table.get("declaration_forms", [])):
+        what = f"{where}.declaration_forms[{i}]"
+        _expect(entry, dict, what, pyproject)
+        unknown = set(entry) - {"callee", "keywords", "registration"}
+        if unknown or "callee" not in entry or "keywords" not in entry:
+            raise ConfigError(
+                f"{pyproject}: {what} needs `callee` and `keywords` (and optionally "
+                f"`registration`); got keys {sorted(entry)}"
+            )
+        keywords = dict(_expect(entry["keywords"], dict, f"{what}.keywords", pyproject))  # type: ignore[arg-type]
+        for theirs, ours in keywords.items():
+            if ours not in DECLARATION_KEYS:
+                raise ConfigError(
+                    f"{pyproject}: {what}.keywords.{theirs} = {ours!r} is not a declaration "
+                    f"key; expected one of {', '.join(DECLARATION_KEYS)}"
+                )
+        mapped = list(keywords.values())
+        repeated = sorted({k for k in mapped if mapped.count(k) > 1})
+        missing = [k for k in ("name", "forward", "backward", "grad_fields") if k not in mapped]
+        if repeated or missing:
+            raise ConfigError(
+                f"{pyproject}: {what}.keywords must map exactly one keyword to each of "
+                f"name, forward, backward, grad_fields (missing: {missing}, repeated: {repeated})"
+            )
+        registration = entry.get("registration", True)
+        _expect(registration, bool, f"{what}.registration", pyproject)
+        callee = str(_expect(entry["callee"], str, f"{what}.callee", pyproject))
+        if any(f.callee == callee for f in forms):
+            raise ConfigError(f"{pyproject}: {what}: callee {callee!r} is configured twice")
+        forms.append(DeclarationForm(callee, keywords, bool(registration)))
+    ops = []
+    sources = table.get("sources", [])
+    for i, entry in enumerate(table.get("ops", [])):
+        what = f"{where}.ops[{i}]"
+        _expect(entry, dict, what, pyproject)
+        keys = {"source", "name", "forward", "backward", "grad_fields"}
+        if set(entry) != keys:
+            raise ConfigError(
+                f"{pyproject}: {what} needs exactly the keys {', '.join(sorted(keys))}; "
+                f"got {', '.join(sorted(entry))}"
+            )
+        for key in ("source", "name", "forward", "backward"):
+            _expect(entry[key], str, f"{what}.{key}", pyproject)
+        if entry["source"] not in sources:
+            raise ConfigError(f"{pyproject}: {what}.source {entry['source']!r} is not in `sources`")
+        if not str(entry["name"]).isidentifier():
+            raise ConfigError(f"{pyproject}: {what}.name {entry['name']!r} is not an identifier")
+        if any(o.source == entry["source"] for o in ops):
+            raise ConfigError(f"{pyproject}: {what}: a second op for {entry['source']!r}")
+        grads = _strings(entry["grad_fields"], f"{what}.grad_fields", pyproject)
+        ops.append(
+            ConfiguredOp(entry["source"], entry["name"], entry["forward"], entry["backward"], grads)
+        )
+    te_layout = None
+    if "te_layout" in table:
+        entry = _expect(table["te_layout"], dict, f"{where}.te_layout", pyproject)
+        if set(entry) != {"runtime", "value_bundle_type"}:  # type: ignore[arg-type]
+            raise ConfigError(
+                f"{pyproject}: {where}.te_layout needs exactly `runtime` and `value_bundle_type`"
+            )
+        for key in ("runtime", "value_bundle_type"):
+            value = str(_expect(entry[key], str, f"{where}.te_layout.{key}", pyproject))  # type: ignore[index]
+            if not all(part.isidentifier() for part in value.split(".")):
+                raise ConfigError(
+                    f"{pyproject}: {where}.te_layout.{key} {value!r} is not a dotted name"
+                )
+        te_layout = TeLayout(entry["runtime"], entry["value_bundle_type"])  # type: ignore[index]
+    return Reading(source_root, tuple(forms), tuple(ops), te_layout)

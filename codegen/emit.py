@@ -180,7 +180,7 @@ def _quantized_slots(bundle: Bundle) -> str:
         [
             slot_index(bundle, f.name)
             for f in bundle.fields
-            if f.type.kind is Kind.TENSOR_OR_QUANTIZED
+            if f.type.kind in (Kind.TENSOR_OR_QUANTIZED, Kind.TENSOR_OR_QUANTIZED_LIST)
         ]
     )
 
@@ -196,7 +196,12 @@ def _tensor_list_slots(bundle: Bundle) -> str:
     return _int_tuple(found)
 
 
-_CARRIES_TENSORS = (Kind.TENSOR, Kind.TENSOR_LIST, Kind.TENSOR_OR_QUANTIZED)
+_CARRIES_TENSORS = (
+    Kind.TENSOR,
+    Kind.TENSOR_LIST,
+    Kind.TENSOR_OR_QUANTIZED,
+    Kind.TENSOR_OR_QUANTIZED_LIST,
+)
 
 
 def calling_side_context(op: Op) -> dict:

@@ -288,7 +288,7 @@ def _tq_list_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
 
 
 def _quantizer_list_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
-    return (Slot(name, SchemaType(t.schema_type, t.optional, list=True, element_optional=True)),)
+    return (Slot(name, SchemaType("str", t.optional, list=True, element_optional=True)),)
 
 
 def _int_tuple_slots(name: str, t: FieldType, config: Config) -> tuple[Slot, ...]:
@@ -447,28 +447,29 @@ KINDS: tuple[KindRecord, ...] = (
         (
             DocRow(
                 "a configured quantizer class",
-                "one value-opaque slot (+`?`)",
-                "baked into the graph as a constant",
+                "`str` (+`?`)",
+                "its canonical text (runtime/codec.py): a graph constant, guarded; "
+                "decoded inside the op",
             ),
         ),
         _match_quantizer,
-        lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
-        lambda c: f"_b.{c.check}({c.value}, {c.local(c.type.python_type)}, {c.where})",
-        _slot,
+        _one("str"),
+        lambda c: f"_b.{c.opt}code({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        lambda c: "_b.optional_decode(slot())" if c.type.optional else "_b.decode(slot())",
     ),
     KindRecord(
         Kind.QUANTIZER_LIST,
         (
             DocRow(
                 "`List[<quantizer>]` (elements may be None)",
-                "one value-opaque list slot (+`?`)",
-                "one quantizer per element (per GEMM), each baked into the graph",
+                "`str?[]` (+`?`)",
+                "one quantizer per element (per GEMM), each as its canonical text",
             ),
         ),
         _match_quantizer_list,
         _quantizer_list_slots,
-        lambda c: (f"_b.{c.opt}object_list({c.value}, {c.local(c.type.python_type)}, {c.where})"),
-        lambda c: "_b.optional_list(slot())" if c.type.optional else "list(slot())",
+        lambda c: f"_b.{c.opt}code_list({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        lambda c: "_b.decode_list(slot())",
     ),
     KindRecord(
         Kind.PROCESS_GROUP,
@@ -489,14 +490,14 @@ KINDS: tuple[KindRecord, ...] = (
         (
             DocRow(
                 "a configured value type",
-                "one value-opaque slot (+`?`)",
-                "baked into the graph as a constant",
+                "`str` (+`?`)",
+                "its canonical text, like a quantizer",
             ),
         ),
         _match_value,
-        lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
-        lambda c: f"_b.{c.check}({c.value}, {c.local(c.type.python_type)}, {c.where})",
-        _slot,
+        _one("str"),
+        lambda c: f"_b.{c.opt}code({c.value}, {c.local(c.type.python_type)}, {c.where})",
+        lambda c: "_b.optional_decode(slot())" if c.type.optional else "_b.decode(slot())",
     ),
     KindRecord(
         Kind.UNSUPPORTED,

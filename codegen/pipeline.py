@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FORMAT_VERSION, emit, render, safety
+from . import FORMAT_VERSION, emit, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
@@ -23,20 +23,26 @@ class Generated:
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
     """Read every op module (sorted, so input order never matters); check paths and names."""
     given = sources if sources is not None else config.sources
-    paths = sorted({safety.normalize_source(config.root, s, config.output_dir) for s in given})
+    source_root = config.reading.source_root or config.root
+    paths = sorted(
+        {safety.normalize_source(config.root, s, config.output_dir, source_root) for s in given}
+    )
     safety.check_output_names(paths)
     modules = []
     for rel in paths:
-        path = config.root / rel
+        path = source_root / rel
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise CodegenError(
                 Location(rel, 1, 1),
                 f"cannot read the op module: {exc.strerror}",
-                "fix `sources` in [tool.transformer_engine_ops.codegen]",
+                "fix `sources` in [tool.transformer_engine_ops.codegen]"
+                + (
+                    f" (read under source_root {source_root})" if source_root != config.root else ""
+                ),
             ) from None
-        modules.append(read_source(rel, text, config))
+        modules.append(read_source(rel, text, config, source_root))
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:
@@ -71,6 +77,16 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
         code = env.get_template("op_module.py.j2").render(ctx)
         safety.check_generated_names(module, code)
         python[f"{out}/{stem}"] = code
+    if config.reading.te_layout is not None:
+        for module, path, code in te_layout.render_modules(modules, config, env, out):
+            if path in python:
+                raise CodegenError(
+                    Location(module.path, 1, 1),
+                    f"its TE-layout output `{path}` is also another op module's output",
+                    "give op modules names that do not start with `te_`",
+                )
+            safety.check_generated_names(module, code)
+            python[path] = code
     python[f"{out}/__init__.py"] = env.get_template("package_init.py.j2").render(
         format_version=FORMAT_VERSION,
         module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],
@@ -79,6 +95,8 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
     files[f"{out}/SCHEMAS.md"] = env.get_template("schemas.md.j2").render(
         emit.schemas_doc_context(contexts)
     )
+    if config.reading.te_layout is not None:
+        files[f"{out}/TE_LAYOUT.md"] = te_layout.layout_doc(modules, config, env)
     return Generated(modules, dict(sorted(files.items())))
 
 

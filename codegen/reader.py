@@ -1,8 +1,10 @@
 """Read op modules statically with libcst: bundles, enums and op declarations.
 
 Nothing here imports the code it reads. Every name is resolved through the
-file's own imports (``from torch import Tensor as T`` is still ``torch.Tensor``)
-and every entity keeps its ``path:line:col``.
+file's own imports (``from torch import Tensor as T`` is still ``torch.Tensor``),
+then across the modules under the source root (re-exports through ``__init__``,
+``alias = some.Name`` in another module), and every entity keeps its ``path:line:col``.
+Module-level ``if``/``try``/``with`` blocks are walked: names defined in any branch count.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import ast
 import builtins
 import keyword
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from . import kinds
-from .config import Config
+from .config import OWN_DECLARATION, Config, ConfiguredOp, DeclarationForm
 from .errors import CodegenError, Location
 from .model import (
     GRAD_OUTPUT_FIELD,
@@ -30,7 +33,7 @@ from .model import (
     TypeExpr,
 )
 
-DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
+DECLARATION = OWN_DECLARATION
 _DATACLASS = "dataclasses.dataclass"
 _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
@@ -53,6 +56,8 @@ class _File:
     names: dict[str, str]  # module-level name -> qualified name
     aliases: dict[str, cst.BaseExpression]  # module-level `Alias = <annotation>`
     expanding: tuple[str, ...] = ()
+    resolver: _Resolver | None = field(default=None, repr=False)
+    body: Sequence[cst.CSTNode] = ()
 
     def loc(self, node: cst.CSTNode) -> Location:
         start = self.positions[node].start
@@ -78,22 +83,54 @@ class _File:
 _BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
 
 
-def _module_names(body: Sequence[cst.CSTNode], module: str) -> dict[str, str]:
+def _block(node: cst.BaseSuite) -> Sequence[cst.CSTNode]:
+    """The statements of an indented block, or a one-line suite as one statement."""
+    return node.body if isinstance(node, cst.IndentedBlock) else [node]
+
+
+def _statements(body: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    """Module-level statements, with every branch of ``if``/``try``/``with`` walked."""
+    for statement in body:
+        if isinstance(statement, cst.If):
+            branch: cst.If | cst.Else | None = statement
+            while branch is not None:
+                yield from _statements(_block(branch.body))
+                branch = branch.orelse if isinstance(branch, cst.If) else None
+        elif isinstance(statement, cst.Try | cst.TryStar):
+            yield from _statements(_block(statement.body))
+            for handler in statement.handlers:
+                yield from _statements(_block(handler.body))
+            for extra in (statement.orelse, statement.finalbody):
+                if extra is not None:
+                    yield from _statements(_block(extra.body))
+        elif isinstance(statement, cst.With):
+            yield from _statements(_block(statement.body))
+        else:
+            yield statement
+
+
+def _small_statements(body: Sequence[cst.CSTNode]) -> Iterator[cst.BaseSmallStatement]:
+    for statement in _statements(body):
+        if isinstance(statement, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            yield from statement.body
+
+
+def _relative_base(package: str, relative: int, base: str) -> str:
+    parent = package.rsplit(".", relative - 1)[0] if relative > 1 else package
+    return f"{parent}.{base}" if base else parent
+
+
+def _module_names(body: Sequence[cst.CSTNode], module: str, package: str) -> dict[str, str]:
     """What each module-level name means: imports resolved, local definitions qualified.
 
     Annotations are evaluated in module scope, so this table is all name resolution
     needs (libcst's ScopeProvider would also work, at twice the cost of a whole run).
     """
     names: dict[str, str] = {}
-    package = module.rsplit(".", 1)[0]
-    for statement in body:
+    for statement in _statements(body):
         if isinstance(statement, cst.ClassDef | cst.FunctionDef):
             names[statement.name.value] = f"{module}.{statement.name.value}"
-        elif isinstance(statement, cst.If | cst.Try):  # `if TYPE_CHECKING:` and friends
-            blocks = [statement.body, *([statement.orelse] if statement.orelse else [])]
-            for block in blocks:
-                names.update(_module_names(getattr(block, "body", []), module))
-        elif isinstance(statement, cst.SimpleStatementLine):
+        elif isinstance(statement, cst.SimpleStatementLine | cst.SimpleStatementSuite):
             for small in statement.body:
                 if isinstance(small, cst.Import):
                     for alias in small.names:
@@ -108,12 +145,7 @@ def _module_names(body: Sequence[cst.CSTNode], module: str) -> dict[str, str]:
                 ):
                     base = _dotted(small.module) if small.module is not None else ""
                     if small.relative:
-                        parent = (
-                            package.rsplit(".", len(small.relative) - 1)[0]
-                            if len(small.relative) > 1
-                            else package
-                        )
-                        base = f"{parent}.{base}" if base else parent
+                        base = _relative_base(package, len(small.relative), base or "")
                     for alias in small.names:
                         name = alias.name.value  # type: ignore[union-attr]
                         local = _dotted(alias.asname.name) if alias.asname else name  # type: ignore[union-attr]
@@ -124,6 +156,237 @@ def _module_names(body: Sequence[cst.CSTNode], module: str) -> dict[str, str]:
                         if isinstance(target.target, cst.Name):
                             names[target.target.value] = f"{module}.{target.target.value}"
     return names
+
+
+def module_of(path: str) -> tuple[str, str]:
+    """(module, package) of a source path: a package's ``__init__.py`` is the package."""
+    module = module_name(path)
+    if module.endswith(".__init__"):
+        module = module.removesuffix(".__init__")
+        return module, module
+    return module, module.rpartition(".")[0]
+
+
+def _ast_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    for statement in body:
+        if isinstance(statement, ast.If):
+            yield from _ast_statements(statement.body)
+            yield from _ast_statements(statement.orelse)
+        elif isinstance(statement, ast.Try | getattr(ast, "TryStar", ast.Try)):
+            yield from _ast_statements(statement.body)
+            for handler in statement.handlers:
+                yield from _ast_statements(handler.body)
+            yield from _ast_statements(statement.orelse)
+            yield from _ast_statements(statement.finalbody)
+        elif isinstance(statement, ast.With):
+            yield from _ast_statements(statement.body)
+        else:
+            yield statement
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _ast_dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
+@dataclass(frozen=True)
+class _Definition:
+    """What one module-level name of another module is, read with ``ast``.
+
+    ``how`` is ``"defined"`` (a class, function or plain variable: the name is
+    canonical), ``"enum"`` (a class deriving from an Enum), ``"import"`` (``target``
+    is the imported qualified name), ``"ref"`` (``name = some.dotted.Name``: ``target``
+    is the dotted text, resolved in the module) or ``"alias"`` (``Name = <annotation>``).
+    """
+
+    how: str
+    target: str = ""
+
+
+class _Resolver:
+    """Static name resolution across the modules under one source root; imports nothing.
+
+    Modules are found as ``a/b/c.py`` or ``a/b/c/__init__.py`` under the root and
+    read with Python's ``ast`` (fast; names only). A module-level type alias in
+    another module is expanded from that module's libcst tree, read on demand.
+    """
+
+    def __init__(self, root: Path, config: Config) -> None:
+        self._root, self._config = root, config
+        self._paths: dict[str, str | None] = {}
+        self._tables: dict[str, dict[str, _Definition]] = {}
+        self._files: dict[str, _File] = {}
+        self.expanding: tuple[str, ...] = ()
+
+    def _path(self, module: str) -> str | None:
+        """Root-relative path of a module's file, or None when it is not under the root."""
+        if module not in self._paths:
+            rel = module.replace(".", "/")
+            found = None
+            for candidate in (f"{rel}.py", f"{rel}/__init__.py"):
+                if (self._root / candidate).is_file():
+                    found = candidate
+                    break
+            self._paths[module] = found
+        return self._paths[module]
+
+    def _table(self, module: str, path: str) -> dict[str, _Definition]:
+        if module in self._tables:
+            return self._tables[module]
+        table: dict[str, _Definition] = {}
+        self._tables[module] = table
+        try:
+            tree = ast.parse((self._root / path).read_text(encoding="utf-8"), filename=path)
+        except (OSError, SyntaxError, ValueError):
+            return table  # unreadable: its names stay as written
+        _, package = module_of(path)
+        imports: dict[str, str] = {}
+        for statement in _ast_statements(tree.body):
+            if isinstance(statement, ast.ClassDef):
+                bases = [_ast_dotted(b) or "" for b in statement.bases]
+                table[statement.name] = _Definition("class", ",".join(bases))
+            elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                table[statement.name] = _Definition("defined")
+            elif isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    if alias.asname:
+                        imports[alias.asname] = alias.name
+                        table[alias.asname] = _Definition("import", alias.name)
+                    else:
+                        head = alias.name.split(".", 1)[0]
+                        imports[head] = head
+            elif isinstance(statement, ast.ImportFrom):
+                base = statement.module or ""
+                if statement.level:
+                    base = _relative_base(package, statement.level, base)
+                for alias in statement.names:
+                    if alias.name != "*":
+                        local = alias.asname or alias.name
+                        imports[local] = f"{base}.{alias.name}"
+                        table[local] = _Definition("import", f"{base}.{alias.name}")
+            elif isinstance(statement, ast.Assign | ast.AnnAssign):
+                targets = (
+                    statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                )
+                value = statement.value
+                for target in targets:
+                    if not isinstance(target, ast.Name):
+                        continue
+                    dotted = _ast_dotted(value) if value is not None else None
+                    if dotted is not None and len(targets) == 1:
+                        table[target.id] = _Definition("ref", dotted)
+                    elif isinstance(value, ast.Subscript | ast.BinOp) and len(targets) == 1:
+                        table[target.id] = _Definition("alias")
+                    else:
+                        table[target.id] = _Definition("defined")
+        # Class bases and `ref` targets resolve through the module's own imports.
+        for name, definition in list(table.items()):
+            if definition.how in ("class", "ref"):
+                resolved = []
+                for dotted in filter(None, definition.target.split(",")):
+                    head, _, rest = dotted.partition(".")
+                    if head in imports:
+                        resolved.append(imports[head] + (f".{rest}" if rest else ""))
+                    elif head in table and table[head].how != "import":
+                        resolved.append(f"{module}.{dotted}")
+                    else:
+                        resolved.append(f"builtins.{dotted}" if not rest else dotted)
+                if definition.how == "ref":
+                    table[name] = _Definition("ref", resolved[0] if resolved else "")
+                else:
+                    how = (
+                        "enum"
+                        if any(self.canonical(b) in _ENUM_BASES for b in resolved)
+                        else "defined"
+                    )
+                    table[name] = _Definition(how)
+        return table
+
+    def _split(self, qualname: str) -> tuple[str, str, list[str]] | None:
+        """(module, path, attributes) for the longest module prefix under the root."""
+        parts = qualname.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:cut])
+            path = self._path(module)
+            if path is not None:
+                return module, path, parts[cut:]
+        return None
+
+    def _step(self, qualname: str) -> tuple[str, _Definition | None, str, str]:
+        """One resolution step: (qualname, its definition, module, path)."""
+        split = self._split(qualname)
+        if split is None:
+            return qualname, None, "", ""
+        module, path, attrs = split
+        definition = self._table(module, path).get(attrs[0])
+        if definition is None or len(attrs) > 1 and definition.how != "import":
+            return qualname, None, module, path
+        return qualname, definition, module, path
+
+    def canonical(self, qualname: str, stop_at: str = "") -> str:
+        """Follow imports and ``name = other.Name`` to where a name is defined.
+
+        Stops at a configured kind name, at a module outside the root and at the
+        reading module itself (``stop_at``: its own tables already resolved it).
+        """
+        seen = set()
+        while qualname not in seen:
+            seen.add(qualname)
+            if self._config.kind_of(qualname) is not None:
+                return qualname
+            if stop_at and qualname.rpartition(".")[0] == stop_at:
+                return qualname
+            qualname, definition, module, _ = self._step(qualname)
+            if definition is None or definition.how not in ("import", "ref"):
+                return qualname
+            rest = qualname[len(module) + 1 :].split(".")[1:]
+            qualname = ".".join([definition.target, *rest])
+        return qualname
+
+    def configured(self, qualname: str) -> bool:
+        return self._config.kind_of(qualname) is not None
+
+    def is_enum(self, qualname: str) -> bool:
+        _, definition, _, _ = self._step(qualname)
+        return definition is not None and definition.how == "enum"
+
+    def alias(self, qualname: str) -> tuple[_File, cst.BaseExpression] | None:
+        """The libcst file and expression of a type alias defined in another module."""
+        _, definition, module, path = self._step(qualname)
+        if definition is None or definition.how != "alias":
+            return None
+        if module not in self._files:
+            text = (self._root / path).read_text(encoding="utf-8")
+            try:
+                self._files[module] = _parse_file(path, text, self)
+            except CodegenError:
+                return None
+        file = self._files[module]
+        node = file.aliases.get(qualname.rpartition(".")[2])
+        return None if node is None else (file, node)
+
+
+class _Enums:
+    """The enum classes a field may name: the file's own, and those the resolver finds."""
+
+    def __init__(self, local: frozenset[str], resolver: _Resolver | None, module: str) -> None:
+        self._local, self._resolver, self._module = local, resolver, module
+
+    def __contains__(self, qualname: object) -> bool:
+        if qualname in self._local:
+            return True
+        # Another module's class, unless configured as a kind (no need to read its module).
+        return (
+            isinstance(qualname, str)
+            and self._resolver is not None
+            and qualname.rpartition(".")[0] != self._module
+            and not self._resolver.configured(qualname)
+            and self._resolver.is_enum(qualname)
+        )
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -185,7 +448,14 @@ def _type_expr(
             return TypeExpr("None", where)
         if dotted in file.aliases:
             return _expand_alias(file, dotted, anchor or node)
-        return TypeExpr(file.qualify(dotted, anchor or node), where)
+        qualname = file.qualify(dotted, anchor or node)
+        if file.resolver is not None:
+            qualname = file.resolver.canonical(qualname, stop_at=file.module)
+            if qualname.rpartition(".")[0] != file.module:  # local aliases: expanded above
+                expansion = _expand_foreign_alias(file.resolver, qualname, where)
+                if expansion is not None:
+                    return expansion
+        return TypeExpr(qualname, where)
     if isinstance(node, cst.Subscript):
         base = _type_expr(file, node.value, anchor)
         literal = base.name in {"typing.Literal", "typing_extensions.Literal"}
@@ -215,6 +485,25 @@ def _expand_alias(file: _File, name: str, use: cst.CSTNode) -> TypeExpr:
         return _type_expr(file, file.aliases[name], use)
     finally:
         file.expanding = file.expanding[:-1]
+
+
+def _expand_foreign_alias(resolver: _Resolver, qualname: str, use: Location) -> TypeExpr | None:
+    """A type alias defined in another module under the source root, read where it is defined."""
+    if resolver.configured(qualname):
+        return None
+    found = resolver.alias(qualname)
+    if found is None:
+        return None
+    if qualname in resolver.expanding:
+        raise CodegenError(
+            use, f"type alias `{qualname}` refers to itself", "define the alias without recursion"
+        )
+    other, node = found
+    resolver.expanding += (qualname,)
+    try:
+        return _type_expr(other, node)
+    finally:
+        resolver.expanding = resolver.expanding[:-1]
 
 
 def _string_type_expr(
@@ -341,19 +630,18 @@ class _BundleReader:
     """Reads each bundle class an op names, once; a bundle must be a local @dataclass."""
 
     def __init__(
-        self, file: _File, classes: dict[str, cst.ClassDef], config: Config, enums: frozenset[str]
+        self, file: _File, classes: dict[str, cst.ClassDef], config: Config, enums: _Enums
     ) -> None:
         self._file, self._classes, self._config, self._enums = file, classes, config, enums
         self._cache: dict[str, Bundle] = {}
 
-    def __call__(self, key: str, node: cst.Name) -> Bundle:
-        name = node.value
+    def __call__(self, key: str, name: str, where: Location) -> Bundle:
         if name in self._cache:
             return self._cache[name]
         cls = self._classes.get(name)
         if cls is None:
             raise CodegenError(
-                self._file.loc(node),
+                where,
                 f"`{key}={name}` names no bundle class defined in this file",
                 "define the bundle as a @dataclass in the op module, or fix the name",
             )
@@ -363,7 +651,7 @@ class _BundleReader:
                 f"`{name}` is named as the {key} bundle but is not a @dataclass",
                 f"decorate `{name}` with @dataclass",
             )
-        bundle = _read_bundle(self._file, cls, self._config, self._enums)
+        bundle = _read_bundle(self._file, cls, self._config, self._enums)  # type: ignore[arg-type]
         self._cache[name] = bundle
         return bundle
 
@@ -382,30 +670,80 @@ def _literal_strings(file: _File, node: cst.BaseExpression, key: str) -> tuple[s
     )
 
 
+def _check_grad_fields(
+    forward: Bundle, grad_fields: tuple[str, ...], places: Sequence[Location], whole: Location
+) -> None:
+    for grad, where in zip(grad_fields, places, strict=True):
+        field = forward.field(grad)
+        if field is None:
+            raise CodegenError(
+                where,
+                f"gradient field `{grad}` is not a field of `{forward.name}`",
+                f"name fields of {forward.name}",
+            )
+        if not kinds.may_receive_gradient(field.type):
+            raise CodegenError(
+                where,
+                f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
+                "which cannot receive a gradient",
+                "only tensor, tensor-list and tensor-or-quantized fields receive gradients",
+            )
+    if len(set(grad_fields)) != len(grad_fields):
+        raise CodegenError(whole, "`grad_fields` repeats a field", "name each gradient field once")
+
+
+def _check_grad_receiver(backward: Bundle) -> None:
+    """Exactly one backward field receives the forward outputs' gradients.
+
+    ``grad_outputs: List[torch.Tensor]`` receives all of them; TE's form,
+    ``grad_output: Optional[torch.Tensor]``, the first output's.
+    """
+    grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
+    grad_output = backward.field(GRAD_OUTPUT_FIELD)
+    all_grads = grad_outputs is not None and (
+        grad_outputs.type.kind is kinds.Kind.TENSOR_LIST and not grad_outputs.type.optional
+    )
+    first_grad = grad_output is not None and grad_output.type.kind is kinds.Kind.TENSOR
+    if all_grads == first_grad:  # neither, both, or a wrong kind
+        raise CodegenError(
+            backward.location,
+            f"backward bundle `{backward.name}` needs one field receiving the forward "
+            f"outputs' gradients: `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` (all of "
+            f"them) or `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]` (the first)",
+            f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
+        )
+
+
 def _read_declaration(
-    file: _File, call: cst.Call, read_bundle: _BundleReader, functions: set[str]
+    file: _File,
+    call: cst.Call,
+    form: DeclarationForm,
+    read_bundle: _BundleReader,
+    functions: set[str],
 ) -> Op:
     where = file.loc(call)
+    callee = form.short
     given: dict[str, cst.BaseExpression] = {}
     for arg in call.args:
         if arg.keyword is None:
             raise CodegenError(
                 file.loc(arg),
-                "OpDeclaration takes keyword arguments only",
-                f"name each argument: {', '.join(_DECL_KEYS)}",
+                f"{callee} takes keyword arguments only",
+                f"name each argument: {', '.join(form.keywords)}",
             )
-        key = arg.keyword.value
-        if key not in _DECL_KEYS:
+        key = form.keywords.get(arg.keyword.value)
+        if key is None:
             raise CodegenError(
                 file.loc(arg.keyword),
-                f"unknown OpDeclaration argument `{key}`",
-                f"expected one of: {', '.join(_DECL_KEYS)}",
+                f"unknown {callee} argument `{arg.keyword.value}`",
+                f"expected one of: {', '.join(form.keywords)}",
             )
         given[key] = arg.value
+    kw = form.keyword_for
     for key in ("name", "forward", "backward", "grad_fields"):
         if key not in given:
             raise CodegenError(
-                where, f"OpDeclaration lacks `{key}`", f"add {key}=... to the declaration"
+                where, f"{callee} lacks `{kw(key)}`", f"add {kw(key)}=... to the declaration"
             )
     name_node = given["name"]
     if (
@@ -413,7 +751,9 @@ def _read_declaration(
         or not str(name_node.evaluated_value).isidentifier()
     ):
         raise CodegenError(
-            file.loc(name_node), "`name` must be a string literal identifier", 'write name="my_op"'
+            file.loc(name_node),
+            f"`{kw('name')}` must be a string literal identifier",
+            f'write {kw("name")}="my_op"',
         )
     op_name = str(name_node.evaluated_value)
 
@@ -421,71 +761,54 @@ def _read_declaration(
         node = given[key]
         if not isinstance(node, cst.Name):
             raise CodegenError(
-                file.loc(node), f"`{key}` must name a bundle class", f"write {key}=MyArgs"
+                file.loc(node), f"`{kw(key)}` must name a bundle class", f"write {kw(key)}=MyArgs"
             )
-        return read_bundle(key, node)
+        return read_bundle(kw(key), node.value, file.loc(node))
 
     forward, backward = bundle("forward"), bundle("backward")
-    grad_fields = _literal_strings(file, given["grad_fields"], "grad_fields")
+    grad_fields = _literal_strings(file, given["grad_fields"], kw("grad_fields"))
     # _literal_strings checked the node: a tuple/list of strings, one element per name.
     grad_nodes = given["grad_fields"].elements  # type: ignore[attr-defined]
-    for grad, grad_node in zip(grad_fields, grad_nodes, strict=True):
-        field = forward.field(grad)
-        if field is None:
-            raise CodegenError(
-                file.loc(grad_node.value),
-                f"gradient field `{grad}` is not a field of `{forward.name}`",
-                f"name fields of {forward.name}",
-            )
-        if not kinds.may_receive_gradient(field.type):
-            raise CodegenError(
-                file.loc(grad_node.value),
-                f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
-                "which cannot receive a gradient",
-                "only tensor, tensor-list and tensor-or-quantized fields receive gradients",
-            )
-    if len(set(grad_fields)) != len(grad_fields):
-        raise CodegenError(
-            file.loc(given["grad_fields"]),
-            "`grad_fields` repeats a field",
-            "name each gradient field once",
-        )
-    present = [k for k in _IMPL_KEYS if k in given]
+    _check_grad_fields(
+        forward,
+        grad_fields,
+        [file.loc(g.value) for g in grad_nodes],
+        file.loc(given["grad_fields"]),
+    )
+    impl_keys = [k for k in _IMPL_KEYS if k in form.keywords.values()]
+    present = [k for k in impl_keys if k in given]
     impls = None
     if present:
-        missing = [k for k in _IMPL_KEYS if k not in given]
+        missing = [kw(k) for k in impl_keys if k not in given]
         if missing:
             raise CodegenError(
                 where,
-                f"OpDeclaration names {', '.join(present)} but not {', '.join(missing)}",
-                "give all five implementation functions, or none",
+                f"{callee} names {', '.join(kw(k) for k in present)} but not {', '.join(missing)}",
+                f"give all {len(impl_keys)} implementation functions, or none",
             )
         names = {}
-        for key in _IMPL_KEYS:
+        for key in impl_keys:
             node = given[key]
             if not isinstance(node, cst.Name) or node.value not in functions:
                 raise CodegenError(
                     file.loc(node),
-                    f"`{key}` must name a function defined in this file",
+                    f"`{kw(key)}` must name a function defined in this file",
                     f"define `def {_code(node)}(...)` at module level",
                 )
             names[key] = node.value
-        impls = Impls(**names)
-        grad_outputs = backward.field(GRAD_OUTPUTS_FIELD)
-        grad_output = backward.field(GRAD_OUTPUT_FIELD)
-        all_grads = grad_outputs is not None and (
-            grad_outputs.type.kind is kinds.Kind.TENSOR_LIST and not grad_outputs.type.optional
-        )
-        first_grad = grad_output is not None and grad_output.type.kind is kinds.Kind.TENSOR
-        if all_grads == first_grad:  # neither, both, or a wrong kind
-            raise CodegenError(
-                backward.location,
-                f"backward bundle `{backward.name}` needs one field receiving the forward "
-                f"outputs' gradients: `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` (all of "
-                f"them) or `{GRAD_OUTPUT_FIELD}: Optional[torch.Tensor]` (the first)",
-                f"add `{GRAD_OUTPUTS_FIELD}: List[torch.Tensor]` to {backward.name}",
-            )
+        _check_grad_receiver(backward)
+        if form.registration:
+            impls = Impls(**names)
     return Op(op_name, forward, backward, grad_fields, impls, where)
+
+
+def _configured_op(file: _File, op: ConfiguredOp, read_bundle: _BundleReader) -> Op:
+    """An op the configuration declares for this file: boundary only, positioned at its bundles."""
+    top = Location(file.path, 1, 1)
+    forward = read_bundle("forward", op.forward, top)
+    backward = read_bundle("backward", op.backward, top)
+    _check_grad_fields(forward, op.grad_fields, [forward.location] * len(op.grad_fields), top)
+    return Op(op.name, forward, backward, op.grad_fields, None, forward.location)
 
 
 def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenError:
@@ -511,8 +834,7 @@ def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenEr
     )
 
 
-def read_source(path: str, text: str, config: Config) -> SourceModule:
-    """Read one op module; raise ``CodegenError`` at the first problem."""
+def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
     try:
         tree = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -523,45 +845,75 @@ def read_source(path: str, text: str, config: Config) -> SourceModule:
     body: Sequence[cst.CSTNode] = wrapper.module.body
     aliases = {
         small.targets[0].target.value: small.value
-        for statement in body
-        if isinstance(statement, cst.SimpleStatementLine)
-        for small in statement.body
+        for small in _small_statements(body)
         if isinstance(small, cst.Assign)
         and len(small.targets) == 1
         and isinstance(small.targets[0].target, cst.Name)
         and isinstance(small.value, cst.Subscript | cst.BinaryOperation)
     }
-    module = module_name(path)
-    file = _File(path, module, positions, _module_names(body, module), aliases)
+    module, package = module_of(path)
+    file = _File(path, module, positions, _module_names(body, module, package), aliases)
+    file.resolver = resolver
+    file.body = body
+    return file
 
-    classes = [s for s in body if isinstance(s, cst.ClassDef)]
-    enums = frozenset(
+
+def read_source(
+    path: str, text: str, config: Config, source_root: Path | None = None
+) -> SourceModule:
+    """Read one op module; raise ``CodegenError`` at the first problem.
+
+    ``source_root`` is where the modules it imports are found for static name
+    resolution (default: the configured source root, else the project root).
+    """
+    reading = config.reading
+    root = source_root or reading.source_root or config.root
+    resolver = _Resolver(root, config)
+    file = _parse_file(path, text, resolver)
+    body = file.body
+    statements = list(_statements(body))
+
+    classes = [s for s in statements if isinstance(s, cst.ClassDef)]
+    local_enums = frozenset(
         f"{file.module}.{c.name.value}"
         for c in classes
         if any(b in _ENUM_BASES for b in _base_names(file, c))
     )
-    functions = {s.name.value for s in body if isinstance(s, cst.FunctionDef)}
+    enums = _Enums(local_enums, resolver, file.module)
+    functions = {s.name.value for s in statements if isinstance(s, cst.FunctionDef)}
     read_bundle = _BundleReader(file, {c.name.value: c for c in classes}, config, enums)
 
     ops: list[Op] = []
-    for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine):
+    for small in _small_statements(body):
+        value = small.value if isinstance(small, cst.Assign | cst.AnnAssign | cst.Expr) else None
+        if not isinstance(value, cst.Call):
             continue
-        for small in statement.body:
-            value = small.value if isinstance(small, cst.Assign | cst.AnnAssign) else None
-            if not isinstance(value, cst.Call):
-                continue
-            callee = _dotted(value.func)
-            if callee is None or not file.resolves(callee):
-                continue
-            if file.qualify(callee, value.func) == DECLARATION:
-                if ops:
-                    raise CodegenError(
-                        file.loc(value),
-                        "a second OpDeclaration in one op module",
-                        f"move it to its own module (the first is at {ops[0].location})",
-                    )
-                ops.append(_read_declaration(file, value, read_bundle, functions))
+        callee = _dotted(value.func)
+        if callee is None or not file.resolves(callee):
+            continue
+        qualname = file.qualify(callee, value.func)
+        form = reading.form_for(qualname) or reading.form_for(
+            resolver.canonical(qualname, stop_at=file.module)
+        )
+        if form is None:
+            continue
+        if ops:
+            raise CodegenError(
+                file.loc(value),
+                f"a second {form.short} in one op module",
+                f"move it to its own module (the first is at {ops[0].location})",
+            )
+        ops.append(_read_declaration(file, value, form, read_bundle, functions))
+    configured = reading.op_for(path)
+    if configured is not None:
+        if ops:
+            raise CodegenError(
+                ops[0].location,
+                f"this file declares an op and the configuration declares `{configured.name}` "
+                "for it too",
+                "remove one of the two declarations",
+            )
+        ops.append(_configured_op(file, configured, read_bundle))
     if not ops:
         raise CodegenError(
             Location(path, 1, 1),

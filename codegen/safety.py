@@ -66,7 +66,9 @@ def check_settings(config: Config, pyproject: Path, table: str) -> None:
         raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
     if not all(isinstance(s, str) for s in config.sources):
         raise fail("sources", list(config.sources), "every entry must be a path string")
-    problem = output_dir_problem(config.root, config.output_dir, config.sources)
+    problem = output_dir_problem(
+        config.root, config.output_dir, config.sources, config.reading.source_root
+    )
     if problem:
         raise fail("output_dir", config.output_dir, problem)
 

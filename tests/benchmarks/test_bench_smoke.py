@@ -77,6 +77,44 @@ def test_compile_and_step_figures(tmp_path: Path) -> None:
     assert "ours/bf16 | compiled |" in md
 
 
+def _gpu_v2_results() -> dict:
+    """A minimal figure-6 (version 2) result: two contenders built, one failed."""
+
+    def s(x: float) -> dict:
+        return {"median": x, "q1": x, "q3": x, "min": x, "max": x, "n": 1, "samples": [x]}
+
+    ok = {"fullgraph": True, "graph_breaks": 0, "warmup_s": 1.0, "warnings": []}
+    failed = {"fullgraph": True, "fullgraph_error": "Unsupported: x", "failed": True}
+    large = {
+        "shape": [4096, 8192],
+        "ms": {"ours/fp8_current/eager": s(12.0), "ours/bf16/eager": s(20.0), "gemm/fp8": s(10.0)},
+        "builds": {
+            "ours/fp8_current/eager": ok,
+            "ours/bf16/eager": ok,
+            "ours/fp8_current/compiled": failed,
+        },
+        "over_gemm_floor": {"ours/fp8_current/eager": s(1.2), "ours/bf16/eager": s(1.05)},
+        "floor_of": {"ours/fp8_current/eager": "gemm/fp8", "ours/bf16/eager": "gemm/bf16"},
+        "over_torch_same_mode": {},
+        "over_bf16_same_mode": {"ours/fp8_current/eager": s(0.6)},
+    }
+    return {"version": 2, "quantizer_compile_limitation": None, "shapes": {"large": large}}
+
+
+def test_gpu_report_states_each_issue_12_target_met_or_missed() -> None:
+    gpu = {"machine": machine_info(), "gpu": _gpu_v2_results()}
+    rows = {r[0]: r for r in report.gpu_targets(gpu["gpu"])}
+    assert rows["H200 large: FP8 current scaling eager / FP8 GEMM floor"][3] == "met"
+    speedup = rows["H200 large: FP8 current scaling eager speed-up over our bf16 eager"]
+    assert speedup[2] == "1.67x" and speedup[3] == "met"
+    assert rows["H200 large: fp8_current compiles, compiled"][3] == "**missed**"
+    # Not measured is missed, never silently dropped.
+    assert rows["H200 large: FP8 current scaling compiled / FP8 GEMM floor"][3] == "**missed**"
+    assert rows["H200 small: ours bf16 eager / torch.nn.Linear eager"][3] == "**missed**"
+    md = "\n".join(report._gpu(gpu))
+    assert "failed: Unsupported: x" in md and "| ours/fp8_current/eager |" in md
+
+
 @pytest.mark.slow
 def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     from benchmarks import overhead

@@ -27,7 +27,6 @@ from transformer_engine_ops.modules.autocast import autocast
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.quantization import Float8CurrentScaling
 from transformer_engine_ops.runtime.fallback import reset_warnings
-from transformer_engine_ops.runtime.opaque import quantizer_compile_limitation
 
 # (seq, batch, hidden): dim 0 is the sequence dim sequence parallelism splits.
 SEQ, BATCH, IN, OUT = 8, 2, 64, 32
@@ -396,10 +395,6 @@ class Skip(Exception):  # noqa: N818 - mirrors pytest.skip
 
 
 def run_case(w: World, name: str) -> dict[str, Any]:
-    limitation = quantizer_compile_limitation()
-    if limitation is not None and any(q in name for q in RECIPES if RECIPES[q] is not None):
-        # e.g. torch 2.11: a quantized recipe runs eagerly by design under compile.
-        raise Skip(limitation)
     if name.startswith("parity-") or name.startswith("ro-"):
         return _parity(w, name)
     if name.startswith("mlp-"):

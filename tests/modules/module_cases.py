@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -23,7 +24,9 @@ RECIPES: dict[str, Any] = {
     "bf16": None,
     "fp8_current": Float8CurrentScaling,
     "mxfp8": MXFP8BlockScaling,
-    "nvfp4": NVFP4BlockScaling,
+    "nvfp4": functools.partial(
+        NVFP4BlockScaling, disable_rht=True, disable_stochastic_rounding=True
+    ),
     "fp8_block": Float8BlockScaling,
 }
 QUANTIZED = [name for name, factory in RECIPES.items() if factory is not None]

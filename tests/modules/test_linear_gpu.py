@@ -12,7 +12,6 @@ from module_cases import assert_bitwise, graph_breaks, make_input, make_mlp, ste
 from torch._dynamo.utils import counters
 
 from transformer_engine_ops.modules.autocast import autocast
-from transformer_engine_ops.runtime.opaque import quantizer_compile_limitation
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,14 +19,6 @@ pytestmark = [
 ]
 
 CUDA_RECIPES = ["bf16", "fp8_current"]
-
-
-def _needs_quantized_compile(recipe: str) -> None:
-    """On torch 2.11 a quantized recipe falls back to eager by design (see
-    runtime.opaque.quantizer_compile_limitation; tested below)."""
-    reason = quantizer_compile_limitation()
-    if recipe != "bf16" and reason is not None:
-        pytest.skip(reason)
 
 
 def _inputs() -> tuple:
@@ -43,7 +34,6 @@ def _cloned(result: tuple) -> tuple:
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("recipe", CUDA_RECIPES)
 def test_compiled_mlp_on_cuda_is_bitwise_equal_to_eager(recipe, backend):
-    _needs_quantized_compile(recipe)
     model, x = _inputs()
     eager = _cloned(step(model, x, recipe))
     compiled = torch.compile(model, fullgraph=True, backend=backend)
@@ -55,7 +45,6 @@ def test_compiled_mlp_on_cuda_is_bitwise_equal_to_eager(recipe, backend):
 
 @pytest.mark.parametrize("recipe", CUDA_RECIPES)
 def test_reduce_overhead_cuda_graphs_do_not_skip(recipe):
-    _needs_quantized_compile(recipe)
     model, x = _inputs()
     eager = _cloned(step(model, x, recipe))  # eager warm-up
     compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
@@ -73,7 +62,6 @@ def test_fp8_inference_compiles_on_cuda_bitwise(mode):
     """FP8 current scaling under no_grad: one graph, no breaks, eager's exact output."""
     from transformer_engine_ops.quantization import Float8CurrentScaling
 
-    _needs_quantized_compile("fp8_current")
     model, x = _inputs()
     compiled = torch.compile(model, fullgraph=True, mode=mode)
     with torch.no_grad(), autocast(recipe=Float8CurrentScaling()):
@@ -82,18 +70,3 @@ def test_fp8_inference_compiles_on_cuda_bitwise(mode):
             got = compiled(x).clone()
             assert torch.equal(got, expected)
     assert graph_breaks() == 0
-
-
-def test_fp8_on_old_torch_falls_back_with_its_reason():
-    """Where torch cannot compile quantizers, a compiled FP8 step runs eagerly, warns
-    once naming the reason, and still equals eager bitwise."""
-    from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
-
-    if quantizer_compile_limitation() is None:
-        pytest.skip("this torch compiles quantizers")
-    model, x = _inputs()
-    eager = _cloned(step(model, x, "fp8_current"))
-    compiled = torch.compile(model)
-    with pytest.warns(EagerFallbackWarning, match="cannot carry quantizers"):
-        got = _cloned(step(compiled, x, "fp8_current"))
-    assert_bitwise(got, eager)

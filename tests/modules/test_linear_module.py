@@ -226,16 +226,25 @@ def test_changing_the_recipe_recompiles_naming_the_quantizer_field(recompile_log
     model, x = make_mlp(), make_input()
     compiled = torch.compile(model, fullgraph=True, backend=AOT)
     step(compiled, x, "fp8_current")
-    with autocast(recipe=Float8CurrentScaling(force_pow_2_scales=True)):
+    with autocast(recipe=Float8CurrentScaling(use_power_2_scales=True)):
         step(compiled, x, None)
     assert unique_graphs() == 2
     assert len(recompile_log.messages) == 1
     reason = recompile_log.messages[0]
-    assert "STATE.autocast.input ==" in reason
-    assert "Float8CurrentScalingQuantizer(" in reason
-    assert "force_pow_2_scales=False" in reason  # the guarded field's old value
+    assert "STATE.autocast.input._teops_code ==" in reason  # the quantizer's boundary text
+    assert "Float8CurrentScalingQuantizer" in reason
+    assert '"force_pow_2_scales":false' in reason  # the guarded field's old value
     step(compiled, x, "fp8_current")  # back to the first recipe: cached, no recompile
     assert unique_graphs() == 2
+
+
+def test_ten_steps_under_re_entered_autocast_compile_once():
+    """autocast re-creates equal quantizer objects on every entry: no recompile."""
+    model, x = make_mlp(), make_input()
+    compiled = torch.compile(model, fullgraph=True, backend=AOT)
+    for _ in range(10):
+        step(compiled, x, "fp8_current")
+    assert unique_graphs() == 1
 
 
 # --- delayed scaling -------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -22,7 +23,9 @@ RECIPES: dict[str, Any] = {
     "bf16": None,
     "fp8_current": Float8CurrentScaling,
     "mxfp8": MXFP8BlockScaling,
-    "nvfp4": NVFP4BlockScaling,
+    "nvfp4": functools.partial(
+        NVFP4BlockScaling, disable_rht=True, disable_stochastic_rounding=True
+    ),
     "fp8_block": Float8BlockScaling,
 }
 

@@ -1,15 +1,14 @@
 """A second op, written only as the README says, generated and run end to end.
 
 The generator writes the fixture's module (tests/ops/fixtures/every_kind_op.py) into a
-temporary folder; the test imports it, so its calling side, boundary helpers and
-registration run: round trips, opcheck, eager autograd against plain PyTorch,
+temporary folder (``tests/ops/fixture_ops.py``); the test imports it, so its calling
+side, boundary helpers and registration run: round trips, opcheck, eager autograd against plain PyTorch,
 torch.compile bit for bit, repeated backward.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,38 +16,21 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SOURCE = "tests/ops/fixtures/every_kind_op.py"
-if str(REPO_ROOT) not in sys.path:  # codegen is a build-time tool; the fixture a namespace package
-    sys.path.insert(0, str(REPO_ROOT))
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from codegen.config import load_config  # noqa: E402
-from codegen.pipeline import generate  # noqa: E402
+from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import every_kind_op as op  # noqa: E402
+from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
 from transformer_engine_ops.runtime.values import GemmConfig  # noqa: E402
-
-_GENERATED: list[ModuleType] = []
-
-
-def _generated(tmp_dir: Path) -> ModuleType:
-    """Generate the fixture's module once per session and import it (registers its ops)."""
-    if not _GENERATED:
-        config = dataclasses.replace(load_config(REPO_ROOT), output_dir="every_kind_op_out")
-        files = generate(config, [SOURCE]).files
-        path = tmp_dir / "every_kind_op_generated.py"
-        path.write_text(files["every_kind_op_out/every_kind_op.py"], encoding="utf-8")
-        spec = importlib.util.spec_from_file_location("every_kind_op_generated", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dynamo looks traced functions up by module
-        spec.loader.exec_module(module)
-        _GENERATED.append(module)
-    return _GENERATED[0]
 
 
 @pytest.fixture(scope="module")
-def g(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    return _generated(tmp_path_factory.mktemp("every_kind_op"))
+def g() -> ModuleType:
+    return fixture_ops.load("every_kind_op")
 
 
 BATCH, K, N = (2, 3), 5, 4
@@ -150,6 +132,75 @@ def test_backward_bundle_round_trips(g):
     bwd.grad_outputs = [torch.ones(*BATCH, N), torch.ones(*BATCH)]
     back = g.unflatten_every_kind_op_bwd_args(*g.flatten_every_kind_op_bwd_args(bwd))
     assert back == bwd
+
+
+_INTS = st.integers(-(2**40), 2**40)
+
+
+@st.composite
+def _bundles(draw: Any) -> tuple[op.EveryKindOpFwdArgs, op.EveryKindOpBwdArgs]:
+    """Any field values the flatten checks accept (the impls' rules aside)."""
+    maybe = st.none().__or__
+    shape = st.lists(_INTS, max_size=4).map(torch.Size)  # what a size unflattens to
+    dtype = st.sampled_from([torch.float32, torch.bfloat16, torch.float64, torch.int8])
+    tq = fixture_ops.tensor_or_quantized((32, 32), none=False)
+    fwd = op.EveryKindOpFwdArgs(
+        x=torch.randn(2, 3),
+        w=draw(tq),
+        b=draw(maybe(st.just(torch.randn(4)))),
+        extras=[torch.randn(2) for _ in range(draw(st.integers(0, 3)))],
+        view_shape=draw(shape),
+        hint_shape=draw(maybe(shape)),
+        sign=draw(st.sampled_from(op.Sign)),
+        reduction=draw(st.sampled_from(["sum", "mean"])),
+        scale=draw(maybe(st.floats(allow_nan=False))),
+        offset=draw(maybe(_INTS)),
+        out_dtype=draw(maybe(dtype)),
+        note=draw(maybe(st.text(max_size=8))),
+        negate_z=draw(st.booleans()),
+        device=torch.device(draw(st.sampled_from(["cpu", "meta"]))),
+        input_quantizer=draw(maybe(st.sampled_from(list(fixture_ops.QUANTIZERS.values())))),
+        group=None,
+        gemm=GemmConfig(draw(st.booleans())),
+        hook=None,
+    )
+    bwd = op.EveryKindOpBwdArgs(
+        grad_outputs=[torch.randn(2) for _ in range(draw(st.integers(0, 2)))],
+        x=torch.randn(2, 3),
+        w=draw(maybe(tq)),
+        x_shape=torch.Size(draw(st.lists(st.integers(0, 2**20), max_size=4))),
+        has_bias=draw(st.booleans()),
+        sign=draw(st.sampled_from(op.Sign)),
+        reduction=draw(st.sampled_from(["sum", "mean"])),
+        scale=draw(st.floats(allow_nan=False)),
+        out_dtype=draw(maybe(dtype)),
+        negate_z=draw(st.booleans()),
+    )
+    return fwd, bwd
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(bundles=_bundles())
+def test_any_bundle_values_round_trip(g, bundles):
+    fwd, bwd = bundles
+    back = g.unflatten_every_kind_op_fwd_args(*g.flatten_every_kind_op_fwd_args(fwd))
+    fixture_ops.same_bundle(back, fwd)
+    assert isinstance(back.view_shape, torch.Size)
+    assert back.hint_shape is None or isinstance(back.hint_shape, torch.Size)
+    back = g.unflatten_every_kind_op_bwd_args(*g.flatten_every_kind_op_bwd_args(bwd))
+    fixture_ops.same_bundle(back, bwd)
+
+
+def test_a_quantized_weight_round_trips_as_its_buffers(g):
+    # A storage crosses as its inner buffers plus its description; a wrapper as a tensor.
+    storage = fixture_ops.QUANTIZERS["mxfp8"].with_internal(True).quantize(torch.randn(32, 32))
+    slots = g.flatten_every_kind_op_fwd_args(make_args(w=storage))
+    w_slot = [row.slot for row in g.FORWARD_SLOTS].index("w")
+    assert slots[w_slot] is None and len(slots[w_slot + 1]) == len(storage.inner_names())
+    back = g.unflatten_every_kind_op_fwd_args(*slots).w
+    assert isinstance(back, QuantizedData) and fixture_ops.same(back, storage)
 
 
 def test_unsupported_field_must_be_none(g):

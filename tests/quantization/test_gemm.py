@@ -125,3 +125,30 @@ def test_scaled_mm_path_agrees_with_the_cpu_path(layout, fp8_dtypes):
     # differ slightly; both must stay within the format's bound of the exact product.
     assert bool(((cuda.reshape(bound.shape) - ref).abs() <= bound).all())
     assert bool(((cuda - cpu).reshape(bound.shape).abs() <= bound).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", list(CASES))
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_cuda_bf16_output_of_every_format_agrees_with_the_cpu_path(name, layout):
+    """bf16 out on CUDA: FP8 through _scaled_mm's epilogue, block formats dequantized to
+    bf16 and one bf16 GEMM; within the format's bound plus one bf16 rounding."""
+    q = QUANTIZERS[name]
+    w, x, g = operands(q)
+    a, b, ref = CASES[layout](w, x, g)
+    bias = torch.randn(ref.shape[-1]).bfloat16() if layout != "NT" else None
+    cpu = gemm(q.quantize(a), q.quantize(b), layout=layout, out_dtype=torch.float32)
+    cuda = gemm(
+        q.quantize(a.cuda()),
+        q.quantize(b.cuda()),
+        layout=layout,
+        out_dtype=torch.bfloat16,
+        bias=None if bias is None else bias.cuda(),
+    )
+    assert cuda.dtype == torch.bfloat16 and cuda.shape == cpu.shape
+    cpu = cpu if bias is None else cpu + bias.float()
+    left_of_b, right_of_a = as_matrices(layout)
+    bound = product_bound(q, b, q, a, left_of_b, right_of_a).reshape(cpu.shape)
+    diff = (cuda.cpu().float() - cpu).abs()
+    assert bool((diff <= 2 * bound + cpu.abs() * 2.0**-7).all())

@@ -33,7 +33,8 @@ BACKWARD_OP = "teops::linear_bwd"
 GRAD_FIELDS = ("inp", "weight", "bias")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (3, 0, 4)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (0, 5)
 BACKWARD_QUANTIZED_SLOTS = (1, 4)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
@@ -48,28 +49,28 @@ FORWARD_SCHEMA = (
     "("
     "Tensor? weight"
     ", Tensor[] weight__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta weight__meta"
+    ", str weight__meta"
     ", Tensor inp"
     ", Tensor? bias"
     ", Tensor? weight_workspace"
     ", Tensor[] weight_workspace__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta weight_workspace__meta"
+    ", str weight_workspace__meta"
     ", bool input_requires_grad"
     ", bool weight_requires_grad"
     ", bool bias_requires_grad"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? output_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? output_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
     ", bool fp8_output"
     ", str? backward_override"
-    ", transformer_engine_ops.runtime.values.GemmConfig fprop_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str fprop_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", bool? is_first_microbatch"
     ", bool cache_weight"
     ", str? parallel_mode"
@@ -87,74 +88,28 @@ FORWARD_SCHEMA = (
 FORWARD_SLOTS = (
     _b.SlotRow("weight", "tensor-or-quantized", "weight", "Tensor?"),
     _b.SlotRow("weight", "tensor-or-quantized", "weight__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weight",
-        "tensor-or-quantized",
-        "weight__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("weight", "tensor-or-quantized", "weight__meta", "str"),
     _b.SlotRow("inp", "tensor", "inp", "Tensor"),
     _b.SlotRow("bias", "tensor", "bias", "Tensor?"),
     _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace", "Tensor?"),
     _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weight_workspace",
-        "tensor-or-quantized",
-        "weight_workspace__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace__meta", "str"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("weight_requires_grad", "scalar", "weight_requires_grad", "bool"),
     _b.SlotRow("bias_requires_grad", "scalar", "bias_requires_grad", "bool"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "output_quantizer",
-        "quantizer",
-        "output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("output_quantizer", "quantizer", "output_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
     _b.SlotRow("fp8_output", "scalar", "fp8_output", "bool"),
     _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
-    _b.SlotRow(
-        "fprop_gemm", "value", "fprop_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("is_first_microbatch", "scalar", "is_first_microbatch", "bool?"),
     _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
@@ -174,24 +129,24 @@ BACKWARD_SCHEMA = (
     "Tensor[] grad_outputs"
     ", Tensor? inputmat"
     ", Tensor[] inputmat__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta inputmat__meta"
+    ", str inputmat__meta"
     ", Tensor? weight_fp8"
     ", Tensor[] weight_fp8__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta weight_fp8__meta"
+    ", str weight_fp8__meta"
     ", SymInt[] inp_shape"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
     ", bool use_bias"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_input_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_weight_quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? grad_output_quantizer"
+    ", str? input_quantizer"
+    ", str? weight_quantizer"
+    ", str? grad_input_quantizer"
+    ", str? grad_weight_quantizer"
+    ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
     ", str? backward_override"
-    ", transformer_engine_ops.runtime.values.GemmConfig dgrad_gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig wgrad_gemm"
+    ", str dgrad_gemm"
+    ", str wgrad_gemm"
     ", str? parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -205,63 +160,24 @@ BACKWARD_SLOTS = (
     _b.SlotRow("grad_outputs", "tensor list", "grad_outputs", "Tensor[]"),
     _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat", "Tensor?"),
     _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat__inner", "Tensor[]"),
-    _b.SlotRow(
-        "inputmat",
-        "tensor-or-quantized",
-        "inputmat__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("inputmat", "tensor-or-quantized", "inputmat__meta", "str"),
     _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8", "Tensor?"),
     _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weight_fp8",
-        "tensor-or-quantized",
-        "weight_fp8__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("weight_fp8", "tensor-or-quantized", "weight_fp8__meta", "str"),
     _b.SlotRow("inp_shape", "size", "inp_shape", "SymInt[]"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
     _b.SlotRow("use_bias", "scalar", "use_bias", "bool"),
-    _b.SlotRow(
-        "input_quantizer",
-        "quantizer",
-        "input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "weight_quantizer",
-        "quantizer",
-        "weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_input_quantizer",
-        "quantizer",
-        "grad_input_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_weight_quantizer",
-        "quantizer",
-        "grad_weight_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
-    _b.SlotRow(
-        "grad_output_quantizer",
-        "quantizer",
-        "grad_output_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("input_quantizer", "quantizer", "input_quantizer", "str?"),
+    _b.SlotRow("weight_quantizer", "quantizer", "weight_quantizer", "str?"),
+    _b.SlotRow("grad_input_quantizer", "quantizer", "grad_input_quantizer", "str?"),
+    _b.SlotRow("grad_weight_quantizer", "quantizer", "grad_weight_quantizer", "str?"),
+    _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
     _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
-    _b.SlotRow(
-        "dgrad_gemm", "value", "dgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
-    _b.SlotRow(
-        "wgrad_gemm", "value", "wgrad_gemm", "transformer_engine_ops.runtime.values.GemmConfig"
-    ),
+    _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
+    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -282,16 +198,16 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.check(args.input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
         _b.check(args.weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
         _b.check(args.bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
-        _b.check_optional(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
-        _b.check_optional(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
-        _b.check_optional(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
+        _b.optional_code(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
+        _b.optional_code(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
         ),
         _b.check(args.activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
@@ -300,9 +216,9 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LinearFwdArgs.backward_override"
         ),
-        _b.check(args.fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
-        _b.check(args.dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
+        _b.code(args.fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
         _b.check_optional(args.is_first_microbatch, bool, "LinearFwdArgs.is_first_microbatch"),
         _b.check(args.cache_weight, bool, "LinearFwdArgs.cache_weight"),
         _b.optional_choice(args.parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
@@ -330,19 +246,19 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         input_requires_grad=slot(),
         weight_requires_grad=slot(),
         bias_requires_grad=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        output_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        output_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
         fp8_output=slot(),
         backward_override=_b.optional_enum(BackwardOverride, slot()),
-        fprop_gemm=slot(),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        fprop_gemm=_b.decode(slot()),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         is_first_microbatch=slot(),
         cache_weight=slot(),
         parallel_mode=slot(),
@@ -369,15 +285,15 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.check(args.requires_dgrad, bool, "LinearBwdArgs.requires_dgrad"),
         _b.check(args.requires_wgrad, bool, "LinearBwdArgs.requires_wgrad"),
         _b.check(args.use_bias, bool, "LinearBwdArgs.use_bias"),
-        _b.check_optional(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
-        _b.check_optional(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
-        _b.check_optional(
+        _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
+        _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
+        _b.optional_code(
             args.grad_input_quantizer, Quantizer, "LinearBwdArgs.grad_input_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_weight_quantizer, Quantizer, "LinearBwdArgs.grad_weight_quantizer"
         ),
-        _b.check_optional(
+        _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
         ),
         _b.check(args.activation_dtype, torch.dtype, "LinearBwdArgs.activation_dtype"),
@@ -385,8 +301,8 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LinearBwdArgs.backward_override"
         ),
-        _b.check(args.dgrad_gemm, GemmConfig, "LinearBwdArgs.dgrad_gemm"),
-        _b.check(args.wgrad_gemm, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
+        _b.code(args.dgrad_gemm, GemmConfig, "LinearBwdArgs.dgrad_gemm"),
+        _b.code(args.wgrad_gemm, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column", "row"), "LinearBwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LinearBwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LinearBwdArgs.tp_size"),
@@ -410,16 +326,16 @@ def unflatten_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
         requires_dgrad=slot(),
         requires_wgrad=slot(),
         use_bias=slot(),
-        input_quantizer=slot(),
-        weight_quantizer=slot(),
-        grad_input_quantizer=slot(),
-        grad_weight_quantizer=slot(),
-        grad_output_quantizer=slot(),
+        input_quantizer=_b.optional_decode(slot()),
+        weight_quantizer=_b.optional_decode(slot()),
+        grad_input_quantizer=_b.optional_decode(slot()),
+        grad_weight_quantizer=_b.optional_decode(slot()),
+        grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
         backward_override=_b.optional_enum(BackwardOverride, slot()),
-        dgrad_gemm=slot(),
-        wgrad_gemm=slot(),
+        dgrad_gemm=_b.decode(slot()),
+        wgrad_gemm=_b.decode(slot()),
         parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LinearBwdArgs.tp_group"),
         tp_size=slot(),

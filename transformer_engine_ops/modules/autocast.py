@@ -9,11 +9,13 @@ changed recipe recompiles.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
 from ..runtime.quantizer import Quantizer, value_opaque_reason
+from ..runtime.values import GemmConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,13 @@ class RecipeQuantizers:
     # decided here, outside any compiled region, because it inspects classes.
     compile_blocker: str | None = None
 
+    # The recipe's GEMM configurations and backward precision mode (TE's
+    # fp8_gemm_fprop/dgrad/wgrad and backward_override).
+    fprop_gemm: GemmConfig = GemmConfig()
+    dgrad_gemm: GemmConfig = GemmConfig()
+    wgrad_gemm: GemmConfig = GemmConfig()
+    backward_override: str | None = None
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         quantizers = [recipe.make_quantizer(role) for role in ROLES]
@@ -44,13 +53,29 @@ class RecipeQuantizers:
                     f"{type(quantizer).__name__} is not value-opaque ({reason})"
                 )
                 break
-        return cls(recipe, *quantizers, compile_blocker=blocker)
+        fprop, dgrad, wgrad = recipe.gemm_configs()
+        return cls(
+            recipe,
+            *quantizers,
+            compile_blocker=blocker,
+            fprop_gemm=fprop,
+            dgrad_gemm=dgrad,
+            wgrad_gemm=wgrad,
+            backward_override=getattr(recipe, "backward_override", None),
+        )
 
 
-@dataclass
-class _State:
-    autocast: RecipeQuantizers | None = None
-    model_init: RecipeQuantizers | None = None
+class _State(threading.local):
+    """The active recipes of the calling thread, as ``torch.autocast``'s state is per
+    thread: a context entered on one thread is invisible to the others.
+
+    torch.compile reads it like any global (it evaluates attributes of a
+    ``threading.local``), so a compiled graph guards on the calling thread's value.
+    """
+
+    def __init__(self) -> None:
+        self.autocast: RecipeQuantizers | None = None
+        self.model_init: RecipeQuantizers | None = None
 
 
 STATE = _State()

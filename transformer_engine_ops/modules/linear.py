@@ -17,16 +17,21 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import LinearFwdArgs
+from ..ops.linear import BackwardOverride, LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
-from ..runtime.opaque import quantizer_compile_limitation, value_type_registration_error
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
+# A recipe's backward_override string -> the op's enum.
+_BACKWARD_OVERRIDES = {
+    None: None,
+    "high_precision": BackwardOverride.HIGH_PRECISION,
+    "dequantized": BackwardOverride.DEQUANTIZED,
+}
 
 
 def _workspace_fits(args: LinearFwdArgs) -> bool:
@@ -38,10 +43,8 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
-# Decided once at import: on a torch whose opaque-object API refused our types, or
-# that could not define the ops, every compiled call runs eagerly with this reason.
-_REGISTRATION_PROBLEM = registration_error() or value_type_registration_error()
-_QUANTIZER_LIMITATION = quantizer_compile_limitation()
+# Decided once at import: on a torch that could not define the ops, every compiled call runs eagerly with this reason.
+_REGISTRATION_PROBLEM = registration_error()
 
 
 def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
@@ -50,8 +53,6 @@ def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None
         return _REGISTRATION_PROBLEM
     if quantizers is not None and quantizers.compile_blocker is not None:
         return quantizers.compile_blocker
-    if quantizers is not None and _QUANTIZER_LIMITATION is not None:
-        return _QUANTIZER_LIMITATION
     if isinstance(args.inp, QuantizedData):
         return "a quantized input tensor"
     if args.fp8_output and args.is_grad_enabled:
@@ -185,10 +186,10 @@ class Linear(nn.Module):
             activation_dtype=dtype,
             fp8=q is not None,
             fp8_output=fp8_output,
-            backward_override=None,
-            fprop_gemm=_GEMM,
-            dgrad_gemm=_GEMM,
-            wgrad_gemm=_GEMM,
+            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
+            fprop_gemm=q.fprop_gemm if q else _GEMM,
+            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
+            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,

@@ -284,7 +284,27 @@ def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArg
     return x
 
 
+def _check_forward_input(args: LinearFwdArgs) -> None:
+    """What the GEMM needs of the input, checked before any work so that the real kernel
+    and the spec fake (under torch.compile) raise the same message."""
+    inp, weight = args.inp, args.weight
+    if len(inp.shape) == 0:
+        raise ValueError("Linear: the input must have at least 1 dimension, got a 0-D tensor")
+    if inp.device.type == "meta":
+        raise ValueError(
+            f"Linear: the input of shape {tuple(inp.shape)} is on the meta device (it has "
+            "no data); move it, and the module, to cpu or cuda"
+        )
+    if inp.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"Linear: the input's last dim is {inp.shape[-1]} (input shape {tuple(inp.shape)}), "
+            f"but the weight of shape {tuple(weight.shape)} expects {weight.shape[-1]} input "
+            "features"
+        )
+
+
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
+    _check_forward_input(args)
     backward_quantized = args.backward_override is None
     needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
     needs_dgrad = args.is_grad_enabled and args.input_requires_grad
@@ -450,9 +470,25 @@ def _high_precision(value: Any, dtype: torch.dtype) -> Any:
     return value.dequantize(dtype) if isinstance(value, QuantizedData) else value.to(dtype)
 
 
+def _check_no_double_backward(args: LinearBwdArgs) -> None:
+    """A quantized backward is not differentiable (quantization has no useful second
+    derivative, and the GEMMs read quantized codes): refuse ``create_graph=True`` rather
+    than return a gradient silently detached from the graph."""
+    # Grad mode inside a backward the autograd engine runs means create_graph=True (a
+    # direct call of the op, e.g. by opcheck, is not inside a graph task).
+    in_backward = torch._C._current_graph_task_id() != -1
+    if args.fp8 and torch.is_grad_enabled() and in_backward:
+        raise RuntimeError(
+            "Linear: backward with create_graph=True (double backward) is not supported "
+            "under a quantized recipe; run the backward with create_graph=False, or without "
+            "autocast"
+        )
+
+
 def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     """Gradients of ``(inp, weight, bias)``; None for those not required."""
     _check_supported(args, _BWD_UB_FLAGS)
+    _check_no_double_backward(args)
     plan = _backward_plan(args)
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]

@@ -47,3 +47,30 @@ __all__ = [
     "Recipe",
     "gemm",
 ]
+
+
+def _register_safe_globals() -> None:
+    """Let ``torch.load(weights_only=True)`` (torch's default) rebuild quantized weights:
+    the wrapper and storage classes and the quantizers they hold."""
+    import torch
+
+    torch.serialization.add_safe_globals(
+        [
+            Float8Tensor,
+            Float8TensorStorage,
+            Float8CurrentScalingQuantizer,
+            Float8Quantizer,
+            MXFP8Tensor,
+            MXFP8TensorStorage,
+            MXFP8Quantizer,
+            NVFP4Tensor,
+            NVFP4TensorStorage,
+            NVFP4Quantizer,
+            Float8BlockwiseQTensor,
+            Float8BlockwiseQTensorStorage,
+            Float8BlockQuantizer,
+        ]
+    )
+
+
+_register_safe_globals()

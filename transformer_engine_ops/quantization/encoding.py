@@ -211,5 +211,10 @@ def untransposed_shape(shape: Any) -> torch.Size:
 
 
 def transpose_2d_to(x2d: torch.Tensor, shape: Any) -> torch.Tensor:
-    """(R, C) matrix -> its transpose, contiguous, reshaped to ``shape``."""
-    return x2d.t().contiguous().reshape(shape)
+    """(R, C) matrix -> its transpose in a fresh contiguous buffer, reshaped to ``shape``.
+
+    Always a copy: the transpose of an (M, 1) or (1, K) matrix is already contiguous, so
+    ``.t().contiguous()`` would return a view sharing storage with ``x2d``, and a custom
+    op must not return two buffers that alias each other (batch 1, one feature).
+    """
+    return x2d.t().clone(memory_format=torch.contiguous_format).reshape(shape)

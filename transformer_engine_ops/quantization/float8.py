@@ -20,6 +20,10 @@ from ..runtime.quantizer import (
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
 )
 from .encoding import (
     FP8_MAX,
@@ -95,8 +99,8 @@ class _Float8PerTensorQuantizer(Quantizer):
     wrapper_cls: ClassVar[type] = Float8Tensor
     format_name: ClassVar[str] = "FP8 per-tensor"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _init_fields(self) -> None:
+        super()._init_fields()
         require_fp8_dtype(type(self).__name__, self.fp8_dtype)
 
     def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
@@ -137,10 +141,27 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
 
     format_name: ClassVar[str] = "FP8 current scaling"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.amax_epsilon >= 0.0:
-            raise ValueError(f"{type(self).__name__}: amax_epsilon must be >= 0")
+    def _init_fields(self) -> None:
+        super()._init_fields()
+        owner = type(self).__name__
+        check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        object.__setattr__(
+            self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
+        )
+
+    def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        from . import cuda_kernels  # fused Triton kernels; same bits as the reference
+
+        if cuda_kernels.eligible(x):
+            return cuda_kernels.fp8_current_scaling_quantize(
+                x,
+                self.fp8_dtype,
+                epsilon=self.amax_epsilon,
+                force_pow_2=self.force_pow_2_scales,
+                rowwise=self.rowwise_usage,
+                columnwise=self.columnwise_usage,
+            )
+        return super()._quantize_impl(x)
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(
@@ -150,6 +171,9 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             epsilon=self.amax_epsilon,
         )
 
+
+# Longest amax history a delayed-scaling quantizer keeps (TE defaults to 1024).
+MAX_AMAX_HISTORY_LEN = 1 << 20
 
 _DELAYED_REASON = (
     "delayed scaling keeps an amax history and a scale tensor that every quantize call "
@@ -179,15 +203,16 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
     __eq__ = object.__eq__
     __hash__ = object.__hash__
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(
-                f"{type(self).__name__}: amax_compute_algo must be 'max' or 'most_recent', "
-                f"got {self.amax_compute_algo!r}"
-            )
-        if self.amax_history_len < 1:
-            raise ValueError(f"{type(self).__name__}: amax_history_len must be >= 1")
+    def _init_fields(self) -> None:
+        super()._init_fields()
+        owner = type(self).__name__
+        check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        object.__setattr__(self, "margin", check_int(owner, "margin", self.margin, 0, 64))
+        object.__setattr__(
+            self,
+            "amax_history_len",
+            check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
+        )
         object.__setattr__(self, "scale", torch.ones(1))
         object.__setattr__(self, "amax_history", torch.zeros(self.amax_history_len))
 

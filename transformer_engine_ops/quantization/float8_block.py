@@ -23,6 +23,9 @@ from ..runtime.quantizer import (
     QuantizedTensor,
     Quantizer,
     RowwiseColumnwisePairs,
+    check_bool,
+    check_float,
+    check_int,
 )
 from .encoding import (
     FP8_MAX,
@@ -43,6 +46,9 @@ from .encoding import (
 )
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage"]
+
+# Largest block edge accepted (TE uses 128; a block never needs more than a dim).
+MAX_BLOCK_LEN = 1 << 16
 
 
 class _Float8BlockData(RowwiseColumnwisePairs):
@@ -131,18 +137,20 @@ class Float8BlockQuantizer(Quantizer):
     wrapper_cls: ClassVar[type] = Float8BlockwiseQTensor
     format_name: ClassVar[str] = "FP8 block scaling"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_fp8_dtype("Float8BlockQuantizer", self.fp8_dtype)
-        if self.block_scaling_dim not in (1, 2):
-            raise ValueError(
-                f"Float8BlockQuantizer: block_scaling_dim must be 1 or 2, "
-                f"got {self.block_scaling_dim}"
-            )
-        if self.block_len < 1:
-            raise ValueError(f"Float8BlockQuantizer: block_len must be >= 1, got {self.block_len}")
-        if not self.amax_epsilon >= 0.0:
-            raise ValueError("Float8BlockQuantizer: amax_epsilon must be >= 0")
+    def _init_fields(self) -> None:
+        super()._init_fields()
+        owner = "Float8BlockQuantizer"
+        require_fp8_dtype(owner, self.fp8_dtype)
+        checked = {
+            "block_len": check_int(owner, "block_len", self.block_len, 1, MAX_BLOCK_LEN),
+            "block_scaling_dim": check_int(
+                owner, "block_scaling_dim", self.block_scaling_dim, 1, 2
+            ),
+            "amax_epsilon": check_float(owner, "amax_epsilon", self.amax_epsilon),
+        }
+        check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        for name, value in checked.items():  # exact ints/floats (an IntEnum becomes int)
+            object.__setattr__(self, name, value)
 
     def block_shape(self) -> tuple[int, int]:
         """(rows, cols) of one block of the rowwise matrix (and of the transposed one)."""
@@ -185,7 +193,8 @@ class Float8BlockQuantizer(Quantizer):
             inner["_rowwise_scale_inv"] = _pad_scale_inv(scale_inv, dim)
         if self.columnwise_usage:
             if dim == 2:  # same 128x128 blocks: the transpose of the rowwise result
-                codes, scale_inv = rowwise[0].t(), rowwise[1].t()
+                # (a copy: never a view of the rowwise codes, even for M or K == 1)
+                codes, scale_inv = transpose_2d_to(rowwise[0], (k, m)), rowwise[1].t()
             else:
                 codes, scale_inv = self._quantize_matrix(x2d.t().contiguous())
             inner["_columnwise_data"] = codes.contiguous().reshape(transposed_shape(x.shape))

@@ -12,9 +12,19 @@
 Operands are plain tensors or quantized values of any format. On the CPU (and for formats
 or shapes ``torch._scaled_mm`` cannot take) operands are dequantized, multiplied in fp32,
 the bias (last dim of the result) added in fp32, and the result cast to ``out_dtype``.
-On CUDA, two per-tensor FP8 operands with dims that are multiples of 16 go through
-``torch._scaled_mm`` with fp32 output, then the same bias add and cast; two plain
-bf16/fp16 operands with an output of their dtype run as one native GEMM (``addmm``).
+On CUDA:
+
+* two per-tensor FP8 operands with dims that are multiples of 16 go through
+  ``torch._scaled_mm`` on the buffers the layout reads (rowwise ``_data`` or the
+  columnwise ``_transpose``, viewed column-major where cuBLAS wants it: no transpose
+  copies). A bf16/fp16 ``out_dtype`` is produced by the GEMM's epilogue (bias of that
+  dtype included); any other output is fp32 out, then the fp32 bias add and cast;
+* two plain bf16/fp16 operands with an output of their dtype run as one native GEMM
+  (``addmm``);
+* other quantized operands (MXFP8, FP8 block, NVFP4, or a mix) with a bf16/fp16
+  ``out_dtype``: Hopper has no GEMM for these formats, so each operand is dequantized
+  to bf16 (exact for MXFP8 and power-of-two FP8 block scales, one bf16 rounding of the
+  fp32 value otherwise) and multiplied by one bf16 GEMM, fp32 accumulation inside.
 """
 
 from __future__ import annotations
@@ -43,6 +53,18 @@ def _as_fp32(x: Operand, columnwise: bool) -> torch.Tensor:
     if isinstance(x, QuantizedData):
         return QuantizedData.dequantize_usage(x, columnwise=columnwise, dtype=torch.float32)
     return x.float()
+
+
+_BF16 = torch.bfloat16
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _as_bf16(x: Operand, layout: str, which: int) -> torch.Tensor:
+    """Operand ``which`` (0: A, 1: B) of ``layout`` as a bf16 tensor of its logical shape."""
+    if isinstance(x, QuantizedData):
+        columnwise = LAYOUTS[layout][which]
+        return QuantizedData.dequantize_usage(x, columnwise=columnwise, dtype=_BF16)
+    return x.to(_BF16)
 
 
 def _check(A: Operand, B: Operand, layout: str, bias: Optional[torch.Tensor]) -> None:
@@ -151,6 +173,17 @@ def gemm(
     fp8 = _scaled_mm_operands(A, B, layout)
     if fp8 is not None:
         a, b, scale_a, scale_b = fp8
+        if out_dtype in _HALF and (bias is None or bias.dtype == out_dtype):
+            # The epilogue rounds (and adds the bias) in fp32, then writes out_dtype.
+            return torch._scaled_mm(
+                a,
+                b,
+                scale_a=scale_a,
+                scale_b=scale_b,
+                bias=bias,
+                out_dtype=out_dtype,
+                use_fast_accum=not use_split_accumulator,
+            ).reshape(out_shape)
         out = torch._scaled_mm(
             a,
             b,
@@ -164,6 +197,11 @@ def gemm(
         if bias is not None:
             return torch.addmm(bias.to(native), left, right).reshape(out_shape)
         return (left @ right).reshape(out_shape)
+    elif A.device.type == "cuda" and out_dtype in _HALF:
+        # Block formats on Hopper: dequantize to bf16, one native GEMM.
+        left, right = _matrices(_as_bf16(A, layout, 0), _as_bf16(B, layout, 1), layout, _BF16)
+        out = torch.addmm(bias.to(_BF16), left, right) if bias is not None else left @ right
+        return out.to(out_dtype).reshape(out_shape)
     else:
         left, right = _matrices(A, B, layout)
         out = left @ right

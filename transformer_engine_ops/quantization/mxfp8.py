@@ -81,8 +81,8 @@ class MXFP8Quantizer(Quantizer):
     wrapper_cls: ClassVar[type] = MXFP8Tensor
     format_name: ClassVar[str] = "MXFP8"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _init_fields(self) -> None:
+        super()._init_fields()
         require_fp8_dtype("MXFP8Quantizer", self.fp8_dtype)
 
     def check_shape(self, shape: Sequence[Any]) -> None:

@@ -31,6 +31,7 @@ from ..runtime.quantizer import (
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    check_bool,
 )
 from .encoding import (
     E2M1_MAX,
@@ -151,6 +152,10 @@ class NVFP4Quantizer(Quantizer):
     """NVFP4 quantizer; ``with_2d_quantization`` uses 16x16 blocks (TE's choice for weights)."""
 
     with_2d_quantization: bool = False
+
+    def _init_fields(self) -> None:
+        super()._init_fields()
+        check_bool(type(self).__name__, "with_2d_quantization", self.with_2d_quantization)
 
     storage_cls: ClassVar[type] = NVFP4TensorStorage
     wrapper_cls: ClassVar[type] = NVFP4Tensor

@@ -1,29 +1,42 @@
-"""Recipes, named and configured as TE users know them, each making its quantizers.
+"""Recipes, named, ordered and defaulted as in Transformer Engine 2.20.2, each making its
+quantizers.
 
 A recipe is a frozen configuration; ``make_quantizer(role)`` returns the quantizer TE
 would use for a tensor in that role of a Linear: forward roles ``input``, ``weight``,
 ``output`` and backward roles ``grad_output``, ``grad_input``, ``grad_weight``.
+
+Every argument TE's recipe takes is accepted under TE's name, in TE's position, with
+TE's default (TE reads a few defaults from ``NVTE_*`` environment variables when the
+class is defined; so do these). A value this library does not implement raises
+``NotImplementedError`` naming the argument; a value TE itself refuses raises
+``ValueError``. Nothing is silently ignored. Extensions of this library (``block_len``,
+``amax_epsilon``) are keyword-only, after TE's arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+from typing import Any, ClassVar, NamedTuple, Optional
 
 import torch
 
-from ..runtime.quantizer import Quantizer
-from .float8 import Float8CurrentScalingQuantizer, Float8Quantizer
-from .float8_block import Float8BlockQuantizer
+from ..runtime.quantizer import Quantizer, check_bool, check_choice, check_float, check_int
+from ..runtime.values import GemmConfig
+from .float8 import MAX_AMAX_HISTORY_LEN, Float8CurrentScalingQuantizer, Float8Quantizer
+from .float8_block import MAX_BLOCK_LEN, Float8BlockQuantizer
 from .mxfp8 import MXFP8Quantizer
 from .nvfp4 import NVFP4Quantizer
 
 __all__ = [
+    "BACKWARD_OVERRIDES",
     "ROLES",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
+    "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
     "Recipe",
@@ -32,18 +45,38 @@ __all__ = [
 FORWARD_ROLES = ("input", "weight", "output")
 BACKWARD_ROLES = ("grad_output", "grad_input", "grad_weight")
 ROLES = FORWARD_ROLES + BACKWARD_ROLES
+BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+_NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
+_NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
+
+# TE's MMParams: how one GEMM runs (``use_split_accumulator``). One type with the
+# GemmConfig value that crosses the op boundary, so a recipe's choice reaches the op.
+MMParams = GemmConfig
+
+
+def _env_flag(name: str, default: str = "0") -> bool:
+    return os.getenv(name, default) == "1"
+
+
+class _FormatHelper(NamedTuple):
+    max_fwd: float
+    max_bwd: float
 
 
 class Format(enum.Enum):
-    """FP8 formats per direction: E4M3 both ways, E5M2 both ways, or HYBRID
-    (E4M3 forward, E5M2 for gradients)."""
+    """Element formats per direction, as TE's ``Format``: E2M1 (FP4), E4M3 or E5M2 both
+    ways, or HYBRID (E4M3 forward, E5M2 for gradients). Values hold the largest finite
+    magnitude forward and backward."""
 
-    E4M3 = "E4M3"
-    E5M2 = "E5M2"
-    HYBRID = "HYBRID"
+    E2M1 = _FormatHelper(max_fwd=6, max_bwd=6)
+    E4M3 = _FormatHelper(max_fwd=448, max_bwd=448)
+    E5M2 = _FormatHelper(max_fwd=57344, max_bwd=57344)
+    HYBRID = _FormatHelper(max_fwd=448, max_bwd=57344)
 
     def dtype_for(self, role: str) -> torch.dtype:
         backward = _check_role(role) in BACKWARD_ROLES
+        if self is Format.E2M1:
+            raise ValueError("Format.E2M1 is an FP4 format; it has no FP8 dtype")
         if self is Format.E5M2 or (self is Format.HYBRID and backward):
             return torch.float8_e5m2
         return torch.float8_e4m3fn
@@ -56,20 +89,132 @@ def _check_role(role: str) -> str:
 
 
 class Recipe:
-    """Base of all recipes."""
+    """Base of all recipes; the class queries are TE's."""
 
     def make_quantizer(self, role: str) -> Quantizer:
         raise NotImplementedError
 
+    def gemm_configs(self) -> tuple[GemmConfig, GemmConfig, GemmConfig]:
+        """``(fprop, dgrad, wgrad)`` GEMM configurations."""
+        default = GemmConfig()
+        return (
+            getattr(self, "fp8_gemm_fprop", default),
+            getattr(self, "fp8_gemm_dgrad", default),
+            getattr(self, "fp8_gemm_wgrad", default),
+        )
+
+    @classmethod
+    def nvfp4(cls) -> bool:
+        return issubclass(cls, NVFP4BlockScaling)
+
+    @classmethod
+    def mxfp8(cls) -> bool:
+        return issubclass(cls, MXFP8BlockScaling)
+
+    @classmethod
+    def delayed(cls) -> bool:
+        return issubclass(cls, DelayedScaling)
+
+    @classmethod
+    def float8_current_scaling(cls) -> bool:
+        return issubclass(cls, Float8CurrentScaling)
+
+    @classmethod
+    def float8_per_tensor_scaling(cls) -> bool:
+        return issubclass(cls, (DelayedScaling, Float8CurrentScaling))
+
+    @classmethod
+    def float8_block_scaling(cls) -> bool:
+        return issubclass(cls, Float8BlockScaling)
+
+    @classmethod
+    def custom(cls) -> bool:
+        return False
+
+    # ----- shared validation -----
+
+    def _owner(self) -> str:
+        return type(self).__name__
+
+    def _check_format(self, name: str, allowed: tuple[Format, ...]) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, Format):
+            raise TypeError(f"{self._owner()}: {name} must be a Format, got {value!r}")
+        if value not in allowed:
+            names = ", ".join(f"Format.{f.name}" for f in allowed)
+            raise ValueError(f"{self._owner()}: {name} must be one of {names}, got {value}")
+
+    def _check_common(self) -> None:
+        """fp8_dpa, fp8_mha and backward_override, which every TE recipe takes."""
+        owner = self._owner()
+        for name in ("fp8_dpa", "fp8_mha"):
+            if check_bool(owner, name, getattr(self, name)):
+                raise NotImplementedError(
+                    f"{owner}: {name}=True (FP8 attention) is not implemented by this library; "
+                    "it has no attention modules"
+                )
+        check_choice(owner, "backward_override", self.backward_override, BACKWARD_OVERRIDES)
+
+    def _check_gemms(self, *, require_split: bool = False) -> None:
+        for name in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            value = getattr(self, name)
+            if not isinstance(value, GemmConfig):
+                raise TypeError(
+                    f"{self._owner()}: {name} must be an MMParams, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+            check_bool(self._owner(), f"{name}.use_split_accumulator", value.use_split_accumulator)
+            if require_split and not value.use_split_accumulator:
+                raise ValueError(
+                    f"{self._owner()}: {name}.use_split_accumulator must be True "
+                    "(split accumulator required)"
+                )
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
 
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(Recipe):
-    """Per-tensor FP8 with scales from an amax history: stateful, so never value-opaque."""
+    """Per-tensor FP8 with scales from an amax history: stateful, so never value-opaque.
 
-    fp8_format: Format = Format.HYBRID
+    Each module keeps its own scaling state per tensor role (see ``Linear``)."""
+
     margin: int = 0
+    fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Optional[Any] = None
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        self._set("margin", check_int(owner, "margin", self.margin, 0, 64))
+        self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
+        self._set(
+            "amax_history_len",
+            check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
+        )
+        if callable(self.amax_compute_algo):
+            raise NotImplementedError(
+                f"{owner}: a callable amax_compute_algo is not implemented; use 'max' or "
+                "'most_recent'"
+            )
+        check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        if self.scaling_factor_compute_algo is not None:
+            raise NotImplementedError(
+                f"{owner}: scaling_factor_compute_algo is not implemented; leave it None "
+                "(scale = fp8_max / amax / 2**margin)"
+            )
+        # reduce_amax reduces amaxes over an amax-reduction group; this library's
+        # autocast takes no such group, so there is nothing to reduce either way.
+        check_bool(owner, "reduce_amax", self.reduce_amax)
+        self._check_common()
+        if self.backward_override is not None:
+            raise ValueError(f"{owner}: delayed scaling only supports backward_override=None")
 
     def make_quantizer(self, role: str) -> Quantizer:
         return Float8Quantizer(
@@ -84,14 +229,29 @@ class DelayedScaling(Recipe):
 class Float8CurrentScaling(Recipe):
     """Per-tensor FP8 with the scale from each tensor's own amax."""
 
+    use_power_2_scales: bool = _env_flag("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES")
     fp8_format: Format = Format.HYBRID
-    force_pow_2_scales: bool = False
-    amax_epsilon: float = 0.0
+    fp8_gemm_fprop: GemmConfig = GemmConfig(use_split_accumulator=False)
+    fp8_gemm_dgrad: GemmConfig = GemmConfig(use_split_accumulator=True)
+    fp8_gemm_wgrad: GemmConfig = GemmConfig(use_split_accumulator=True)
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    _: dataclasses.KW_ONLY
+    amax_epsilon: float = 0.0  # extension: floor of the amax a scale is computed from
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        check_bool(owner, "use_power_2_scales", self.use_power_2_scales)
+        self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
+        self._check_gemms()
+        self._check_common()
+        self._set("amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon))
 
     def make_quantizer(self, role: str) -> Quantizer:
         return Float8CurrentScalingQuantizer(
             fp8_dtype=self.fp8_format.dtype_for(role),
-            force_pow_2_scales=self.force_pow_2_scales,
+            force_pow_2_scales=self.use_power_2_scales,
             amax_epsilon=self.amax_epsilon,
         )
 
@@ -100,34 +260,68 @@ class Float8CurrentScaling(Recipe):
 class MXFP8BlockScaling(Recipe):
     """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default."""
 
+    margin: int = 0
     fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    enable_2d_quantization: bool = False
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        self._set("margin", check_int(owner, "margin", self.margin, 0, 64))
+        if self.margin != 0:
+            raise NotImplementedError(f"{owner}: margin={self.margin} is not implemented; use 0")
+        self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
+        self._check_common()
+        if check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization):
+            raise NotImplementedError(
+                f"{owner}: enable_2d_quantization=True (2-D MXFP8 weight blocks) is not implemented"
+            )
 
     def make_quantizer(self, role: str) -> Quantizer:
         return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role))
 
 
 @dataclasses.dataclass(frozen=True)
-class NVFP4BlockScaling(Recipe):
-    """NVFP4 everywhere; weights use 16x16 (2-D) blocks unless disabled."""
-
-    disable_2d_quantization: bool = False
-
-    def make_quantizer(self, role: str) -> Quantizer:
-        two_d = _check_role(role) == "weight" and not self.disable_2d_quantization
-        return NVFP4Quantizer(with_2d_quantization=two_d)
-
-
-@dataclasses.dataclass(frozen=True)
 class Float8BlockScaling(Recipe):
     """FP8 block scaling: 128x128 blocks for weights, 1x128 for activations and grads."""
 
+    use_f32_scales: bool = _env_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES")
     fp8_format: Format = Format.E4M3
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
-    block_len: int = 128
-    force_pow_2_scales: bool = True
-    amax_epsilon: float = 0.0
+    fp8_gemm_fprop: GemmConfig = GemmConfig(use_split_accumulator=True)
+    fp8_gemm_dgrad: GemmConfig = GemmConfig(use_split_accumulator=True)
+    fp8_gemm_wgrad: GemmConfig = GemmConfig(use_split_accumulator=True)
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    _: dataclasses.KW_ONLY
+    block_len: int = 128  # extension: the block edge (TE's kernels use 128)
+    amax_epsilon: float = 0.0  # extension: floor of each block's amax
+
+    _DIMS: ClassVar[tuple[str, ...]] = (
+        "x_block_scaling_dim",
+        "w_block_scaling_dim",
+        "grad_block_scaling_dim",
+    )
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        check_bool(owner, "use_f32_scales", self.use_f32_scales)
+        self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
+        for name in self._DIMS:
+            self._set(name, check_int(owner, name, getattr(self, name), 1, 2))
+        for i, a in enumerate(self._DIMS):
+            for b in self._DIMS[i + 1 :]:
+                if getattr(self, a) == 2 and getattr(self, b) == 2:
+                    raise ValueError(f"{owner}: {a}=2 with {b}=2: 2D by 2D block GEMM")
+        self._check_gemms(require_split=True)
+        self._check_common()
+        self._set("block_len", check_int(owner, "block_len", self.block_len, 1, MAX_BLOCK_LEN))
+        self._set("amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon))
 
     def make_quantizer(self, role: str) -> Quantizer:
         if _check_role(role) == "weight":
@@ -140,6 +334,71 @@ class Float8BlockScaling(Recipe):
             fp8_dtype=self.fp8_format.dtype_for(role),
             block_len=self.block_len,
             block_scaling_dim=dim,
-            force_pow_2_scales=self.force_pow_2_scales,
+            force_pow_2_scales=not self.use_f32_scales,
             amax_epsilon=self.amax_epsilon,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class NVFP4BlockScaling(Recipe):
+    """NVFP4 everywhere; weights use 16x16 (2-D) blocks unless disabled.
+
+    TE's defaults ask for random Hadamard transforms and stochastic rounding of
+    gradients, which this library does not implement: pass ``disable_rht=True`` and
+    ``disable_stochastic_rounding=True`` (or set ``NVTE_NVFP4_DISABLE_RHT=1`` and
+    ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1``), else construction raises
+    ``NotImplementedError`` naming them.
+    """
+
+    disable_rht: bool = _env_flag("NVTE_NVFP4_DISABLE_RHT")
+    disable_stochastic_rounding: bool = _env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING")
+    disable_2d_quantization: bool = _env_flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION")
+    row_scaled_activation: bool = _env_flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION")
+    nvfp4_4over6: str = os.getenv("NVTE_NVFP4_4OVER6", "none")
+    nvfp4_4over6_e4m3_use_256: str = os.getenv("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all")
+    nvfp4_4over6_err_mode: str = os.getenv("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE").upper()
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        for name in (
+            "disable_rht",
+            "disable_stochastic_rounding",
+            "disable_2d_quantization",
+            "row_scaled_activation",
+        ):
+            check_bool(owner, name, getattr(self, name))
+        self._check_format("fp4_format", (Format.E2M1,))
+        self._check_format("fp8_format", (Format.E4M3,))
+        check_choice(owner, "nvfp4_4over6", self.nvfp4_4over6, _NVFP4_4OVER6_SCOPES)
+        check_choice(
+            owner, "nvfp4_4over6_e4m3_use_256", self.nvfp4_4over6_e4m3_use_256, _NVFP4_4OVER6_SCOPES
+        )
+        check_choice(
+            owner, "nvfp4_4over6_err_mode", self.nvfp4_4over6_err_mode, _NVFP4_4OVER6_ERR_MODES
+        )
+        self._check_common()
+        unimplemented = {
+            "disable_rht=False (random Hadamard transforms)": not self.disable_rht,
+            "disable_stochastic_rounding=False (stochastic rounding of gradients)": (
+                not self.disable_stochastic_rounding
+            ),
+            "row_scaled_activation=True": self.row_scaled_activation,
+            f"nvfp4_4over6={self.nvfp4_4over6!r} (4over6 block scaling)": (
+                self.nvfp4_4over6 != "none"
+            ),
+        }
+        missing = [what for what, asked in unimplemented.items() if asked]
+        if missing:
+            raise NotImplementedError(
+                f"{owner}: not implemented by this library: {', '.join(missing)}; construct "
+                "NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)"
+            )
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        two_d = _check_role(role) == "weight" and not self.disable_2d_quantization
+        return NVFP4Quantizer(with_2d_quantization=two_d)

@@ -9,14 +9,15 @@ inspects a bundle: the generator already decided what each field is.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from .opaque import OpaqueBase, register_value_type
-from .quantizer import QuantizedStorage, QuantizedTensor, Quantizer
+from . import codec
+from .quantizer import QuantizedStorage, QuantizedTensor
 
 FORMAT_VERSION = 1
 
@@ -148,6 +149,42 @@ def optional_object_list(value: Any, expected: type, where: str) -> list[Any] | 
     return None if value is None else object_list(value, expected, where)
 
 
+# --- quantizers and value types: crossed as their canonical text (runtime/codec.py) ---
+
+
+def code(value: Any, expected: type, where: str) -> str:
+    """``value`` checked to be an ``expected`` and crossed as its cached text."""
+    if type(value) is expected or isinstance(value, expected):
+        return getattr(value, codec.CODE_ATTR, None) or codec.code_of(value)
+    raise _mismatch(where, _type_names(expected), value)
+
+
+def optional_code(value: Any, expected: type, where: str) -> str | None:
+    return None if value is None else code(value, expected, where)
+
+
+def code_list(value: Any, expected: type, where: str) -> list[str | None]:
+    """One text per element (None stays None): one quantizer per GEMM."""
+    return [
+        None if v is None else code(v, expected, where) for v in object_list(value, expected, where)
+    ]
+
+
+def optional_code_list(value: Any, expected: type, where: str) -> list[str | None] | None:
+    return None if value is None else code_list(value, expected, where)
+
+
+decode = codec.decode
+
+
+def optional_decode(text: str | None) -> Any:
+    return None if text is None else codec.decode(text)
+
+
+def decode_list(texts: Sequence[str | None] | None) -> list[Any] | None:
+    return None if texts is None else [None if t is None else codec.decode(t) for t in texts]
+
+
 def enum_name(value: Any, cls: type[enum.Enum], where: str) -> str:
     if isinstance(value, cls):
         return value.name
@@ -221,14 +258,14 @@ def registered_group(value: Any, where: str) -> dist.ProcessGroup:
 # --- tensor-or-quantized: (Tensor?, Tensor[] inner buffers, QuantizedMeta) ---
 
 
-class QuantizedMeta(OpaqueBase):
-    """The value-opaque description of a tensor-or-quantized slot group.
+class QuantizedMeta:
+    """The description of a tensor-or-quantized slot group; it crosses as its text.
 
     ``tag`` says what crossed: ``none``, ``tensor`` (in the ``Tensor?`` slot; a
     quantized wrapper subclass is turned into its buffers by the op's dispatch
     rule), ``storage`` or ``wrapper`` (inner buffers of that class, in
-    ``inner_names`` order, rebuilt with ``context``). It holds no shapes, so it
-    stays hashable when shapes are symbolic.
+    ``inner_names`` order, rebuilt with ``context``). It holds no shapes, so its
+    text is a constant when shapes are symbolic.
     """
 
     __slots__ = ("tag", "cls", "inner_names", "context")
@@ -254,30 +291,51 @@ class QuantizedMeta(OpaqueBase):
     def __repr__(self) -> str:
         return f"QuantizedMeta({self.tag!r}, {getattr(self.cls, '__qualname__', None)})"
 
-    def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
-        names: dict[str, Any] = {"QuantizedMeta": QuantizedMeta}  # FX code has `torch`
-        if self.cls is None:
-            return f"QuantizedMeta({self.tag!r})", names
-        names[self.cls.__name__] = self.cls
-        items = []
-        for key, value in self.context:
-            if isinstance(value, Quantizer):
-                text, extra = value.__fx_repr__()
-                names.update(extra)
-            else:
-                text = repr(value)
-            items.append(f"({key!r}, {text})")
-        context = "(" + "".join(f"{item}, " for item in items) + ")"
-        return (
-            f"QuantizedMeta({self.tag!r}, {self.cls.__name__}, {self.inner_names!r}, {context})",
-            names,
+
+_META_CODES: dict[QuantizedMeta, str] = {}
+_METAS: dict[str, QuantizedMeta] = {}
+
+
+def meta_code(meta: QuantizedMeta) -> str:
+    """The canonical text of a description (cached per equal description)."""
+    code = _META_CODES.get(meta)
+    if code is None:
+        cls = meta.cls
+        if cls is not None:
+            codec.register(cls)
+        context = [
+            [key, codec._value(value, f"QuantizedMeta.{key}")] for key, value in meta.context
+        ]
+        code = json.dumps(
+            {
+                "meta": meta.tag,
+                "class": None if cls is None else f"{cls.__module__}.{cls.__qualname__}",
+                "inner": list(meta.inner_names),
+                "context": context,
+            },
+            separators=(",", ":"),
         )
+        _META_CODES[meta] = code
+        _METAS[code] = meta
+    return code
 
 
-register_value_type(QuantizedMeta)
+def decode_meta(code: str) -> QuantizedMeta:
+    meta = _METAS.get(code)
+    if meta is None:
+        data = json.loads(code)
+        cls = None if data["class"] is None else codec._class(data["class"])
+        context = tuple((k, codec._decode_value(v)) for k, v in data["context"])
+        meta = QuantizedMeta(data["meta"], cls, tuple(data["inner"]), context)
+        _METAS[code] = meta
+        _META_CODES.setdefault(meta, code)
+    return meta
+
 
 _NONE_META = QuantizedMeta("none")
 _TENSOR_META = QuantizedMeta("tensor")
+_NONE_CODE = meta_code(_NONE_META)
+_TENSOR_CODE = meta_code(_TENSOR_META)
 
 
 def _describe(value: QuantizedStorage | QuantizedTensor) -> QuantizedMeta:
@@ -286,8 +344,8 @@ def _describe(value: QuantizedStorage | QuantizedTensor) -> QuantizedMeta:
     return QuantizedMeta(tag, type(value), tuple(names), context)
 
 
-def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, list, QuantizedMeta]:
-    """A quantized value as (no tensor, its inner buffers, its description).
+def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, list, str]:
+    """A quantized value as (no tensor, its inner buffers, its description's text).
 
     A bare storage keeps its description, keyed by its quantizer object: the
     quantizer fixes the present buffers (usage) and the context, and every change of
@@ -296,53 +354,59 @@ def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, li
     """
     if isinstance(value, torch.Tensor):
         meta = _describe(value)
+        code = meta_code(meta)
     else:
         state = value.__dict__
         cached = state.get("_boundary_meta")
         quantizer = value._quantizer
         if cached is None or cached[0] is not quantizer or cached[1] is not value._dtype:
-            cached = (quantizer, value._dtype, _describe(value))
+            meta = _describe(value)
+            cached = (quantizer, value._dtype, meta, meta_code(meta))
             state["_boundary_meta"] = cached
-        meta = cached[2]
-    return None, [getattr(value, n) for n in meta.inner_names], meta
+        # The text is cached with the description: under torch.compile a storage
+        # flattened eagerly before then needs no (untraceable) look-up or encoding.
+        meta, code = cached[2], cached[3]
+    return None, [getattr(value, n) for n in meta.inner_names], code
 
 
-def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, QuantizedMeta]:
+def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
     if isinstance(value, torch.Tensor):
-        return value, [], _TENSOR_META
+        return value, [], _TENSOR_CODE
     if isinstance(value, QuantizedStorage):
         return quantized_slots(value)
     raise _mismatch(where, "Tensor or a quantized storage", value)
 
 
-def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, QuantizedMeta]:
+def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
     if value is None:
-        return None, [], _NONE_META
+        return None, [], _NONE_CODE
     return tensor_or_quantized(value, where)
 
 
 def tensor_or_quantized_list(
     value: Any, where: str
-) -> tuple[list[torch.Tensor | None], list[torch.Tensor], list[QuantizedMeta]]:
-    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: plain
-    tensors (None where an element is quantized or None), the inner buffers of the
-    quantized ones concatenated, and one description per element."""
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor], list[str]]:
+    """A list of tensor-or-quantized values (one weight per GEMM) as three slots: the
+    tensors (None where an element is a quantized storage or None), the inner buffers
+    of the quantized storages concatenated, and one description per element. A
+    quantized wrapper subclass crosses as a tensor, as in :func:`tensor_or_quantized`:
+    the op's dispatch rule splits it (dynamo cannot call ``__tensor_flatten__``)."""
     if not isinstance(value, list | tuple):
         raise _mismatch(where, "a list of Tensors or quantized values", value)
     tensors: list[torch.Tensor | None] = []
     inner: list[torch.Tensor] = []
-    metas: list[QuantizedMeta] = []
+    metas: list[str] = []
     for i, v in enumerate(value):
-        if isinstance(v, QuantizedStorage | QuantizedTensor):
+        if isinstance(v, QuantizedStorage):
             _, buffers, meta = quantized_slots(v)
             tensors.append(None)
             inner += buffers
         elif isinstance(v, torch.Tensor):
             tensors.append(v)
-            meta = _TENSOR_META
+            meta = _TENSOR_CODE
         elif v is None:
             tensors.append(None)
-            meta = _NONE_META
+            meta = _NONE_CODE
         else:
             raise _mismatch(f"{where}[{i}]", "Tensor, a quantized value or None", v)
         metas.append(meta)
@@ -351,7 +415,7 @@ def tensor_or_quantized_list(
 
 def optional_tensor_or_quantized_list(
     value: Any, where: str
-) -> tuple[list[torch.Tensor | None] | None, list[torch.Tensor], list[QuantizedMeta]]:
+) -> tuple[list[torch.Tensor | None] | None, list[torch.Tensor], list[str]]:
     if value is None:
         return None, [], []
     return tensor_or_quantized_list(value, where)
@@ -360,21 +424,22 @@ def optional_tensor_or_quantized_list(
 def unpack_tensor_or_quantized_list(
     tensors: Sequence[torch.Tensor | None] | None,
     inner: Sequence[torch.Tensor],
-    metas: Sequence[QuantizedMeta],
+    metas: Sequence[str],
 ) -> list[Any] | None:
     if tensors is None:
         return None
     values, cursor = [], 0
-    for tensor, meta in zip(tensors, metas, strict=True):
-        n = len(meta.inner_names)
-        values.append(unpack_tensor_or_quantized(tensor, inner[cursor : cursor + n], meta))
+    for tensor, code in zip(tensors, metas, strict=True):
+        n = len(decode_meta(code).inner_names)
+        values.append(unpack_tensor_or_quantized(tensor, inner[cursor : cursor + n], code))
         cursor += n
     return values
 
 
 def unpack_tensor_or_quantized(
-    tensor: torch.Tensor | None, inner: Sequence[torch.Tensor], meta: QuantizedMeta
+    tensor: torch.Tensor | None, inner: Sequence[torch.Tensor], code: str
 ) -> Any:
+    meta = decode_meta(code)
     if meta.tag == "tensor":
         return tensor
     if meta.tag == "none":

@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 
-from .boundary import quantized_slots, unpack_tensor_or_quantized
+from .boundary import (
+    optional_tensor_or_quantized,
+    quantized_slots,
+    unpack_tensor_or_quantized,
+    unpack_tensor_or_quantized_list,
+)
 from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes
 from .tensor_spec import TensorSpec, to_tensor_spec
 
@@ -237,20 +242,40 @@ def define(qualname: str, schema: str, kernel: Callable[..., Any], fake: Callabl
 
 def register_quantized_dispatch(op: Any, tq_slots: tuple[int, ...]) -> None:
     """Let quantized wrapper tensors enter ``op``: each ``Tensor?`` slot of a
-    tensor-or-quantized group (at ``tq_slots``) holding one is rewritten into its
-    inner buffers and description, and the op is called again."""
+    tensor-or-quantized group (at ``tq_slots``) holding one, and each ``Tensor?[]``
+    slot of a tensor-or-quantized list group holding some, is rewritten into inner
+    buffers and descriptions, and the op is called again."""
     if op is None or not tq_slots:
         return
 
     def rule(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         slots = list(args)
         for i in tq_slots:
-            if isinstance(slots[i], QuantizedTensor):
-                slots[i], slots[i + 1], slots[i + 2] = quantized_slots(slots[i])
+            value = slots[i]
+            if isinstance(value, QuantizedTensor):
+                slots[i], slots[i + 1], slots[i + 2] = quantized_slots(value)
+            elif isinstance(value, list) and any(isinstance(v, QuantizedTensor) for v in value):
+                slots[i], slots[i + 1], slots[i + 2] = _split_wrappers(*slots[i : i + 3])
         return op(*slots, **kwargs)
 
     for cls in quantized_tensor_classes():
         torch.library.register_torch_dispatch(op, cls, rule)
+
+
+def _split_wrappers(tensors: list, inner: list, metas: list) -> tuple[list, list, list]:
+    """A tensor-or-quantized list group with its wrapper tensors as buffers and descriptions."""
+    out_tensors: list[Any] = []
+    out_inner: list[torch.Tensor] = []
+    out_metas: list[Any] = []
+    for value in unpack_tensor_or_quantized_list(tensors, inner, metas):
+        if isinstance(value, QuantizedData):
+            tensor, buffers, meta = quantized_slots(value)
+        else:
+            tensor, buffers, meta = optional_tensor_or_quantized(value, "a list element")
+        out_tensors.append(tensor)
+        out_inner += buffers
+        out_metas.append(meta)
+    return out_tensors, out_inner, out_metas
 
 
 def first_device(slots: Sequence[Any]) -> torch.device | None:
@@ -277,15 +302,19 @@ def grad_layout(
     tensor_list_slots: tuple[int, ...] | None = None,
 ) -> tuple[Any, ...]:
     """What the backward needs of the forward inputs: each gradient slot's shape (a
-    list of element shapes for a ``Tensor[]`` slot) and the length of every non-None
-    ``Tensor[]`` slot (autograd wants a list of gradients there, nothing else does).
-    Generated modules name their ``Tensor[]`` slots; without them, non-empty lists of
-    tensors are taken for ``Tensor[]`` slots (an empty one then gets no gradient list).
+    list of element shapes for a ``Tensor[]`` slot) and the length of every input that
+    is a list of tensors only (autograd wants a list of gradients there, nothing else
+    does). torch decides that by value, whatever the schema type: an empty list of any
+    type (``SymInt[]``, a quantizer or description list) counts, and so does a
+    ``Tensor?[]`` holding no None; so the values decide here too, and
+    ``tensor_list_slots`` (the ``Tensor[]`` slots, a subset) is not needed.
     """
-    if tensor_list_slots is None:
-        tensor_list_slots = _tensor_lists(inputs)
     shapes = tuple(_shape_of(inputs[i]) for i in grad_slots)
-    lists = tuple((i, len(inputs[i])) for i in tensor_list_slots if inputs[i] is not None)
+    lists = tuple(
+        (i, len(v))
+        for i, v in enumerate(inputs)
+        if isinstance(v, list) and all(isinstance(t, torch.Tensor) for t in v)
+    )
     return shapes, lists
 
 

@@ -2,8 +2,8 @@
 
 A quantizer's configuration is its identity: concrete quantizers are frozen dataclasses
 whose fields are the config, so equality and hashing come from the fields, and the
-registered value-opaque base lets torch.compile bake a quantizer into a graph as a
-constant. A quantized value exists in two forms sharing one implementation
+boundary codec (runtime/codec.py) lets a quantizer cross an op boundary as one guarded
+constant string. A quantized value exists in two forms sharing one implementation
 (:class:`QuantizedData`): a bare :class:`QuantizedStorage` (not a tensor; cheap, for
 internal use) and a :class:`QuantizedTensor` wrapper subclass (for parameters and
 outputs). Each format lists its inner buffers once, in flatten order.
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from .opaque import OpaqueBase, register_value_type
+from . import codec
 
 __all__ = [
     "InnerLayout",
@@ -25,6 +25,10 @@ __all__ = [
     "QuantizedStorage",
     "QuantizedTensor",
     "Quantizer",
+    "check_bool",
+    "check_choice",
+    "check_float",
+    "check_int",
     "flatten_context",
     "is_quantized",
     "quantized_tensor_classes",
@@ -41,10 +45,49 @@ SUPPORTED_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
 
 
+# ----- configuration checks (quantizers and recipes validate at construction) -----
+
+
+def check_bool(owner: str, name: str, value: Any) -> bool:
+    """``value`` if it is exactly a bool; else TypeError naming ``owner.name``."""
+    if type(value) is not bool:
+        raise TypeError(f"{owner}: {name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_int(owner: str, name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an exact ``int`` in ``[low, high]`` (an ``IntEnum`` member becomes its
+    int); bools, floats and other types are refused with a message naming ``owner.name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    value = int(value)  # exact int: graph-constant code must never see a subclass repr
+    if not low <= value <= high:
+        raise ValueError(f"{owner}: {name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_float(owner: str, name: str, value: Any, low: float = 0.0) -> float:
+    """``value`` as an exact finite ``float`` >= ``low`` (ints accepted, bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: {name} must be a float, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (value >= low and value != float("inf")):
+        raise ValueError(f"{owner}: {name} must be a finite float >= {low}, got {value}")
+    return value
+
+
+def check_choice(owner: str, name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of ``choices`` (exact built-in types); else ValueError."""
+    if type(value) not in (type(None), str) or value not in choices:
+        raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}")
+    return str(value) if value is not None else None
+
+
 def _fx_value_repr(value: Any, owner: str, name: str) -> str:
-    if value is None or isinstance(value, (bool, int, str)):
+    # Exact built-in types only: an IntEnum member is an int whose repr is not code.
+    if value is None or type(value) in (bool, int, str):
         return repr(value)
-    if isinstance(value, float):
+    if type(value) is float:
         if value != value or value in (float("inf"), float("-inf")):
             return f"float({str(value)!r})"
         return repr(value)
@@ -54,7 +97,7 @@ def _fx_value_repr(value: Any, owner: str, name: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Quantizer(OpaqueBase):
+class Quantizer:
     """Abstract base of all quantizers; a quantizer is an immutable configuration value.
 
     ``rowwise_usage``/``columnwise_usage`` choose which layouts ``quantize`` produces;
@@ -73,12 +116,28 @@ class Quantizer(OpaqueBase):
     # Human-readable format name used in error messages ("MXFP8", "NVFP4", ...).
     format_name: ClassVar[str] = "quantized"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        codec.register(cls)
+
     def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("rowwise_usage", "columnwise_usage", "internal"):
+            check_bool(owner, name, getattr(self, name))
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError(
                 f"{type(self).__name__}: at least one of rowwise_usage and "
                 "columnwise_usage must be True"
             )
+        self._init_fields()
+        # The boundary text (see runtime/codec.py), once per object and after every field
+        # is normalized: a compiled graph reads it as a guarded constant and never traces
+        # the encoder.
+        codec.code_of(self)
+
+    def _init_fields(self) -> None:
+        """Subclasses validate, normalize (an IntEnum becomes an exact int) and initialize
+        their own fields here, before the boundary text is computed from them."""
 
     # ----- value semantics -----
 
@@ -177,9 +236,6 @@ class Quantizer(OpaqueBase):
         return self.wrapper_cls(
             inner, quantizer=self, dtype=dtype, shape=shape, requires_grad=requires_grad
         )
-
-
-register_value_type(Quantizer)
 
 
 def value_opaque_reason(q: Quantizer) -> Optional[str]:

@@ -1,19 +1,20 @@
 """Plain configuration values that cross an op boundary in a typed value slot.
 
-A value type is immutable and hashable; registered as a torch.compile
-value-opaque type, it is baked into the graph as a constant and guarded by
-equality, so changing it recompiles and the guard names the field.
+A value type is an immutable, hashable dataclass; it crosses as its canonical text
+(runtime/codec.py), a constant string that torch.compile guards on, so changing it
+recompiles and an equal value re-created does not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .opaque import OpaqueBase, register_value_type
+from . import codec
 
 
+@codec.register
 @dataclass(frozen=True)
-class GemmConfig(OpaqueBase):
+class GemmConfig:
     """How one GEMM of a module runs.
 
     ``use_split_accumulator`` asks FP8 GEMMs on CUDA for full-precision
@@ -23,11 +24,5 @@ class GemmConfig(OpaqueBase):
 
     use_split_accumulator: bool = True
 
-    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
-        return (
-            f"GemmConfig(use_split_accumulator={self.use_split_accumulator!r})",
-            {"GemmConfig": GemmConfig},
-        )
-
-
-register_value_type(GemmConfig)
+    def __post_init__(self) -> None:
+        codec.code_of(self)

@@ -33,8 +33,9 @@ BACKWARD_OP = "teops::every_kind_bwd"
 GRAD_FIELDS = ("x", "w", "maybe_x", "forward_ref", "xs")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
 FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5)
-# `Tensor?` slot of each tensor-or-quantized group (a quantized subclass enters there).
-FORWARD_QUANTIZED_SLOTS = (6, 9)
+# `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
+# wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
+FORWARD_QUANTIZED_SLOTS = (6, 9, 42, 45)
 BACKWARD_QUANTIZED_SLOTS = ()
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
@@ -54,10 +55,10 @@ FORWARD_SCHEMA = (
     ", Tensor[] xs"
     ", Tensor? w"
     ", Tensor[] w__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta w__meta"
+    ", str w__meta"
     ", Tensor? maybe_w"
     ", Tensor[] maybe_w__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta maybe_w__meta"
+    ", str maybe_w__meta"
     ", bool flag"
     ", bool? maybe_flag"
     ", SymInt count"
@@ -78,24 +79,24 @@ FORWARD_SCHEMA = (
     ", str? maybe_color"
     ", str mode"
     ", str? rounding"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer quantizer"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer? maybe_quantizer"
+    ", str quantizer"
+    ", str? maybe_quantizer"
     ", str? group"
     ", str? tp_group"
-    ", transformer_engine_ops.runtime.values.GemmConfig gemm"
-    ", transformer_engine_ops.runtime.values.GemmConfig? maybe_gemm"
+    ", str gemm"
+    ", str? maybe_gemm"
     ", SymInt[2] window"
     ", SymInt[3]? maybe_window"
     ", SymInt[] splits"
     ", SymInt[]? maybe_splits"
     ", Tensor?[] weights"
     ", Tensor[] weights__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta[] weights__meta"
+    ", str[] weights__meta"
     ", Tensor?[]? maybe_weights"
     ", Tensor[] maybe_weights__inner"
-    ", transformer_engine_ops.runtime.boundary.QuantizedMeta[] maybe_weights__meta"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[] quantizers"
-    ", transformer_engine_ops.runtime.quantizer.Quantizer?[]? maybe_quantizers"
+    ", str[] maybe_weights__meta"
+    ", str?[] quantizers"
+    ", str?[]? maybe_quantizers"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -107,20 +108,10 @@ FORWARD_SLOTS = (
     _b.SlotRow("xs", "tensor list", "xs", "Tensor[]"),
     _b.SlotRow("w", "tensor-or-quantized", "w", "Tensor?"),
     _b.SlotRow("w", "tensor-or-quantized", "w__inner", "Tensor[]"),
-    _b.SlotRow(
-        "w",
-        "tensor-or-quantized",
-        "w__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("w", "tensor-or-quantized", "w__meta", "str"),
     _b.SlotRow("maybe_w", "tensor-or-quantized", "maybe_w", "Tensor?"),
     _b.SlotRow("maybe_w", "tensor-or-quantized", "maybe_w__inner", "Tensor[]"),
-    _b.SlotRow(
-        "maybe_w",
-        "tensor-or-quantized",
-        "maybe_w__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta",
-    ),
+    _b.SlotRow("maybe_w", "tensor-or-quantized", "maybe_w__meta", "str"),
     _b.SlotRow("flag", "scalar", "flag", "bool"),
     _b.SlotRow("maybe_flag", "scalar", "maybe_flag", "bool?"),
     _b.SlotRow("count", "scalar", "count", "SymInt"),
@@ -141,53 +132,24 @@ FORWARD_SLOTS = (
     _b.SlotRow("maybe_color", "enum", "maybe_color", "str?"),
     _b.SlotRow("mode", "literal", "mode", "str"),
     _b.SlotRow("rounding", "literal", "rounding", "str?"),
-    _b.SlotRow(
-        "quantizer", "quantizer", "quantizer", "transformer_engine_ops.runtime.quantizer.Quantizer"
-    ),
-    _b.SlotRow(
-        "maybe_quantizer",
-        "quantizer",
-        "maybe_quantizer",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?",
-    ),
+    _b.SlotRow("quantizer", "quantizer", "quantizer", "str"),
+    _b.SlotRow("maybe_quantizer", "quantizer", "maybe_quantizer", "str?"),
     _b.SlotRow("group", "process group", "group", "str?"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
-    _b.SlotRow("gemm", "value", "gemm", "transformer_engine_ops.runtime.values.GemmConfig"),
-    _b.SlotRow(
-        "maybe_gemm", "value", "maybe_gemm", "transformer_engine_ops.runtime.values.GemmConfig?"
-    ),
+    _b.SlotRow("gemm", "value", "gemm", "str"),
+    _b.SlotRow("maybe_gemm", "value", "maybe_gemm", "str?"),
     _b.SlotRow("window", "int tuple", "window", "SymInt[2]"),
     _b.SlotRow("maybe_window", "int tuple", "maybe_window", "SymInt[3]?"),
     _b.SlotRow("splits", "int list", "splits", "SymInt[]"),
     _b.SlotRow("maybe_splits", "int list", "maybe_splits", "SymInt[]?"),
     _b.SlotRow("weights", "tensor-or-quantized list", "weights", "Tensor?[]"),
     _b.SlotRow("weights", "tensor-or-quantized list", "weights__inner", "Tensor[]"),
-    _b.SlotRow(
-        "weights",
-        "tensor-or-quantized list",
-        "weights__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta[]",
-    ),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__meta", "str[]"),
     _b.SlotRow("maybe_weights", "tensor-or-quantized list", "maybe_weights", "Tensor?[]?"),
     _b.SlotRow("maybe_weights", "tensor-or-quantized list", "maybe_weights__inner", "Tensor[]"),
-    _b.SlotRow(
-        "maybe_weights",
-        "tensor-or-quantized list",
-        "maybe_weights__meta",
-        "transformer_engine_ops.runtime.boundary.QuantizedMeta[]",
-    ),
-    _b.SlotRow(
-        "quantizers",
-        "quantizer list",
-        "quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]",
-    ),
-    _b.SlotRow(
-        "maybe_quantizers",
-        "quantizer list",
-        "maybe_quantizers",
-        "transformer_engine_ops.runtime.quantizer.Quantizer?[]?",
-    ),
+    _b.SlotRow("maybe_weights", "tensor-or-quantized list", "maybe_weights__meta", "str[]"),
+    _b.SlotRow("quantizers", "quantizer list", "quantizers", "str?[]"),
+    _b.SlotRow("maybe_quantizers", "quantizer list", "maybe_quantizers", "str?[]?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -196,7 +158,7 @@ BACKWARD_SCHEMA = (
     ", Tensor[]? saved"
     ", SymInt[]? maybe_dims"
     ", str color"
-    ", transformer_engine_ops.runtime.values.GemmConfig gemm"
+    ", str gemm"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -204,7 +166,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("saved", "tensor list", "saved", "Tensor[]?"),
     _b.SlotRow("maybe_dims", "size", "maybe_dims", "SymInt[]?"),
     _b.SlotRow("color", "enum", "color", "str"),
-    _b.SlotRow("gemm", "value", "gemm", "transformer_engine_ops.runtime.values.GemmConfig"),
+    _b.SlotRow("gemm", "value", "gemm", "str"),
 )
 
 
@@ -239,12 +201,12 @@ def flatten_every_kind_fwd_args(args: EveryKindFwdArgs) -> tuple[Any, ...]:
         _b.optional_enum_name(args.maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
         _b.choice(args.mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
         _b.optional_choice(args.rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
-        _b.check(args.quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
-        _b.check_optional(args.maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer"),
+        _b.code(args.quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
+        _b.optional_code(args.maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer"),
         _b.optional_group_name(args.group, "EveryKindFwdArgs.group"),
         _b.optional_group_name(args.tp_group, "EveryKindFwdArgs.tp_group"),
-        _b.check(args.gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
-        _b.check_optional(args.maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm"),
+        _b.code(args.gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
+        _b.optional_code(args.maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm"),
         *_b.unsupported(args.anything, "EveryKindFwdArgs.anything"),
         *_b.unsupported(args.hook, "EveryKindFwdArgs.hook"),
         _b.int_tuple(args.window, 2, "EveryKindFwdArgs.window"),
@@ -253,8 +215,8 @@ def flatten_every_kind_fwd_args(args: EveryKindFwdArgs) -> tuple[Any, ...]:
         _b.optional_int_list(args.maybe_splits, "EveryKindFwdArgs.maybe_splits"),
         *_b.tensor_or_quantized_list(args.weights, "EveryKindFwdArgs.weights"),
         *_b.optional_tensor_or_quantized_list(args.maybe_weights, "EveryKindFwdArgs.maybe_weights"),
-        _b.object_list(args.quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
-        _b.optional_object_list(
+        _b.code_list(args.quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
+        _b.optional_code_list(
             args.maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"
         ),
         *_b.unsupported(args.generator, "EveryKindFwdArgs.generator"),
@@ -294,12 +256,12 @@ def unflatten_every_kind_fwd_args(*slots: Any) -> EveryKindFwdArgs:
         maybe_color=_b.optional_enum(Color, slot()),
         mode=slot(),
         rounding=slot(),
-        quantizer=slot(),
-        maybe_quantizer=slot(),
+        quantizer=_b.decode(slot()),
+        maybe_quantizer=_b.optional_decode(slot()),
         group=_b.resolve_group(slot(), "EveryKindFwdArgs.group"),
         tp_group=_b.resolve_group(slot(), "EveryKindFwdArgs.tp_group"),
-        gemm=slot(),
-        maybe_gemm=slot(),
+        gemm=_b.decode(slot()),
+        maybe_gemm=_b.optional_decode(slot()),
         anything=None,
         hook=None,
         window=tuple(slot()),
@@ -308,8 +270,8 @@ def unflatten_every_kind_fwd_args(*slots: Any) -> EveryKindFwdArgs:
         maybe_splits=_b.optional_list(slot()),
         weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         maybe_weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
-        quantizers=list(slot()),
-        maybe_quantizers=_b.optional_list(slot()),
+        quantizers=_b.decode_list(slot()),
+        maybe_quantizers=_b.decode_list(slot()),
         generator=None,
         extra=None,
     )
@@ -322,7 +284,7 @@ def flatten_every_kind_bwd_args(args: EveryKindBwdArgs) -> tuple[Any, ...]:
         _b.optional_tensor_list(args.saved, "EveryKindBwdArgs.saved"),
         _b.optional_size(args.maybe_dims, "EveryKindBwdArgs.maybe_dims"),
         _b.enum_name(args.color, Color, "EveryKindBwdArgs.color"),
-        _b.check(args.gemm, GemmConfig, "EveryKindBwdArgs.gemm"),
+        _b.code(args.gemm, GemmConfig, "EveryKindBwdArgs.gemm"),
     )
 
 
@@ -334,7 +296,7 @@ def unflatten_every_kind_bwd_args(*slots: Any) -> EveryKindBwdArgs:
         saved=slot(),
         maybe_dims=_b.optional_torch_size(slot()),
         color=Color[slot()],
-        gemm=slot(),
+        gemm=_b.decode(slot()),
     )
 
 

@@ -1,0 +1,227 @@
+"""Fused FP8 current-scaling kernels: bit for bit equal to the CPU reference quantizer.
+
+Interpreter tests run the Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``
+(skipped when triton is not importable); ``gpu`` tests run the compiled kernels on CUDA
+and through ``Float8CurrentScalingQuantizer.quantize`` (the hook) against the CPU path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer
+from transformer_engine_ops.quantization import cuda_kernels as ck
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _wide(shape, seed, dtype=torch.float32):
+    """Values spread over ~60 binades, with NaN, -NaN, +-Inf and -0 planted."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(
+        torch.randint(-30, 30, shape, generator=g).float()
+    )
+    flat = x.view(-1)
+    for i, v in enumerate((float("nan"), -float("nan"), float("inf"), -float("inf"), -0.0)):
+        if i < flat.numel():
+            flat[(i * 7919) % flat.numel()] = v
+    return x.to(dtype)
+
+
+def _all_bf16():
+    """Every bf16 bit pattern once (NaNs, Infs, subnormals, both zeros)."""
+    return (
+        torch.arange(-(2**15), 2**15, dtype=torch.int32)
+        .to(torch.int16)
+        .view(torch.bfloat16)
+        .reshape(256, 256)
+    )
+
+
+def _tiny():
+    """amax a subnormal: fmax / amax overflows, the scale becomes FP32_MAX."""
+    x = torch.full((5, 9), 1e-40)
+    x[1, 2] = -3e-41
+    return x
+
+
+INPUTS = {
+    "wide_2d": lambda: _wide((70, 130), 0),
+    "wide_3d_bf16": lambda: _wide((2, 3, 67), 1, torch.bfloat16),
+    "wide_fp16": lambda: _wide((65, 64), 2, torch.float16),
+    "every_bf16": _all_bf16,
+    "zeros": lambda: torch.zeros(3, 5, dtype=torch.bfloat16),
+    "only_nan_and_inf": lambda: torch.tensor([[float("nan"), float("inf")], [-float("inf"), 1]])[
+        :, :1
+    ].contiguous(),
+    "subnormal_amax": _tiny,
+    "batch_0": lambda: torch.zeros(0, 48, dtype=torch.bfloat16),
+    "batch_1": lambda: _wide((1, 33), 3, torch.bfloat16),
+    "one_dim": lambda: _wide((77,), 4),
+    "non_contiguous": lambda: _wide((40, 66), 5).t(),
+    "signed_nan": lambda: torch.tensor([[-float("nan"), float("nan"), 1.0, -2.0]]),
+}
+
+CONFIGS = {
+    "e4m3": dict(fp8_dtype=E4M3),
+    "e5m2": dict(fp8_dtype=E5M2),
+    "e4m3_pow2": dict(fp8_dtype=E4M3, force_pow_2_scales=True),
+    "e5m2_eps_pow2": dict(fp8_dtype=E5M2, amax_epsilon=1e-3, force_pow_2_scales=True),
+    "e4m3_eps_large": dict(fp8_dtype=E4M3, amax_epsilon=1e6),
+    "e4m3_eps_inf": dict(fp8_dtype=E4M3, amax_epsilon=float("inf")),
+}
+USAGES = {"both": (True, True), "rowwise": (True, False), "columnwise": (False, True)}
+# Every input x config with both usages; one-usage runs on three inputs.
+CASES = [(n, c, "both") for n in INPUTS for c in CONFIGS] + [
+    (n, c, u)
+    for n in ("wide_3d_bf16", "batch_1", "batch_0")
+    for c in CONFIGS
+    for u in ("rowwise", "columnwise")
+]
+
+
+def _quantizer(config, usage):
+    row, col = USAGES[usage]
+    return Float8CurrentScalingQuantizer(**CONFIGS[config], rowwise_usage=row, columnwise_usage=col)
+
+
+def _fused(q, x):
+    return ck.fp8_current_scaling_quantize(
+        x,
+        q.fp8_dtype,
+        epsilon=q.amax_epsilon,
+        force_pow_2=q.force_pow_2_scales,
+        rowwise=q.rowwise_usage,
+        columnwise=q.columnwise_usage,
+    )
+
+
+def assert_bitwise(ref, got):
+    """Same buffers present, same shapes, same bits (fp32 compared as int32)."""
+    assert set(ref) == set(got)
+    for name, r in ref.items():
+        g = got[name]
+        if r is None:
+            assert g is None, name
+            continue
+        g = g.cpu()
+        assert g.shape == r.shape and g.dtype == r.dtype, (name, g.shape, r.shape)
+        if r.dtype == torch.float32:
+            r, g = r.view(torch.int32), g.view(torch.int32)
+        bad = (r != g).nonzero()
+        assert bad.numel() == 0, f"{name}: {bad.shape[0]} differ, first at {bad[:3].tolist()}"
+
+
+def run_interpreter_cases() -> list[str]:
+    """Every case through the interpreted kernels; the failures (run in a child)."""
+    failures = []
+    for name, config, usage in CASES:
+        q = _quantizer(config, usage)
+        x = INPUTS[name]()
+        try:
+            assert_bitwise(q._quantize_impl(x), _fused(q, x))
+        except AssertionError as exc:
+            failures.append(f"{name}/{config}/{usage}: {exc}")
+    return failures
+
+
+@needs_triton
+@pytest.mark.slow
+def test_interpreted_kernels_match_the_reference_bit_for_bit():
+    """In a fresh interpreter: after torch.compile has run in this process (other
+    tests), Triton 3.9's interpreter refuses the kernels' nested @jit helpers."""
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore')\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import test_cuda_kernels as t\n"
+        "failures = t.run_interpreter_cases()\n"
+        "print(len(t.CASES), 'cases'); print('\\n'.join(failures))\n"
+        "sys.exit(1 if failures else 0)\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"{len(CASES)} cases" in out.stdout
+
+
+def test_negative_nan_keeps_its_sign_in_the_reference():
+    """The behaviour the kernels copy (the signed_nan case checks them against it)."""
+    x = torch.tensor([[-float("nan"), float("nan"), 1.0, -2.0]])
+    ref = _quantizer("e4m3", "both")._quantize_impl(x)["_data"]
+    assert ref[0, :2].tolist() == [0xFF, 0x7F]
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        ck.fp8_current_scaling_quantize(torch.ones(2, 2), E4M3)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="not an FP8 dtype"):
+        ck.fp8_current_scaling_quantize(torch.ones(2, 2), torch.bfloat16)
+    with pytest.raises(TypeError, match="cannot quantize dtype"):
+        ck.fp8_current_scaling_quantize(torch.ones(2, 2, dtype=torch.int32), E4M3)
+    with pytest.raises(ValueError, match="at least one dim"):
+        ck.fp8_current_scaling_quantize(torch.tensor(1.0), E4M3)
+
+
+def test_cpu_tensors_never_take_the_fused_path():
+    assert not ck.eligible(torch.ones(2, 2))
+
+
+def test_module_imports_and_reports_why_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "from transformer_engine_ops.quantization import cuda_kernels as c\n"
+        "from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer as Q\n"
+        "assert not c.available(), 'available without triton'\n"
+        "print(c.unavailable_reason())\n"
+        "import torch; Q().quantize(torch.ones(4, 4))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "triton is not importable" in out.stdout
+
+
+# --- on the GPU ---------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("name", "config", "usage"), CASES)
+def test_cuda_kernels_match_the_cpu_reference_bit_for_bit(name, config, usage):
+    q = _quantizer(config, usage)
+    x = INPUTS[name]()
+    assert_bitwise(q._quantize_impl(x), _fused(q, x.cuda()))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("config", ["e4m3", "e5m2_eps_pow2"])
+def test_cuda_quantize_takes_the_fused_path_and_matches_the_cpu(config, monkeypatch):
+    calls = []
+    real = ck.fp8_current_scaling_quantize
+    monkeypatch.setattr(
+        ck, "fp8_current_scaling_quantize", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    q = _quantizer(config, "both")
+    x = _wide((1031, 2053), 7, torch.bfloat16)  # several tiles, ragged edges
+    got = q.quantize(x.cuda())
+    assert calls, "the CUDA quantize did not use the fused kernels"
+    ref = q.quantize(x)
+    names = ("_data", "_transpose", "_scale_inv")
+    assert_bitwise({n: getattr(ref, n) for n in names}, {n: getattr(got, n) for n in names})

@@ -1,0 +1,98 @@
+"""The Triton kernels behind ``cuda_kernels`` (imported only when Triton is present).
+
+Written with the plain ``triton.language`` subset that every Triton shipped with torch
+2.11-2.14 compiles; see ``cuda_kernels`` for what they compute and why bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+def _amax(x_ptr, amax_bits_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        v = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        a = tl.abs(v)
+        # NaN < inf and Inf < inf are False: neither counts (the reference's finite_abs).
+        acc = tl.maximum(acc, tl.where(a < float("inf"), a, 0.0))
+    block_max = tl.max(acc, axis=0)
+    # Non-negative floats order like their int32 bits.
+    tl.atomic_max(amax_bits_ptr, block_max.to(tl.int32, bitcast=True))
+
+
+def _cast_transpose(
+    x_ptr,
+    amax_bits_ptr,
+    data_ptr,
+    t_ptr,
+    scale_inv_ptr,
+    M,  # noqa: N803
+    K,  # noqa: N803
+    fmax,
+    epsilon,
+    FMAX_BITS: tl.constexpr,  # noqa: N803
+    SHIFT: tl.constexpr,  # noqa: N803
+    MIN_NORMAL_BITS: tl.constexpr,  # noqa: N803
+    DENORM_BITS: tl.constexpr,  # noqa: N803
+    REBIAS: tl.constexpr,  # noqa: N803
+    FORCE_POW2: tl.constexpr,  # noqa: N803
+    ROWWISE: tl.constexpr,  # noqa: N803
+    COLUMNWISE: tl.constexpr,  # noqa: N803
+    BM: tl.constexpr,  # noqa: N803
+    BK: tl.constexpr,  # noqa: N803
+):
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # --- the scale, as encoding.scale_from_amax -----------------------------------
+    amax = tl.load(amax_bits_ptr).to(tl.float32, bitcast=True)
+    amax = tl.maximum(amax, epsilon)
+    degenerate = (amax == 0.0) | (amax == float("inf"))
+    safe = tl.where(degenerate, 1.0, amax)
+    scale = tl.where(degenerate, 1.0, tl.math.div_rn(tl.zeros_like(safe) + fmax, safe))
+    scale = tl.minimum(scale, 3.4028234663852886e38)  # Inf -> FP32_MAX
+    if FORCE_POW2:  # 2**floor(log2(scale)): scale is a normal number here
+        scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    if (pid_m == 0) & (pid_k == 0):
+        tl.store(scale_inv_ptr, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale))
+    # --- one tile: scale, round to FP8, store rowwise and/or transposed -------------
+    rows = pid_m * BM + tl.arange(0, BM).to(tl.int64)
+    cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    v = x * scale
+    bits = v.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    is_nan = mag > 0x7F800000
+    mag = tl.where(mag > FMAX_BITS, FMAX_BITS, mag)  # the reference's clamp (Inf too)
+    # Subnormal results: an fp32 addition rounds the low bits to nearest even.
+    denorm = tl.full(mag.shape, DENORM_BITS, tl.int32).to(tl.float32, bitcast=True)
+    sub = (mag.to(tl.float32, bitcast=True) + denorm).to(tl.int32, bitcast=True) - DENORM_BITS
+    # Normal results: rebias the exponent and round to nearest even on the bits.
+    odd = (mag >> SHIFT) & 1
+    normal = (mag + REBIAS + odd) >> SHIFT
+    code = tl.where(mag < MIN_NORMAL_BITS, sub, normal)
+    code = tl.where(is_nan, 0x7F, code)
+    # The sign of the product; a NaN's is its input's (a GPU multiply drops it).
+    negative = tl.where(is_nan, x.to(tl.int32, bitcast=True) < 0, bits < 0)
+    code = (code | tl.where(negative, 0x80, 0)).to(tl.uint8)
+    if ROWWISE:
+        tl.store(data_ptr + rows[:, None] * K + cols[None, :], code, mask=mask)
+    if COLUMNWISE:
+        tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
+
+
+def build(interpret: bool) -> tuple[Any, Any]:
+    """(amax, cast + transpose) as Triton JIT kernels, or interpreted (CPU tensors)."""
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(_amax), InterpretedFunction(_cast_transpose)
+    return triton.jit(_amax), triton.jit(_cast_transpose)

@@ -1,0 +1,182 @@
+"""Fused Triton kernels for per-tensor FP8 current scaling on CUDA.
+
+The reference path (``float8.py`` + ``encoding.py``: amax, scale, cast, transpose as
+separate torch ops) stays the ground truth; these kernels reproduce it bit for bit
+(``_data``, ``_transpose`` and ``_scale_inv``) in two passes over the input:
+
+1. ``_amax_kernel``: finite amax (NaN and +-Inf ignored) of the whole tensor, one
+   ``atomic_max`` per program on the fp32 bits (non-negative floats order like their
+   int32 bits).
+2. ``_cast_transpose_kernel``: every program derives the scale from that amax exactly as
+   ``encoding.scale_from_amax`` does (correctly rounded division, epsilon clamp,
+   degenerate amax -> 1, Inf -> FP32_MAX, power-of-two truncation), casts one tile and
+   stores it rowwise and/or transposed (columnwise); program (0, 0) writes ``scale_inv``.
+
+The FP8 rounding is done on the fp32 bits with the same algorithm as c10's
+``fp8e4m3fn_from_fp32_value`` / ``fp8e5m2_from_fp32_value`` (what the CPU ``.to()``
+runs): saturation to the format's largest finite value (the reference clamps first),
+round to nearest even, subnormals through an fp32 addition, NaN keeps its input's sign
+(the reference's CPU multiply keeps a NaN's sign; a GPU multiply would not, so the
+sign is taken from the input). It does not depend on the hardware conversion or on the
+Triton version, and runs unchanged under ``TRITON_INTERPRET=1`` on CPU tensors, which
+is how the tests check it without a GPU.
+
+Triton is imported lazily: this module imports fine on a CPU-only torch without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any, Optional
+
+import torch
+
+from .encoding import FP8_MAX, transposed_shape
+
+__all__ = ["available", "eligible", "fp8_current_scaling_quantize", "unavailable_reason"]
+
+# Tile of the cast + transpose kernel and chunk of the amax kernel.
+BLOCK_M = 64
+BLOCK_K = 64
+AMAX_BLOCK = 4096
+AMAX_MAX_PROGRAMS = 1024
+
+# (mantissa bits, exponent bias) of each FP8 format.
+_FORMATS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def unavailable_reason() -> Optional[str]:
+    """Why the kernels cannot run here (None when Triton imports and kernels build)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        return f"triton is not importable ({type(exc).__name__}: {exc})"
+    _kernels(_interpreting())
+    return None
+
+
+def available() -> bool:
+    """True when Triton is importable (the kernels are built on first use)."""
+    return unavailable_reason() is None
+
+
+def eligible(x: torch.Tensor) -> bool:
+    """Whether ``x`` should take the fused path: a real CUDA tensor outside tracing.
+
+    Under ``torch.compile``, fake tensors, functionalization or any dispatch mode the
+    reference ops run instead (they trace; a raw kernel launch would not).
+    """
+    if type(x) is not torch.Tensor or x.device.type != "cuda":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is None and available()
+
+
+@functools.cache
+def _kernels(interpret: bool = False) -> tuple[Any, Any]:
+    """(amax kernel, cast + transpose kernel), compiled or for Triton's interpreter."""
+    from . import _fp8_triton
+
+    return _fp8_triton.build(interpret)
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(fp8_dtype: torch.dtype, epsilon: float) -> tuple[float, float, dict[str, int]]:
+    """(fmax, epsilon rounded to fp32 as the reference's clamp sees it, bit constants)."""
+    fmax = FP8_MAX[fp8_dtype]
+    mbits, bias = _FORMATS[fp8_dtype]
+    eps32 = float(torch.tensor(epsilon, dtype=torch.float32))
+    bits = {
+        "FMAX_BITS": int(torch.tensor(fmax, dtype=torch.float32).view(torch.int32)),
+        "SHIFT": 23 - mbits,
+        "MIN_NORMAL_BITS": (127 - bias + 1) << 23,  # smallest normal FP8 value, fp32 bits
+        "DENORM_BITS": ((127 - bias) + (23 - mbits) + 1) << 23,
+        "REBIAS": ((bias - 127) << 23) + (1 << (22 - mbits)) - 1,  # exponent + half - 1
+    }
+    return fmax, eps32, bits
+
+
+def fp8_current_scaling_quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    *,
+    epsilon: float = 0.0,
+    force_pow_2: bool = False,
+    rowwise: bool = True,
+    columnwise: bool = True,
+) -> dict[str, Optional[torch.Tensor]]:
+    """The inner buffers of ``Float8CurrentScalingQuantizer`` for ``x``, fused.
+
+    ``x`` is a CUDA tensor (or, under ``TRITON_INTERPRET=1``, a CPU one) of fp32, bf16
+    or fp16 with at least one dim. Returns ``_data`` (uint8, ``x.shape``; None unless
+    ``rowwise``), ``_transpose`` (uint8, ``(K, d0, ...)``; None unless ``columnwise``)
+    and ``_scale_inv`` (fp32, ``(1,)``), equal bit for bit to the reference.
+    """
+    if fp8_dtype not in _FORMATS:
+        raise TypeError(f"fp8_current_scaling_quantize: not an FP8 dtype: {fp8_dtype}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"fp8_current_scaling_quantize: cannot quantize dtype {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError("fp8_current_scaling_quantize: needs at least one dim")
+    if x.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            f"fp8_current_scaling_quantize: runs on CUDA tensors (CPU ones only under "
+            f"TRITON_INTERPRET=1), got {x.device}"
+        )
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"fp8_current_scaling_quantize: {reason}")
+    amax_kernel, cast_kernel = _kernels(x.device.type != "cuda")
+    shape = x.shape
+    k = shape[-1]
+    m = math.prod(shape[:-1])
+    x2 = x.detach().reshape(m, k).contiguous()
+    n = m * k
+    amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    if n > 0:
+        grid = (min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS),)
+        amax_kernel[grid](x2, amax_bits, n, BLOCK=AMAX_BLOCK, num_warps=8)
+    data = torch.empty(shape, dtype=torch.uint8, device=x.device) if rowwise else None
+    transpose = (
+        torch.empty(transposed_shape(shape), dtype=torch.uint8, device=x.device)
+        if columnwise
+        else None
+    )
+    scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+    fmax, eps32, constants = _constants(fp8_dtype, float(epsilon))
+    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1))
+    dummy = scale_inv  # never written when its usage is off (constexpr-pruned)
+    cast_kernel[grid](
+        x2,
+        amax_bits,
+        data if data is not None else dummy,
+        transpose if transpose is not None else dummy,
+        scale_inv,
+        m,
+        k,
+        fmax,
+        eps32,
+        **constants,
+        FORCE_POW2=bool(force_pow_2),
+        ROWWISE=bool(rowwise),
+        COLUMNWISE=bool(columnwise),
+        BM=BLOCK_M,
+        BK=BLOCK_K,
+        num_warps=4,
+    )
+    return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b

@@ -1,0 +1,23 @@
+"""``te.recipe``: TE 2.20.2's recipe classes under their TE module name."""
+
+from .quantization.recipes import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Format,
+    MMParams,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    Recipe,
+)
+
+__all__ = [
+    "DelayedScaling",
+    "Float8BlockScaling",
+    "Float8CurrentScaling",
+    "Format",
+    "MMParams",
+    "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
+    "Recipe",
+]
