@@ -1,9 +1,10 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5 and 7 -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
-  ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
+* CPU (default): figures 1-5, 7 (memory) and 8 (op overhead) ->
+  ``<out>/benchmarks_cpu.json``, then ``report`` writes ``<out>/benchmarks.md`` and
+  ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
-* ``--device cuda --out DIR``: figure 6 (and, with the ``op_overhead`` part, figure 7) ->
+* ``--device cuda --out DIR``: figure 6 (and, with the ``op_overhead`` part, figure 8) ->
   ``DIR/benchmarks_h200.json`` (rewritten after each part, so a cut-short run keeps what
   it measured); needs only torch (with its Triton) and this repository. Copy that file
   into docs/ and run ``python -m benchmarks
@@ -25,7 +26,7 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step", "overhead")
+FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory", "overhead")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -60,7 +61,15 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
-    from . import boundary, codegen_time, compile_time, import_time, overhead, step_time
+    from . import (
+        boundary,
+        codegen_time,
+        compile_time,
+        import_time,
+        memory,
+        overhead,
+        step_time,
+    )
 
     results: dict[str, Any] = {}
     if "boundary" in only:
@@ -85,6 +94,8 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         )
         if not quick:  # about 1-3 s a step on 2 cores: fewer rounds
             results["step"].update(step_time.run(shapes=("medium",), rounds=3))
+    if "memory" in only:
+        results["memory"] = memory.run(quick=quick)
     if "overhead" in only:
         results["overhead"] = overhead.run(
             shape=(8, 32) if quick else (64, 256),

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .common import ratio_stats
+from .memory import FINDINGS as MEMORY_FINDINGS
+from .memory import METHOD as MEMORY_METHOD
+from .memory import ratios as memory_ratios
 from .notes import NOTES
 
 PLOTS = "benchmarks"  # sub-folder of the report's folder
@@ -97,6 +100,7 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
             rows.append(
                 [f"graphs over 5 dynamic batch sizes, {name}", "exactly 1", str(g), _check(g == 1)]
             )
+    rows += _memory_targets(cpu)
     rows += _overhead_targets(cpu, gpu)
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
@@ -210,6 +214,80 @@ def gpu_targets(g: dict[str, Any]) -> list[list[str]]:
             lambda x: x <= 1.1,
         )
     return rows
+
+
+def _memory_targets(cpu: dict[str, Any]) -> list[list[str]]:
+    if "memory" not in cpu:
+        return []
+    m = cpu["memory"]
+    rows: list[list[str]] = []
+    r = m["rows"]
+    for mode in ("eager", "compiled"):
+        same = r[f"bf16 {mode}"] == r[f"torch.nn.Linear bf16 {mode}"]
+        kib = r[f"bf16 {mode}"]["total"] / 1024
+        rows.append(
+            [
+                f"saved for backward, bf16 {mode} = torch.nn.Linear bf16",
+                "equal",
+                f"{kib:.0f} KiB each" if same else "differ",
+                _check(same),
+            ]
+        )
+    ratio = memory_ratios(m)
+    for recipe, goal in m["targets"].items():
+        eager, compiled = ratio["eager"][recipe], ratio["compiled"][recipe]
+        same = r[f"{recipe} eager"] == r[f"{recipe} compiled"]
+        rows.append(
+            [
+                f"saved activation {recipe} / bf16, eager and compiled",
+                f"<= {goal}x, eager = compiled",
+                f"{eager:.3f}x / {compiled:.3f}x" + ("" if same else " (eager != compiled)"),
+                _check(max(eager, compiled) <= goal and same),
+            ]
+        )
+    return rows
+
+
+def _memory(cpu: dict[str, Any]) -> list[str]:
+    m = cpu["memory"]
+    rows_, k, n = m["shape"]
+    out = [
+        "## 7. Memory: what one layer keeps for backward",
+        "",
+        MEMORY_METHOD.format(rows=rows_, k=k, n=n, backend=m["backend"]),
+        "",
+    ]
+    ratio = memory_ratios(m)
+    rows = []
+    for key, v in m["rows"].items():
+        recipe, mode = key.rsplit(" ", 1)
+        x = ratio[mode].get(recipe)
+        rows.append(
+            [
+                recipe,
+                mode,
+                str(v["tensors"]),
+                f"{v['activation'] / 1024:.1f}",
+                f"{v['weight_copy'] / 1024:.1f}",
+                f"{v['parameters'] / 1024:.1f}",
+                f"{v['total'] / 1024:.1f}",
+                "1 (baseline)" if recipe == "bf16" else (f"{x:.3f}x" if x is not None else ""),
+            ]
+        )
+    out += _table(
+        [
+            "layer/recipe",
+            "mode",
+            "saved tensors",
+            "activation KiB",
+            "weight copy KiB",
+            "parameters KiB",
+            "total KiB",
+            "activation / bf16",
+        ],
+        rows,
+    )
+    return out + [MEMORY_FINDINGS, "", "![memory](benchmarks/memory.png)", ""]
 
 
 # (mode, goal as text, bound on ours / torch.nn.Linear) of issue 12, H200 small shape.
@@ -369,7 +447,7 @@ def _overhead_table(o: dict[str, Any], before: dict[str, Any] | None) -> list[st
 
 
 def _overhead(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[str]:
-    out = ["## 7. Per-call overhead of the op path", "", NOTES["overhead_method"], ""]
+    out = ["## 8. Per-call overhead of the op path", "", NOTES["overhead_method"], ""]
     for where, data, before_key in (("CPU", cpu, "overhead_before"), ("H200", gpu, None)):
         o = (data or {}).get("overhead")
         if not o:
@@ -560,6 +638,8 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         if key in cpu:
             lines += section(cpu)
     lines += _gpu(gpu)
+    if "memory" in cpu:
+        lines += _memory(cpu)
     if "overhead" in cpu or (gpu and "overhead" in gpu):
         lines += _overhead(cpu, gpu)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
@@ -634,6 +714,21 @@ def plots(cpu: dict[str, Any], gpu: dict[str, Any] | None, folder: Path) -> list
             ax.set_ylabel("ms per step (log)")
             ax.set_title(f"CPU step, {shape}", fontsize=9)
         save(fig, "step")
+    if "memory" in cpu:
+        r = cpu["memory"]["rows"]
+        keys = list(r)
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        act = [r[k]["activation"] / 1024 for k in keys]
+        copy = [r[k]["weight_copy"] / 1024 for k in keys]
+        ax.bar(range(len(keys)), act, color="tab:blue", label="activation")
+        ax.bar(range(len(keys)), copy, bottom=act, color="tab:orange", label="weight copy")
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels(keys, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("KiB saved for backward (one layer)")
+        ax.set_ylim(0, 1.3 * max(a + c for a, c in zip(act, copy, strict=True)))
+        ax.legend(fontsize=8, ncol=2, loc="upper right")
+        ax.set_title("saved for backward, parameters excluded", fontsize=9)
+        save(fig, "memory")
     if gpu:
         shapes = list(gpu["gpu"]["shapes"])
         fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.6), squeeze=False)

@@ -115,6 +115,24 @@ def test_gpu_report_states_each_issue_12_target_met_or_missed() -> None:
     assert "failed: Unsupported: x" in md and "| ours/fp8_current/eager |" in md
 
 
+def test_memory_figure_and_its_report_rows(tmp_path: Path) -> None:
+    from benchmarks import memory
+
+    result = memory.run(quick=True)
+    assert set(result["rows"]) == {
+        f"{name} {mode}"
+        for name in ("torch.nn.Linear bf16", *memory.RECIPES)
+        for mode in ("eager", "compiled")
+    }
+    md = _write_report(tmp_path, {"memory": result})
+    assert "## 7. Memory" in md
+    assert "| layer/recipe | mode | saved tensors |" in md
+    for recipe in memory.TARGETS:
+        assert f"saved activation {recipe} / bf16, eager and compiled" in md
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "benchmarks" / "memory.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     from benchmarks import overhead
@@ -126,6 +144,6 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
             assert o["us"][f"{grad}/{name}"]["median"] > 0
     assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled"}
     md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
-    assert "## 7. Per-call overhead of the op path" in md
+    assert "## 8. Per-call overhead of the op path" in md
     assert "| autograd/op |" in md and "before (median)" in md
     assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md

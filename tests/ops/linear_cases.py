@@ -7,7 +7,12 @@ from typing import Any
 
 import torch
 
-from transformer_engine_ops.ops.linear import LinearFwdArgs, linear_forward, linear_setup_context
+from transformer_engine_ops.ops.linear import (
+    BackwardOverride,
+    LinearFwdArgs,
+    linear_forward,
+    linear_setup_context,
+)
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -41,6 +46,8 @@ def make_fwd_args(
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
     in_features: int = IN,
+    backward_override: BackwardOverride | None = None,
+    cache_weight: bool = False,
 ) -> LinearFwdArgs:
     """A forward bundle. ``weight_form``: ``tensor``, ``storage`` (a bare quantized
     storage) or ``wrapper`` (a quantized tensor subclass)."""
@@ -78,12 +85,12 @@ def make_fwd_args(
         activation_dtype=dtype,
         fp8=rec is not None,
         fp8_output=fp8_output,
-        backward_override=None,
+        backward_override=backward_override,
         fprop_gemm=GemmConfig(),
         dgrad_gemm=GemmConfig(),
         wgrad_gemm=GemmConfig(),
         is_first_microbatch=None,
-        cache_weight=False,
+        cache_weight=cache_weight,
         parallel_mode=None,
         tp_group=None,
         tp_size=1,
@@ -131,5 +138,17 @@ for _name in RECIPES:
 # features, FP8 block's 1x128 scale buffer is (1, M) and a transposed one goes unseen).
 for _name in RECIPES:
     CONFIGS.append((f"{_name}-k256", dict(recipe=_name, in_features=256)))
+# What the backward keeps differs per backward_override and for a cached weight (the
+# saved usages are reduced after the fprop GEMM; the fakes must declare the same).
+for _name in RECIPES:
+    if RECIPES[_name] is not None:
+        for _override in BackwardOverride:
+            CONFIGS.append(
+                (
+                    f"{_name}-override_{_override.value}",
+                    dict(recipe=_name, backward_override=_override),
+                )
+            )
+        CONFIGS.append((f"{_name}-cache_weight", dict(recipe=_name, cache_weight=True)))
 # All optional fields None: no bias, no quantizers, no workspace, no group.
 CONFIGS.append(("all_none_optionals", dict(recipe="bf16", bias=False)))

@@ -141,14 +141,17 @@ def test_delayed_scaling_uses_the_previous_amax_then_matches_current_scaling():
     current = Float8CurrentScalingQuantizer().quantize(x)
     assert torch.equal(second._data, current._data)
     assert torch.equal(second._scale_inv, current._scale_inv)
-    assert delayed.amax_history[:2].tolist() == [x.abs().max().item()] * 2
+    # TE's history layout: slot 0 collects the next step's amax, older steps roll back.
+    amax = x.abs().max().item()
+    assert delayed.amax_history.tolist() == [0.0, 0.0, amax, amax]
 
 
 def test_delayed_scaling_usage_copies_share_one_state():
     q = Float8Quantizer(amax_history_len=2)
     rowwise = q.with_usage(columnwise=False)
     rowwise.quantize(torch.full((4, 4), 3.0))
-    assert q.amax_history[0].item() == 3.0 and rowwise.scale is q.scale
+    assert q.amax_history.tolist() == [0.0, 3.0] and rowwise.scale is q.scale
+    assert torch.equal(q.scale, torch.tensor([448.0]) / 3.0)
 
 
 # ----- usage changes -----

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..quantization.float8 import deferred_scale_updates
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
 from ..runtime.quantizer import Quantizer, value_opaque_reason
 from ..runtime.values import GemmConfig
@@ -96,8 +97,20 @@ def _recipe_scope(field: str, enabled: bool, recipe: Recipe | None) -> Iterator[
 def autocast(
     enabled: bool = True, recipe: Recipe | None = None
 ) -> contextlib.AbstractContextManager[None]:
-    """Run the modules inside with ``recipe`` (default FP8 current scaling)."""
-    return _recipe_scope("autocast", enabled, recipe)
+    """Run the modules inside with ``recipe`` (default FP8 current scaling).
+
+    Delayed scaling: each module keeps its own scaling state per tensor role; the
+    forward scales update from the amax history when the outermost region exits (TE's
+    ``reduce_and_update_fp8_tensors(forward=True)``), the gradient scales at the end of
+    each backward pass.
+    """
+    return _autocast_scope(enabled, recipe)
+
+
+@contextlib.contextmanager
+def _autocast_scope(enabled: bool, recipe: Recipe | None) -> Iterator[None]:
+    with deferred_scale_updates(), _recipe_scope("autocast", enabled, recipe):
+        yield
 
 
 def quantized_model_init(

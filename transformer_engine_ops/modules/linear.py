@@ -23,6 +23,7 @@ from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
+from . import _extra_state
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
@@ -142,7 +143,7 @@ class Linear(nn.Module):
         self.in_features_per_partition, self.out_features_per_partition = in_local, out_local
         init = STATE.model_init
         if init is not None:
-            weight = init.weight.with_internal(False).quantize(weight)
+            weight = self._quantize_initial_weight(init, weight)
         self.weight = nn.Parameter(weight)
         # Column parallel: the bias is sharded with the output features; row parallel:
         # full, added once after the output reduction.
@@ -209,6 +210,8 @@ class Linear(nn.Module):
         self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
     ) -> Any:
         quantizers = STATE.autocast
+        if not torch.compiler.is_compiling():
+            quantizers = self._recipe_of_this_forward(quantizers)
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
         if torch.compiler.is_compiling():
             reason = _unsupported_reason(args, quantizers)
@@ -219,6 +222,7 @@ class Linear(nn.Module):
         return self._eager(args)
 
     def _eager(self, args: LinearFwdArgs) -> Any:
+        args = self._with_scaling_state(args)
         if args.tp_group is not None:
             # What the compiled path's unflatten does: the group must still be registered.
             registered_group(args.tp_group, "LinearFwdArgs.tp_group")
@@ -237,6 +241,52 @@ class Linear(nn.Module):
             # weight this call made; later microbatches reuse it without quantizing.
             self._weight_workspace = made_weight
         return out
+
+    # ----- scaling state of stateful recipes (delayed scaling) -----
+
+    def _quantize_initial_weight(self, init: RecipeQuantizers, weight: torch.Tensor) -> Any:
+        """The weight made under ``quantized_model_init``. Delayed scaling: with this
+        module's own weight quantizer, its scale seeded from the weight's amax (TE starts
+        at scale 1, which flushes small weights to zero or subnormals)."""
+        quantizer = _extra_state.module_weight_quantizer(self, init)
+        if quantizer is not init.weight:
+            quantizer.observe(weight)
+        return quantizer.with_internal(False).quantize(weight)
+
+    def _with_scaling_state(self, args: LinearFwdArgs) -> LinearFwdArgs:
+        """``args`` with this module's own stateful quantizers where the active recipe
+        keeps state (delayed scaling), else unchanged."""
+        shared = STATE.autocast or self.__dict__.get("_teops_forward_recipe")
+        if shared is None or shared.compile_blocker is None or args.input_quantizer is None:
+            return args
+        own = _extra_state.module_quantizers(self, shared)
+        if own is shared:
+            return args
+        return dataclasses.replace(
+            args,
+            input_quantizer=own.input,
+            weight_quantizer=own.weight,
+            output_quantizer=own.output,
+            grad_input_quantizer=own.grad_input,
+            grad_weight_quantizer=own.grad_weight,
+            grad_output_quantizer=own.grad_output,
+        )
+
+    def _recipe_of_this_forward(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
+        """The recipe a forward runs under: the active one, recorded on the module; in
+        the recompute of an activation-checkpointed region (a forward run by a backward
+        pass, outside the ``autocast`` that wrapped the original forward) the one the
+        original forward recorded, so the recompute quantizes as the forward did."""
+        if active is None and torch._C._current_graph_task_id() != -1:
+            return self.__dict__.get("_teops_forward_recipe")
+        self.__dict__["_teops_forward_recipe"] = active
+        return active
+
+    def get_extra_state(self) -> Any:
+        return _extra_state.get_extra_state(self)
+
+    def set_extra_state(self, state: Any) -> None:
+        _extra_state.set_extra_state(self, state)
 
     def extra_repr(self) -> str:
         return (

@@ -158,12 +158,16 @@ class _Usage(NamedTuple):
 
 
 class _ForwardPlan(NamedTuple):
-    save_input: _Usage | None  # quantized input kept for backward, with these usages
+    save_input: _Usage | None  # input quantized with these usages and kept for backward
     quantize_weight: _Usage | None  # weight quantized in this call, with these usages
     weight_from_workspace: bool
     quantized_output: bool
     gather_input: bool  # column + sequence parallel: all-gather the input along dim 0
     reduce_output: str | None  # row parallel: "all_reduce", or "reduce_scatter" (+ SP)
+    # What the forward returns for the backward, after the fprop GEMM dropped the usages
+    # the backward does not read (the fakes declare exactly these buffers):
+    saved_input: _Usage | None = None  # the kept quantized input's usages
+    saved_weight: _Usage | None = None  # the weight quantized here (None: not returned)
 
 
 class _BackwardPlan(NamedTuple):
@@ -304,27 +308,63 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
 
 
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
+    """Every forward decision, shared by the real kernel and the spec fake.
+
+    Saved usages follow TE's Linear: the input is quantized rowwise (fprop GEMM) plus
+    columnwise (wgrad) and only the columnwise data is kept once the fprop GEMM has
+    run; a quantized weight made here is kept only in the usage dgrad reads
+    (columnwise). A backward that does not run quantized GEMMs (``backward_override``,
+    or no grad-output quantizer) reads the rowwise data (``DEQUANTIZED``) or the
+    original tensors (``HIGH_PRECISION``: nothing quantized is kept). A weight made
+    for the workspace cache keeps every usage it was made with: it is the cached
+    workspace, held by the module anyway, and later microbatches' fprop GEMMs read its
+    rowwise data. Inputs gathered for sequence parallelism are gathered in high
+    precision before they are quantized, so the backward never re-gathers a quantized
+    input and TE's rowwise-only exception for gathered FP8 inputs does not arise.
+    """
     _check_forward_input(args)
-    backward_quantized = args.backward_override is None
+    backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None
     needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
     needs_dgrad = args.is_grad_enabled and args.input_requires_grad
     keeps_quantized = args.backward_override is not BackwardOverride.HIGH_PRECISION
-    save_input = None
+    backward_usage = _Usage(False, True) if backward_quantized else _Usage(True, False)
+    save_input = saved_input = None
     if args.input_quantizer is not None and needs_wgrad and keeps_quantized:
         save_input = _Usage(True, backward_quantized)
+        saved_input = backward_usage
     from_workspace = (
         args.weight_workspace is not None
         and not args.is_first_microbatch
         and not _is_quantized(args.weight)
     )
-    quantize_weight = None
+    quantize_weight = saved_weight = None
     if args.weight_quantizer is not None and not _is_quantized(args.weight) and not from_workspace:
         quantize_weight = _Usage(True, needs_dgrad and backward_quantized)
+        if args.cache_weight:
+            saved_weight = quantize_weight
+        elif needs_dgrad and keeps_quantized:
+            saved_weight = backward_usage
     quantized_output = args.fp8_output and args.output_quantizer is not None
     gather_input, reduce_output = _parallel_forward(args)
     return _ForwardPlan(
-        save_input, quantize_weight, from_workspace, quantized_output, gather_input, reduce_output
+        save_input,
+        quantize_weight,
+        from_workspace,
+        quantized_output,
+        gather_input,
+        reduce_output,
+        saved_input,
+        saved_weight,
     )
+
+
+def _keep_usage(value: Any, usage: _Usage | None) -> Any:
+    """``value`` (a quantized value made by this forward) with only ``usage``'s buffers;
+    the others are dropped in place (no data copy). None when ``usage`` is None."""
+    if usage is None:
+        return None
+    value.update_usage(rowwise_usage=usage.rowwise, columnwise_usage=usage.columnwise)
+    return value
 
 
 def _internal(quantizer: Quantizer, usage: _Usage) -> Quantizer:
@@ -351,7 +391,9 @@ _BWD_UB_FLAGS = ("ub_overlap_ag_dgrad", "ub_overlap_rs_dgrad", "ub_bulk_wgrad")
 
 def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """``(outputs, saved)``: ``outputs == (out,)``; ``saved == (input, weight)`` holds the
-    quantized tensors made here for the backward (None where nothing was made)."""
+    quantized tensors made here that the backward reads, or that the module caches as
+    its weight workspace, each with only the usages :func:`_forward_plan` keeps (None
+    where nothing is kept)."""
     _check_supported(args, _FWD_UB_FLAGS)
     plan = _forward_plan(args)
     inp = args.inp
@@ -389,8 +431,9 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     out = out.view(linear_output_shape(args))
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
-    saved_input = x if plan.save_input is not None else None
-    saved_weight = weight if plan.quantize_weight is not None else None
+    # The fprop GEMM has run: keep only what the backward reads.
+    saved_input = _keep_usage(x, plan.saved_input)
+    saved_weight = _keep_usage(weight, plan.saved_weight)
     return (out,), (saved_input, saved_weight)
 
 
@@ -403,12 +446,12 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     out_quantizer = args.output_quantizer.with_internal(False) if plan.quantized_output else None
     out = TensorSpec(out_shape, dtype, out_quantizer, device=device)
     saved_input = None
-    if plan.save_input is not None:
-        quantizer = _internal(args.input_quantizer, plan.save_input)
+    if plan.saved_input is not None:
+        quantizer = _internal(args.input_quantizer, plan.saved_input)
         saved_input = TensorSpec((rows, inp.shape[-1]), dtype, quantizer, device=device)
     saved_weight = None
-    if plan.quantize_weight is not None:
-        quantizer = _internal(args.weight_quantizer, plan.quantize_weight)
+    if plan.saved_weight is not None:
+        quantizer = _internal(args.weight_quantizer, plan.saved_weight)
         saved_weight = TensorSpec(tuple(args.weight.shape), dtype, quantizer, device=device)
     return (out,), (saved_input, saved_weight)
 
@@ -423,7 +466,9 @@ def linear_setup_context(args: LinearFwdArgs, saved: tuple[Any, ...]) -> LinearB
         inputmat = saved_input if saved_input is not None else args.inp
     weight = None
     if needs_dgrad:
-        if saved_weight is not None:
+        if args.backward_override is BackwardOverride.HIGH_PRECISION:
+            weight = args.weight  # the original weight, as TE's high-precision backward
+        elif saved_weight is not None:
             weight = saved_weight
         elif _forward_plan(args).weight_from_workspace:
             weight = args.weight_workspace

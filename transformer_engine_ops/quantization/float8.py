@@ -7,9 +7,11 @@ codes, so either usage can be created from the other exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -27,6 +29,7 @@ from ..runtime.quantizer import (
 )
 from .encoding import (
     FP8_MAX,
+    FP32_MAX,
     cast_to_fp8,
     fp8_to_float,
     matrix_dims,
@@ -43,6 +46,7 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "Float8TensorStorage",
+    "deferred_scale_updates",
 ]
 
 
@@ -182,19 +186,54 @@ _DELAYED_REASON = (
 )
 
 
+class _DeferredUpdates(threading.local):
+    """Delayed-scaling quantizers of this thread that recorded an amax since their last
+    scale update, while updates are deferred (inside ``autocast``)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: dict[int, Float8Quantizer] = {}
+
+
+_DEFERRED = _DeferredUpdates()
+
+
+@contextlib.contextmanager
+def deferred_scale_updates() -> Iterator[None]:
+    """Defer delayed-scaling updates of forward quantizes to the end of the outermost
+    region, as TE updates its forward scales when ``autocast`` exits: every quantize of
+    one step uses the scale of the previous steps, and the step's amax (the max over its
+    quantizes) enters the history once."""
+    _DEFERRED.depth += 1
+    try:
+        yield
+    finally:
+        _DEFERRED.depth -= 1
+        if _DEFERRED.depth == 0:
+            pending, _DEFERRED.pending = _DEFERRED.pending, {}
+            for quantizer in pending.values():
+                quantizer.update_scale()
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Float8Quantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with delayed scaling (TE's ``Float8Quantizer``): stateful.
 
-    Quantizes with the scale derived from earlier amaxes, then records this tensor's
-    amax into ``amax_history`` and updates ``scale`` in place. Equality is identity.
+    Quantizes with ``scale`` (derived from earlier steps' amaxes) and records the tensor's
+    amax into ``amax_history[0]`` (the max over the step's quantizes). ``update_scale``
+    then runs TE's delayed-scaling update. When it runs: inside ``autocast``, at the exit
+    of the outermost region (forward roles); in a backward pass, once at the end of that
+    backward (gradient roles, as TE updates them after the backward); otherwise right
+    after the quantize. Usage copies share one state. Equality is identity.
     """
 
     margin: int = 0
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
-    scale: torch.Tensor = dataclasses.field(init=False, repr=False, compare=False)
-    amax_history: torch.Tensor = dataclasses.field(init=False, repr=False, compare=False)
 
     value_opaque: ClassVar[bool] = False
     not_value_opaque_reason: ClassVar[Optional[str]] = _DELAYED_REASON
@@ -213,11 +252,50 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
             "amax_history_len",
             check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
         )
-        object.__setattr__(self, "scale", torch.ones(1))
-        object.__setattr__(self, "amax_history", torch.zeros(self.amax_history_len))
+        # One state shared by every usage copy (a dict, so a device move is seen by all).
+        object.__setattr__(
+            self,
+            "_state",
+            {"scale": torch.ones(1), "amax_history": torch.zeros(self.amax_history_len)},
+        )
+        object.__setattr__(self, "_queued_task", [None])
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self._state["scale"]
+
+    @property
+    def amax_history(self) -> torch.Tensor:
+        return self._state["amax_history"]
+
+    def load_state(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
+        """Replace the scaling state (checkpoint loading); shapes must match."""
+        if tuple(scale.shape) not in ((1,), ()) or amax_history.shape != self.amax_history.shape:
+            raise ValueError(
+                f"{type(self).__name__}: cannot load a scale of shape {tuple(scale.shape)} and "
+                f"an amax history of shape {tuple(amax_history.shape)} into a state of "
+                f"amax_history_len={self.amax_history_len}"
+            )
+        device = self.scale.device
+        self._state["scale"] = scale.detach().float().reshape(1).to(device, copy=True)
+        self._state["amax_history"] = amax_history.detach().float().to(device, copy=True)
+
+    def snapshot(self) -> Float8Quantizer:
+        """A copy with its own copy of the state (quantizing with it changes nothing here)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "_state", {k: v.clone() for k, v in self._state.items()})
+        object.__setattr__(new, "_queued_task", [None])
+        return new
+
+    def observe(self, x: torch.Tensor) -> None:
+        """Record ``x``'s amax and update the scale now (seeds the state from a tensor
+        before its first quantize, e.g. a weight made under ``quantized_model_init``)."""
+        slot = self.amax_history[0]
+        slot.copy_(torch.maximum(slot, tensor_amax(x).to(slot.device)))
+        self.update_scale()
 
     def _replace(self, **changes: Any) -> Quantizer:
-        new = copy.copy(self)  # shares scale and amax_history: one state, several usages
+        new = copy.copy(self)  # shares _state: one state, several usages
         for name, value in changes.items():
             object.__setattr__(new, name, value)
         return new
@@ -227,16 +305,43 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale.device != x.device:
-            object.__setattr__(self, "scale", self.scale.to(x.device))
-            object.__setattr__(self, "amax_history", self.amax_history.to(x.device))
+            for key, value in self._state.items():
+                self._state[key] = value.to(x.device)
         scale = self.scale.clone().reshape(())
         self._record_amax(tensor_amax(x))
         return scale
 
     def _record_amax(self, amax: torch.Tensor) -> None:
-        history = self.amax_history
-        history.copy_(torch.roll(history, 1))
-        history[0] = amax
-        reference = history.amax() if self.amax_compute_algo == "max" else history[0]
-        fmax = FP8_MAX[self.fp8_dtype] / (2.0**self.margin)
-        self.scale.copy_(scale_from_amax(reference, fmax).reshape(1))
+        slot = self.amax_history[0]
+        slot.copy_(torch.maximum(slot, amax.reshape(())))
+        if _in_backward():
+            task = torch._C._current_graph_task_id()
+            if self._queued_task[0] != task:
+                self._queued_task[0] = task
+
+                def update() -> None:
+                    self._queued_task[0] = None
+                    self.update_scale()
+
+                torch.autograd.Variable._execution_engine.queue_callback(update)
+        elif _DEFERRED.depth > 0:
+            _DEFERRED.pending[id(self._state)] = self
+        else:
+            self.update_scale()
+
+    def update_scale(self) -> None:
+        """TE's delayed-scaling update: take the amax of the history (``max``) or its
+        newest entry (``most_recent``), roll the history one step (``roll(-1)``, slot 0
+        zeroed for the next step), and set ``scale = (fp8_max / amax) / 2**margin``,
+        keeping the previous scale where the amax is 0 or not finite and using FP32_MAX
+        where the quotient overflows."""
+        history, scale = self.amax_history, self.scale
+        amax = history.amax() if self.amax_compute_algo == "max" else history[0].clone()
+        if history.shape[0] > 1:
+            history.copy_(torch.roll(history, -1, 0))
+        history[0] = 0.0
+        fp8_max = torch.full_like(amax, FP8_MAX[self.fp8_dtype])
+        new = (fp8_max / amax) / (2.0**self.margin)
+        new = torch.where((amax > 0) & torch.isfinite(amax), new, scale.reshape(()))
+        new = torch.where(torch.isinf(new), torch.full_like(new, FP32_MAX), new)
+        scale.copy_(new.reshape(1))

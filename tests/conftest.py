@@ -1,0 +1,14 @@
+"""Suite-wide set-up: compiled code never comes from an earlier run's caches.
+
+Inductor's on-disk caches key compiled graphs on the graph, not on our custom ops'
+fake kernels, so a cache left by an older checkout (or a worktree beside this one) can
+serve code compiled for another output layout. Each test session compiles into its own
+fresh cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="teops-inductor-")

@@ -1,0 +1,189 @@
+"""Per-module scaling state of stateful recipes, and its ``_extra_state`` in state dicts.
+
+Delayed scaling (TE's ``DelayedScaling``) derives each tensor's scale from an amax
+history. As in TE, that state belongs to a module and a tensor role: a module keeps one
+``Float8Quantizer`` per role (``input``, ``weight``, ``output``, ``grad_output``,
+``grad_input``, ``grad_weight``), made from the recipe the first time the module runs
+under it and kept across ``autocast`` entries, so the history carries from step to step.
+
+Any module reuses it with three small methods::
+
+    def get_extra_state(self):
+        return get_extra_state(self)
+
+    def set_extra_state(self, state):
+        set_extra_state(self, state)
+
+and calls :func:`module_quantizers` with the autocast's quantizers before using them.
+
+The ``_extra_state`` entry is a dict of plain values and CPU tensors (loadable with
+``torch.load(weights_only=True)``)::
+
+    {"format": "transformer_engine_ops.delayed_scaling/1",
+     "recipe": {"margin", "fp8_format", "amax_history_len", "amax_compute_algo"},
+     "scale_fwd": (3,), "amax_history_fwd": (len, 3),   # input, weight, output
+     "scale_bwd": (3,), "amax_history_bwd": (len, 3)}   # grad_output, grad_input, grad_weight
+
+TE's tensor names and layout (one column per role). A module without such state saves an
+empty uint8 tensor, as TE does. Loading accepts None and an empty tensor (a TE-shaped
+state dict of a stateless module): the module's state is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..quantization.float8 import Float8Quantizer
+from ..quantization.recipes import (
+    BACKWARD_ROLES,
+    FORWARD_ROLES,
+    ROLES,
+    DelayedScaling,
+    Format,
+    Recipe,
+)
+from .autocast import RecipeQuantizers
+
+__all__ = [
+    "EXTRA_STATE_FORMAT",
+    "ScalingState",
+    "get_extra_state",
+    "module_quantizers",
+    "module_weight_quantizer",
+    "set_extra_state",
+]
+
+EXTRA_STATE_FORMAT = "transformer_engine_ops.delayed_scaling/1"
+_ATTR = "_teops_scaling_state"
+
+
+class ScalingState:
+    """One module's delayed-scaling quantizers, one per tensor role."""
+
+    def __init__(self, recipe: DelayedScaling) -> None:
+        self.recipe = recipe
+        self.quantizers: dict[str, Float8Quantizer] = {
+            role: recipe.make_quantizer(role)  # type: ignore[misc]
+            for role in ROLES
+        }
+
+    def inherit(self, old: ScalingState) -> None:
+        """Keep the scale and history of a previous recipe's state where they fit (TE
+        keeps them across recipe-state rebuilds with the same history length)."""
+        for role, quantizer in self.quantizers.items():
+            previous = old.quantizers[role]
+            if (
+                previous.amax_history_len == quantizer.amax_history_len
+                and previous.fp8_dtype == quantizer.fp8_dtype
+            ):
+                quantizer.load_state(previous.scale, previous.amax_history)
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.recipe
+        state: dict[str, Any] = {
+            "format": EXTRA_STATE_FORMAT,
+            "recipe": {
+                "margin": r.margin,
+                "fp8_format": r.fp8_format.name,
+                "amax_history_len": r.amax_history_len,
+                "amax_compute_algo": r.amax_compute_algo,
+            },
+        }
+        for suffix, roles in (("fwd", FORWARD_ROLES), ("bwd", BACKWARD_ROLES)):
+            qs = [self.quantizers[role] for role in roles]
+            state[f"scale_{suffix}"] = torch.cat([q.scale.detach().cpu() for q in qs])
+            state[f"amax_history_{suffix}"] = torch.stack(
+                [q.amax_history.detach().cpu() for q in qs], dim=1
+            )
+        return state
+
+    @classmethod
+    def from_dict(cls, owner: str, state: dict[str, Any]) -> ScalingState:
+        try:
+            fields = state["recipe"]
+            recipe = DelayedScaling(
+                margin=fields["margin"],
+                fp8_format=Format[fields["fp8_format"]],
+                amax_history_len=fields["amax_history_len"],
+                amax_compute_algo=fields["amax_compute_algo"],
+            )
+            new = cls(recipe)
+            for suffix, roles in (("fwd", FORWARD_ROLES), ("bwd", BACKWARD_ROLES)):
+                scale, history = state[f"scale_{suffix}"], state[f"amax_history_{suffix}"]
+                if tuple(scale.shape) != (len(roles),) or tuple(history.shape) != (
+                    recipe.amax_history_len,
+                    len(roles),
+                ):
+                    raise ValueError(
+                        f"scale_{suffix} {tuple(scale.shape)} / amax_history_{suffix} "
+                        f"{tuple(history.shape)} do not match amax_history_len="
+                        f"{recipe.amax_history_len} and {len(roles)} roles"
+                    )
+                for i, role in enumerate(roles):
+                    new.quantizers[role].load_state(scale[i : i + 1], history[:, i])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{owner}: malformed delayed-scaling _extra_state: {error}") from None
+        return new
+
+
+def module_quantizers(module: torch.nn.Module, shared: RecipeQuantizers) -> RecipeQuantizers:
+    """The quantizers ``module`` quantizes with under ``shared``'s recipe: ``shared``
+    itself for a stateless recipe, else the module's own stateful ones (made on first use,
+    remade when the recipe changes, keeping the state that still fits)."""
+    if not shared.recipe.delayed():
+        return shared
+    state = _scaling_state(module, shared.recipe)
+    return dataclasses.replace(shared, **state.quantizers)
+
+
+def module_weight_quantizer(module: torch.nn.Module, init: RecipeQuantizers) -> Any:
+    """The quantizer making ``module``'s weight under ``quantized_model_init``: the
+    module's own weight quantizer for delayed scaling (the caller seeds its scale from
+    the weight with ``observe``), else the recipe's."""
+    if not init.recipe.delayed():
+        return init.weight
+    return _scaling_state(module, init.recipe).quantizers["weight"]
+
+
+def _scaling_state(module: torch.nn.Module, recipe: Recipe) -> ScalingState:
+    state: ScalingState | None = module.__dict__.get(_ATTR)
+    if state is None or state.recipe != recipe:
+        new = ScalingState(recipe)  # type: ignore[arg-type]
+        if state is not None:
+            new.inherit(state)
+        module.__dict__[_ATTR] = state = new
+    return state
+
+
+def get_extra_state(module: torch.nn.Module) -> Any:
+    """``module``'s scaling state for ``state_dict`` (an empty uint8 tensor if none)."""
+    state: ScalingState | None = module.__dict__.get(_ATTR)
+    if state is None:
+        return torch.empty(0, dtype=torch.uint8)
+    return state.to_dict()
+
+
+def set_extra_state(module: torch.nn.Module, state: Any) -> None:
+    """Restore what :func:`get_extra_state` saved. None and an empty tensor (TE's entry
+    for a module without scaling state) leave the module as it is."""
+    owner = type(module).__name__
+    if state is None:
+        return
+    if isinstance(state, torch.Tensor):
+        if state.numel() == 0:
+            return
+        raise ValueError(
+            f"{owner}: this _extra_state is a non-empty byte tensor (Transformer Engine's "
+            "pickled FP8 metadata); it is not loaded because unpickling runs arbitrary code. "
+            "Drop the '_extra_state' entries from the state dict to start the scaling state "
+            "afresh"
+        )
+    if not isinstance(state, dict) or state.get("format") != EXTRA_STATE_FORMAT:
+        raise ValueError(
+            f"{owner}: unrecognised _extra_state {type(state).__name__}; expected None, an "
+            f"empty tensor or a dict with format {EXTRA_STATE_FORMAT!r}"
+        )
+    module.__dict__[_ATTR] = ScalingState.from_dict(owner, state)
