@@ -21,7 +21,7 @@ def _model(layers: int = 4) -> torch.nn.Sequential:
     )
 
 
-def _grads(model, recipe, x, reentrant):
+def _grads(model, recipe, x, reentrant, params=None):
     x = x.detach().requires_grad_(True)
     with autocast(recipe=RECIPES[recipe]()):
         if reentrant is None:
@@ -29,8 +29,10 @@ def _grads(model, recipe, x, reentrant):
         else:
             y = checkpoint.checkpoint(model, x, use_reentrant=reentrant)
     y.float().pow(2).sum().backward()  # outside autocast, as usual
-    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
-    model.zero_grad(set_to_none=True)
+    parameters = list((params or model.parameters)())
+    grads = [p.grad.clone() for p in parameters] + [x.grad.clone()]
+    for p in parameters:
+        p.grad = None
     return y.detach(), grads
 
 
@@ -41,6 +43,25 @@ def test_checkpointed_gradients_equal_the_plain_run_bitwise(recipe, reentrant):
     x = torch.randn(32, 64).to(torch.bfloat16)
     y_ref, ref = _grads(model, recipe, x, None)
     y, got = _grads(model, recipe, x, reentrant)
+    assert torch.equal(y, y_ref)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_checkpoint_inside_a_fullgraph_compiled_region_equals_the_plain_run(recipe):
+    """``torch.compile(fullgraph=True)`` over a ``use_reentrant=False`` checkpoint: the
+    recompute is part of the compiled backward graph, with the forward's quantizers as
+    graph constants, so it quantizes as the forward did (bitwise equal gradients)."""
+    model = _model(2)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    y_ref, ref = _grads(model, recipe, x, None)
+    compiled = torch.compile(
+        lambda t: checkpoint.checkpoint(model, t, use_reentrant=False),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    y, got = _grads(compiled, recipe, x, None, params=model.parameters)
     assert torch.equal(y, y_ref)
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)

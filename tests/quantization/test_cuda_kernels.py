@@ -70,6 +70,10 @@ INPUTS = {
     "one_dim": lambda: _wide((77,), 4),
     "non_contiguous": lambda: _wide((40, 66), 5).t(),
     "signed_nan": lambda: torch.tensor([[-float("nan"), float("nan"), 1.0, -2.0]]),
+    # One -Inf among finite values (past the first tile): scale_inv must become +Inf.
+    "one_inf": lambda: torch.randn(70, 130).index_put_(
+        (torch.tensor([66]), torch.tensor([129])), torch.tensor(-float("inf"))
+    ),
 }
 
 CONFIGS = {
@@ -78,7 +82,7 @@ CONFIGS = {
     "e4m3_pow2": dict(fp8_dtype=E4M3, force_pow_2_scales=True),
     "e5m2_eps_pow2": dict(fp8_dtype=E5M2, amax_epsilon=1e-3, force_pow_2_scales=True),
     "e4m3_eps_large": dict(fp8_dtype=E4M3, amax_epsilon=1e6),
-    "e4m3_eps_inf": dict(fp8_dtype=E4M3, amax_epsilon=float("inf")),
+    "e4m3_eps_huge": dict(fp8_dtype=E4M3, amax_epsilon=3e38),
 }
 USAGES = {"both": (True, True), "rowwise": (True, False), "columnwise": (False, True)}
 # Every input x config with both usages; one-usage runs on three inputs.

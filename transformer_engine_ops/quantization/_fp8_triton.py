@@ -16,15 +16,19 @@ def _amax(x_ptr, amax_bits_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    infs = tl.zeros((BLOCK,), dtype=tl.int32)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
         v = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
         a = tl.abs(v)
         # NaN < inf and Inf < inf are False: neither counts (the reference's finite_abs).
         acc = tl.maximum(acc, tl.where(a < float("inf"), a, 0.0))
+        infs = tl.maximum(infs, tl.where(a == float("inf"), 1, 0))
     block_max = tl.max(acc, axis=0)
     # Non-negative floats order like their int32 bits.
     tl.atomic_max(amax_bits_ptr, block_max.to(tl.int32, bitcast=True))
+    # Slot 1: whether the tensor holds an Inf (the reference's has_inf).
+    tl.atomic_max(amax_bits_ptr + 1, tl.max(infs, axis=0))
 
 
 def _cast_transpose(
@@ -60,7 +64,10 @@ def _cast_transpose(
     if FORCE_POW2:  # 2**floor(log2(scale)): scale is a normal number here
         scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     if (pid_m == 0) & (pid_k == 0):
-        tl.store(scale_inv_ptr, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale))
+        # An Inf in the tensor: scale_inv +Inf, so the value dequantizes non-finite.
+        inv = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
+        inv = tl.where(tl.load(amax_bits_ptr + 1) != 0, float("inf"), inv)
+        tl.store(scale_inv_ptr, inv)
     # --- one tile: scale, round to FP8, store rowwise and/or transposed -------------
     rows = pid_m * BM + tl.arange(0, BM).to(tl.int64)
     cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)

@@ -6,11 +6,12 @@ separate torch ops) stays the ground truth; these kernels reproduce it bit for b
 
 1. ``_amax_kernel``: finite amax (NaN and +-Inf ignored) of the whole tensor, one
    ``atomic_max`` per program on the fp32 bits (non-negative floats order like their
-   int32 bits).
+   int32 bits), and a second ``atomic_max`` flag: whether the tensor holds an Inf.
 2. ``_cast_transpose_kernel``: every program derives the scale from that amax exactly as
    ``encoding.scale_from_amax`` does (correctly rounded division, epsilon clamp,
    degenerate amax -> 1, Inf -> FP32_MAX, power-of-two truncation), casts one tile and
-   stores it rowwise and/or transposed (columnwise); program (0, 0) writes ``scale_inv``.
+   stores it rowwise and/or transposed (columnwise); program (0, 0) writes ``scale_inv``
+   (+Inf when the tensor holds an Inf, as the reference: overflow stays detectable).
 
 The FP8 rounding is done on the fp32 bits with the same algorithm as c10's
 ``fp8e4m3fn_from_fp32_value`` / ``fp8e5m2_from_fp32_value`` (what the CPU ``.to()``
@@ -143,7 +144,7 @@ def fp8_current_scaling_quantize(
     m = math.prod(shape[:-1])
     x2 = x.detach().reshape(m, k).contiguous()
     n = m * k
-    amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    amax_bits = torch.zeros(2, dtype=torch.int32, device=x.device)  # amax bits, has Inf
     if n > 0:
         grid = (min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS),)
         amax_kernel[grid](x2, amax_bits, n, BLOCK=AMAX_BLOCK, num_warps=8)

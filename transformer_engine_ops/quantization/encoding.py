@@ -2,9 +2,12 @@
 
 Conventions (see docs/quantization.md): all math runs in fp32; a *scale* multiplies the
 high-precision value into the format's range, its inverse (``scale_inv``) dequantizes.
-Amaxes ignore NaN and +-Inf, so one bad element does not wreck its block's scale; Inf
-saturates to the format's largest finite value and NaN stays NaN where the format has
-one (NVFP4 has none: a NaN marks its whole 16-element block NaN via the block scale).
+Amaxes ignore NaN and +-Inf, so one bad element does not wreck its block's scale. NaN
+stays NaN where the format has one (NVFP4 has none: a NaN marks its whole 16-element
+block NaN via the block scale). An Inf keeps its saturated code but makes the scale of
+its tensor (FP8 per tensor) or block (the block formats) non-finite, so the value
+dequantizes to non-finite numbers and an overflow reaches the GEMM outputs, where a
+GradScaler-style ``isfinite`` check sees it (see docs/quantization.md, "NaN and Inf").
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ def round_up(a: Any, multiple: int) -> Any:
 def finite_abs(x: torch.Tensor) -> torch.Tensor:
     """``|x|`` with NaN and +-Inf replaced by 0, for amax computations."""
     return torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+
+
+def has_inf(x: torch.Tensor) -> torch.Tensor:
+    """Whether ``x`` holds a +-Inf, as a 0-d bool tensor (overflow detection)."""
+    return torch.isinf(x).any()
+
+
+def block_has_inf(xb: torch.Tensor) -> torch.Tensor:
+    """Whether each block of a :func:`to_blocks` view holds a +-Inf: (Mb, Kb) bool."""
+    return torch.isinf(xb).any(dim=3).any(dim=1)
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:

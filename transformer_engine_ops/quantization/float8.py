@@ -32,6 +32,7 @@ from .encoding import (
     FP32_MAX,
     cast_to_fp8,
     fp8_to_float,
+    has_inf,
     matrix_dims,
     require_fp8_dtype,
     scale_from_amax,
@@ -93,6 +94,13 @@ class Float8Tensor(_Float8Data, QuantizedTensor):
     """Per-tensor FP8 wrapper tensor subclass."""
 
 
+def _scale_inv(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``1 / scale``, or +Inf when ``x32`` holds an Inf: the codes saturate, the value
+    dequantizes to non-finite numbers, and the overflow stays detectable downstream."""
+    inv = 1.0 / scale
+    return torch.where(has_inf(x32), torch.full_like(inv, float("inf")), inv).reshape(1)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Float8PerTensorQuantizer(Quantizer):
     """What the delayed- and current-scaling per-tensor FP8 quantizers share."""
@@ -132,7 +140,7 @@ class _Float8PerTensorQuantizer(Quantizer):
                 if self.columnwise_usage
                 else None
             ),
-            "_scale_inv": (1.0 / scale).reshape(1),
+            "_scale_inv": _scale_inv(x32, scale),
         }
 
 

@@ -31,6 +31,7 @@ from .encoding import (
     FP8_MAX,
     apply_block_scale,
     block_amax,
+    block_has_inf,
     cast_to_fp8,
     ceil_div,
     fp8_to_float,
@@ -172,14 +173,17 @@ class Float8BlockQuantizer(Quantizer):
     def _quantize_matrix(self, x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(R, C) -> (uint8 codes (R, C), per-block scale-inverses (Rb, Cb))."""
         rows, cols = self.block_shape()
+        blocks = to_blocks(x2d, rows, cols)
         scale = scale_from_amax(
-            block_amax(to_blocks(x2d, rows, cols)),
+            block_amax(blocks),
             FP8_MAX[self.fp8_dtype],
             force_pow_2=self.force_pow_2_scales,
             epsilon=self.amax_epsilon,
         )
         codes = cast_to_fp8(apply_block_scale(x2d, scale, rows, cols), self.fp8_dtype)
-        return codes, 1.0 / scale
+        # A block holding an Inf: saturated codes, scale_inv +Inf (dequantizes non-finite).
+        inv = 1.0 / scale
+        return codes, torch.where(block_has_inf(blocks), torch.full_like(inv, float("inf")), inv)
 
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         m, k = matrix_dims(x.shape)

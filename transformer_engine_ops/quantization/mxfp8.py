@@ -24,9 +24,11 @@ from ..runtime.quantizer import (
 )
 from .encoding import (
     E8M0_BIAS,
+    E8M0_NAN,
     FP8_MAX,
     apply_block_scale,
     block_amax,
+    block_has_inf,
     cast_to_fp8,
     e8m0_scale_inv_code,
     e8m0_to_float,
@@ -116,9 +118,12 @@ class MXFP8Quantizer(Quantizer):
     def _quantize_usage(self, x2d: torch.Tensor, columnwise: bool) -> tuple[torch.Tensor, ...]:
         rows, cols = _block_shape(columnwise)
         fmax = FP8_MAX[self.fp8_dtype]
-        codes = e8m0_scale_inv_code(block_amax(to_blocks(x2d, rows, cols)), fmax)
+        blocks = to_blocks(x2d, rows, cols)
+        codes = e8m0_scale_inv_code(block_amax(blocks), fmax)
         scale = torch.exp2(E8M0_BIAS - codes.float())  # exact: 1 / 2**(code - 127)
         data = cast_to_fp8(apply_block_scale(x2d, scale, rows, cols), self.fp8_dtype)
+        # A block holding an Inf: saturated codes, the NaN scale code (dequantizes NaN).
+        codes = torch.where(block_has_inf(blocks), torch.full_like(codes, E8M0_NAN), codes)
         m, k = x2d.shape
         if columnwise:
             padded = pad_2d(codes, round_up(m // MXFP8_BLOCK, 4), round_up(k, 128))

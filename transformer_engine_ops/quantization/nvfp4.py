@@ -12,7 +12,7 @@ Layout: ``_rowwise_data`` (..., K/2), ``_rowwise_scale_inv`` (ru(M,128), ru(ceil
 is (M, K) unless the caller passes it), ``_columnwise_scale_inv``
 (ru(K,128), ru(ceil(M/16),4)), ``_amax_rowwise`` and ``_amax_columnwise`` (fp32 (1,)).
 Packing needs K even (rowwise) and M even (columnwise). Partial blocks are zero-padded.
-NaN: E2M1 has no NaN, so a block holding one gets the E4M3 NaN scale code and
+NaN and Inf: E2M1 has neither, so a block holding one gets the E4M3 NaN scale code and
 dequantizes to NaN as a whole. Random Hadamard transforms and stochastic rounding,
 which TE applies to some NVFP4 tensors, are not part of this reference.
 """
@@ -76,7 +76,9 @@ def _quantize_matrix(
     """(R, C) fp32 -> (packed (R, C/2), padded E4M3 scale codes) with 1x16 or 16x16 blocks."""
     r, c = x2d.shape
     blocks = to_blocks(x2d, block_rows, NVFP4_BLOCK)
-    has_nan = torch.isnan(blocks).any(dim=3).any(dim=1)
+    # NaN or Inf (E2M1 has neither): the block gets the NaN scale code and dequantizes
+    # to NaN, so an overflow stays detectable downstream.
+    has_nan = (~torch.isfinite(blocks)).any(dim=3).any(dim=1)
     scale_codes = encode_e4m3(block_amax(blocks) / E2M1_MAX * global_scale)
     scale_codes = torch.where(has_nan, torch.full_like(scale_codes, E4M3_NAN), scale_codes)
     block_scale = fp8_to_float(scale_codes, torch.float8_e4m3fn)
