@@ -1,11 +1,13 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5 and 7 (memory) -> ``<out>/benchmarks_cpu.json``, then ``report`` writes
-  ``<out>/benchmarks.md`` and ``<out>/benchmarks/*.png``, merging
+* CPU (default): figures 1-5, 7 (memory) and 8 (op overhead) ->
+  ``<out>/benchmarks_cpu.json``, then ``report`` writes ``<out>/benchmarks.md`` and
+  ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
-* ``--device cuda --out DIR``: figure 6 only -> ``DIR/benchmarks_h200.json`` (rewritten
-  after each part, so a cut-short run keeps what it measured); needs only torch (with
-  its Triton) and this repository. Copy that file into docs/ and run ``python -m benchmarks
+* ``--device cuda --out DIR``: figure 6 (and, with the ``op_overhead`` part, figure 8) ->
+  ``DIR/benchmarks_h200.json`` (rewritten after each part, so a cut-short run keeps what
+  it measured); needs only torch (with its Triton) and this repository. Copy that file
+  into docs/ and run ``python -m benchmarks
   --report-only`` (or ``make bench``) to regenerate the report with it.
 """
 
@@ -24,7 +26,7 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory")
+FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory", "overhead")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -59,7 +61,15 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
-    from . import boundary, codegen_time, compile_time, import_time, memory, step_time
+    from . import (
+        boundary,
+        codegen_time,
+        compile_time,
+        import_time,
+        memory,
+        overhead,
+        step_time,
+    )
 
     results: dict[str, Any] = {}
     if "boundary" in only:
@@ -86,6 +96,12 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
             results["step"].update(step_time.run(shapes=("medium",), rounds=3))
     if "memory" in only:
         results["memory"] = memory.run(quick=quick)
+    if "overhead" in only:
+        results["overhead"] = overhead.run(
+            shape=(8, 32) if quick else (64, 256),
+            rounds=1 if quick else 5,
+            min_run_time=0.02 if quick else 0.2,
+        )
     return results
 
 
@@ -97,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
             return 2
-        from . import gpu
+        from . import gpu, overhead
 
         machine = machine_info()
         path = args.out / "benchmarks_h200.json"
@@ -113,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 parts=tuple(args.gpu_parts),
             ),
         }
+        if "op_overhead" in args.gpu_parts:  # figure 7: the op path against nn.Linear
+            _write(path, {**data, "partial": True})
+            data["overhead"] = overhead.run(device="cuda")
         data["seconds"] = time.time() - started
         _write(path, data)
         return 0

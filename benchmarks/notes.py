@@ -203,4 +203,71 @@ for the CPU GEMM, a dequantize, all as separate eager kernels inside the op.
 
 The H200 figures have their own analysis at the end of figure 6.
 """,
+    "overhead_method": (
+        "`benchmarks/overhead.py` (`python -m benchmarks --only overhead`; on a GPU "
+        "`overhead.run(device='cuda')`, which `--device cuda` adds to its JSON). One layer, "
+        "every contender called in turn within each round: `torch` is `torch.nn.Linear`; "
+        "`kernel` the op's impls called directly on a ready bundle (`linear_forward`, and "
+        "with autograd `linear_forward` + `linear_setup_context` + `linear_backward`); "
+        "`op` is `teops::linear_fwd` on ready slots (dispatcher, argument conversion, "
+        "unflatten, result packing; with autograd the op's own autograd node, its "
+        "backward on the kept bundle); `compiled call` is `linear_compiled` run eagerly "
+        "(flatten + op + user outputs: what a compiled graph is traced from); `eager call` "
+        "is `linear_eager` (field checks + the generated autograd.Function); `module` is "
+        "our `Linear` (bundle construction + eager call). *over the kernel* is the "
+        "per-round difference to `kernel`, the fixed cost of that path. The MLP step is "
+        "8 layers with ReLU between them, forward + backward, eager and "
+        "`torch.compile(fullgraph=True)` (CUDA: also `reduce-overhead`); *per layer over "
+        "torch.nn.Linear* is (ours - torch) / 8. CPU: float32 for both (our `gemm` "
+        "computes in fp32 on the CPU, and this CPU's bf16 GEMMs are ~10x slower, which "
+        "would hide the overhead), timed as CPU time of the process on one torch thread "
+        "(`time.process_time`: on this shared VM wall time mostly measures the wait for a "
+        "core); CUDA: bfloat16, wall time. *before* is the same module run on `main` "
+        "without this work (commit 1929646), in the same session."
+    ),
+    "overhead_gpu_pending": (
+        "H200: not measured here; `python -m benchmarks --device cuda` records this figure "
+        "(key `overhead` of `benchmarks_h200.json`), and the targets table then checks "
+        "issue 12's goals (compiled <= 1.2x, eager <= 1.3x, reduce-overhead <= 1x "
+        "`torch.nn.Linear`)."
+    ),
+    "overhead_analysis": """**Per-call overhead of the op path (CPU, 64x256 fp32, process CPU time on one thread;
+before = current main without this work, measured in the same session).** Issue 12's
+goals are H200 goals; the CPU is the proxy: our step minus torch.nn.Linear's, per layer.
+
+*What was removed.* The ops were `torch.library.custom_op`s. A call from a compiled
+graph (grad off) went through torch's Python autograd kernel, which re-entered the
+dispatcher (every one of the ~36 slots converted Python -> C++ -> Python a second time:
+about 1 us a slot here, ScalarType, value types and descriptions ~2-2.5 us), then a
+backend wrapper checking output aliasing and a dynamo-disable wrapper. With autograd,
+every call ran the op's spec (the fake) again in `setup_context` to split the flat
+result, unflattened the inputs twice, flattened and checked the backward bundle, and
+went through torch's tensor-list autograd adapter (a pytree walk per call). The ops
+are now defined on a `Library` with our own Autograd kernel: no gradient to record and
+the backend next -> the kernel is called straight (one conversion); with gradients and
+real tensors the op's autograd node runs the impls directly and keeps the backward
+bundle, the backward runs `backward_impl` on it (no spec, no flatten); traced (fake
+tensors), it re-dispatches and splits the result by the layout the kernel recorded.
+Measured: the no-grad op call over its kernel ~99 -> ~59 us; the op with autograd
+(forward + backward) over the impls ~1140 -> ~365 us; the compiled MLP step ~2.2x ->
+~2.0x torch.nn.Linear compiled (~494 -> ~376 us a layer over it); the eager step
+~1.8x, unchanged (the module's eager path never used the op).
+
+*What remains, per layer, and whose it is.* (1) The impls themselves: the kernel
+alone (`linear_forward` + `linear_backward`, no autograd) costs ~45 us more than
+torch.nn.Linear without grad and ~100 us more fwd+bwd (`gemm`'s operand checks,
+dtype casts and a separate bias add instead of one `addmm`, the bias gradient's
+fp32 round trip; `ops/linear.py` and `quantization/gemm.py`). Run as an autograd node
+(a minimal `autograd.Function` around the same impls, no generated code) they cost
+another ~110 us over the same impls run directly: this is not the calling side (the
+generated eager path adds ~13 us over that minimal Function). (2) The remaining op
+fixed cost, ~59 us without grad: ~36 slot conversions once (~35 us), unflatten (~7),
+result packing and sentinels (~5), our autograd kernel (~3). Fewer, cheaper slots (the
+schema is the generator's: scalar flags packed into one int, value types and
+descriptions as plain strings, which the str-coded quantizers already start) would
+cut the largest part. (3) Inductor's graph calls the op with value-type arguments
+built anew on every call (`GemmConfig(...)`, `QuantizedMeta(...)` in its Python
+wrapper) and asserts every output's size and stride. Until (1) and (2) shrink, the
+H200 goals (compiled <= 1.2x, eager <= 1.3x) are not reachable on this proxy: the CPU
+step ratios here are 2.0x compiled and 1.85x eager.""",
 }

@@ -101,6 +101,7 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
                 [f"graphs over 5 dynamic batch sizes, {name}", "exactly 1", str(g), _check(g == 1)]
             )
     rows += _memory_targets(cpu)
+    rows += _overhead_targets(cpu, gpu)
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
     elif gpu:
@@ -289,6 +290,33 @@ def _memory(cpu: dict[str, Any]) -> list[str]:
     return out + [MEMORY_FINDINGS, "", "![memory](benchmarks/memory.png)", ""]
 
 
+# (mode, goal as text, bound on ours / torch.nn.Linear) of issue 12, H200 small shape.
+_OVERHEAD_GOALS = (("compiled", "<= 1.2x", 1.2), ("eager", "<= 1.3x", 1.3))
+
+
+def _overhead_targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for where, data in (("CPU", cpu), ("H200", gpu or {})):
+        o = data.get("overhead")
+        if not o:
+            continue
+        ratios = o["step_ratio_vs_torch"]
+        goals = [*_OVERHEAD_GOALS, ("reduce-overhead", "<= 1x", 1.0)]
+        for mode, goal, bound in goals:
+            if mode in ratios:
+                x = ratios[mode]["median"]
+                rows.append(
+                    [
+                        f"{where} MLP step ours/{mode} / torch.nn.Linear {mode} "
+                        f"({o['shape'][0]}x{o['shape'][1]}, {o['dtype']})",
+                        goal + ("" if where == "H200" else " (H200 goal)"),
+                        f"{x:.2f}x",
+                        _check(x <= bound),
+                    ]
+                )
+    return rows
+
+
 def _boundary(cpu: dict[str, Any]) -> list[str]:
     out = ["## 1. Boundary: flatten + unflatten round trip", "", NOTES["boundary_method"], ""]
     rows = []
@@ -392,6 +420,48 @@ def _step(cpu: dict[str, Any]) -> list[str]:
             rows,
         )
     return out + ["![step](benchmarks/step.png)", ""]
+
+
+def _overhead_table(o: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    header = ["contender", "per call / step", "over the kernel (same rounds)"]
+    rows = []
+    for key, s in o["us"].items():
+        over = o["over_kernel_us"].get(key)
+        row = [key, fmt(s, 1, " us"), fmt(over, 1, " us") if over else ""]
+        if before:
+            prior = before["us"].get(key)
+            row.append(f"{prior['median']:.1f} us" if prior else "")
+        rows.append(row)
+    out = _table(header + (["before (median)"] if before else []), rows)
+    for mode, s in o["step_per_layer_over_torch_us"].items():
+        was = ""
+        if before and mode in before["step_per_layer_over_torch_us"]:
+            b = before["step_per_layer_over_torch_us"][mode]["median"]
+            bx = before["step_ratio_vs_torch"][mode]["median"]
+            was = f" (before: {b:.1f} us, {bx:.2f}x)"
+        out.append(
+            f"* MLP step, {mode}: ours / torch.nn.Linear {fx(o['step_ratio_vs_torch'][mode])}; "
+            f"per layer over torch.nn.Linear {fmt(s, 1, ' us')}{was}"
+        )
+    return out + [""]
+
+
+def _overhead(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[str]:
+    out = ["## 8. Per-call overhead of the op path", "", NOTES["overhead_method"], ""]
+    for where, data, before_key in (("CPU", cpu, "overhead_before"), ("H200", gpu, None)):
+        o = (data or {}).get("overhead")
+        if not o:
+            continue
+        before = data.get(before_key) if before_key else None
+        out += [
+            f"**{where}** ({o['device']}, {o['dtype']}, layer input "
+            f"{o['shape'][0]}x{o['shape'][1]}):",
+            "",
+        ]
+        out += _overhead_table(o, before)
+    if not gpu or "overhead" not in gpu:
+        out += [NOTES["overhead_gpu_pending"], ""]
+    return out + [NOTES["overhead_analysis"], ""]
 
 
 def _gpu_v1(gpu: dict[str, Any] | None) -> list[str]:
@@ -570,6 +640,8 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
     lines += _gpu(gpu)
     if "memory" in cpu:
         lines += _memory(cpu)
+    if "overhead" in cpu or (gpu and "overhead" in gpu):
+        lines += _overhead(cpu, gpu)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 

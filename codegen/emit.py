@@ -226,6 +226,7 @@ def calling_side_context(op: Op) -> dict:
         "grad_field_lists": _code_tuple([str(k is Kind.TENSOR_LIST) for k in grad_kinds]),
         "grad_values": _code_tuple([f"args.{g}" for g in op.grad_fields]),
         "saved_fields": tuple(saved),
+        "saved_fields_tuple": _tuple_literal(tuple(saved)),
         "class_prefix": "".join(part.title() for part in op.name.split("_")),
     }
 

@@ -131,3 +131,19 @@ def test_memory_figure_and_its_report_rows(tmp_path: Path) -> None:
         assert f"saved activation {recipe} / bf16, eager and compiled" in md
     pytest.importorskip("matplotlib")
     assert (tmp_path / "benchmarks" / "memory.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
+    from benchmarks import overhead
+
+    o = overhead.run(shape=(8, 32), rounds=1, min_run_time=0.01)
+    assert o["dtype"] == "float32" and o["layers"] == overhead.LAYERS
+    for grad in ("no grad", "autograd"):
+        for name in overhead.CALLS:
+            assert o["us"][f"{grad}/{name}"]["median"] > 0
+    assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled"}
+    md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
+    assert "## 8. Per-call overhead of the op path" in md
+    assert "| autograd/op |" in md and "before (median)" in md
+    assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md

@@ -10,6 +10,7 @@ ops from dead-code elimination.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -258,7 +259,7 @@ def register_quantized_dispatch(op: Any, tq_slots: tuple[int, ...]) -> None:
         return op(*slots, **kwargs)
 
     for cls in quantized_tensor_classes():
-        op.register_torch_dispatch(cls, rule)
+        torch.library.register_torch_dispatch(op, cls, rule)
 
 
 def _split_wrappers(tensors: list, inner: list, metas: list) -> tuple[list, list, list]:
@@ -360,6 +361,8 @@ def input_grads(
 # shape-free and hashable, a graph constant: ``("none",)``, ``("tensor",)`` or
 # ``(tag, class, inner names, flatten context)`` with tag ``storage`` or ``wrapper``.
 _OUTPUT_LAYOUTS: dict[str, tuple[tuple[Any, ...], ...]] = {}
+# (user-output layouts, saved-value layouts) of the forward kernel that ran last, per op.
+_RESULT_LAYOUTS: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
 
 
 def _value_layout(value: Any) -> tuple[Any, ...]:
@@ -382,14 +385,47 @@ def _spec_layout(s: TensorSpec | None) -> tuple[Any, ...]:
     return ("storage" if internal else "wrapper", cls, s.inner_names(), s.create_metadata())
 
 
-def record_outputs(qualname: str, outputs: Sequence[Any]) -> None:
-    """Remember how the real kernel's user outputs sit in its flat result."""
-    _OUTPUT_LAYOUTS[qualname] = tuple(_value_layout(v) for v in outputs)
+def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any]) -> list[Any]:
+    """:func:`record_outputs` and :func:`pack_result` in one pass (a real kernel's return)."""
+    flat: list[torch.Tensor] = []
+    layouts: list[tuple[Any, ...]] = []
+    device = None
+    for value in (*outputs, *saved):
+        if type(value) is torch.Tensor:  # the common case: a plain tensor
+            flat.append(value.contiguous())
+            layouts.append(_TENSOR_LAYOUT)
+            device = device or value.device
+        elif value is None:
+            flat.append(None)
+            layouts.append(_NONE_LAYOUT)
+        else:
+            flat += _flat_value(value, None)
+            layouts.append(_value_layout(value))
+            device = device or value.device
+    n = len(outputs)
+    _OUTPUT_LAYOUTS[qualname] = out = tuple(layouts[:n])
+    _RESULT_LAYOUTS[qualname] = (out, tuple(layouts[n:]))
+    return [none_sentinel(device) if t is None else t for t in flat]
 
 
-def record_output_specs(qualname: str, out_specs: Sequence[TensorSpec | None]) -> None:
-    """Remember how the fake kernel's user outputs sit in its flat result."""
-    _OUTPUT_LAYOUTS[qualname] = tuple(_spec_layout(s) for s in out_specs)
+_TENSOR_LAYOUT = ("tensor",)
+_NONE_LAYOUT = ("none",)
+
+
+def record_outputs(qualname: str, outputs: Sequence[Any], saved: Sequence[Any] = ()) -> None:
+    """Remember how the real kernel's user outputs (and saved values) sit in its flat result."""
+    _OUTPUT_LAYOUTS[qualname] = out = tuple(_value_layout(v) for v in outputs)
+    _RESULT_LAYOUTS[qualname] = (out, tuple(_value_layout(v) for v in saved))
+
+
+def record_output_specs(
+    qualname: str,
+    out_specs: Sequence[TensorSpec | None],
+    saved_specs: Sequence[TensorSpec | None] = (),
+) -> None:
+    """Remember how the fake kernel's user outputs (and saved values) sit in its flat result."""
+    _OUTPUT_LAYOUTS[qualname] = out = tuple(_spec_layout(s) for s in out_specs)
+    _RESULT_LAYOUTS[qualname] = (out, tuple(_spec_layout(s) for s in saved_specs))
     # Dynamo reads the layout as a constant. Marked here (a fake runs before dynamo
     # traces :func:`user_outputs`), not at import: importing torch._dynamo there would
     # cost every import of a generated module.
@@ -403,32 +439,19 @@ def output_layout(qualname: str) -> tuple[tuple[Any, ...], ...]:
 
 def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]:
     """The user outputs of a forward op's flat result, quantized ones rebuilt."""
-    outputs: list[Any] = []
-    cursor = 0
-    for entry in output_layout(qualname):
-        tag = entry[0]
-        if tag == "none":
-            outputs.append(None)
-            cursor += 1
-        elif tag == "tensor":
-            outputs.append(flat[cursor])
-            cursor += 1
-        else:
-            _, cls, names, context = entry
-            inner = flat[cursor : cursor + len(names)]
-            cursor += len(names)
-            if tag == "storage":
-                outputs.append(cls._from_flat(names, list(inner), context))
-            else:
-                # What ``__tensor_unflatten__`` does, spelled so dynamo traces it (it
-                # cannot trace that classmethod on a tensor subclass).
-                meta = dict(context)
-                buffers = dict(zip(names, inner, strict=False))
-                outputs.append(cls(buffers, quantizer=meta["quantizer"], dtype=meta["dtype"]))
-    return tuple(outputs)
+    return tuple(_rebuild(output_layout(qualname), flat, 0)[0])
 
 
 # --- the eager path: an autograd.Function straight into the impls -------------------
+
+
+def shallow_copy(bundle: Any) -> Any:
+    """A shallow copy of a bundle (``copy.copy`` without its reduce protocol)."""
+    if not hasattr(bundle, "__dict__"):
+        return copy.copy(bundle)
+    new = object.__new__(type(bundle))
+    new.__dict__.update(bundle.__dict__)
+    return new
 
 
 def save_values(ctx: Any, values: Sequence[Any]) -> None:
@@ -525,3 +548,232 @@ def eager_input_grads(
                 )
             flat += items
     return tuple(g if t else None for g, t in zip(flat, is_tensor, strict=True))
+
+
+# --- lean registration: the dispatcher's fixed cost, paid once per call -----------------
+# ``torch.library.custom_op`` wraps every call in Python layers: an autograd kernel that,
+# even with no gradient to record, re-enters the dispatcher (every slot converted to C++
+# and back a second time), a backend wrapper checking output aliasing, and a
+# dynamo-disable wrapper. An op of ~36 slots pays that on every call, including every
+# call a compiled graph makes. The ops here are defined on a ``torch.library.Library``
+# with the kernel at CompositeExplicitAutograd and an autograd kernel of our own that,
+# when no gradient is recorded and the next dispatch key is the plain backend (no fake
+# tensors, functionalization, tensor subclass or mode in between), calls the kernel
+# straight away: one conversion of the slots per call.
+
+_LIBRARIES: dict[str, Any] = {}
+_BACKEND_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+
+
+def _library(namespace: str) -> Any:
+    lib = _LIBRARIES.get(namespace)
+    if lib is None:
+        lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    return lib
+
+
+def _plain_backend(below: Any) -> bool:
+    """Whether a redispatch with ``below`` would go straight to the backend kernel."""
+    return below.highestPriorityTypeId() in _BACKEND_KEYS
+
+
+def define_op(
+    qualname: str,
+    schema: str,
+    kernel: Callable[..., Any],
+    fake: Callable[..., Any],
+    *,
+    differentiable: bool = False,
+) -> Any:
+    """Define a custom op (its OpOverload), real and fake kernels, never dead-code
+    eliminated. A ``differentiable`` op gets its autograd kernel from
+    :func:`register_autograd`; any other never records a gradient.
+
+    Ops may run collectives, so an op whose result is unused must still run; FX's
+    side-effect registry keeps it. A failure is recorded, not raised (None returned), so
+    the package still imports and modules fall back to eager with the reason.
+    """
+    try:
+        namespace, name = qualname.split("::")
+        lib = _library(namespace)
+        lib.define(name + schema)
+        lib.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(qualname, fake, lib=lib)
+        op = getattr(getattr(torch.ops, namespace), name).default
+        after_autograd = torch._C._after_autograd_keyset
+
+        def no_grad_kernel(keyset: Any, *slots: Any) -> Any:
+            # A non-differentiable op (e.g. a backward op): never records a gradient.
+            below = keyset & after_autograd
+            if _plain_backend(below):
+                return kernel(*slots)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(below, *slots)
+
+        if not differentiable:
+            lib.impl(name, no_grad_kernel, "Autograd", with_keyset=True)
+        torch.fx.node.has_side_effect(op)
+        return op
+    except Exception as exc:  # noqa: BLE001 - any torch-version failure means: fall back
+        _REGISTRATION_ERRORS.append(
+            f"could not register {qualname} on torch {torch.__version__}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return None
+
+
+class OpGlue:
+    """What the op-generic autograd of a forward op needs of its generated module.
+
+    ``unflatten``: forward slots -> forward bundle; ``forward_impl``: bundle ->
+    ``(outputs, saved)``; ``setup_context``: ``(bundle, saved)`` -> backward bundle;
+    ``backward_impl``: backward bundle -> one gradient per grad field;
+    ``flatten_backward``: backward bundle -> backward slots. ``grad_slots``: the forward
+    slot of each grad field; ``grad_lists``: whether each is a ``Tensor[]``;
+    ``saved_fields``: the backward bundle's tensor-carrying fields (saved with
+    ``save_for_backward``); ``grad_outputs_field``: where the outputs' gradients go (a
+    list, or only the first output's when ``grad_output_only``).
+    """
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
+    """Make the forward op differentiable, its backward running ``backward_op``.
+
+    Called eagerly with real tensors, the forward runs the impls straight (no fake, no
+    re-unflatten) and the backward runs the backward impl on the kept bundle, as the
+    generated eager path does; traced (fake tensors, functionalization), the forward
+    redispatches and its backward calls ``backward_op``, one graph node each way.
+    """
+    if op is None or backward_op is None:
+        return
+    namespace, name = op._schema.name.split("::")
+    after_autograd = torch._C._after_autograd_keyset
+    kernel = glue.kernel
+    glue.op, glue.backward_op, glue.qualname = op, backward_op, f"{namespace}::{name}"
+
+    def autograd_kernel(keyset: Any, *slots: Any) -> Any:
+        below = keyset & after_autograd
+        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*slots):
+            inputs, lengths = eager_inputs([slots[i] for i in glue.grad_slots], glue.grad_lists)
+            return list(_OpFunction.apply(glue, below, slots, lengths, *inputs))
+        if _plain_backend(below):
+            return kernel(*slots)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(below, *slots)
+
+    _library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+
+class _OpFunction(torch.autograd.Function):
+    """The autograd node of one forward-op call (see :func:`register_autograd`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, glue: OpGlue, below: Any, slots: tuple, lengths: Any, *inputs: Any
+    ) -> tuple[torch.Tensor, ...]:
+        direct = _plain_backend(below)
+        if direct:
+            args = glue.unflatten(*slots)
+            outputs, saved = glue.forward_impl(args)
+            flat = pack_and_record(glue.qualname, outputs, saved)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                flat = glue.op.redispatch(below, *slots)
+            out_layout, saved_layout = _RESULT_LAYOUTS[glue.qualname]
+            outputs, cursor = _rebuild(out_layout, flat, 0)
+            saved, _ = _rebuild(saved_layout, flat, cursor)
+            args = glue.unflatten(*slots)
+        backward = glue.setup_context(args, tuple(saved))
+        values = [getattr(backward, f) for f in glue.saved_fields]
+        save_values(ctx, values)
+        for f in glue.saved_fields:
+            setattr(backward, f, None)
+        ctx.backward_args = backward
+        ctx.glue, ctx.direct, ctx.lengths = glue, direct, lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        ctx.shapes = tuple(t.shape if isinstance(t, torch.Tensor) else None for t in inputs)
+        # The gradient of each user output arrives at its first slot; the rest (inner
+        # buffers after the first, saved values, sentinels) get none.
+        firsts, cursor = [], 0
+        for value in outputs:
+            firsts.append((cursor, _zeros_spec(value)))
+            cursor += _slot_count(value)
+        ctx.firsts = tuple(firsts)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        glue = ctx.glue
+        grads = []
+        for slot, zeros in ctx.firsts:
+            g = flat_grads[slot]
+            if g is None and zeros is not None:
+                g = torch.zeros(zeros[0], dtype=zeros[1], device=zeros[2])
+            grads.append(g)
+        args = shallow_copy(ctx.backward_args)
+        for f, value in zip(glue.saved_fields, load_values(ctx), strict=True):
+            setattr(args, f, value)
+        setattr(args, glue.grad_outputs_field, grads[0] if glue.grad_output_only else grads)
+        if ctx.direct:
+            field_grads = glue.backward_impl(args)
+        else:
+            flat = glue.backward_op(*glue.flatten_backward(args))
+            field_grads, cursor = [], 0
+            for n in ctx.lengths:
+                if n is None:
+                    field_grads.append(decode_none(flat[cursor]))
+                    cursor += 1
+                else:
+                    field_grads.append([decode_none(g) for g in flat[cursor : cursor + n]])
+                    cursor += n
+        grads_in = eager_input_grads(ctx.lengths, ctx.is_tensor, field_grads)
+        grads_in = tuple(
+            g if g is None or s is None or g.shape == s else g.view(s)
+            for g, s in zip(grads_in, ctx.shapes, strict=True)
+        )
+        return (None, None, None, None, *grads_in)
+
+
+def _slot_count(value: Any) -> int:
+    if isinstance(value, QuantizedData):
+        return len(quantized_slots(value)[1])
+    return 1
+
+
+def _zeros_spec(value: Any) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    return (tuple(value.shape), value.dtype, value.device)
+
+
+def _rebuild(
+    layouts: Sequence[tuple[Any, ...]], flat: Sequence[torch.Tensor], cursor: int
+) -> tuple[list[Any], int]:
+    """The values laid out by ``layouts`` in ``flat`` from ``cursor`` on (quantized ones
+    rebuilt as their class), and the cursor after them."""
+    values: list[Any] = []
+    for entry in layouts:
+        tag = entry[0]
+        if tag == "none":
+            values.append(None)
+            cursor += 1
+        elif tag == "tensor":
+            values.append(flat[cursor])
+            cursor += 1
+        else:
+            _, cls, names, context = entry
+            inner = list(flat[cursor : cursor + len(names)])
+            cursor += len(names)
+            if tag == "storage":
+                values.append(cls._from_flat(names, inner, context))
+            else:
+                # What ``__tensor_unflatten__`` does, spelled so dynamo traces it (it
+                # cannot trace that classmethod on a tensor subclass).
+                meta = dict(context)
+                buffers = dict(zip(names, inner, strict=False))
+                values.append(cls(buffers, quantizer=meta["quantizer"], dtype=meta["dtype"]))
+    return values, cursor

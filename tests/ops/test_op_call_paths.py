@@ -1,0 +1,81 @@
+"""The op's call paths: eager calls skip the fake and the re-dispatch, traced ones do not.
+
+An eager call of ``teops::linear_fwd`` with real tensors runs the impls directly (its
+autograd node keeps the backward bundle; no spec function, no flatten of the backward
+bundle); under fake tensors the op re-dispatches to its fake kernel, and the autograd
+node splits the result by the layout that fake kernel recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from linear_cases import make_fwd_args
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from transformer_engine_ops.generated import linear as g
+from transformer_engine_ops.runtime import custom_ops
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    calls = [0]
+    fn = getattr(g, name)
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return fn(*args)
+
+    monkeypatch.setattr(g, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_eager_op_autograd_runs_no_spec_and_no_backward_flatten(monkeypatch, recipe):
+    spec = _counting(monkeypatch, "linear_forward_spec")
+    flatten_bwd = _counting(monkeypatch, "flatten_linear_bwd_args")
+    ref = make_fwd_args(recipe)
+    (out_ref,), _ = g.linear_eager(ref)
+    out_ref.sum().backward()
+    args = make_fwd_args(recipe)
+    (out,) = g.linear_compiled(args)
+    out.sum().backward()
+    assert spec[0] == 0 and flatten_bwd[0] == 0
+    assert torch.equal(out, out_ref)
+    for field in ("inp", "weight", "bias"):
+        assert torch.equal(getattr(args, field).grad, getattr(ref, field).grad), field
+
+
+def test_no_grad_op_call_runs_the_kernel_once(monkeypatch):
+    kernel = _counting(monkeypatch, "linear_forward")
+    args = make_fwd_args("bf16", requires_grad=False)
+    with torch.no_grad():
+        flat = g.linear_fwd(*g.flatten_linear_fwd_args(args))
+    assert kernel[0] == 1
+    assert torch.equal(flat[0], g.linear_eager(args)[0][0])
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_fake_op_autograd_splits_by_the_fake_kernels_layout(recipe):
+    """Under fake tensors with grads, the op goes through its fake kernel; the saved
+    values (a quantized input under FP8) are rebuilt from the recorded layout."""
+    args = make_fwd_args(recipe)
+    slots = g.flatten_linear_fwd_args(args)
+    mode = FakeTensorMode()
+
+    def fake(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return mode.from_tensor(v)
+        return [fake(t) for t in v] if isinstance(v, list) else v
+
+    fake_slots = [fake(v) for v in slots]
+    with mode:
+        flat = g.linear_fwd(*fake_slots)
+        out = flat[0]
+        assert out.requires_grad and out.shape == (*args.inp.shape[:-1], args.weight.shape[0])
+        out.sum().backward()
+    outs, saved = custom_ops._RESULT_LAYOUTS[g.FORWARD_OP]
+    assert outs == (("tensor",),)
+    assert [s[0] for s in saved] == (["storage", "storage"] if recipe != "bf16" else ["none"] * 2)
+    assert fake_slots[3].grad is not None and fake_slots[3].grad.shape == args.inp.shape
