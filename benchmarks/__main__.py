@@ -50,6 +50,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=["quantization", "op_overhead", "memory"],
         help="other parts of the --device cuda run",
     )
+    p.add_argument(
+        "--gpu-recipes",
+        nargs="*",
+        default=None,
+        help="our recipes timed per step shape on --device cuda (default: every recipe)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
     return p.parse_args(argv)
 
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 save=save_partial,
                 shapes=tuple(args.gpu_shapes),
                 parts=tuple(args.gpu_parts),
+                recipes=None if args.gpu_recipes is None else tuple(args.gpu_recipes),
             ),
         }
         if "op_overhead" in args.gpu_parts:  # figure 7: the op path against nn.Linear

@@ -334,7 +334,9 @@ def _ratio_of_medians(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"median": x, "q1": lo, "q3": hi, "min": lo, "max": hi, "n": 0, "samples": []}
 
 
-def _shape(shape: str, rounds: int, min_run_time: float) -> dict[str, Any]:
+def _shape(
+    shape: str, rounds: int, min_run_time: float, recipes: tuple[str, ...]
+) -> dict[str, Any]:
     """Each contender alone (fresh dynamo state), interleaved with its GEMM floor."""
     rows, hidden = SHAPES[shape]
     x = make_input(rows, hidden, device=_DEV[0])
@@ -344,7 +346,7 @@ def _shape(shape: str, rounds: int, min_run_time: float) -> dict[str, Any]:
     builds: dict[str, Any] = {}
     over_floor: dict[str, Any] = {}
     floor_samples: dict[str, list[float]] = {k: [] for k in floors}
-    contenders = [("torch", "bf16")] + [("ours", r) for r in RECIPES]
+    contenders = [("torch", "bf16")] + [("ours", r) for r in recipes]
     for kind, recipe_name in contenders:
         for mode in MODES:
             key = f"{kind}/{recipe_name}/{mode}"
@@ -409,6 +411,7 @@ def run(
     *,
     device: str = "cuda",
     parts: tuple[str, ...] = ("quantization", "op_overhead", "memory"),
+    recipes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """All of figure 6; ``save(results)`` is called after each part (partial results).
 
@@ -448,7 +451,10 @@ def run(
     for shape in shapes:
         small = shape != "large"
         results["shapes"][shape] = _shape(
-            shape, rounds=5 if small else 3, min_run_time=0.15 if small else 0.25
+            shape,
+            rounds=5 if small else 3,
+            min_run_time=0.15 if small else 0.25,
+            recipes=tuple(RECIPES) if recipes is None else recipes,
         )
         checkpoint()
         torch.cuda.empty_cache()

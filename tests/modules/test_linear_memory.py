@@ -30,6 +30,11 @@ def test_targets_cover_every_quantized_recipe():
 
 @pytest.mark.parametrize("compiled", MODES)
 def test_bf16_saves_exactly_what_torch_nn_linear_saves(compiled):
+    if compiled and torch.__version__ < (2, 12):
+        pytest.skip(
+            "torch 2.11's compiled torch.nn.Linear saves one tensor for both backward "
+            "GEMMs, so the reference's per-GEMM attribution does not add up there"
+        )
     ours = measure("bf16", "ours", compiled, QUICK_SHAPE, AOT)
     torch._dynamo.reset()
     ref = measure("bf16", "torch", compiled, QUICK_SHAPE, AOT)

@@ -7,7 +7,6 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm.py`; see SCH
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -189,13 +188,12 @@ def spec_layer_norm_bwd_args(*slots: Any) -> LayerNormBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_forward(unflatten_layer_norm_fwd_args(*slots))
-    _r.record_outputs(FORWARD_OP, outputs)
-    return _r.pack_result(outputs, saved)
+    return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_forward_spec(spec_layer_norm_fwd_args(*slots))
-    _r.record_output_specs(FORWARD_OP, outputs)
+    _r.record_output_specs(FORWARD_OP, outputs, saved)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -209,26 +207,29 @@ def _backward_fake(*slots: Any) -> list[torch.Tensor]:
     return _r.fake_grads(grads, _r.first_device(slots))
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
-    out_specs, saved_specs = layernorm_forward_spec(spec_layer_norm_fwd_args(*inputs))
-    _, saved = _r.split_result(out_specs, saved_specs, output)
-    backward = layernorm_setup_context(unflatten_layer_norm_fwd_args(*inputs), tuple(saved))
-    _r.save_backward_slots(ctx, flatten_layer_norm_bwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS)
-    ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
-
-
-def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
-    slots = _r.load_backward_slots(ctx)
-    slots[BACKWARD_GRAD_OUTPUTS_SLOT] = _r.output_grads(ctx.out_specs, flat_grads)
-    grads = layernorm_bwd(*slots)
-    return _r.input_grads(len(FORWARD_SLOTS), FORWARD_GRAD_SLOTS, grads, ctx.grad_layout)
-
-
-layernorm_fwd = _r.define(FORWARD_OP, FORWARD_SCHEMA, _forward_kernel, _forward_fake)
-layernorm_bwd = _r.define(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
-if layernorm_fwd is not None:
-    layernorm_fwd.register_autograd(_backward, setup_context=_setup_context)
+layernorm_fwd = _r.define_op(
+    FORWARD_OP, FORWARD_SCHEMA, _forward_kernel, _forward_fake, differentiable=True
+)
+layernorm_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
+# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
+# the backward bundle (no fake run, no flatten); traced, it calls the ops.
+_r.register_autograd(
+    layernorm_fwd,
+    layernorm_bwd,
+    _r.OpGlue(
+        kernel=_forward_kernel,
+        unflatten=unflatten_layer_norm_fwd_args,
+        forward_impl=layernorm_forward,
+        setup_context=layernorm_setup_context,
+        backward_impl=layernorm_backward,
+        flatten_backward=flatten_layer_norm_bwd_args,
+        grad_slots=FORWARD_GRAD_SLOTS,
+        grad_lists=GRAD_FIELD_LISTS,
+        saved_fields=("inp", "weight", "mu", "rsigma"),
+        grad_outputs_field="grad_outputs",
+        grad_output_only=False,
+    ),
+)
 _r.register_quantized_dispatch(layernorm_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_bwd, BACKWARD_QUANTIZED_SLOTS)
 
@@ -271,7 +272,7 @@ class _LayernormEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = copy.copy(ctx.backward_args)
+        args = _r.shallow_copy(ctx.backward_args)
         (
             args.inp,
             args.weight,

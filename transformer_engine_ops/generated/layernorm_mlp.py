@@ -7,7 +7,6 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm_mlp.py`; see
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -564,13 +563,12 @@ def spec_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_mlp_forward(unflatten_layer_norm_mlpfwd_args(*slots))
-    _r.record_outputs(FORWARD_OP, outputs)
-    return _r.pack_result(outputs, saved)
+    return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
     outputs, saved = layernorm_mlp_forward_spec(spec_layer_norm_mlpfwd_args(*slots))
-    _r.record_output_specs(FORWARD_OP, outputs)
+    _r.record_output_specs(FORWARD_OP, outputs, saved)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
@@ -584,28 +582,39 @@ def _backward_fake(*slots: Any) -> list[torch.Tensor]:
     return _r.fake_grads(grads, _r.first_device(slots))
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
-    out_specs, saved_specs = layernorm_mlp_forward_spec(spec_layer_norm_mlpfwd_args(*inputs))
-    _, saved = _r.split_result(out_specs, saved_specs, output)
-    backward = layernorm_mlp_setup_context(unflatten_layer_norm_mlpfwd_args(*inputs), tuple(saved))
-    _r.save_backward_slots(
-        ctx, flatten_layer_norm_mlpbwd_args(backward), BACKWARD_TENSOR_LIST_SLOTS
-    )
-    ctx.out_specs = out_specs
-    ctx.grad_layout = _r.grad_layout(inputs, FORWARD_GRAD_SLOTS, FORWARD_TENSOR_LIST_SLOTS)
-
-
-def _backward(ctx: Any, flat_grads: list[torch.Tensor]) -> tuple[Any, ...]:
-    slots = _r.load_backward_slots(ctx)
-    slots[BACKWARD_GRAD_OUTPUTS_SLOT] = _r.output_grads(ctx.out_specs, flat_grads)
-    grads = layernorm_mlp_bwd(*slots)
-    return _r.input_grads(len(FORWARD_SLOTS), FORWARD_GRAD_SLOTS, grads, ctx.grad_layout)
-
-
-layernorm_mlp_fwd = _r.define(FORWARD_OP, FORWARD_SCHEMA, _forward_kernel, _forward_fake)
-layernorm_mlp_bwd = _r.define(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
-if layernorm_mlp_fwd is not None:
-    layernorm_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
+layernorm_mlp_fwd = _r.define_op(
+    FORWARD_OP, FORWARD_SCHEMA, _forward_kernel, _forward_fake, differentiable=True
+)
+layernorm_mlp_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
+# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
+# the backward bundle (no fake run, no flatten); traced, it calls the ops.
+_r.register_autograd(
+    layernorm_mlp_fwd,
+    layernorm_mlp_bwd,
+    _r.OpGlue(
+        kernel=_forward_kernel,
+        unflatten=unflatten_layer_norm_mlpfwd_args,
+        forward_impl=layernorm_mlp_forward,
+        setup_context=layernorm_mlp_setup_context,
+        backward_impl=layernorm_mlp_backward,
+        flatten_backward=flatten_layer_norm_mlpbwd_args,
+        grad_slots=FORWARD_GRAD_SLOTS,
+        grad_lists=GRAD_FIELD_LISTS,
+        saved_fields=(
+            "inp",
+            "ln_weight",
+            "mu",
+            "rsigma",
+            "fc1_inputmat",
+            "fc1_weight_fp8",
+            "fc1_out",
+            "fc2_inputmat",
+            "fc2_weight_fp8",
+        ),
+        grad_outputs_field="grad_outputs",
+        grad_output_only=False,
+    ),
+)
 _r.register_quantized_dispatch(layernorm_mlp_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
 
@@ -658,7 +667,7 @@ class _LayernormMlpEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = copy.copy(ctx.backward_args)
+        args = _r.shallow_copy(ctx.backward_args)
         (
             args.inp,
             args.ln_weight,
