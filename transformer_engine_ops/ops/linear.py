@@ -437,11 +437,31 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     return (out,), (saved_input, saved_weight)
 
 
+def _check_quantizable(quantizer: Any, shape: Any) -> None:
+    """``quantizer.check_shape(shape)``; a refused symbolic shape (``dynamic=True``) is
+    reported with its concrete sizes, as the eager kernel reports it (the trace fails
+    anyway, so specializing the sizes costs nothing)."""
+    try:
+        quantizer.check_shape(tuple(shape))
+    except ValueError:
+        quantizer.check_shape(tuple(int(d) for d in shape))
+        raise
+
+
 def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """What :func:`linear_forward` returns, as TensorSpecs (tensor fields are specs)."""
     plan = _forward_plan(args)
     inp, device, dtype = args.inp, args.inp.device, args.activation_dtype
     rows = math.prod(inp.shape[:-1]) * (args.tp_size if plan.gather_input else 1)
+    # Check the shapes the kernel quantizes, in its order (input, then weight), so a shape
+    # a format cannot take raises the same error compiled as eagerly.
+    if args.input_quantizer is not None:
+        usage = plan.save_input or _Usage(True, False)
+        _check_quantizable(_internal(args.input_quantizer, usage), (rows, inp.shape[-1]))
+    if not plan.weight_from_workspace and plan.quantize_weight is not None:
+        _check_quantizable(
+            _internal(args.weight_quantizer, plan.quantize_weight), args.weight.shape
+        )
     out_shape = linear_output_shape(args)
     out_quantizer = args.output_quantizer.with_internal(False) if plan.quantized_output else None
     out = TensorSpec(out_shape, dtype, out_quantizer, device=device)
