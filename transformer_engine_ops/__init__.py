@@ -2,7 +2,7 @@
 
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
 ``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.LayerNorm``, ``te.RMSNorm``,
-``te.autocast``, ``te.quantized_model_init`` and the recipes in ``te.recipe``.
+``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` and the recipes in ``te.recipe``.
 
 The names resolve on first use (PEP 562): importing a subpackage
 (``transformer_engine_ops.generated.linear``, ``...quantization``) does not import the
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Linear,
         RMSNorm,
         autocast,
+        checkpoint,
         quantized_model_init,
     )
 
@@ -36,6 +37,7 @@ _EXPORTS = {
     "Linear": ".modules",
     "RMSNorm": ".modules",
     "autocast": ".modules",
+    "checkpoint": ".modules",
     "quantized_model_init": ".modules",
 }
 
@@ -47,6 +49,7 @@ __all__ = [
     "Linear",
     "RMSNorm",
     "autocast",
+    "checkpoint",
     "quantized_model_init",
     "recipe",
 ]

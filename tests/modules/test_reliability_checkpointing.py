@@ -10,6 +10,7 @@ import torch
 import torch.utils.checkpoint as checkpoint
 from module_cases import QUANTIZED, RECIPES
 
+import transformer_engine_ops as te
 from transformer_engine_ops.modules.autocast import autocast
 from transformer_engine_ops.modules.linear import Linear
 
@@ -21,13 +22,13 @@ def _model(layers: int = 4) -> torch.nn.Sequential:
     )
 
 
-def _grads(model, recipe, x, reentrant, params=None):
+def _grads(model, recipe, x, reentrant, params=None, checkpoint_fn=checkpoint.checkpoint):
     x = x.detach().requires_grad_(True)
     with autocast(recipe=RECIPES[recipe]()):
         if reentrant is None:
             y = model(x)
         else:
-            y = checkpoint.checkpoint(model, x, use_reentrant=reentrant)
+            y = checkpoint_fn(model, x, use_reentrant=reentrant)
     y.float().pow(2).sum().backward()  # outside autocast, as usual
     parameters = list((params or model.parameters)())
     grads = [p.grad.clone() for p in parameters] + [x.grad.clone()]
@@ -65,6 +66,55 @@ def test_checkpoint_inside_a_fullgraph_compiled_region_equals_the_plain_run(reci
     assert torch.equal(y, y_ref)
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_te_checkpoint_of_a_compiled_module_from_eager_code_equals_the_plain_run(recipe, reentrant):
+    """``te.checkpoint(torch.compile(model), x)`` with ``autocast`` around the forward
+    and the backward outside it: the recompute re-enters the forward's recipe, meets
+    the same recipe guard and reuses the forward's graph (bitwise equal gradients)."""
+    model = _model(2)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    y_ref, ref = _grads(model, recipe, x, None)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    y, got = _grads(
+        compiled, recipe, x, reentrant, params=model.parameters, checkpoint_fn=te.checkpoint
+    )
+    assert torch.equal(y, y_ref)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_te_checkpoint_of_an_eager_model_equals_the_plain_run(reentrant):
+    model = _model(2)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    y_ref, ref = _grads(model, "mxfp8", x, None)
+    y, got = _grads(model, "mxfp8", x, reentrant, checkpoint_fn=te.checkpoint)
+    assert torch.equal(y, y_ref)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_te_checkpoint_restores_the_callers_recipe_after_each_call():
+    from transformer_engine_ops.modules.autocast import STATE
+
+    model = _model(1)
+    seen = []
+
+    def run(t):
+        seen.append(STATE.autocast)
+        return model(t)
+
+    x = torch.randn(4, 64).to(torch.bfloat16).requires_grad_(True)
+    with autocast(recipe=RECIPES["fp8_current"]()):
+        active = STATE.autocast
+        y = te.checkpoint(run, x, use_reentrant=True)
+        assert STATE.autocast is active
+    y.float().sum().backward()  # outside autocast: the recompute sees the recorded recipe
+    assert STATE.autocast is None
+    assert seen == [active, active]
 
 
 def _saved_bytes(model, x, use_checkpoint):

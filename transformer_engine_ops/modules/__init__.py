@@ -1,6 +1,6 @@
 """TE-style modules compiled through the generated custom ops."""
 
-from .autocast import autocast, quantized_model_init
+from .autocast import autocast, checkpoint, quantized_model_init
 from .grouped_linear import GroupedLinear
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
@@ -15,5 +15,6 @@ __all__ = [
     "Linear",
     "RMSNorm",
     "autocast",
+    "checkpoint",
     "quantized_model_init",
 ]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
+
+import torch.utils.checkpoint
 
 from ..quantization.float8 import deferred_scale_updates
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
@@ -118,3 +121,32 @@ def quantized_model_init(
 ) -> contextlib.AbstractContextManager[None]:
     """Create module weights inside as quantized parameters of ``recipe``."""
     return _recipe_scope("model_init", enabled, recipe)
+
+
+def checkpoint(
+    function: Callable[..., Any], *args: Any, use_reentrant: bool = True, **kwargs: Any
+) -> Any:
+    """``torch.utils.checkpoint.checkpoint`` whose recompute runs under the recipe of the
+    forward (TE's ``te.checkpoint``; ``use_reentrant`` defaults to True as there).
+
+    The recipe active at this call is recorded and re-entered around every call of
+    ``function``, the forward and the recompute, which the backward runs outside the
+    ``autocast`` that wrapped the forward. Use it to checkpoint a compiled module
+    (``checkpoint(torch.compile(model), x)``) from eager code: the recompute then meets
+    the same recipe guard as the forward and reuses its graph. ``torch.utils.checkpoint``
+    itself recomputes the compiled module without a recipe. Other keyword arguments go
+    to ``torch.utils.checkpoint.checkpoint``.
+    """
+    recorded = STATE.autocast
+
+    def under_recorded_recipe(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        previous = STATE.autocast
+        STATE.autocast = recorded
+        try:
+            return function(*inner_args, **inner_kwargs)
+        finally:
+            STATE.autocast = previous
+
+    return torch.utils.checkpoint.checkpoint(
+        under_recorded_recipe, *args, use_reentrant=use_reentrant, **kwargs
+    )
