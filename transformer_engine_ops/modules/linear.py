@@ -141,7 +141,6 @@ class Linear(nn.Module):
             fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
-            return_bias=(return_bias, False),
             parameters_split=(parameters_split, None),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_overlap_rs=(ub_overlap_rs, False),
@@ -154,6 +153,9 @@ class Linear(nn.Module):
             save_original_input=(save_original_input, False),
         )
         self.name = name
+        # As in TE: the bias is returned unapplied (the caller adds it, e.g. after a
+        # row-parallel reduction) and still receives its gradient through that use.
+        self.return_bias = bool(return_bias)
         tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
         self.in_features, self.out_features = in_features, out_features
         self.params_dtype = params_dtype or torch.get_default_dtype()
@@ -206,14 +208,15 @@ class Linear(nn.Module):
         # A non-tensor input reaches the bundle as is and is reported by its field check.
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        bias = None if self.return_bias else self.bias
         return LinearFwdArgs(
             weight=self.weight,
             inp=inp,
-            bias=self.bias,
+            bias=bias,
             weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
             input_requires_grad=is_tensor and inp.requires_grad,
             weight_requires_grad=self.weight.requires_grad,
-            bias_requires_grad=self.bias is not None and self.bias.requires_grad,
+            bias_requires_grad=bias is not None and bias.requires_grad,
             input_quantizer=q and q.input,
             weight_quantizer=q and q.weight,
             output_quantizer=q and q.output,
@@ -249,13 +252,16 @@ class Linear(nn.Module):
         if not torch.compiler.is_compiling():
             quantizers = self._recipe_of_this_forward(quantizers)
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
-        if torch.compiler.is_compiling():
-            reason = _unsupported_reason(args, quantizers)
-            if reason is None:
-                (out,) = linear_compiled(args)
-                return out
-            return run_eagerly(reason, self._eager, args)
-        return self._eager(args)
+        if not torch.compiler.is_compiling():
+            out = self._eager(args)
+        elif (reason := _unsupported_reason(args, quantizers)) is None:
+            (out,) = linear_compiled(args)
+        else:
+            out = run_eagerly(reason, self._eager, args)
+        if self.return_bias:
+            bias = self.bias
+            return out, None if bias is None else bias.to(args.activation_dtype)
+        return out
 
     def _eager(self, args: LinearFwdArgs) -> Any:
         args = self._with_scaling_state(args)
