@@ -19,12 +19,12 @@ from torch import nn
 from ..generated.linear import linear_compiled, linear_eager
 from ..ops.linear import BackwardOverride, LinearFwdArgs
 from ..runtime.boundary import registered_group
-from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from . import _extra_state
 from ._base import reject_unimplemented
+from ._call import unsupported_reason
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
@@ -45,18 +45,12 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
-# Decided once at import: on a torch that could not define the ops, every compiled call runs eagerly with this reason.
-_REGISTRATION_PROBLEM = registration_error()
-
-
 def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
-    """Why the op path cannot serve this call (None when it can)."""
-    if _REGISTRATION_PROBLEM is not None:
-        return _REGISTRATION_PROBLEM
-    if quantizers is not None and quantizers.compile_blocker is not None:
-        return quantizers.compile_blocker
-    if isinstance(args.inp, QuantizedData):
-        return "a quantized input tensor"
+    """Why the op path cannot serve this call (None when it can): the reasons every
+    module shares (``_call.unsupported_reason``), then Linear's own."""
+    reason = unsupported_reason(args, quantizers)
+    if reason is not None:
+        return reason
     if args.fp8_output and args.is_grad_enabled:
         return "fp8_output=True with autograd enabled (a differentiable quantized output)"
     if args.is_first_microbatch is not None:
