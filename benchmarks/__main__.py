@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5, 7 (memory) and 8 (op overhead) ->
+* CPU (default): figures 1-5, 7 (memory), 8 (op overhead) and 9 (block) ->
   ``<out>/benchmarks_cpu.json``, then ``report`` writes ``<out>/benchmarks.md`` and
   ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
@@ -26,7 +26,7 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory", "overhead")
+FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory", "overhead", "block")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -68,6 +68,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
     from . import (
+        block,
         boundary,
         codegen_time,
         compile_time,
@@ -107,6 +108,13 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
             shape=(8, 32) if quick else (64, 256),
             rounds=1 if quick else 5,
             min_run_time=0.02 if quick else 0.2,
+        )
+    if "block" in only:
+        results["block"] = block.run(
+            rounds=1 if quick else 3,
+            steps=1 if quick else 3,
+            step_rounds=2 if quick else 5,
+            min_run_time=0.05 if quick else 0.3,
         )
     return results
 

@@ -102,6 +102,7 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
             )
     rows += _memory_targets(cpu)
     rows += _overhead_targets(cpu, gpu)
+    rows += _block_targets(cpu)
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
     elif gpu:
@@ -315,6 +316,75 @@ def _overhead_targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[l
                     ]
                 )
     return rows
+
+
+def _block_targets(cpu: dict[str, Any]) -> list[list[str]]:
+    """The block's compile counts: one graph, no recompiles, no breaks (figure 9)."""
+    b = cpu.get("block")
+    if not b:
+        return []
+    rows = []
+    for name, n in b["counts"].items():
+        ok = n["graphs_after_steps"] == 1 and n["graph_breaks"] == 0
+        rows.append(
+            [
+                f"block: graphs / breaks over {b['steps']} + 1 steps, {name}",
+                "1 / 0",
+                f"{n['graphs_after_steps']} / {n['graph_breaks']}",
+                _check(ok),
+            ]
+        )
+    return rows
+
+
+def _block(cpu: dict[str, Any]) -> list[str]:
+    b = cpu["block"]
+    rows_, hidden, ffn = b["shape"]
+    out = [
+        "## 9. Transformer-style block: compile and CPU step time",
+        "",
+        f"Input {rows_}x{hidden}, FFN {ffn}. " + NOTES["block_method"],
+        "",
+    ]
+    rows = []
+    for name, s in b["first_step_s"].items():
+        ratio = (
+            fx(b["compile_ratio_vs_torch"][name])
+            if name in b["compile_ratio_vs_torch"]
+            else "1 (baseline)"
+        )
+        n = b["counts"][name]
+        rows.append(
+            [
+                name,
+                fmt(s, 2, " s"),
+                ratio,
+                str(n["graphs_after_first"]),
+                str(n["recompiles"]),
+                str(n["graph_breaks"]),
+            ]
+        )
+    out += _table(
+        [
+            "block/recipe",
+            "time to first compiled step",
+            "/ torch.nn block",
+            "graphs",
+            f"recompiles over {b['steps']} steps",
+            "graph breaks",
+        ],
+        rows,
+    )
+    rows = []
+    for key, s in b["step_ms"].items():
+        model, recipe, mode = key.split("/")
+        speed = fx(b["eager_over_compiled"][f"{model}/{recipe}"]) if mode == "compiled" else ""
+        vs = b["step_ratio_vs_torch_same_mode"].get(key)
+        rows.append([f"{model}/{recipe}", mode, fmt(s, 2, " ms"), speed, fx(vs) if vs else ""])
+    out += _table(
+        ["block/recipe", "mode", "step", "eager / compiled", "/ torch.nn block same mode"], rows
+    )
+    return out + [NOTES["block_analysis"], "", "![block](benchmarks/block.png)", ""]
 
 
 def _boundary(cpu: dict[str, Any]) -> list[str]:
@@ -642,6 +712,8 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         lines += _memory(cpu)
     if "overhead" in cpu or (gpu and "overhead" in gpu):
         lines += _overhead(cpu, gpu)
+    if "block" in cpu:
+        lines += _block(cpu)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 
@@ -714,6 +786,19 @@ def plots(cpu: dict[str, Any], gpu: dict[str, Any] | None, folder: Path) -> list
             ax.set_ylabel("ms per step (log)")
             ax.set_title(f"CPU step, {shape}", fontsize=9)
         save(fig, "step")
+    if "block" in cpu:
+        b = cpu["block"]
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        c = b["first_step_s"]
+        _bars(axes[0], list(c), list(c.values()), colors[1:4])
+        axes[0].set_ylabel("seconds to first compiled step")
+        axes[0].set_title("block compile (cold caches)", fontsize=9)
+        ms = b["step_ms"]
+        cols = ["tab:gray" if k.endswith("eager") else "tab:blue" for k in ms]
+        _bars(axes[1], list(ms), list(ms.values()), cols)
+        axes[1].set_ylabel("ms per step")
+        axes[1].set_title("block CPU step", fontsize=9)
+        save(fig, "block")
     if "memory" in cpu:
         r = cpu["memory"]["rows"]
         keys = list(r)

@@ -56,7 +56,9 @@ class BundleContext:
 
 
 def snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    """``LinearFwdArgs`` -> ``linear_fwd_args``; an acronym stays one word
+    (``LayerNormMLPFwdArgs`` -> ``layer_norm_mlp_fwd_args``)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 class _Imports:

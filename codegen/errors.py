@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 
-@dataclass(frozen=True)
 class Location:
-    """A position in a source file; ``line`` and ``column`` are 1-based."""
+    """A position in a source file; ``line`` and ``column`` are 1-based.
 
-    path: str
-    line: int
-    column: int
+    A location may be *deferred*: built from a callable that computes ``(line, column)``
+    on first use. The reader positions every entity, but positions are needed only when
+    an error or ``explain`` prints one, and computing them for a whole module (libcst's
+    PositionProvider renders it) is most of a generator run's time.
+    """
+
+    __slots__ = ("_pos", "_resolve", "path")
+
+    def __init__(
+        self,
+        path: str,
+        line: int = 0,
+        column: int = 0,
+        resolve: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        self.path = path
+        self._pos = None if resolve is not None else (line, column)
+        self._resolve = resolve
+
+    def _position(self) -> tuple[int, int]:
+        if self._pos is None:
+            assert self._resolve is not None
+            self._pos, self._resolve = self._resolve(), None
+        return self._pos
+
+    @property
+    def line(self) -> int:
+        return self._position()[0]
+
+    @property
+    def column(self) -> int:
+        return self._position()[1]
+
+    def _key(self) -> tuple[str, int, int]:
+        return (self.path, *self._position())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Location) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Location({self})"
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.column}"

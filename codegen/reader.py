@@ -46,6 +46,28 @@ def module_name(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
+class _Positions(Mapping[cst.CSTNode, CodeRange]):
+    """libcst positions of a module, computed on the first look-up (see Location)."""
+
+    def __init__(self, wrapper: MetadataWrapper) -> None:
+        self._wrapper = wrapper
+        self._resolved: Mapping[cst.CSTNode, CodeRange] | None = None
+
+    def _table(self) -> Mapping[cst.CSTNode, CodeRange]:
+        if self._resolved is None:
+            self._resolved = self._wrapper.resolve(PositionProvider)
+        return self._resolved
+
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        return self._table()[node]
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
 @dataclass
 class _File:
     """Per-file reading state: positions and the module-level names for resolution."""
@@ -60,8 +82,11 @@ class _File:
     body: Sequence[cst.CSTNode] = ()
 
     def loc(self, node: cst.CSTNode) -> Location:
-        start = self.positions[node].start
-        return Location(self.path, start.line, start.column + 1)
+        def position() -> tuple[int, int]:
+            start = self.positions[node].start
+            return start.line, start.column + 1
+
+        return Location(self.path, resolve=position)
 
     def resolves(self, dotted: str) -> bool:
         head = dotted.split(".", 1)[0]
@@ -841,7 +866,7 @@ def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
         raise _syntax_error(path, text, exc) from None
     # The tree is ours alone, so the wrapper need not deep-copy it.
     wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
+    positions = _Positions(wrapper)
     body: Sequence[cst.CSTNode] = wrapper.module.body
     aliases = {
         small.targets[0].target.value: small.value

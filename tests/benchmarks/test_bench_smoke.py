@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (  # noqa: E402
+    block,
     boundary,
     codegen_time,
     compile_time,
@@ -75,6 +76,22 @@ def test_compile_and_step_figures(tmp_path: Path) -> None:
     md = _write_report(tmp_path, {"compile": compiled, "step": step})
     assert "## 4. Compile" in md and "## 5. CPU step time" in md
     assert "ours/bf16 | compiled |" in md
+
+
+@pytest.mark.slow
+def test_block_figure_and_its_report_section(tmp_path: Path) -> None:
+    configs = (("torch", "bf16"), ("ours", "fp8"))
+    b = block.run(rounds=1, steps=1, step_rounds=1, min_run_time=0.01, configs=configs)
+    assert b["counts"]["ours/fp8"] == {
+        "graphs_after_first": 1,
+        "graphs_after_steps": 1,
+        "recompiles": 0,
+        "graph_breaks": 0,
+    }
+    md = _write_report(tmp_path, {"block": b})
+    assert "## 9. Transformer-style block" in md
+    assert "| ours/fp8 | compiled |" in md
+    assert "block: graphs / breaks over 1 + 1 steps, ours/fp8 | 1 / 0 | 1 / 0 | met" in md
 
 
 def _gpu_v2_results() -> dict:

@@ -11,7 +11,7 @@ import transformer_engine_ops as te
 from transformer_engine_ops.generated import layernorm_mlp as g
 
 NAME = "layernorm_mlp"
-FLAT = (g.flatten_layer_norm_mlpfwd_args, g.flatten_layer_norm_mlpbwd_args)
+FLAT = (g.flatten_layer_norm_mlp_fwd_args, g.flatten_layer_norm_mlp_bwd_args)
 
 
 def _bundle(recipe="bf16", bias=True, model_init=False, frozen=(), **kwargs):

@@ -255,7 +255,7 @@ BACKWARD_SLOTS = (
 )
 
 
-def flatten_layer_norm_mlpfwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
+def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """`LayerNormMLPFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
         _b.check(args.inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
@@ -346,8 +346,8 @@ def flatten_layer_norm_mlpfwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]
     )
 
 
-def unflatten_layer_norm_mlpfwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
-    """The forward op's slots -> `LayerNormMLPFwdArgs`; the inverse of `flatten_layer_norm_mlpfwd_args`."""
+def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
+    """The forward op's slots -> `LayerNormMLPFwdArgs`; the inverse of `flatten_layer_norm_mlp_fwd_args`."""
     slot = iter(slots).__next__
     return LayerNormMLPFwdArgs(
         inp=slot(),
@@ -396,7 +396,7 @@ def unflatten_layer_norm_mlpfwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
     )
 
 
-def flatten_layer_norm_mlpbwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...]:
+def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...]:
     """`LayerNormMLPBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormMLPBwdArgs.grad_outputs"),
@@ -479,8 +479,8 @@ def flatten_layer_norm_mlpbwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...]
     )
 
 
-def unflatten_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
-    """The backward op's slots -> `LayerNormMLPBwdArgs`; the inverse of `flatten_layer_norm_mlpbwd_args`."""
+def unflatten_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
+    """The backward op's slots -> `LayerNormMLPBwdArgs`; the inverse of `flatten_layer_norm_mlp_bwd_args`."""
     slot = iter(slots).__next__
     return LayerNormMLPBwdArgs(
         grad_outputs=slot(),
@@ -532,9 +532,9 @@ def unflatten_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
 # --- Kernels and registration -------------------------------------------------------
 
 
-def spec_layer_norm_mlpfwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
-    """Like `unflatten_layer_norm_mlpfwd_args`, with every tensor field described by a TensorSpec."""
-    args = unflatten_layer_norm_mlpfwd_args(*slots)
+def spec_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
+    """Like `unflatten_layer_norm_mlp_fwd_args`, with every tensor field described by a TensorSpec."""
+    args = unflatten_layer_norm_mlp_fwd_args(*slots)
     args.inp = _r.spec(args.inp)
     args.ln_weight = _r.spec(args.ln_weight)
     args.ln_bias = _r.spec(args.ln_bias)
@@ -545,9 +545,9 @@ def spec_layer_norm_mlpfwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
     return args
 
 
-def spec_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
-    """Like `unflatten_layer_norm_mlpbwd_args`, with every tensor field described by a TensorSpec."""
-    args = unflatten_layer_norm_mlpbwd_args(*slots)
+def spec_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
+    """Like `unflatten_layer_norm_mlp_bwd_args`, with every tensor field described by a TensorSpec."""
+    args = unflatten_layer_norm_mlp_bwd_args(*slots)
     args.grad_outputs = _r.specs(args.grad_outputs)
     args.inp = _r.spec(args.inp)
     args.ln_weight = _r.spec(args.ln_weight)
@@ -562,23 +562,23 @@ def spec_layer_norm_mlpbwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
 
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
-    outputs, saved = layernorm_mlp_forward(unflatten_layer_norm_mlpfwd_args(*slots))
+    outputs, saved = layernorm_mlp_forward(unflatten_layer_norm_mlp_fwd_args(*slots))
     return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
-    outputs, saved = layernorm_mlp_forward_spec(spec_layer_norm_mlpfwd_args(*slots))
+    outputs, saved = layernorm_mlp_forward_spec(spec_layer_norm_mlp_fwd_args(*slots))
     _r.record_output_specs(FORWARD_OP, outputs, saved)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
 def _backward_kernel(*slots: Any) -> list[torch.Tensor]:
-    grads = layernorm_mlp_backward(unflatten_layer_norm_mlpbwd_args(*slots))
+    grads = layernorm_mlp_backward(unflatten_layer_norm_mlp_bwd_args(*slots))
     return _r.pack_grads(grads, _r.first_device(slots))
 
 
 def _backward_fake(*slots: Any) -> list[torch.Tensor]:
-    grads = layernorm_mlp_backward_spec(spec_layer_norm_mlpbwd_args(*slots))
+    grads = layernorm_mlp_backward_spec(spec_layer_norm_mlp_bwd_args(*slots))
     return _r.fake_grads(grads, _r.first_device(slots))
 
 
@@ -593,11 +593,11 @@ _r.register_autograd(
     layernorm_mlp_bwd,
     _r.OpGlue(
         kernel=_forward_kernel,
-        unflatten=unflatten_layer_norm_mlpfwd_args,
+        unflatten=unflatten_layer_norm_mlp_fwd_args,
         forward_impl=layernorm_mlp_forward,
         setup_context=layernorm_mlp_setup_context,
         backward_impl=layernorm_mlp_backward,
-        flatten_backward=flatten_layer_norm_mlpbwd_args,
+        flatten_backward=flatten_layer_norm_mlp_bwd_args,
         grad_slots=FORWARD_GRAD_SLOTS,
         grad_lists=GRAD_FIELD_LISTS,
         saved_fields=(
@@ -688,8 +688,8 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
     """`(outputs, saved)` of `layernorm_mlp_forward(args)`, outputs attached to autograd
     when a gradient field requires grad. `saved` (what the forward made for the
     backward) is handed back so a module may cache it (e.g. a quantized weight).
-    Every field is checked as `flatten_layer_norm_mlpfwd_args` checks it for the compiled path."""
-    flatten_layer_norm_mlpfwd_args(args)
+    Every field is checked as `flatten_layer_norm_mlp_fwd_args` checks it for the compiled path."""
+    flatten_layer_norm_mlp_fwd_args(args)
     inputs, lengths = _r.eager_inputs(
         (
             args.inp,
@@ -712,7 +712,7 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
 def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::layernorm_mlp_fwd` on `args`' slots (quantized outputs rebuilt
     as their class, as the fake kernel describes them)."""
-    flat = layernorm_mlp_fwd(*flatten_layer_norm_mlpfwd_args(args))
+    flat = layernorm_mlp_fwd(*flatten_layer_norm_mlp_fwd_args(args))
     return _r.user_outputs(FORWARD_OP, flat)
 
 

@@ -19,12 +19,12 @@ from torch import nn
 from ..generated.linear import linear_compiled, linear_eager
 from ..ops.linear import BackwardOverride, LinearFwdArgs
 from ..runtime.boundary import registered_group
-from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from . import _extra_state
 from ._base import reject_unimplemented
+from ._call import unsupported_reason
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
@@ -45,18 +45,12 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
-# Decided once at import: on a torch that could not define the ops, every compiled call runs eagerly with this reason.
-_REGISTRATION_PROBLEM = registration_error()
-
-
 def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
-    """Why the op path cannot serve this call (None when it can)."""
-    if _REGISTRATION_PROBLEM is not None:
-        return _REGISTRATION_PROBLEM
-    if quantizers is not None and quantizers.compile_blocker is not None:
-        return quantizers.compile_blocker
-    if isinstance(args.inp, QuantizedData):
-        return "a quantized input tensor"
+    """Why the op path cannot serve this call (None when it can): the reasons every
+    module shares (``_call.unsupported_reason``), then Linear's own."""
+    reason = unsupported_reason(args, quantizers)
+    if reason is not None:
+        return reason
     if args.fp8_output and args.is_grad_enabled:
         return "fp8_output=True with autograd enabled (a differentiable quantized output)"
     if args.is_first_microbatch is not None:
@@ -141,7 +135,6 @@ class Linear(nn.Module):
             fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
-            return_bias=(return_bias, False),
             parameters_split=(parameters_split, None),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_overlap_rs=(ub_overlap_rs, False),
@@ -154,6 +147,9 @@ class Linear(nn.Module):
             save_original_input=(save_original_input, False),
         )
         self.name = name
+        # As in TE: the bias is returned unapplied (the caller adds it, e.g. after a
+        # row-parallel reduction) and still receives its gradient through that use.
+        self.return_bias = bool(return_bias)
         tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
         self.in_features, self.out_features = in_features, out_features
         self.params_dtype = params_dtype or torch.get_default_dtype()
@@ -206,14 +202,15 @@ class Linear(nn.Module):
         # A non-tensor input reaches the bundle as is and is reported by its field check.
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        bias = None if self.return_bias else self.bias
         return LinearFwdArgs(
             weight=self.weight,
             inp=inp,
-            bias=self.bias,
+            bias=bias,
             weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
             input_requires_grad=is_tensor and inp.requires_grad,
             weight_requires_grad=self.weight.requires_grad,
-            bias_requires_grad=self.bias is not None and self.bias.requires_grad,
+            bias_requires_grad=bias is not None and bias.requires_grad,
             input_quantizer=q and q.input,
             weight_quantizer=q and q.weight,
             output_quantizer=q and q.output,
@@ -249,13 +246,16 @@ class Linear(nn.Module):
         if not torch.compiler.is_compiling():
             quantizers = self._recipe_of_this_forward(quantizers)
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
-        if torch.compiler.is_compiling():
-            reason = _unsupported_reason(args, quantizers)
-            if reason is None:
-                (out,) = linear_compiled(args)
-                return out
-            return run_eagerly(reason, self._eager, args)
-        return self._eager(args)
+        if not torch.compiler.is_compiling():
+            out = self._eager(args)
+        elif (reason := _unsupported_reason(args, quantizers)) is None:
+            (out,) = linear_compiled(args)
+        else:
+            out = run_eagerly(reason, self._eager, args)
+        if self.return_bias:
+            bias = self.bias
+            return out, None if bias is None else bias.to(args.activation_dtype)
+        return out
 
     def _eager(self, args: LinearFwdArgs) -> Any:
         args = self._with_scaling_state(args)

@@ -180,8 +180,16 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_to_float(code: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
-    magnitude = table[(code & 7).long()]
+    """4-bit E2M1 codes -> fp32, computed from the bits (exact: 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+
+    No lookup table: building one on the code's device is a host-to-device copy, which
+    CUDA graph capture (``mode="reduce-overhead"``) refuses.
+    """
+    c = (code & 7).to(torch.int32)
+    exponent = c >> 1
+    mantissa = (c & 1).to(torch.float32)
+    normal = torch.exp2((exponent - 1).to(torch.float32)) * (1.0 + 0.5 * mantissa)
+    magnitude = torch.where(exponent == 0, 0.5 * mantissa, normal)
     return torch.where((code & 8) != 0, -magnitude, magnitude)
 
 
