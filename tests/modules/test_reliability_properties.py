@@ -229,7 +229,7 @@ def test_compiled_linear_equals_eager_within_the_format_bound_or_both_raise(reci
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", list(RECIPES))
 @settings(
-    max_examples=30,
+    max_examples=60,
     deadline=None,
     derandomize=True,
     database=None,
