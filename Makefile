@@ -40,9 +40,9 @@ demo: $(STAMP)
 	$(PY) -m codegen --check
 	$(PY) demo/linear_demo.py
 
-# Figures 1-5 on this machine -> docs/benchmarks.md + docs/benchmarks/*.png (merging
-# docs/benchmarks_h200.json when present; matplotlib comes with the test extra);
-# the H200 part: python -m benchmarks --device cuda.
+# The CPU figures (boundary, import, codegen, compile, step, memory, op overhead, block)
+# -> docs/benchmarks.md + docs/benchmarks/*.png, merging docs/benchmarks_h200.json when
+# present (matplotlib comes with the test extra); the H200 part: python -m benchmarks --device cuda.
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
