@@ -229,7 +229,6 @@ def calling_side_context(op: Op) -> dict:
         "grad_values": _code_tuple([f"args.{g}" for g in op.grad_fields]),
         "saved_fields": tuple(saved),
         "saved_fields_tuple": _tuple_literal(tuple(saved)),
-        "class_prefix": "".join(part.title() for part in op.name.split("_")),
     }
 
 
@@ -248,8 +247,7 @@ def _template_names() -> frozenset[str]:
 
 def _reserved_names(op: Op) -> frozenset[str]:
     generated = {f"{op.name}_fwd", f"{op.name}_bwd"}
-    prefix = calling_side_context(op)["class_prefix"] if op.impls is not None else ""
-    generated |= {f"call_{op.name}", f"{op.name}_eager", f"{op.name}_compiled", f"_{prefix}Eager"}
+    generated |= {f"call_{op.name}", f"{op.name}_eager", f"{op.name}_compiled"}
     for bundle in (op.forward, op.backward):
         s = snake(bundle.name)
         generated |= {f"flatten_{s}", f"unflatten_{s}", f"spec_{s}"}

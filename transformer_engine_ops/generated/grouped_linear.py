@@ -291,72 +291,29 @@ grouped_linear_fwd = _r.define_op(
 grouped_linear_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
 # Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
 # the backward bundle (no fake run, no flatten); traced, it calls the ops.
-_r.register_autograd(
-    grouped_linear_fwd,
-    grouped_linear_bwd,
-    _r.OpGlue(
-        kernel=_forward_kernel,
-        unflatten=unflatten_grouped_linear_fwd_args,
-        forward_impl=grouped_linear_forward,
-        setup_context=grouped_linear_setup_context,
-        backward_impl=grouped_linear_backward,
-        flatten_backward=flatten_grouped_linear_bwd_args,
-        grad_slots=FORWARD_GRAD_SLOTS,
-        grad_lists=GRAD_FIELD_LISTS,
-        saved_fields=("inp", "weights", "m_splits"),
-        grad_outputs_field="grad_outputs",
-        grad_output_only=False,
-    ),
+# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
+_GLUE = _r.OpGlue(
+    kernel=_forward_kernel,
+    unflatten=unflatten_grouped_linear_fwd_args,
+    forward_impl=grouped_linear_forward,
+    setup_context=grouped_linear_setup_context,
+    backward_impl=grouped_linear_backward,
+    flatten_backward=flatten_grouped_linear_bwd_args,
+    grad_slots=FORWARD_GRAD_SLOTS,
+    grad_lists=GRAD_FIELD_LISTS,
+    saved_fields=("inp", "weights", "m_splits"),
+    grad_outputs_field="grad_outputs",
+    grad_output_only=False,
 )
+_r.register_autograd(grouped_linear_fwd, grouped_linear_bwd, _GLUE)
 _r.register_quantized_dispatch(grouped_linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(grouped_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_grouped_linear` is what a module calls. Eagerly it runs `grouped_linear_eager` (the impls,
-# no op boundary); under torch.compile, `grouped_linear_compiled` (the custom ops, one graph
-# node each way).
-
-
-class _GroupedLinearEager(torch.autograd.Function):
-    """The eager path: `grouped_linear_forward`, `grouped_linear_setup_context` and
-    `grouped_linear_backward` called directly; the backward bundle's tensors are
-    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, args: GroupedLinearFwdArgs, made: list[Any], lengths: Any, *inputs: Any
-    ) -> tuple[Any, ...]:
-        outputs, saved = grouped_linear_forward(args)
-        backward = grouped_linear_setup_context(args, saved)
-        _r.save_values(
-            ctx,
-            (
-                backward.inp,
-                backward.weights,
-                backward.m_splits,
-            ),
-        )
-        backward.inp = None
-        backward.weights = None
-        backward.m_splits = None
-        ctx.backward_args = backward
-        ctx.lengths = lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        made.append(saved)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = _r.shallow_copy(ctx.backward_args)
-        (
-            args.inp,
-            args.weights,
-            args.m_splits,
-        ) = _r.load_values(ctx)
-        args.grad_outputs = list(grads)
-        input_grads = grouped_linear_backward(args)
-        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+# `call_grouped_linear` is what a module calls. Eagerly it runs `grouped_linear_eager` (the impls
+# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
+# `grouped_linear_compiled` (the custom ops, one graph node each way).
 
 
 def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -365,12 +322,7 @@ def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], t
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_grouped_linear_fwd_args` checks it for the compiled path."""
     flatten_grouped_linear_fwd_args(args)
-    inputs, lengths = _r.eager_inputs((args.inp, args.weights, args.biases), GRAD_FIELD_LISTS)
-    if not _r.needs_autograd(inputs):
-        return grouped_linear_forward(args)
-    made: list[Any] = []
-    outputs = _GroupedLinearEager.apply(args, made, lengths, *inputs)
-    return outputs, made[0]
+    return _r.run_eager(_GLUE, args, (args.inp, args.weights, args.biases))
 
 
 def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:

@@ -588,100 +588,39 @@ layernorm_mlp_fwd = _r.define_op(
 layernorm_mlp_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
 # Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
 # the backward bundle (no fake run, no flatten); traced, it calls the ops.
-_r.register_autograd(
-    layernorm_mlp_fwd,
-    layernorm_mlp_bwd,
-    _r.OpGlue(
-        kernel=_forward_kernel,
-        unflatten=unflatten_layer_norm_mlp_fwd_args,
-        forward_impl=layernorm_mlp_forward,
-        setup_context=layernorm_mlp_setup_context,
-        backward_impl=layernorm_mlp_backward,
-        flatten_backward=flatten_layer_norm_mlp_bwd_args,
-        grad_slots=FORWARD_GRAD_SLOTS,
-        grad_lists=GRAD_FIELD_LISTS,
-        saved_fields=(
-            "inp",
-            "ln_weight",
-            "mu",
-            "rsigma",
-            "fc1_inputmat",
-            "fc1_weight_fp8",
-            "fc1_out",
-            "fc2_inputmat",
-            "fc2_weight_fp8",
-        ),
-        grad_outputs_field="grad_outputs",
-        grad_output_only=False,
+# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
+_GLUE = _r.OpGlue(
+    kernel=_forward_kernel,
+    unflatten=unflatten_layer_norm_mlp_fwd_args,
+    forward_impl=layernorm_mlp_forward,
+    setup_context=layernorm_mlp_setup_context,
+    backward_impl=layernorm_mlp_backward,
+    flatten_backward=flatten_layer_norm_mlp_bwd_args,
+    grad_slots=FORWARD_GRAD_SLOTS,
+    grad_lists=GRAD_FIELD_LISTS,
+    saved_fields=(
+        "inp",
+        "ln_weight",
+        "mu",
+        "rsigma",
+        "fc1_inputmat",
+        "fc1_weight_fp8",
+        "fc1_out",
+        "fc2_inputmat",
+        "fc2_weight_fp8",
     ),
+    grad_outputs_field="grad_outputs",
+    grad_output_only=False,
 )
+_r.register_autograd(layernorm_mlp_fwd, layernorm_mlp_bwd, _GLUE)
 _r.register_quantized_dispatch(layernorm_mlp_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm_mlp` is what a module calls. Eagerly it runs `layernorm_mlp_eager` (the impls,
-# no op boundary); under torch.compile, `layernorm_mlp_compiled` (the custom ops, one graph
-# node each way).
-
-
-class _LayernormMlpEager(torch.autograd.Function):
-    """The eager path: `layernorm_mlp_forward`, `layernorm_mlp_setup_context` and
-    `layernorm_mlp_backward` called directly; the backward bundle's tensors are
-    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, args: LayerNormMLPFwdArgs, made: list[Any], lengths: Any, *inputs: Any
-    ) -> tuple[Any, ...]:
-        outputs, saved = layernorm_mlp_forward(args)
-        backward = layernorm_mlp_setup_context(args, saved)
-        _r.save_values(
-            ctx,
-            (
-                backward.inp,
-                backward.ln_weight,
-                backward.mu,
-                backward.rsigma,
-                backward.fc1_inputmat,
-                backward.fc1_weight_fp8,
-                backward.fc1_out,
-                backward.fc2_inputmat,
-                backward.fc2_weight_fp8,
-            ),
-        )
-        backward.inp = None
-        backward.ln_weight = None
-        backward.mu = None
-        backward.rsigma = None
-        backward.fc1_inputmat = None
-        backward.fc1_weight_fp8 = None
-        backward.fc1_out = None
-        backward.fc2_inputmat = None
-        backward.fc2_weight_fp8 = None
-        ctx.backward_args = backward
-        ctx.lengths = lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        made.append(saved)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = _r.shallow_copy(ctx.backward_args)
-        (
-            args.inp,
-            args.ln_weight,
-            args.mu,
-            args.rsigma,
-            args.fc1_inputmat,
-            args.fc1_weight_fp8,
-            args.fc1_out,
-            args.fc2_inputmat,
-            args.fc2_weight_fp8,
-        ) = _r.load_values(ctx)
-        args.grad_outputs = list(grads)
-        input_grads = layernorm_mlp_backward(args)
-        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+# `call_layernorm_mlp` is what a module calls. Eagerly it runs `layernorm_mlp_eager` (the impls
+# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
+# `layernorm_mlp_compiled` (the custom ops, one graph node each way).
 
 
 def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -690,7 +629,9 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_layer_norm_mlp_fwd_args` checks it for the compiled path."""
     flatten_layer_norm_mlp_fwd_args(args)
-    inputs, lengths = _r.eager_inputs(
+    return _r.run_eager(
+        _GLUE,
+        args,
         (
             args.inp,
             args.ln_weight,
@@ -700,13 +641,7 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
             args.fc2_weight,
             args.fc2_bias,
         ),
-        GRAD_FIELD_LISTS,
     )
-    if not _r.needs_autograd(inputs):
-        return layernorm_mlp_forward(args)
-    made: list[Any] = []
-    outputs = _LayernormMlpEager.apply(args, made, lengths, *inputs)
-    return outputs, made[0]
 
 
 def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:

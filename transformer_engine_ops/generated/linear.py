@@ -397,69 +397,29 @@ linear_fwd = _r.define_op(
 linear_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
 # Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
 # the backward bundle (no fake run, no flatten); traced, it calls the ops.
-_r.register_autograd(
-    linear_fwd,
-    linear_bwd,
-    _r.OpGlue(
-        kernel=_forward_kernel,
-        unflatten=unflatten_linear_fwd_args,
-        forward_impl=linear_forward,
-        setup_context=linear_setup_context,
-        backward_impl=linear_backward,
-        flatten_backward=flatten_linear_bwd_args,
-        grad_slots=FORWARD_GRAD_SLOTS,
-        grad_lists=GRAD_FIELD_LISTS,
-        saved_fields=("inputmat", "weight_fp8"),
-        grad_outputs_field="grad_outputs",
-        grad_output_only=False,
-    ),
+# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
+_GLUE = _r.OpGlue(
+    kernel=_forward_kernel,
+    unflatten=unflatten_linear_fwd_args,
+    forward_impl=linear_forward,
+    setup_context=linear_setup_context,
+    backward_impl=linear_backward,
+    flatten_backward=flatten_linear_bwd_args,
+    grad_slots=FORWARD_GRAD_SLOTS,
+    grad_lists=GRAD_FIELD_LISTS,
+    saved_fields=("inputmat", "weight_fp8"),
+    grad_outputs_field="grad_outputs",
+    grad_output_only=False,
 )
+_r.register_autograd(linear_fwd, linear_bwd, _GLUE)
 _r.register_quantized_dispatch(linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_linear` is what a module calls. Eagerly it runs `linear_eager` (the impls,
-# no op boundary); under torch.compile, `linear_compiled` (the custom ops, one graph
-# node each way).
-
-
-class _LinearEager(torch.autograd.Function):
-    """The eager path: `linear_forward`, `linear_setup_context` and
-    `linear_backward` called directly; the backward bundle's tensors are
-    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, args: LinearFwdArgs, made: list[Any], lengths: Any, *inputs: Any
-    ) -> tuple[Any, ...]:
-        outputs, saved = linear_forward(args)
-        backward = linear_setup_context(args, saved)
-        _r.save_values(
-            ctx,
-            (
-                backward.inputmat,
-                backward.weight_fp8,
-            ),
-        )
-        backward.inputmat = None
-        backward.weight_fp8 = None
-        ctx.backward_args = backward
-        ctx.lengths = lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        made.append(saved)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = _r.shallow_copy(ctx.backward_args)
-        (
-            args.inputmat,
-            args.weight_fp8,
-        ) = _r.load_values(ctx)
-        args.grad_outputs = list(grads)
-        input_grads = linear_backward(args)
-        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+# `call_linear` is what a module calls. Eagerly it runs `linear_eager` (the impls
+# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
+# `linear_compiled` (the custom ops, one graph node each way).
 
 
 def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -468,12 +428,7 @@ def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_linear_fwd_args` checks it for the compiled path."""
     flatten_linear_fwd_args(args)
-    inputs, lengths = _r.eager_inputs((args.inp, args.weight, args.bias), GRAD_FIELD_LISTS)
-    if not _r.needs_autograd(inputs):
-        return linear_forward(args)
-    made: list[Any] = []
-    outputs = _LinearEager.apply(args, made, lengths, *inputs)
-    return outputs, made[0]
+    return _r.run_eager(_GLUE, args, (args.inp, args.weight, args.bias))
 
 
 def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:

@@ -550,6 +550,50 @@ def eager_input_grads(
     return tuple(g if t else None for g, t in zip(flat, is_tensor, strict=True))
 
 
+class _EagerFunction(torch.autograd.Function):
+    """The eager path of every op: ``forward_impl``, ``setup_context`` and
+    ``backward_impl`` called directly (no op boundary). The backward bundle's
+    tensor-carrying fields go through ``save_for_backward`` (saved-tensor hooks see
+    every tensor, quantized values as their inner buffers); the rest of the bundle stays
+    on the context and is copied per backward, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, glue: OpGlue, args: Any, made: list[Any], lengths: Any, *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = glue.forward_impl(args)
+        backward = glue.setup_context(args, saved)
+        save_values(ctx, [getattr(backward, name) for name in glue.saved_fields])
+        for name in glue.saved_fields:
+            setattr(backward, name, None)
+        ctx.glue, ctx.backward_args, ctx.lengths = glue, backward, lengths
+        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        glue: OpGlue = ctx.glue
+        args = shallow_copy(ctx.backward_args)
+        for name, value in zip(glue.saved_fields, load_values(ctx), strict=True):
+            setattr(args, name, value)
+        setattr(args, glue.grad_outputs_field, grads[0] if glue.grad_output_only else list(grads))
+        input_grads = glue.backward_impl(args)
+        return (None, None, None, None, *eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+
+
+def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any, Any]:
+    """``(outputs, saved)`` of ``glue.forward_impl(args)``, the outputs attached to
+    autograd when a gradient field (``grad_values``, in ``grad_fields`` order) requires
+    grad."""
+    inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
+    if not needs_autograd(inputs):
+        return glue.forward_impl(args)
+    made: list[Any] = []
+    outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
+    return outputs, made[0]
+
+
 # --- lean registration: the dispatcher's fixed cost, paid once per call -----------------
 # ``torch.library.custom_op`` wraps every call in Python layers: an autograd kernel that,
 # even with no gradient to record, re-enters the dispatcher (every slot converted to C++

@@ -354,62 +354,29 @@ every_kind_fwd = _r.define_op(
 every_kind_bwd = _r.define_op(BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake)
 # Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
 # the backward bundle (no fake run, no flatten); traced, it calls the ops.
-_r.register_autograd(
-    every_kind_fwd,
-    every_kind_bwd,
-    _r.OpGlue(
-        kernel=_forward_kernel,
-        unflatten=unflatten_every_kind_fwd_args,
-        forward_impl=every_kind_forward,
-        setup_context=every_kind_setup_context,
-        backward_impl=every_kind_backward,
-        flatten_backward=flatten_every_kind_bwd_args,
-        grad_slots=FORWARD_GRAD_SLOTS,
-        grad_lists=GRAD_FIELD_LISTS,
-        saved_fields=("saved",),
-        grad_outputs_field="grad_outputs",
-        grad_output_only=False,
-    ),
+# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
+_GLUE = _r.OpGlue(
+    kernel=_forward_kernel,
+    unflatten=unflatten_every_kind_fwd_args,
+    forward_impl=every_kind_forward,
+    setup_context=every_kind_setup_context,
+    backward_impl=every_kind_backward,
+    flatten_backward=flatten_every_kind_bwd_args,
+    grad_slots=FORWARD_GRAD_SLOTS,
+    grad_lists=GRAD_FIELD_LISTS,
+    saved_fields=("saved",),
+    grad_outputs_field="grad_outputs",
+    grad_output_only=False,
 )
+_r.register_autograd(every_kind_fwd, every_kind_bwd, _GLUE)
 _r.register_quantized_dispatch(every_kind_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(every_kind_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_every_kind` is what a module calls. Eagerly it runs `every_kind_eager` (the impls,
-# no op boundary); under torch.compile, `every_kind_compiled` (the custom ops, one graph
-# node each way).
-
-
-class _EveryKindEager(torch.autograd.Function):
-    """The eager path: `every_kind_forward`, `every_kind_setup_context` and
-    `every_kind_backward` called directly; the backward bundle's tensors are
-    saved with `save_for_backward` (saved-tensor hooks see every one of them)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, args: EveryKindFwdArgs, made: list[Any], lengths: Any, *inputs: Any
-    ) -> tuple[Any, ...]:
-        outputs, saved = every_kind_forward(args)
-        backward = every_kind_setup_context(args, saved)
-        _r.save_values(
-            ctx,
-            (backward.saved,),
-        )
-        backward.saved = None
-        ctx.backward_args = backward
-        ctx.lengths = lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        made.append(saved)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        args = _r.shallow_copy(ctx.backward_args)
-        (args.saved,) = _r.load_values(ctx)
-        args.grad_outputs = list(grads)
-        input_grads = every_kind_backward(args)
-        return (None, None, None, *_r.eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+# `call_every_kind` is what a module calls. Eagerly it runs `every_kind_eager` (the impls
+# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
+# `every_kind_compiled` (the custom ops, one graph node each way).
 
 
 def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -418,14 +385,7 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_every_kind_fwd_args` checks it for the compiled path."""
     flatten_every_kind_fwd_args(args)
-    inputs, lengths = _r.eager_inputs(
-        (args.x, args.w, args.maybe_x, args.forward_ref, args.xs), GRAD_FIELD_LISTS
-    )
-    if not _r.needs_autograd(inputs):
-        return every_kind_forward(args)
-    made: list[Any] = []
-    outputs = _EveryKindEager.apply(args, made, lengths, *inputs)
-    return outputs, made[0]
+    return _r.run_eager(_GLUE, args, (args.x, args.w, args.maybe_x, args.forward_ref, args.xs))
 
 
 def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
