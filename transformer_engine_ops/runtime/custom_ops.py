@@ -75,16 +75,6 @@ def _flat_value(value: Any, device: torch.device | None) -> list[torch.Tensor]:
     return [value.contiguous()]
 
 
-def _device_of(values: Sequence[Any]) -> torch.device | None:
-    return next((v.device for v in values if v is not None), None)
-
-
-def pack_result(outputs: Sequence[Any], saved: Sequence[Any]) -> list[torch.Tensor]:
-    """A forward's (outputs, saved) as one flat list: quantized values as inner buffers."""
-    device = _device_of([*outputs, *saved])
-    return [t for v in (*outputs, *saved) for t in _flat_value(v, device)]
-
-
 def fake_result(
     out_specs: Sequence[TensorSpec | None],
     saved_specs: Sequence[TensorSpec | None],
@@ -95,29 +85,6 @@ def fake_result(
     for s in (*out_specs, *saved_specs):
         flat += [none_sentinel(device)] if s is None else s.create_inner_tensors()
     return flat
-
-
-def slot_count(s: TensorSpec | None) -> int:
-    return 1 if s is None else len(s.inner_names())
-
-
-def assemble(specs_: Sequence[TensorSpec | None], flat: Sequence[torch.Tensor]) -> list[Any]:
-    """Rebuild values from a flat run of buffers, following their specs."""
-    values, cursor = [], 0
-    for s in specs_:
-        n = slot_count(s)
-        values.append(None if s is None else s.assemble(list(flat[cursor : cursor + n])))
-        cursor += n
-    return values
-
-
-def split_result(
-    out_specs: Sequence[TensorSpec | None],
-    saved_specs: Sequence[TensorSpec | None],
-    flat: Sequence[torch.Tensor],
-) -> tuple[list[Any], list[Any]]:
-    n_out = sum(slot_count(s) for s in out_specs)
-    return assemble(out_specs, flat[:n_out]), assemble(saved_specs, flat[n_out:])
 
 
 def _flat_grads(grads: Sequence[Any], device: torch.device | None) -> list[torch.Tensor]:
@@ -146,69 +113,6 @@ def fake_grads(grad_specs: Sequence[Any], device: torch.device | None) -> list[t
 # --- autograd context -------------------------------------------------------------
 
 
-def save_backward_slots(
-    ctx: Any, slots: Sequence[Any], tensor_list_slots: tuple[int, ...] | None = None
-) -> None:
-    """Keep the backward op's slots on ``ctx``; tensors go through save_for_backward.
-
-    ``tensor_list_slots`` are the ``Tensor[]`` slots (their elements are saved one by
-    one); every other slot is a tensor, None or a plain value. Without it, non-empty
-    lists of tensors are taken for ``Tensor[]`` slots.
-    """
-    if tensor_list_slots is None:
-        tensor_list_slots = _tensor_lists(slots)
-    tensors: list[torch.Tensor] = []
-    layout: list[Any] = []
-    for i, value in enumerate(slots):
-        if isinstance(value, torch.Tensor):
-            layout.append(("t", len(tensors)))
-            tensors.append(value)
-        elif i in tensor_list_slots and value is not None:
-            layout.append(("l", len(tensors), len(value)))
-            tensors += value
-        else:
-            layout.append(("v", value))
-    ctx.save_for_backward(*tensors)
-    ctx.backward_layout = tuple(layout)
-
-
-def load_backward_slots(ctx: Any) -> list[Any]:
-    """The slots :func:`save_backward_slots` kept. The context is left intact, so a
-    retained graph may run its backward again (``retain_graph=True``)."""
-    tensors = ctx.saved_tensors
-    slots: list[Any] = []
-    for entry in ctx.backward_layout:
-        if entry[0] == "t":
-            slots.append(tensors[entry[1]])
-        elif entry[0] == "l":
-            slots.append(list(tensors[entry[1] : entry[1] + entry[2]]))
-        else:
-            slots.append(entry[1])
-    return slots
-
-
-def output_grads(
-    out_specs: Sequence[TensorSpec | None], flat_grads: Sequence[Any]
-) -> list[torch.Tensor]:
-    """The gradient of each user output (its first slot), zeros where autograd gave None."""
-    grads, cursor = [], 0
-    for s in out_specs:
-        g = flat_grads[cursor]
-        if g is None and s is not None:
-            g = torch.zeros(s.shape, dtype=s.dtype, device=s.device)
-        grads.append(g)
-        cursor += slot_count(s)
-    return grads
-
-
-def input_grad(grad: torch.Tensor, shape: Sequence[Any] | None) -> torch.Tensor | None:
-    """A returned gradient, decoded and viewed back to its input's shape."""
-    g = decode_none(grad)
-    if g is None or shape is None or tuple(g.shape) == tuple(shape):
-        return g
-    return g.view(shape)
-
-
 # --- definition -------------------------------------------------------------------
 
 _REGISTRATION_ERRORS: list[str] = []
@@ -217,27 +121,6 @@ _REGISTRATION_ERRORS: list[str] = []
 def registration_error() -> str | None:
     """Why the generated ops could not be registered on this torch (None if they were)."""
     return _REGISTRATION_ERRORS[0] if _REGISTRATION_ERRORS else None
-
-
-def define(qualname: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> Any:
-    """Define a custom op with its real and fake kernels, never dead-code eliminated.
-
-    Ops may run collectives, so an op whose result is unused must still run; FX's
-    side-effect registry keeps it (the stronger effect-token mode is incompatible
-    with CUDA-graph trees). A failure is recorded, not raised, so the package still
-    imports and modules fall back to eager with the reason.
-    """
-    try:
-        op = torch.library.custom_op(qualname, kernel, mutates_args=(), schema=schema)
-        op.register_fake(fake)
-        torch.fx.node.has_side_effect(op._opoverload)
-        return op
-    except Exception as exc:  # noqa: BLE001 - any torch-version failure means: fall back
-        _REGISTRATION_ERRORS.append(
-            f"could not register {qualname} on torch {torch.__version__}: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return None
 
 
 def register_quantized_dispatch(op: Any, tq_slots: tuple[int, ...]) -> None:
@@ -288,68 +171,12 @@ def first_device(slots: Sequence[Any]) -> torch.device | None:
     return None
 
 
-def _tensor_lists(slots: Sequence[Any]) -> tuple[int, ...]:
-    return tuple(
-        i
-        for i, v in enumerate(slots)
-        if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v)
-    )
-
-
-def grad_layout(
-    inputs: Sequence[Any],
-    grad_slots: tuple[int, ...],
-    tensor_list_slots: tuple[int, ...] | None = None,
-) -> tuple[Any, ...]:
-    """What the backward needs of the forward inputs: each gradient slot's shape (a
-    list of element shapes for a ``Tensor[]`` slot) and the length of every input that
-    is a list of tensors only (autograd wants a list of gradients there, nothing else
-    does). torch decides that by value, whatever the schema type: an empty list of any
-    type (``SymInt[]``, a quantizer or description list) counts, and so does a
-    ``Tensor?[]`` holding no None; so the values decide here too, and
-    ``tensor_list_slots`` (the ``Tensor[]`` slots, a subset) is not needed.
-    """
-    shapes = tuple(_shape_of(inputs[i]) for i in grad_slots)
-    lists = tuple(
-        (i, len(v))
-        for i, v in enumerate(inputs)
-        if isinstance(v, list) and all(isinstance(t, torch.Tensor) for t in v)
-    )
-    return shapes, lists
-
-
 def _shape_of(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.shape
     if isinstance(value, list):
         return [t.shape for t in value]
     return None
-
-
-def input_grads(
-    n_slots: int,
-    grad_slots: tuple[int, ...],
-    grads: Sequence[torch.Tensor],
-    layout: tuple[Any, ...],
-) -> tuple[Any, ...]:
-    """One gradient per forward slot from the backward op's flat result: the declared
-    gradient fields' at their slots (a ``Tensor[]`` field takes one per element)."""
-    shapes, lists = layout
-    out: list[Any] = [None] * n_slots
-    for slot, length in lists:
-        out[slot] = [None] * length
-    cursor = 0
-    for slot, shape in zip(grad_slots, shapes, strict=True):
-        if isinstance(shape, list):
-            n = len(shape)
-            out[slot] = [
-                input_grad(g, s) for g, s in zip(grads[cursor : cursor + n], shape, strict=True)
-            ]
-            cursor += n
-        else:
-            out[slot] = input_grad(grads[cursor], shape)
-            cursor += 1
-    return tuple(out)
 
 
 # --- user outputs of a compiled call ----------------------------------------------
@@ -386,7 +213,7 @@ def _spec_layout(s: TensorSpec | None) -> tuple[Any, ...]:
 
 
 def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any]) -> list[Any]:
-    """:func:`record_outputs` and :func:`pack_result` in one pass (a real kernel's return)."""
+    """Pack a real kernel's ``(outputs, saved)`` into its flat result and record its layout, in one pass."""
     flat: list[torch.Tensor] = []
     layouts: list[tuple[Any, ...]] = []
     device = None
@@ -410,12 +237,6 @@ def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any])
 
 _TENSOR_LAYOUT = ("tensor",)
 _NONE_LAYOUT = ("none",)
-
-
-def record_outputs(qualname: str, outputs: Sequence[Any], saved: Sequence[Any] = ()) -> None:
-    """Remember how the real kernel's user outputs (and saved values) sit in its flat result."""
-    _OUTPUT_LAYOUTS[qualname] = out = tuple(_value_layout(v) for v in outputs)
-    _RESULT_LAYOUTS[qualname] = (out, tuple(_value_layout(v) for v in saved))
 
 
 def record_output_specs(
