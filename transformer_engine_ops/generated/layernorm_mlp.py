@@ -34,12 +34,12 @@ GRAD_FIELDS = ("inp", "ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_wei
 FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6, 7, 10)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
-FORWARD_QUANTIZED_SLOTS = (3, 7)
+FORWARD_QUANTIZED_SLOTS = (3, 7, 11, 14)
 BACKWARD_QUANTIZED_SLOTS = (5, 8, 13, 16)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
 # Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (4, 8)
+FORWARD_TENSOR_LIST_SLOTS = (4, 8, 12, 15)
 BACKWARD_TENSOR_LIST_SLOTS = (0, 6, 9, 14, 17)
 # Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
 GRAD_FIELD_LISTS = (False, False, False, False, False, False, False)
@@ -57,6 +57,14 @@ FORWARD_SCHEMA = (
     ", Tensor[] fc2_weight__inner"
     ", str fc2_weight__meta"
     ", Tensor? fc2_bias"
+    ", Tensor? fc1_weight_workspace"
+    ", Tensor[] fc1_weight_workspace__inner"
+    ", str fc1_weight_workspace__meta"
+    ", Tensor? fc2_weight_workspace"
+    ", Tensor[] fc2_weight_workspace__inner"
+    ", str fc2_weight_workspace__meta"
+    ", bool? is_first_microbatch"
+    ", bool cache_weight"
     ", bool input_requires_grad"
     ", bool ln_weight_requires_grad"
     ", bool ln_bias_requires_grad"
@@ -107,6 +115,18 @@ FORWARD_SLOTS = (
     _b.SlotRow("fc2_weight", "tensor-or-quantized", "fc2_weight__inner", "Tensor[]"),
     _b.SlotRow("fc2_weight", "tensor-or-quantized", "fc2_weight__meta", "str"),
     _b.SlotRow("fc2_bias", "tensor", "fc2_bias", "Tensor?"),
+    _b.SlotRow("fc1_weight_workspace", "tensor-or-quantized", "fc1_weight_workspace", "Tensor?"),
+    _b.SlotRow(
+        "fc1_weight_workspace", "tensor-or-quantized", "fc1_weight_workspace__inner", "Tensor[]"
+    ),
+    _b.SlotRow("fc1_weight_workspace", "tensor-or-quantized", "fc1_weight_workspace__meta", "str"),
+    _b.SlotRow("fc2_weight_workspace", "tensor-or-quantized", "fc2_weight_workspace", "Tensor?"),
+    _b.SlotRow(
+        "fc2_weight_workspace", "tensor-or-quantized", "fc2_weight_workspace__inner", "Tensor[]"
+    ),
+    _b.SlotRow("fc2_weight_workspace", "tensor-or-quantized", "fc2_weight_workspace__meta", "str"),
+    _b.SlotRow("is_first_microbatch", "scalar", "is_first_microbatch", "bool?"),
+    _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("ln_weight_requires_grad", "scalar", "ln_weight_requires_grad", "bool"),
     _b.SlotRow("ln_bias_requires_grad", "scalar", "ln_bias_requires_grad", "bool"),
@@ -265,6 +285,16 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         _b.check_optional(args.fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
         *_b.tensor_or_quantized(args.fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
         _b.check_optional(args.fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
+        *_b.optional_tensor_or_quantized(
+            args.fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+        ),
+        *_b.optional_tensor_or_quantized(
+            args.fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+        ),
+        _b.check_optional(
+            args.is_first_microbatch, bool, "LayerNormMLPFwdArgs.is_first_microbatch"
+        ),
+        _b.check(args.cache_weight, bool, "LayerNormMLPFwdArgs.cache_weight"),
         _b.check(args.input_requires_grad, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
         _b.check(args.ln_weight_requires_grad, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
         _b.check(args.ln_bias_requires_grad, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
@@ -357,6 +387,10 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         fc1_bias=slot(),
         fc2_weight=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
         fc2_bias=slot(),
+        fc1_weight_workspace=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
+        fc2_weight_workspace=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
+        is_first_microbatch=slot(),
+        cache_weight=slot(),
         input_requires_grad=slot(),
         ln_weight_requires_grad=slot(),
         ln_bias_requires_grad=slot(),
@@ -542,6 +576,8 @@ def spec_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
     args.fc1_bias = _r.spec(args.fc1_bias)
     args.fc2_weight = _r.spec(args.fc2_weight)
     args.fc2_bias = _r.spec(args.fc2_bias)
+    args.fc1_weight_workspace = _r.spec(args.fc1_weight_workspace)
+    args.fc2_weight_workspace = _r.spec(args.fc2_weight_workspace)
     return args
 
 

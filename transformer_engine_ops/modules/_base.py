@@ -17,22 +17,86 @@ from . import _extra_state
 from .autocast import RecipeQuantizers
 
 
+class GemmScalingState:
+    """Holds the delayed-scaling state of one further GEMM of a module (LayerNormMLP's
+    fc2), kept apart from the module's first GEMM as TE keeps one set of FP8 metadata
+    per GEMM."""
+
+
 class ExtraStateMixin:
-    """``get_extra_state``/``set_extra_state`` with TE's ``_extra_state`` key, and the
-    module's own quantizers where the active recipe keeps state (delayed scaling)."""
+    """``get_extra_state``/``set_extra_state`` with TE's ``_extra_state`` key, the recipe
+    a forward runs under (recorded for the recompute of activation checkpointing), and
+    the module's own quantizers where the active recipe keeps state (delayed scaling).
+
+    A module with more than one GEMM names the further ones in ``further_gemms``; each
+    keeps its own scaling state, saved in the ``_extra_state`` dict under its name
+    (the first GEMM's state is the dict itself, as for a one-GEMM module)."""
+
+    further_gemms: tuple[str, ...] = ()
 
     def get_extra_state(self) -> Any:
-        return _extra_state.get_extra_state(self)  # type: ignore[arg-type]
+        state = _extra_state.get_extra_state(self)  # type: ignore[arg-type]
+        if isinstance(state, dict):
+            for gemm in self.further_gemms:
+                state[gemm] = _extra_state.get_extra_state(self._scaling_owner(gemm))
+        return state
 
     def set_extra_state(self, state: Any) -> None:
         _extra_state.set_extra_state(self, state)  # type: ignore[arg-type]
+        if isinstance(state, dict):
+            for gemm in self.further_gemms:
+                _extra_state.set_extra_state(self._scaling_owner(gemm), state.get(gemm))
 
-    def _recipe_quantizers(self, shared: RecipeQuantizers | None) -> RecipeQuantizers | None:
-        """``shared`` for a stateless recipe (or none); this module's stateful quantizers
-        under delayed scaling (such a recipe runs eagerly, so this is never traced)."""
+    def _scaling_owner(self, gemm: str | None) -> Any:
+        """What keeps the scaling state of ``gemm`` (None: the first GEMM, the module)."""
+        if gemm is None:
+            return self
+        if gemm not in self.further_gemms:
+            raise ValueError(f"{type(self).__name__}: no GEMM named {gemm!r}")
+        key = f"_teops_scaling_{gemm}"
+        owner = self.__dict__.get(key)
+        if owner is None:
+            owner = self.__dict__[key] = GemmScalingState()
+        return owner
+
+    def _forward_recipe(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
+        """The recipe a forward runs under: the active one, recorded on the module
+        (eagerly); in the recompute of an activation-checkpointed region (a forward run
+        by a backward pass, outside the ``autocast`` that wrapped the original forward)
+        the one the original forward recorded, so the recompute quantizes as the forward
+        did. Under torch.compile the recompute is traced with the forward's quantizers as
+        graph constants, so nothing is recorded there."""
+        if torch.compiler.is_compiling():
+            return active
+        if active is None and torch._C._current_graph_task_id() != -1:
+            return self.__dict__.get("_teops_forward_recipe")
+        self.__dict__["_teops_forward_recipe"] = active
+        return active
+
+    def _stateful_quantizers(
+        self, shared: RecipeQuantizers | None, gemm: str | None = None
+    ) -> RecipeQuantizers | None:
+        """``shared`` for a stateless recipe (or none); the stateful quantizers of this
+        module's ``gemm`` under delayed scaling (such a recipe runs eagerly)."""
         if shared is None or shared.compile_blocker is None:
             return shared
-        return _extra_state.module_quantizers(self, shared)  # type: ignore[arg-type]
+        return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
+
+    def _recipe_quantizers(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
+        """The quantizers of this forward's (first) GEMM: :meth:`_forward_recipe` of
+        ``active``, made stateful per module under delayed scaling."""
+        return self._stateful_quantizers(self._forward_recipe(active))
+
+    def _initial_weight(
+        self, init: RecipeQuantizers, weight: torch.Tensor, gemm: str | None = None
+    ) -> Any:
+        """``weight`` quantized under ``quantized_model_init``. Delayed scaling: with the
+        GEMM's own weight quantizer, its scale seeded from the weight's amax (a scale of 1
+        flushes small weights to zero or subnormals)."""
+        quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
+        if quantizer is not init.weight:
+            quantizer.observe(weight)
+        return quantizer.with_internal(False).quantize(weight)
 
 
 # --- constructor arguments --------------------------------------------------------

@@ -10,6 +10,7 @@ shard (for a gated activation, its shard of each half).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,20 +18,26 @@ import torch
 from torch import nn
 
 from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
-from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs
+from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_columnwise
+from ..runtime.fallback import run_eagerly
+from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
-from ._call import call_op
-from .autocast import STATE
+from ._call import call_op, unsupported_reason
+from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
 
 _GEMM = GemmConfig()
+# The reason a compiled call with weight caching runs eagerly (Linear's wording).
+_CACHING_REASON = "weight caching across microbatches (is_first_microbatch)"
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
 class LayerNormMLP(ExtraStateMixin, nn.Module):
     """``y = fc2(act(fc1(norm(x))))`` with TE's recipes and tensor/sequence parallelism."""
+
+    further_gemms = ("fc2",)
 
     def __init__(
         self,
@@ -124,8 +131,8 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         fc2 = fc2.narrow(1, rank * local, local).clone()
         init = STATE.model_init
         if init is not None:
-            fc1 = init.weight.with_internal(False).quantize(fc1)
-            fc2 = init.weight.with_internal(False).quantize(fc2)
+            fc1 = self._initial_weight(init, fc1)
+            fc2 = self._initial_weight(init, fc2, "fc2")
         # Registered in TE's order: fc1 weight and bias, then fc2's.
         self.fc1_weight = nn.Parameter(fc1)
         if bias:
@@ -137,55 +144,100 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
         else:
             self.register_parameter("fc2_bias", None)
+        # The quantized weights kept across microbatches (``is_first_microbatch``).
+        self._fc1_weight_workspace: Any = None
+        self._fc2_weight_workspace: Any = None
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
-        reject_unimplemented(
-            f"{type(self).__name__}.forward", is_first_microbatch=(is_first_microbatch, None)
-        )
-        # fc1 and fc2 each take the recipe's quantizers in their own bundle fields.
-        q: Any = self._recipe_quantizers(STATE.autocast)
+        """TE's ``LayerNormMLP.forward(inp, is_first_microbatch=None)``.
+
+        ``is_first_microbatch``: None quantizes fc1's and fc2's weights on every call;
+        True quantizes them and keeps the quantized copies (the weight workspaces);
+        False reuses the kept copies without quantizing (the weights must not have
+        changed since the first microbatch, as in TE). Inert without a recipe and for
+        weights already quantized (``quantized_model_init``). Under torch.compile a
+        quantized cached call runs eagerly with its reason (``fullgraph=True`` raises it),
+        as for ``Linear``.
+        """
+        shared = self._forward_recipe(STATE.autocast)
+        args = self._fwd_args(inp, shared, is_first_microbatch)
+        if not args.cache_weight:
+            outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, shared)
+        elif not torch.compiler.is_compiling():
+            outputs = self._eager_cached(args)
+        else:
+            reason = unsupported_reason(args, shared) or _CACHING_REASON
+            outputs = run_eagerly(reason, self._eager_cached, args)
+        extra: tuple[Any, ...] = ()
+        if self.return_bias:
+            bias = self.fc2_bias
+            extra += (None if bias is None else bias.to(args.activation_dtype),)
+        if self.return_layernorm_output:
+            extra += (outputs[1],)
+        return (outputs[0], *extra) if extra else outputs[0]
+
+    def _fwd_args(
+        self, inp: Any, shared: RecipeQuantizers | None, is_first_microbatch: bool | None
+    ) -> LayerNormMLPFwdArgs:
+        # fc1 and fc2 each take their own quantizers: the recipe's, or under delayed
+        # scaling each GEMM's own stateful ones (TE keeps FP8 metadata per GEMM).
+        q1: Any = self._stateful_quantizers(shared)
+        q2: Any = self._stateful_quantizers(shared, "fc2")
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
         fc2_bias = None if self.return_bias else self.fc2_bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
-        fc1_bias = self.fc1_bias
-        args = LayerNormMLPFwdArgs(
+        fc1_weight, fc1_bias, fc2_weight = self.fc1_weight, self.fc1_bias, self.fc2_weight
+        # Weight caching only means something where this call quantizes a weight.
+        cache = (
+            is_first_microbatch is not None
+            and shared is not None
+            and not (
+                isinstance(fc1_weight, QuantizedData) and isinstance(fc2_weight, QuantizedData)
+            )
+        )
+        later = cache and is_first_microbatch is False
+        return LayerNormMLPFwdArgs(
             inp=inp,
             ln_weight=ln_weight,
             ln_bias=ln_bias,
-            fc1_weight=self.fc1_weight,
+            fc1_weight=fc1_weight,
             fc1_bias=fc1_bias,
-            fc2_weight=self.fc2_weight,
+            fc2_weight=fc2_weight,
             fc2_bias=fc2_bias,
+            fc1_weight_workspace=self._fc1_weight_workspace if later else None,
+            fc2_weight_workspace=self._fc2_weight_workspace if later else None,
+            is_first_microbatch=is_first_microbatch if cache else None,
+            cache_weight=cache,
             input_requires_grad=is_tensor and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
             ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
-            fc1_weight_requires_grad=self.fc1_weight.requires_grad,
+            fc1_weight_requires_grad=fc1_weight.requires_grad,
             fc1_bias_requires_grad=fc1_bias is not None and fc1_bias.requires_grad,
-            fc2_weight_requires_grad=self.fc2_weight.requires_grad,
+            fc2_weight_requires_grad=fc2_weight.requires_grad,
             fc2_bias_requires_grad=fc2_bias is not None and fc2_bias.requires_grad,
             normalization=self.normalization,
             eps=self.eps,
             zero_centered_gamma=self.zero_centered_gamma,
             return_layernorm_output=self.return_layernorm_output,
             activation=self.activation,
-            fc1_input_quantizer=q and q.input,
-            fc1_weight_quantizer=q and q.weight,
-            fc1_output_quantizer=q and q.output,
-            fc1_grad_input_quantizer=q and q.grad_input,
-            fc1_grad_weight_quantizer=q and q.grad_weight,
-            fc1_grad_output_quantizer=q and q.grad_output,
-            fc2_input_quantizer=q and q.input,
-            fc2_weight_quantizer=q and q.weight,
-            fc2_output_quantizer=q and q.output,
-            fc2_grad_input_quantizer=q and q.grad_input,
-            fc2_grad_weight_quantizer=q and q.grad_weight,
-            fc2_grad_output_quantizer=q and q.grad_output,
+            fc1_input_quantizer=q1 and q1.input,
+            fc1_weight_quantizer=q1 and q1.weight,
+            fc1_output_quantizer=q1 and q1.output,
+            fc1_grad_input_quantizer=q1 and q1.grad_input,
+            fc1_grad_weight_quantizer=q1 and q1.grad_weight,
+            fc1_grad_output_quantizer=q1 and q1.grad_output,
+            fc2_input_quantizer=q2 and q2.input,
+            fc2_weight_quantizer=q2 and q2.weight,
+            fc2_output_quantizer=q2 and q2.output,
+            fc2_grad_input_quantizer=q2 and q2.grad_input,
+            fc2_grad_weight_quantizer=q2 and q2.grad_weight,
+            fc2_grad_output_quantizer=q2 and q2.grad_output,
             activation_dtype=dtype,
-            fp8=q is not None,
-            fprop_gemm=_GEMM,
-            dgrad_gemm=_GEMM,
-            wgrad_gemm=_GEMM,
+            fp8=q1 is not None,
+            fprop_gemm=q1.fprop_gemm if q1 else _GEMM,
+            dgrad_gemm=q1.dgrad_gemm if q1 else _GEMM,
+            wgrad_gemm=q1.wgrad_gemm if q1 else _GEMM,
             set_parallel_mode=self.set_parallel_mode,
             tp_group=self.tp_group,
             tp_size=self.tp_size,
@@ -194,13 +246,27 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             ffn_hidden_size=self.ffn_hidden_size,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, q)
-        extra: tuple[Any, ...] = ()
-        if self.return_bias:
-            extra += (None if self.fc2_bias is None else self.fc2_bias.to(dtype),)
-        if self.return_layernorm_output:
-            extra += (outputs[1],)
-        return (outputs[0], *extra) if extra else outputs[0]
+
+    def _eager_cached(self, args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
+        """The op's eager path with weight caching: a kept workspace that lacks a usage
+        this call needs (made under ``no_grad``, now read by a dgrad GEMM) is remade;
+        the quantized weights this call made are kept for the later microbatches."""
+        needs_columnwise = cached_weights_need_columnwise(args)
+        stale = {}
+        for name, needs in zip(("fc1", "fc2"), needs_columnwise, strict=True):
+            workspace = getattr(args, f"{name}_weight_workspace")
+            if workspace is not None and needs and not workspace.columnwise_usage:
+                stale[f"{name}_weight_workspace"] = None
+        if stale:
+            args = dataclasses.replace(args, **stale)
+        outputs, saved = layernorm_mlp_eager(args)
+        # saved: (mu, rsigma, ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input,
+        # fc2 weight); a weight quantized here is kept with every usage it was made with.
+        if args.fc1_weight_workspace is None and saved[6] is not None:
+            self._fc1_weight_workspace = saved[6]
+        if args.fc2_weight_workspace is None and saved[8] is not None:
+            self._fc2_weight_workspace = saved[8]
+        return outputs
 
     def extra_repr(self) -> str:
         return (

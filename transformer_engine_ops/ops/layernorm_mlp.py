@@ -11,6 +11,7 @@ norm output before fc1 and reduce-scatters fc2's output (and the reverse in back
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Optional
@@ -59,6 +60,12 @@ class LayerNormMLPFwdArgs:
     fc1_bias: Optional[torch.Tensor]
     fc2_weight: TensorOrQuantized
     fc2_bias: Optional[torch.Tensor]
+
+    # --- Cached quantized weights (reused across microbatches) ---
+    fc1_weight_workspace: Optional[TensorOrQuantized]
+    fc2_weight_workspace: Optional[TensorOrQuantized]
+    is_first_microbatch: Optional[bool]
+    cache_weight: bool
 
     # --- requires_grad, recorded so the backward does not re-query ---
     input_requires_grad: bool
@@ -248,8 +255,33 @@ def _norm_grads_needed(args: LayerNormMLPFwdArgs) -> bool:
     )
 
 
+def _cached(stage: LinearFwdArgs, args: LayerNormMLPFwdArgs, workspace: Any) -> LinearFwdArgs:
+    """``stage`` with the weight-workspace caching of ``args`` (Linear's own fields, so
+    Linear's plan decides whether the stage quantizes its weight or reads ``workspace``)."""
+    if not args.cache_weight and workspace is None:
+        return stage
+    return dataclasses.replace(
+        stage,
+        weight_workspace=workspace,
+        is_first_microbatch=args.is_first_microbatch,
+        cache_weight=args.cache_weight,
+    )
+
+
+def cached_weights_need_columnwise(args: LayerNormMLPFwdArgs) -> tuple[bool, bool]:
+    """Whether fc1's and fc2's weights are read by a dgrad GEMM in this call, so a cached
+    workspace made without its columnwise usage (say, under ``no_grad``) must be remade."""
+    fc1_dgrad = _norm_grads_needed(args)
+    fc2_dgrad = args.is_grad_enabled and (
+        fc1_dgrad
+        or args.fc1_weight_requires_grad
+        or (args.fc1_bias is not None and args.fc1_bias_requires_grad)
+    )
+    return fc1_dgrad, fc2_dgrad
+
+
 def _fc1_args(args: LayerNormMLPFwdArgs, ln_out: Any) -> LinearFwdArgs:
-    return linear_stage(
+    stage = linear_stage(
         weight=args.fc1_weight,
         inp=ln_out,
         bias=args.fc1_bias,
@@ -268,6 +300,7 @@ def _fc1_args(args: LayerNormMLPFwdArgs, ln_out: Any) -> LinearFwdArgs:
         out_features=args.fc1_weight.shape[0],
         is_grad_enabled=args.is_grad_enabled,
     )
+    return _cached(stage, args, args.fc1_weight_workspace)
 
 
 def _fc1_needs_grad(fc1: LinearFwdArgs) -> bool:
@@ -280,7 +313,7 @@ def _fc1_needs_grad(fc1: LinearFwdArgs) -> bool:
 
 
 def _fc2_args(args: LayerNormMLPFwdArgs, act_out: Any, fc1: LinearFwdArgs) -> LinearFwdArgs:
-    return linear_stage(
+    stage = linear_stage(
         weight=args.fc2_weight,
         inp=act_out,
         bias=args.fc2_bias,
@@ -299,6 +332,7 @@ def _fc2_args(args: LayerNormMLPFwdArgs, act_out: Any, fc1: LinearFwdArgs) -> Li
         out_features=args.hidden_size,
         is_grad_enabled=args.is_grad_enabled,
     )
+    return _cached(stage, args, args.fc2_weight_workspace)
 
 
 class _ForwardPlan(NamedTuple):
