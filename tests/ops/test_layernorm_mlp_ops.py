@@ -14,7 +14,7 @@ NAME = "layernorm_mlp"
 FLAT = (g.flatten_layer_norm_mlp_fwd_args, g.flatten_layer_norm_mlp_bwd_args)
 
 
-def _bundle(recipe="bf16", bias=True, model_init=False, frozen=(), **kwargs):
+def _bundle(recipe="bf16", bias=True, model_init=False, frozen=(), cache=None, **kwargs):
     def build():
         return te.LayerNormMLP(64, 64, bias=bias, params_dtype=torch.bfloat16, **kwargs)
 
@@ -26,7 +26,19 @@ def _bundle(recipe="bf16", bias=True, model_init=False, frozen=(), **kwargs):
     for name in frozen:
         getattr(module, name).requires_grad_(False)
     x = torch.randn(2, 32, 64).to(torch.bfloat16).requires_grad_(True)
-    return capture_bundle(module, x, recipe)
+    fwd = capture_bundle(module, x, recipe)
+    if cache is None:
+        return fwd
+    # Weight caching: the first microbatch quantizes and keeps both weights (cache_weight);
+    # a later one reads the kept workspaces instead of quantizing.
+    fwd.cache_weight, fwd.is_first_microbatch = True, cache == "first"
+    if cache == "later":
+        with te.autocast(recipe=RECIPES[recipe]()):
+            module(x, is_first_microbatch=True)
+        fwd.fc1_weight_workspace = module._fc1_weight_workspace
+        fwd.fc2_weight_workspace = module._fc2_weight_workspace
+        assert fwd.fc1_weight_workspace is not None and fwd.fc2_weight_workspace is not None
+    return fwd
 
 
 CASES = {
@@ -39,6 +51,14 @@ CASES.update(
         ),
         "srelu-rmsnorm-mxfp8": dict(recipe="mxfp8", activation="srelu", normalization="RMSNorm"),
         "quantized_weights-fp8_block": dict(recipe="fp8_block", model_init=True),
+        **{
+            f"cached_{when}-{r}": dict(recipe=r, cache=when)
+            for when in ("first", "later")
+            for r in ("fp8_current", "mxfp8", "nvfp4")
+        },
+        "cached_later-frozen_fc1-fp8_block": dict(
+            recipe="fp8_block", cache="later", frozen=("layer_norm_weight", "fc1_weight")
+        ),
         "frozen_fc1-nvfp4": dict(
             recipe="nvfp4", frozen=("layer_norm_weight", "layer_norm_bias", "fc1_weight")
         ),

@@ -7,6 +7,10 @@ output; gated activations (``swiglu``, ``geglu``, ``reglu``) gate the first half
 fc1's output features with the second, as TE does. With ``set_parallel_mode`` fc1 is
 column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
 norm output before fc1 and reduce-scatters fc2's output (and the reverse in backward).
+Weight caching across microbatches rides on each stage's own Linear fields
+(``weight_workspace``, ``is_first_microbatch``, ``cache_weight``): a first microbatch
+returns each weight it quantized (with every usage) in ``saved`` for the module to keep;
+a later one reads the kept workspaces and quantizes no weight.
 """
 
 from __future__ import annotations
