@@ -170,3 +170,32 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways(bias):
     x = make_input()
     assert torch.equal(b(x), a(x))
     a.load_state_dict(b.state_dict(), strict=True)
+
+
+# --- the recipe's GEMM settings -------------------------------------------------------
+
+
+def _captured_bundle(module, monkeypatch, recipe):
+    from transformer_engine_ops.modules import layernorm_mlp
+
+    seen = []
+    monkeypatch.setattr(layernorm_mlp, "call_op", lambda e, c, args, q: seen.append(args) or (0,))
+    with te.autocast(recipe=recipe):
+        module(make_input())
+    return seen[0]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_recipes_gemm_settings_reach_both_gemms(split, monkeypatch):
+    mm = te.recipe.MMParams(use_split_accumulator=split)
+    recipe = te.recipe.Float8CurrentScaling(fp8_gemm_fprop=mm, fp8_gemm_dgrad=mm, fp8_gemm_wgrad=mm)
+    args = _captured_bundle(make(KIND), monkeypatch, recipe)
+    assert args.fprop_gemm == args.dgrad_gemm == args.wgrad_gemm == mm
+
+
+@pytest.mark.parametrize("override", ["high_precision", "dequantized"])
+def test_a_recipes_backward_override_is_refused_by_name_as_in_te(override):
+    module = make(KIND)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling(backward_override=override)):
+        with pytest.raises(NotImplementedError, match=f"backward_override='{override}'"):
+            module(make_input())

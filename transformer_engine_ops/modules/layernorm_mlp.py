@@ -181,6 +181,13 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
     ) -> LayerNormMLPFwdArgs:
         # fc1 and fc2 each take their own quantizers: the recipe's, or under delayed
         # scaling each GEMM's own stateful ones (TE keeps FP8 metadata per GEMM).
+        if shared is not None and shared.backward_override is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__}: the recipe's backward_override="
+                f"{shared.backward_override!r} is not implemented for LayerNormMLP (nor in "
+                "TE 2.20.2); use LayerNormLinear + Linear for a high-precision or "
+                "dequantized backward, or backward_override=None"
+            )
         q1: Any = self._stateful_quantizers(shared)
         q2: Any = self._stateful_quantizers(shared, "fc2")
         is_tensor = isinstance(inp, torch.Tensor)
