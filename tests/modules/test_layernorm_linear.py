@@ -418,3 +418,14 @@ def test_compiled_microbatches_under_fullgraph_raise_the_reason(recipe):
     compiled = torch.compile(make(KIND), fullgraph=True, backend=AOT)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
         step(compiled, make_input(), recipe, is_first_microbatch=True)
+
+
+def test_quantized_weight_accepts_is_first_microbatch_and_caches_nothing(weight_quantizations):
+    with te.quantized_model_init(recipe=RECIPES["mxfp8"]()):
+        module = make(KIND)
+    x = make_input()
+    plain = step(module, x, "mxfp8")
+    for first in (True, False):
+        assert_bitwise(step(module, x, "mxfp8", is_first_microbatch=first), plain)
+    assert module._weight_workspace is None
+    assert weight_quantizations == []  # the weight is already quantized

@@ -68,11 +68,7 @@ CASES.update(
     }
 )
 CASES.update(
-    {
-        f"fp8_output-{r}": dict(recipe=r, fp8_output=True, grad=False)
-        for r in RECIPES
-        if r != "bf16"
-    }
+    {f"fp8_output-{r}": dict(recipe=r, fp8_output=True, grad=False) for r in RECIPES if r != "bf16"}
 )
 CASES["fp8_output-ln_out-fp8_block"] = dict(
     recipe="fp8_block", fp8_output=True, grad=False, return_layernorm_output=True
