@@ -1,15 +1,20 @@
 """GroupedLinear: every recipe x bias compiled bitwise equal to eager over changing
 splits (zeros, one group taking everything) without recompiling, the plain formula,
-one gradient per weight and bias, TE's constructor and state-dict keys."""
+one gradient per weight and bias, quantized weights (``quantized_model_init``) with their
+gradients and weights-only state dicts, TE's constructor and state-dict keys."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 import torch
 import torch.nn.functional as F
-from module_cases import RECIPES, graph_breaks, recipe_context, unique_graphs
+from module_cases import QUANTIZED, RECIPES, graph_breaks, recipe_context, unique_graphs
 
 import transformer_engine_ops as te
+from transformer_engine_ops.quantization import DelayedScaling
+from transformer_engine_ops.runtime.quantizer import QuantizedTensor
 
 AOT = "aot_eager"
 ROWS = 128
@@ -17,9 +22,17 @@ ROWS = 128
 SPLITS = ([32, 0, 96], [128, 0, 0], [0, 0, 128], [64, 32, 32])
 
 
-def make(bias: bool = True, seed: int = 0, num_gemms: int = 3) -> te.GroupedLinear:
+def make(
+    bias: bool = True, seed: int = 0, num_gemms: int = 3, init_recipe: str | None = None
+) -> te.GroupedLinear:
+    """A bf16 GroupedLinear; with ``init_recipe``, built under that recipe's
+    ``quantized_model_init`` (quantized weight parameters)."""
     torch.manual_seed(seed)
-    module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
+    if init_recipe is None:
+        module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
+    else:
+        with te.quantized_model_init(recipe=RECIPES[init_recipe]()):
+            module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
     with torch.no_grad():
         for i in range(num_gemms):
             if bias:
@@ -152,3 +165,73 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways():
     x = make_input()
     assert torch.equal(b(x, [32, 0, 96]), a(x, [32, 0, 96]))
     a.load_state_dict(b.state_dict(), strict=True)
+
+
+# --- quantized weight parameters (quantized_model_init) -----------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_weights_compile_bitwise_equal_to_eager_each_with_its_gradient(recipe, bias):
+    module, x = make(bias, init_recipe=recipe), make_input()
+    weights = [getattr(module, f"weight{i}") for i in range(3)]
+    assert all(isinstance(w, QuantizedTensor) and w.requires_grad for w in weights)
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
+    for splits in SPLITS[:2]:
+        s = torch.tensor(splits)
+        expected = step(module, x, s, recipe)
+        assert_equal(step(compiled, x, s, recipe), expected)
+        # Every weight (the empty groups' included) gets a plain gradient of its shape.
+        for i, w in enumerate(weights):
+            assert type(w.grad) is torch.Tensor and w.grad.shape == (32, 64), i
+    assert unique_graphs() == 1
+    assert graph_breaks() == 0
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_weights_are_the_quantized_plain_weights(recipe):
+    """The weights' values are the plain module's (same seed), quantized once: the
+    forward equals the plain module's under the same recipe (whose weight quantizer
+    makes the same codes from the same values)."""
+    quantized, plain, x = make(init_recipe=recipe), make(), make_input()
+    for i in range(3):
+        w, p = getattr(quantized, f"weight{i}"), getattr(plain, f"weight{i}")
+        assert (w.dequantize().float() - p.float()).abs().max() <= 0.2 * p.abs().max()
+    with recipe_context(recipe), torch.no_grad():
+        got, ref = quantized(x, [32, 0, 96]), plain(x, [32, 0, 96])
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_state_dict_round_trips_through_weights_only_load(recipe):
+    saved, fresh, x = make(init_recipe=recipe), make(seed=5, init_recipe=recipe), make_input()
+    s = torch.tensor([32, 0, 96])
+    expected = step(saved, x, s, recipe)
+    assert not torch.equal(step(fresh, x, s, recipe)[0], expected[0])
+    buf = io.BytesIO()
+    torch.save(saved.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    for i in range(3):
+        assert type(state[f"weight{i}"]) is type(getattr(saved, f"weight{i}").data)
+    fresh.load_state_dict(state, strict=True)
+    assert all(isinstance(getattr(fresh, f"weight{i}"), QuantizedTensor) for i in range(3))
+    assert_equal(step(fresh, x, s, recipe), expected)
+
+
+def test_delayed_scaling_quantized_init_seeds_one_scale_from_every_weight_and_trains():
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=DelayedScaling()):
+        module = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    plain = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
+    for i in range(3):
+        w, p = getattr(module, f"weight{i}").dequantize().float(), getattr(plain, f"weight{i}")
+        # E4M3 from a scale covering every weight's amax: nothing clipped or flushed.
+        assert ((w - p.float()).norm() / p.float().norm()).item() < 2**-4
+    x = make_input().requires_grad_(True)
+    with te.autocast(recipe=DelayedScaling()):
+        y = module(x, [32, 0, 96])
+    y.float().square().sum().backward()
+    assert all(getattr(module, f"weight{i}").grad is not None for i in range(3))
+    assert "scale_fwd" in module.state_dict()["_extra_state"]

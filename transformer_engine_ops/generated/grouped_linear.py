@@ -31,23 +31,25 @@ FORWARD_OP = "teops::grouped_linear_fwd"
 BACKWARD_OP = "teops::grouped_linear_bwd"
 GRAD_FIELDS = ("inp", "weights", "biases")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 1, 2)
+FORWARD_GRAD_SLOTS = (0, 1, 4)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
-FORWARD_QUANTIZED_SLOTS = ()
-BACKWARD_QUANTIZED_SLOTS = ()
+FORWARD_QUANTIZED_SLOTS = (1,)
+BACKWARD_QUANTIZED_SLOTS = (2,)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
 # Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (1, 2)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 2)
+FORWARD_TENSOR_LIST_SLOTS = (2, 4)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 3)
 # Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
 GRAD_FIELD_LISTS = (False, True, True)
 
 FORWARD_SCHEMA = (
     "("
     "Tensor inp"
-    ", Tensor[] weights"
+    ", Tensor?[] weights"
+    ", Tensor[] weights__inner"
+    ", str[] weights__meta"
     ", Tensor[]? biases"
     ", Tensor m_splits"
     ", bool input_requires_grad"
@@ -69,7 +71,9 @@ FORWARD_SCHEMA = (
 )
 FORWARD_SLOTS = (
     _b.SlotRow("inp", "tensor", "inp", "Tensor"),
-    _b.SlotRow("weights", "tensor list", "weights", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights", "Tensor?[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__inner", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__meta", "str[]"),
     _b.SlotRow("biases", "tensor list", "biases", "Tensor[]?"),
     _b.SlotRow("m_splits", "tensor", "m_splits", "Tensor"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
@@ -93,7 +97,9 @@ BACKWARD_SCHEMA = (
     "("
     "Tensor[] grad_outputs"
     ", Tensor inp"
-    ", Tensor[] weights"
+    ", Tensor?[] weights"
+    ", Tensor[] weights__inner"
+    ", str[] weights__meta"
     ", Tensor m_splits"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
@@ -115,7 +121,9 @@ BACKWARD_SCHEMA = (
 BACKWARD_SLOTS = (
     _b.SlotRow("grad_outputs", "tensor list", "grad_outputs", "Tensor[]"),
     _b.SlotRow("inp", "tensor", "inp", "Tensor"),
-    _b.SlotRow("weights", "tensor list", "weights", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights", "Tensor?[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__inner", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__meta", "str[]"),
     _b.SlotRow("m_splits", "tensor", "m_splits", "Tensor"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
@@ -139,7 +147,7 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
     """`GroupedLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
         _b.check(args.inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
-        _b.tensor_list(args.weights, "GroupedLinearFwdArgs.weights"),
+        *_b.tensor_or_quantized_list(args.weights, "GroupedLinearFwdArgs.weights"),
         _b.optional_tensor_list(args.biases, "GroupedLinearFwdArgs.biases"),
         _b.check(args.m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
         _b.check(args.input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
@@ -167,7 +175,7 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
     slot = iter(slots).__next__
     return GroupedLinearFwdArgs(
         inp=slot(),
-        weights=slot(),
+        weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         biases=slot(),
         m_splits=slot(),
         input_requires_grad=slot(),
@@ -193,7 +201,7 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
     return (
         _b.tensor_list(args.grad_outputs, "GroupedLinearBwdArgs.grad_outputs"),
         _b.check(args.inp, torch.Tensor, "GroupedLinearBwdArgs.inp"),
-        _b.tensor_list(args.weights, "GroupedLinearBwdArgs.weights"),
+        *_b.tensor_or_quantized_list(args.weights, "GroupedLinearBwdArgs.weights"),
         _b.check(args.m_splits, torch.Tensor, "GroupedLinearBwdArgs.m_splits"),
         _b.check(args.requires_dgrad, bool, "GroupedLinearBwdArgs.requires_dgrad"),
         _b.check(args.requires_wgrad, bool, "GroupedLinearBwdArgs.requires_wgrad"),
@@ -221,7 +229,7 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
     return GroupedLinearBwdArgs(
         grad_outputs=slot(),
         inp=slot(),
-        weights=slot(),
+        weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         m_splits=slot(),
         requires_dgrad=slot(),
         requires_wgrad=slot(),

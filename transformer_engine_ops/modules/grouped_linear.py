@@ -23,9 +23,10 @@ from torch import nn
 from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.values import GemmConfig
+from . import _extra_state
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init
 from ._call import call_op
-from .autocast import STATE
+from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
 
@@ -82,23 +83,36 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         )
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
-        if STATE.model_init is not None:
-            raise NotImplementedError(
-                f"{cls}: quantized_model_init weights are not implemented (per-GEMM weights "
-                "cross as tensors receiving gradients); build the module outside it"
-            )
         self.name = name
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
-        for i in range(num_gemms):
+        weights = []
+        for _ in range(num_gemms):
             weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
             (init_method or te_default_init)(weight)
+            weights.append(weight)
+        if STATE.model_init is not None:
+            weights = self._quantize_initial_weights(STATE.model_init, weights)
+        for i, weight in enumerate(weights):
             self.register_parameter(f"weight{i}", nn.Parameter(weight))
             if bias:
                 zeros = torch.zeros(out_features, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+
+    def _quantize_initial_weights(
+        self, init: RecipeQuantizers, weights: list[torch.Tensor]
+    ) -> list[Any]:
+        """The weights made under ``quantized_model_init`` (quantized wrapper tensors, each
+        a parameter receiving its gradient). Delayed scaling: with this module's own weight
+        quantizer, its scale seeded from the largest amax of the weights (TE starts at
+        scale 1, which flushes small weights to zero or subnormals)."""
+        quantizer = _extra_state.module_weight_quantizer(self, init)
+        if quantizer is not init.weight:
+            for weight in weights:
+                quantizer.observe(weight)
+        return [quantizer.with_internal(False).quantize(w) for w in weights]
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]

@@ -30,6 +30,7 @@ from transformer_engine_ops.ops.linear import (
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
+from transformer_engine_ops.runtime.types import TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig
 
 
@@ -39,7 +40,9 @@ class GroupedLinearFwdArgs:
 
     # --- Differentiable inputs ---
     inp: torch.Tensor
-    weights: list[torch.Tensor]  # one (out_features, in_features) weight per GEMM
+    # One (out_features, in_features) weight per GEMM: plain, or quantized (made under
+    # quantized_model_init); each receives its gradient.
+    weights: list[TensorOrQuantized]
     biases: Optional[list[torch.Tensor]]  # one (out_features,) bias per GEMM, or None
 
     # --- Rows of each GEMM (int64, one per GEMM; read inside the kernels only) ---
@@ -78,7 +81,7 @@ class GroupedLinearBwdArgs:
 
     # --- Kept by the forward (its own inputs: the op saves nothing new) ---
     inp: torch.Tensor
-    weights: list[torch.Tensor]
+    weights: list[TensorOrQuantized]
     m_splits: torch.Tensor
 
     # --- What to compute ---
