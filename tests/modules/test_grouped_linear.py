@@ -146,7 +146,7 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(parallel_mode="row"), dict(return_bias=True), dict(single_grouped_weight=True)],
+    [dict(delay_wgrad_compute=True), dict(return_bias=True), dict(single_grouped_weight=True)],
     ids=lambda kw: next(iter(kw)),
 )
 def test_unimplemented_arguments_raise_naming_them(kwargs):
@@ -235,3 +235,50 @@ def test_delayed_scaling_quantized_init_seeds_one_scale_from_every_weight_and_tr
     y.float().square().sum().backward()
     assert all(getattr(module, f"weight{i}").grad is not None for i in range(3))
     assert "scale_fwd" in module.state_dict()["_extra_state"]
+
+
+# --- tensor parallelism: TE's shapes, no communication (tests/distributed runs 2 ranks) ---
+
+
+@pytest.mark.parametrize("mode", ["column", "row"])
+def test_parallel_mode_shards_each_weight_as_te_does(mode):
+    """Without a group TE takes ``tp_size`` as given; rank 0's shard of each weight is
+    the first slice of the single-process module's (same seed)."""
+    torch.manual_seed(0)
+    full = te.GroupedLinear(3, 64, 32, bias=False, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    part = te.GroupedLinear(
+        3, 64, 32, bias=False, params_dtype=torch.bfloat16, parallel_mode=mode, tp_size=2
+    )
+    dim = 0 if mode == "column" else 1
+    assert (part.in_features, part.out_features) == ((64, 16) if mode == "column" else (32, 32))
+    for i in range(3):
+        want = getattr(full, f"weight{i}").chunk(2, dim)[0]
+        assert torch.equal(getattr(part, f"weight{i}"), want)
+    x = make_input()
+    if mode == "row":
+        x = x[:, :32]
+    assert part(x, [32, 0, 96]).shape == (ROWS, 16 if mode == "column" else 32)
+
+
+def test_sequence_parallel_only_counts_with_more_than_one_rank():
+    one = te.GroupedLinear(2, 64, 32, sequence_parallel=True, parallel_mode="column")
+    two = te.GroupedLinear(
+        2, 64, 32, sequence_parallel=True, parallel_mode="column", tp_size=2, bias=False
+    )
+    assert (one.sequence_parallel, two.sequence_parallel) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(parallel_mode="row", tp_size=2), "bias=True is not supported with tp_size=2"),
+        (dict(parallel_mode="diagonal"), "parallel_mode must be one of"),
+        (dict(parallel_mode="column", tp_size=3, bias=False), "out_features=32 is not divisible"),
+        (dict(parallel_mode="row", tp_size=0, bias=False), "tp_size must be a positive int"),
+    ],
+    ids=["bias", "mode", "divisible", "tp_size"],
+)
+def test_bad_parallel_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        te.GroupedLinear(2, 64, 32, **kwargs)

@@ -7,7 +7,16 @@ The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 ``forward(inp, m_splits)`` takes the rows of each GEMM as an int64 tensor or a list of
 ints (zeros allowed). A tensor's values never reach the graph, so one compiled graph
 serves every split; a list's ints do (dynamo guards on them) unless compiled with
-``dynamic=True``. The op always keeps the original input and re-quantizes it in the
+``dynamic=True``.
+
+Tensor parallelism is TE 2.20.2's: ``parallel_mode`` shards each weight (``"column"``:
+``out_features``, ``"row"``: ``in_features`` over ``tp_size`` ranks; ``tp_size`` is
+``tp_group``'s size when a group is given) and the module communicates nothing. The
+caller's MoE dispatch and combine stages do (a column-parallel output is this rank's
+feature shard, its input gradient a partial sum; a row-parallel output is a partial sum
+to be reduced). ``m_splits`` count the rows this rank holds, with or without
+``sequence_parallel``, which changes no computation here (TE only records it). As in TE,
+``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op always keeps the original input and re-quantizes it in the
 backward, which is TE's ``save_original_input=True`` (with ``False`` TE keeps the
 quantized input instead: the same numbers, more memory), so both values are accepted.
 """
@@ -22,13 +31,53 @@ from torch import nn
 
 from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
 from ..ops.grouped_linear import GroupedLinearFwdArgs
+from ..runtime.boundary import registered_group
 from ..runtime.values import GemmConfig
 from . import _extra_state
-from ._base import ExtraStateMixin, reject_unimplemented, te_default_init
+from ._base import (
+    ExtraStateMixin,
+    full_then_shard,
+    reject_unimplemented,
+    te_default_init,
+    tp_rank,
+)
 from ._call import call_op
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
+
+
+def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
+    """TE's rule: the group's size when a group is given, else ``tp_size``."""
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"GroupedLinear: tp_size must be a positive int, got {tp_size!r}")
+    if tp_group is None:
+        return tp_size
+    size = registered_group(tp_group, "GroupedLinear.tp_group").size()
+    if tp_size not in (1, size):
+        raise ValueError(
+            f"GroupedLinear: tp_size={tp_size} but tp_group {tp_group.group_name!r} has "
+            f"{size} ranks"
+        )
+    return size
+
+
+def _check_parallel_mode(parallel_mode: Any) -> str | None:
+    if parallel_mode not in (None, "column", "row"):
+        raise ValueError(
+            "GroupedLinear: parallel_mode must be one of None, 'column', 'row'; got "
+            f"{parallel_mode!r}"
+        )
+    return parallel_mode
+
+
+def _divide(cls: str, name: str, features: int, tp_size: int) -> int:
+    if features % tp_size != 0:
+        raise ValueError(
+            f"{cls}: {name}={features} is not divisible by tp_size={tp_size} (the "
+            f"{'column' if name == 'out_features' else 'row'}-parallel shard)"
+        )
+    return features // tp_size
 
 
 class GroupedLinear(ExtraStateMixin, nn.Module):
@@ -65,14 +114,10 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         cls = type(self).__name__
         reject_unimplemented(
             cls,
-            sequence_parallel=(sequence_parallel, False),
             fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
-            tp_group=(tp_group, None),
-            tp_size=(tp_size, 1),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
             return_bias=(return_bias, False),
-            parallel_mode=(parallel_mode, None),
             ub_overlap_rs=(ub_overlap_rs, False),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_name=(ub_name, None),
@@ -84,21 +129,53 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
         self.name = name
-        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.tp_group = tp_group
+        self.tp_size = tp_size = _tensor_parallel_size(tp_group, tp_size)
+        self.parallel_mode = _check_parallel_mode(parallel_mode)
+        if tp_size > 1 and bias:
+            # TE's rule: the caller's combine stage reduces the outputs, so a bias here
+            # would be added once per rank.
+            raise ValueError(
+                f"{cls}: bias=True is not supported with tp_size={tp_size} > 1 (as in TE: "
+                "the tensor-parallel communication is the caller's, outside this module); "
+                "pass bias=False and add the bias after the combine"
+            )
+        # As in TE: parallel_mode shards the weights (column: out_features, row:
+        # in_features over tp_size ranks) and in_features/out_features become this rank's.
+        out_local, in_local = out_features, in_features
+        if self.parallel_mode == "column":
+            out_local = _divide(cls, "out_features", out_features, tp_size)
+        elif self.parallel_mode == "row":
+            in_local = _divide(cls, "in_features", in_features, tp_size)
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_local, out_local
+        self.sequence_parallel = tp_size > 1 and bool(sequence_parallel)
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
-        weights = []
-        for _ in range(num_gemms):
-            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
-            (init_method or te_default_init)(weight)
-            weights.append(weight)
+        # Every rank draws the same full weights (same init_method, or the default init
+        # on an identically seeded RNG) and keeps its shard, so a single-process module
+        # built the same way holds the concatenation of the shards.
+        dim = 1 if self.parallel_mode == "row" else 0
+        parts = tp_size if self.parallel_mode is not None else 1
+        rank = tp_rank(tp_group, tp_size)
+        weights = [
+            full_then_shard(
+                (out_features, in_features),
+                dim,
+                parts,
+                rank,
+                init_method or te_default_init,
+                dtype,
+                device,
+            )
+            for _ in range(num_gemms)
+        ]
         if STATE.model_init is not None:
             weights = self._quantize_initial_weights(STATE.model_init, weights)
         for i, weight in enumerate(weights):
             self.register_parameter(f"weight{i}", nn.Parameter(weight))
             if bias:
-                zeros = torch.zeros(out_features, dtype=dtype, device=device)
+                zeros = torch.zeros(out_local, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
 
     def _quantize_initial_weights(
@@ -170,7 +247,13 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"num_gemms={self.num_gemms}, in_features={self.in_features}, "
             f"out_features={self.out_features}, bias={self.use_bias}"
         )
+        if self.parallel_mode is not None:
+            text += (
+                f", parallel_mode={self.parallel_mode!r}, tp_size={self.tp_size}, "
+                f"sequence_parallel={self.sequence_parallel}"
+            )
+        return text
