@@ -5,7 +5,9 @@ gradients and weights-only state dicts, TE's constructor and state-dict keys."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import warnings
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from module_cases import QUANTIZED, RECIPES, graph_breaks, recipe_context, uniqu
 
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import DelayedScaling
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
+from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
+from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
 
 AOT = "aot_eager"
 ROWS = 128
@@ -44,12 +47,12 @@ def make_input(seed: int = 1, rows: int = ROWS) -> torch.Tensor:
     return torch.randn(rows, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-def step(module, x, splits, recipe):
+def step(module, x, splits, recipe, **kwargs):
     for p in module.parameters():
         p.grad = None
     x = x.detach().clone().requires_grad_(True)
     with recipe_context(recipe):
-        y = module(x, splits)
+        y = module(x, splits, **kwargs)
     y.float().square().sum().backward()
     inner = getattr(module, "_orig_mod", module)
     return [y.detach(), x.grad, *[p.grad for p in inner.parameters()]]
@@ -282,3 +285,111 @@ def test_sequence_parallel_only_counts_with_more_than_one_rank():
 def test_bad_parallel_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         te.GroupedLinear(2, 64, 32, **kwargs)
+
+
+# --- weight caching across microbatches (is_first_microbatch) ------------------------------
+
+
+@contextlib.contextmanager
+def weight_quantizations(module: te.GroupedLinear):
+    """Count the quantizer calls on the module's weights (their storage), per weight."""
+    ptrs = {getattr(module, f"weight{i}").data_ptr(): i for i in range(module.num_gemms)}
+    calls: list[int] = []
+    original = Quantizer.quantize
+
+    def counting(self, t):
+        if t.data_ptr() in ptrs:
+            calls.append(ptrs[t.data_ptr()])
+        return original(self, t)
+
+    Quantizer.quantize = counting
+    try:
+        yield calls
+    finally:
+        Quantizer.quantize = original
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_later_microbatches_do_not_run_the_weight_quantizers_and_match_uncached(recipe):
+    cached, plain, x = make(), make(), make_input()
+    workspaces = []
+    for first, splits in ((True, [32, 0, 96]), (False, [64, 32, 32]), (False, [0, 0, 128])):
+        s = torch.tensor(splits)
+        with weight_quantizations(cached) as calls:
+            got = step(cached, x, s, recipe, is_first_microbatch=first)
+        # The first microbatch quantizes each weight once (forward), for the cache and
+        # the backward's dgrad; later ones never run a weight quantizer.
+        assert sorted(calls) == ([0, 1, 2] if first else []), (first, calls)
+        assert_equal(got, step(plain, x, s, recipe))
+        workspaces.append(cached._weight_workspaces)
+    assert len(workspaces[0]) == 3 and all(w is not None for w in workspaces[0])
+    assert workspaces[0] is workspaces[1] is workspaces[2]
+
+
+def test_uncached_calls_quantize_each_weight_in_forward_and_backward():
+    """What the cache saves: without it every call quantizes each weight twice."""
+    module, x = make(), make_input()
+    with weight_quantizations(module) as calls:
+        step(module, x, torch.tensor([32, 0, 96]), "fp8_current")
+    assert sorted(calls) == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_weight_changed_after_the_first_microbatch_is_seen_at_the_next_first_one():
+    module, x = make(), make_input()
+    s = torch.tensor([32, 32, 64])
+    first = step(module, x, s, "fp8_current", is_first_microbatch=True)
+    with torch.no_grad():
+        module.weight1.mul_(2)
+    later = step(module, x, s, "fp8_current", is_first_microbatch=False)
+    assert torch.equal(later[0], first[0])  # TE's contract: the cached workspace is used
+    refreshed = step(module, x, s, "fp8_current", is_first_microbatch=True)
+    assert not torch.equal(refreshed[0], first[0])
+
+
+def test_workspaces_cached_without_grad_are_refreshed_when_backward_needs_them():
+    module, plain, x = make(), make(), make_input()
+    s = torch.tensor([32, 0, 96])
+    with torch.no_grad(), recipe_context("mxfp8"):
+        module(x, s, is_first_microbatch=True)
+    assert not any(w.columnwise_usage for w in module._weight_workspaces)
+    assert_equal(step(module, x, s, "mxfp8", is_first_microbatch=False), step(plain, x, s, "mxfp8"))
+    assert all(w.columnwise_usage for w in module._weight_workspaces)
+
+
+def test_caching_with_bf16_or_quantized_weights_keeps_nothing_and_matches():
+    for module, recipe in ((make(), "bf16"), (make(init_recipe="fp8_current"), "fp8_current")):
+        plain = make(init_recipe=None if recipe == "bf16" else recipe)
+        x, s = make_input(), torch.tensor([32, 0, 96])
+        for first in (True, False):
+            got = step(module, x, s, recipe, is_first_microbatch=first)
+            assert_equal(got, step(plain, x, s, recipe))
+        assert module._weight_workspaces is None
+
+
+def test_compiled_microbatches_fall_back_warn_once_and_match_eager():
+    """As Linear: caching is module state, so a compiled call with is_first_microbatch
+    runs eagerly with that reason (warned once) and equals the eager module."""
+    eager_module, module, x = make(), make(), make_input()
+    compiled = torch.compile(module, backend=AOT)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for first in (True, False, False):
+            s = torch.tensor([32, 0, 96])
+            got = step(compiled, x, s, "fp8_current", is_first_microbatch=first)
+            assert_equal(got, step(eager_module, x, s, "fp8_current", is_first_microbatch=first))
+    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == 1
+    assert "is_first_microbatch" in str(fallbacks[0].message)
+    assert module._weight_workspaces is not None
+
+
+def test_compiled_microbatches_under_fullgraph_raise_the_reason():
+    compiled = torch.compile(make(), fullgraph=True, backend=AOT)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
+        step(
+            compiled,
+            make_input(),
+            torch.tensor([32, 0, 96]),
+            "fp8_current",
+            is_first_microbatch=True,
+        )

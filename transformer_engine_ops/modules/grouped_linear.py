@@ -19,10 +19,18 @@ to be reduced). ``m_splits`` count the rows this rank holds, with or without
 ``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op always keeps the original input and re-quantizes it in the
 backward, which is TE's ``save_original_input=True`` (with ``False`` TE keeps the
 quantized input instead: the same numbers, more memory), so both values are accepted.
+
+``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
+GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
+without running the weight quantizers (a weight changed in place is seen at the next
+``True``), ``None`` caches nothing. As for ``Linear``, a compiled call with caching runs
+eagerly with that reason (the cache is module state); weights made under
+``quantized_model_init`` are already quantized and cache nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +40,7 @@ from torch import nn
 from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.boundary import registered_group
+from ..runtime.fallback import run_eagerly
 from ..runtime.values import GemmConfig
 from . import _extra_state
 from ._base import (
@@ -78,6 +87,20 @@ def _divide(cls: str, name: str, features: int, tp_size: int) -> int:
             f"{'column' if name == 'out_features' else 'row'}-parallel shard)"
         )
     return features // tp_size
+
+
+_CACHING = "weight caching across microbatches (is_first_microbatch)"
+
+
+def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
+    """Whether every cached workspace has the usages this call needs (dgrad reads the
+    columnwise data)."""
+    needs_columnwise = args.is_grad_enabled and args.input_requires_grad
+    return not needs_columnwise or all(
+        bool(getattr(w, "columnwise_usage", True))
+        for w in args.weight_workspaces or ()
+        if w is not None
+    )
 
 
 class GroupedLinear(ExtraStateMixin, nn.Module):
@@ -152,6 +175,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
+        self._weight_workspaces: list[Any] | None = None
         # Every rank draws the same full weights (same init_method, or the default init
         # on an identically seeded RNG) and keeps its shard, so a single-process module
         # built the same way holds the concatenation of the shards.
@@ -210,7 +234,6 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         cls = f"{type(self).__name__}.forward"
         reject_unimplemented(
             cls,
-            is_first_microbatch=(is_first_microbatch, None),
             out=(None if out is None else "a tensor", None),
             dgrad_out=(None if dgrad_out is None else "a tensor", None),
         )
@@ -227,6 +250,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             inp=inp,
             weights=weights,
             biases=biases,
+            weight_workspaces=self._weight_workspaces if is_first_microbatch is False else None,
             m_splits=m_splits,
             input_requires_grad=is_tensor and inp.requires_grad,
             weights_requires_grad=any(w.requires_grad for w in weights),
@@ -242,9 +266,28 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             num_gemms=n,
             in_features=self.in_features,
             out_features=self.out_features,
+            is_first_microbatch=is_first_microbatch,
+            cache_weight=is_first_microbatch is not None,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
+        if is_first_microbatch is None:
+            return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
+        if torch.compiler.is_compiling():
+            # As Linear: the workspace cache is module state a graph cannot keep.
+            return run_eagerly(_CACHING, self._cached_call, args)
+        return self._cached_call(args)
+
+    def _cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:
+        """A microbatch with weight caching: the first (or one whose cached workspaces
+        lack a usage this call needs) quantizes every weight and keeps the results;
+        later ones reuse them without running the weight quantizers (TE's contract: a
+        weight changed in place is seen at the next first microbatch)."""
+        if args.weight_workspaces is not None and not _workspaces_fit(args):
+            args = dataclasses.replace(args, weight_workspaces=None)
+        (out,), made = grouped_linear_eager(args)
+        if args.weight_workspaces is None and any(m is not None for m in made):
+            self._weight_workspaces = list(made)
+        return out
 
     def extra_repr(self) -> str:
         text = (
