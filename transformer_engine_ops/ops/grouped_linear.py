@@ -7,6 +7,10 @@ rows by ``out_features`` whatever the split values, and the split values are rea
 inside the kernels, so one compiled graph serves every split. The op keeps the original
 input and re-quantizes each group in the backward (TE's ``save_original_input``), so
 what it saves does not depend on the split values either.
+
+Weight caching (TE's ``is_first_microbatch``) is Linear's, per GEMM: each GEMM's stage
+gets its cached ``weight_workspace`` (or makes one with ``cache_weight``), and the
+backward's dgrad reads that workspace instead of quantizing the weight again.
 """
 
 from __future__ import annotations
@@ -245,7 +249,9 @@ def _output_shape(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
 def grouped_linear_forward(
     args: GroupedLinearFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``((out,), ())``: the backward re-quantizes from the forward's own inputs."""
+    """``((out,), saved)``: the backward re-quantizes from the forward's own inputs;
+    ``saved`` is empty, or with ``cache_weight`` the quantized weight each GEMM made
+    for the workspace cache (None where it made none)."""
     _check(args)
     x = args.inp.reshape(-1, args.in_features)
     outs, made = [], []
