@@ -1,6 +1,6 @@
 """The generated layernorm_linear ops: opcheck both ways, fake-vs-real flat layouts,
 every recipe x bias, quantized weights, the second output, the quantized output
-(``fp8_output``) and a cached weight workspace."""
+(``fp8_output``), a cached weight workspace and the recipe's ``backward_override``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def _bundle(
     fp8_output=False,
     grad=True,
     workspace=False,
+    override=None,
     **kwargs,
 ):
     def build():
@@ -39,6 +40,9 @@ def _bundle(
     x = torch.randn(4, 32, in_features).to(torch.bfloat16).requires_grad_(True)
     if workspace:
         return _workspace_bundle(module, x, recipe)
+    if override is not None:
+        with te.autocast(recipe=RECIPES[recipe](backward_override=override)):
+            return module._fwd_args(x, STATE.autocast, None, False)
     with contextlib.nullcontext() if grad else torch.no_grad():
         return capture_bundle(module, x, recipe, None, fp8_output)
 
@@ -65,6 +69,14 @@ CASES.update(
         "quantized_weight-nvfp4": dict(recipe="nvfp4", model_init=True),
         "workspace-fp8_current": dict(recipe="fp8_current", workspace=True),
         "workspace-mxfp8": dict(recipe="mxfp8", workspace=True),
+        "high_precision-fp8_current": dict(recipe="fp8_current", override="high_precision"),
+        "dequantized-mxfp8": dict(recipe="mxfp8", override="dequantized"),
+        "dequantized-nvfp4-quantized_weight": dict(
+            recipe="nvfp4", override="dequantized", model_init=True
+        ),
+        "high_precision-fp8_block-ln_out": dict(
+            recipe="fp8_block", override="high_precision", return_layernorm_output=True
+        ),
     }
 )
 CASES.update(

@@ -20,6 +20,7 @@ from transformer_engine_ops.ops.layernorm_linear import (
     layernorm_linear_forward_spec,
     layernorm_linear_setup_context,
 )
+from transformer_engine_ops.ops.linear import BackwardOverride
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
 from transformer_engine_ops.runtime.quantizer import Quantizer
@@ -74,6 +75,7 @@ FORWARD_SCHEMA = (
     ", ScalarType activation_dtype"
     ", bool fp8"
     ", bool fp8_output"
+    ", str? backward_override"
     ", str fprop_gemm"
     ", str dgrad_gemm"
     ", str wgrad_gemm"
@@ -117,6 +119,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
     _b.SlotRow("fp8_output", "scalar", "fp8_output", "bool"),
+    _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
     _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
     _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
@@ -161,6 +164,7 @@ BACKWARD_SCHEMA = (
     ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
+    ", str? backward_override"
     ", str dgrad_gemm"
     ", str wgrad_gemm"
     ", str? parallel_mode"
@@ -198,6 +202,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
+    _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
     _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
@@ -252,6 +257,9 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormLinearFwdArgs.fp8"),
         _b.check(args.fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
+        _b.optional_enum_name(
+            args.backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
+        ),
         _b.code(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
@@ -297,6 +305,7 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         activation_dtype=slot(),
         fp8=slot(),
         fp8_output=slot(),
+        backward_override=_b.optional_enum(BackwardOverride, slot()),
         fprop_gemm=_b.decode(slot()),
         dgrad_gemm=_b.decode(slot()),
         wgrad_gemm=_b.decode(slot()),
@@ -353,6 +362,9 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearBwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormLinearBwdArgs.fp8"),
+        _b.optional_enum_name(
+            args.backward_override, BackwardOverride, "LayerNormLinearBwdArgs.backward_override"
+        ),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
@@ -390,6 +402,7 @@ def unflatten_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
         grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
+        backward_override=_b.optional_enum(BackwardOverride, slot()),
         dgrad_gemm=_b.decode(slot()),
         wgrad_gemm=_b.decode(slot()),
         parallel_mode=slot(),

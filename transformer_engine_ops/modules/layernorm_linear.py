@@ -8,6 +8,10 @@ quantized by the recipe's output quantizer, and the quantized weight cached acro
 microbatches; under ``torch.compile`` the calls ``Linear`` runs eagerly (a
 differentiable quantized output, weight caching) run eagerly here too, with the reason.
 ``parallel_mode="row"`` raises ``NotImplementedError``, as in TE 2.20.2.
+The recipe is taken as ``Linear`` takes it: its GEMM settings (``fp8_gemm_fprop`` ...),
+its ``backward_override`` (the GEMM's backward on the original or dequantized norm output
+and weight), and under delayed scaling a ``quantized_model_init`` weight quantized with
+the module's own weight quantizer, its scale seeded from the weight's amax.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import call_op, unsupported_reason
 from .autocast import STATE, RecipeQuantizers
-from .linear import _check_parallelism
+from .linear import _BACKWARD_OVERRIDES, _check_parallelism
 
 _GEMM = GemmConfig()
 
@@ -50,8 +54,10 @@ def _compiled_call_reason(
 def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
     """Whether the cached weight workspace has every usage this call needs: the
     columnwise data the dgrad GEMM reads when a gradient flows into the norm."""
-    needs_columnwise = args.is_grad_enabled and (
-        args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad
+    needs_columnwise = (
+        args.is_grad_enabled
+        and args.backward_override is None
+        and (args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad)
     )
     return not needs_columnwise or bool(getattr(args.weight_workspace, "columnwise_usage", True))
 
@@ -163,7 +169,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         self.out_features_per_partition = out_features // parts
         init = STATE.model_init
         if init is not None:
-            weight = init.weight.with_internal(False).quantize(weight)
+            weight = self._initial_weight(init, weight)
         self.weight = nn.Parameter(weight)
         if bias:
             self.bias = nn.Parameter(
@@ -239,9 +245,10 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             activation_dtype=dtype,
             fp8=q is not None,
             fp8_output=bool(fp8_output),
-            fprop_gemm=_GEMM,
-            dgrad_gemm=_GEMM,
-            wgrad_gemm=_GEMM,
+            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
+            fprop_gemm=q.fprop_gemm if q else _GEMM,
+            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
+            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,

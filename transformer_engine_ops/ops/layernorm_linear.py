@@ -7,7 +7,8 @@ under every recipe, and column parallelism (with sequence parallelism: the norm 
 all-gathered before the GEMM, dgrad reduce-scattered after) is Linear's, and so are
 ``fp8_output`` (the GEMM output quantized by the output quantizer) and the weight
 workspace cache across microbatches (``weight_workspace``, ``is_first_microbatch``,
-``cache_weight``). ``return_layernorm_output`` returns the (local) norm output as a
+``cache_weight``), and so is ``backward_override`` (an unquantized backward on the
+original or the dequantized norm output and weight). ``return_layernorm_output`` returns the (local) norm output as a
 second output; its gradient joins the GEMM's dgrad before the norm backward.
 Row parallelism is refused by the module, as TE 2.20.2 refuses it (the norm would need
 the whole hidden dimension that a row-parallel input shards).
@@ -33,6 +34,7 @@ from transformer_engine_ops.ops.layernorm import (
     norm_stats_specs,
 )
 from transformer_engine_ops.ops.linear import (
+    BackwardOverride,
     LinearFwdArgs,
     linear_backward,
     linear_backward_spec,
@@ -89,6 +91,9 @@ class LayerNormLinearFwdArgs:
     activation_dtype: torch.dtype
     fp8: bool
     fp8_output: bool
+    # Linear's: an unquantized backward on the original (HIGH_PRECISION) or the
+    # dequantized (DEQUANTIZED) norm output and weight; None: the recipe's quantized one.
+    backward_override: Optional[BackwardOverride]
     fprop_gemm: GemmConfig
     dgrad_gemm: GemmConfig
     wgrad_gemm: GemmConfig
@@ -149,6 +154,7 @@ class LayerNormLinearBwdArgs:
     # --- Numerics ---
     activation_dtype: torch.dtype
     fp8: bool
+    backward_override: Optional[BackwardOverride]
     dgrad_gemm: GemmConfig
     wgrad_gemm: GemmConfig
 
@@ -205,6 +211,7 @@ def _gemm_args(args: LayerNormLinearFwdArgs, ln_out: Any) -> LinearFwdArgs:
     gemm.fp8_output = args.fp8_output
     gemm.is_first_microbatch = args.is_first_microbatch
     gemm.cache_weight = args.cache_weight
+    gemm.backward_override = args.backward_override
     return gemm
 
 
@@ -323,6 +330,7 @@ def layernorm_linear_setup_context(
         grad_output_quantizer=args.grad_output_quantizer,
         activation_dtype=args.activation_dtype,
         fp8=args.fp8,
+        backward_override=args.backward_override,
         dgrad_gemm=args.dgrad_gemm,
         wgrad_gemm=args.wgrad_gemm,
         parallel_mode=args.parallel_mode,
@@ -336,7 +344,7 @@ def layernorm_linear_setup_context(
 
 
 def _gemm_backward_args(args: LayerNormLinearBwdArgs) -> Any:
-    return linear_backward_stage(
+    gemm = linear_backward_stage(
         grad_output=args.grad_outputs[0],
         inputmat=args.inputmat,
         weight_fp8=args.weight_fp8,
@@ -353,6 +361,8 @@ def _gemm_backward_args(args: LayerNormLinearBwdArgs) -> Any:
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
     )
+    gemm.backward_override = args.backward_override
+    return gemm
 
 
 def layernorm_linear_backward(args: LayerNormLinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
