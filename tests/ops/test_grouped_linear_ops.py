@@ -1,6 +1,6 @@
 """The generated grouped_linear ops: opcheck both ways and fake-vs-real flat layouts,
-every recipe x bias, with empty groups, and microbatches making or reusing the cached
-weight workspaces."""
+every recipe x bias, with empty groups, microbatches making or reusing the cached
+weight workspaces, and the recipe's ``backward_override``."""
 
 from __future__ import annotations
 
@@ -19,18 +19,24 @@ from family_op_cases import (
 import transformer_engine_ops as te
 from transformer_engine_ops.generated import grouped_linear as g
 from transformer_engine_ops.ops.grouped_linear import grouped_linear_forward
+from transformer_engine_ops.ops.linear import BackwardOverride
 
 NAME = "grouped_linear"
 FLAT = (g.flatten_grouped_linear_fwd_args, g.flatten_grouped_linear_bwd_args)
 
 
-def _bundle(recipe="bf16", bias=True, splits=(32, 0, 32), frozen=False, caching=None):
+def _bundle(
+    recipe="bf16", bias=True, splits=(32, 0, 32), frozen=False, caching=None, override=None
+):
     """A captured forward bundle; ``caching``: ``"first"`` (a microbatch making the
-    weight workspaces) or ``"later"`` (one reusing the workspaces a first one made)."""
+    weight workspaces) or ``"later"`` (one reusing the workspaces a first one made);
+    ``override``: the recipe's ``backward_override``."""
     module = te.GroupedLinear(3, 64, 32, bias=bias, params_dtype=torch.bfloat16)
     module.requires_grad_(not frozen)
     x = torch.randn(sum(splits), 64).to(torch.bfloat16).requires_grad_(True)
     fwd = capture_bundle(module, x, recipe, list(splits))
+    if override is not None:
+        fwd = dataclasses.replace(fwd, backward_override=BackwardOverride(override))
     if caching is None:
         return fwd
     first = dataclasses.replace(fwd, is_first_microbatch=True, cache_weight=True)
@@ -52,6 +58,14 @@ CASES.update(
         "cache_first-fp8_current": dict(recipe="fp8_current", caching="first"),
         "cache_later-mxfp8": dict(recipe="mxfp8", caching="later"),
         "cache_later-nvfp4-nobias": dict(recipe="nvfp4", bias=False, caching="later"),
+        "high_precision-fp8_current": dict(recipe="fp8_current", override="high_precision"),
+        "dequantized-mxfp8": dict(recipe="mxfp8", override="dequantized"),
+        "dequantized-cache_later-fp8_block": dict(
+            recipe="fp8_block", override="dequantized", caching="later"
+        ),
+        "high_precision-cache_first-nvfp4": dict(
+            recipe="nvfp4", override="high_precision", caching="first"
+        ),
     }
 )
 

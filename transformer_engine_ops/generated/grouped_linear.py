@@ -20,6 +20,7 @@ from transformer_engine_ops.ops.grouped_linear import (
     grouped_linear_forward_spec,
     grouped_linear_setup_context,
 )
+from transformer_engine_ops.ops.linear import BackwardOverride
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
 from transformer_engine_ops.runtime.quantizer import Quantizer
@@ -63,6 +64,7 @@ FORWARD_SCHEMA = (
     ", str?[] grad_output_quantizers"
     ", ScalarType activation_dtype"
     ", bool fp8"
+    ", str? backward_override"
     ", str fprop_gemm"
     ", str dgrad_gemm"
     ", str wgrad_gemm"
@@ -94,6 +96,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("grad_output_quantizers", "quantizer list", "grad_output_quantizers", "str?[]"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
+    _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
     _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
     _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
@@ -125,6 +128,7 @@ BACKWARD_SCHEMA = (
     ", str?[] grad_output_quantizers"
     ", ScalarType activation_dtype"
     ", bool fp8"
+    ", str? backward_override"
     ", str fprop_gemm"
     ", str dgrad_gemm"
     ", str wgrad_gemm"
@@ -154,6 +158,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("grad_output_quantizers", "quantizer list", "grad_output_quantizers", "str?[]"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
+    _b.SlotRow("backward_override", "enum", "backward_override", "str?"),
     _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
     _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
@@ -183,6 +188,9 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         ),
         _b.check(args.activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "GroupedLinearFwdArgs.fp8"),
+        _b.optional_enum_name(
+            args.backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
+        ),
         _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
@@ -214,6 +222,7 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         grad_output_quantizers=_b.decode_list(slot()),
         activation_dtype=slot(),
         fp8=slot(),
+        backward_override=_b.optional_enum(BackwardOverride, slot()),
         fprop_gemm=_b.decode(slot()),
         dgrad_gemm=_b.decode(slot()),
         wgrad_gemm=_b.decode(slot()),
@@ -247,6 +256,9 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         ),
         _b.check(args.activation_dtype, torch.dtype, "GroupedLinearBwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "GroupedLinearBwdArgs.fp8"),
+        _b.optional_enum_name(
+            args.backward_override, BackwardOverride, "GroupedLinearBwdArgs.backward_override"
+        ),
         _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
@@ -274,6 +286,7 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
         grad_output_quantizers=_b.decode_list(slot()),
         activation_dtype=slot(),
         fp8=slot(),
+        backward_override=_b.optional_enum(BackwardOverride, slot()),
         fprop_gemm=_b.decode(slot()),
         dgrad_gemm=_b.decode(slot()),
         wgrad_gemm=_b.decode(slot()),

@@ -42,7 +42,6 @@ from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.values import GemmConfig
-from . import _extra_state
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -51,7 +50,8 @@ from ._base import (
     tp_rank,
 )
 from ._call import call_op
-from .autocast import STATE, RecipeQuantizers
+from .autocast import STATE
+from .linear import _BACKWARD_OVERRIDES
 
 _GEMM = GemmConfig()
 
@@ -89,13 +89,20 @@ def _divide(cls: str, name: str, features: int, tp_size: int) -> int:
     return features // tp_size
 
 
+def _gemm(i: int) -> str | None:
+    """The name of GEMM ``i``'s delayed-scaling state (None: the module's own)."""
+    return f"gemm{i}" if i else None
+
+
 _CACHING = "weight caching across microbatches (is_first_microbatch)"
 
 
 def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
     """Whether every cached workspace has the usages this call needs (dgrad reads the
     columnwise data)."""
-    needs_columnwise = args.is_grad_enabled and args.input_requires_grad
+    needs_columnwise = (
+        args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
+    )
     return not needs_columnwise or all(
         bool(getattr(w, "columnwise_usage", True))
         for w in args.weight_workspaces or ()
@@ -171,6 +178,9 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         elif self.parallel_mode == "row":
             in_local = _divide(cls, "in_features", in_features, tp_size)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_local, out_local
+        # Delayed scaling keeps one state per GEMM, as TE keeps FP8 metadata per GEMM:
+        # GEMM 0's is the module's own, GEMM i's (i > 0) is saved under "gemm{i}".
+        self.further_gemms = tuple(f"gemm{i}" for i in range(1, num_gemms))
         self.sequence_parallel = tp_size > 1 and bool(sequence_parallel)
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
@@ -194,26 +204,14 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             )
             for _ in range(num_gemms)
         ]
-        if STATE.model_init is not None:
-            weights = self._quantize_initial_weights(STATE.model_init, weights)
+        init = STATE.model_init
+        if init is not None:
+            weights = [self._initial_weight(init, w, _gemm(i)) for i, w in enumerate(weights)]
         for i, weight in enumerate(weights):
             self.register_parameter(f"weight{i}", nn.Parameter(weight))
             if bias:
                 zeros = torch.zeros(out_local, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
-
-    def _quantize_initial_weights(
-        self, init: RecipeQuantizers, weights: list[torch.Tensor]
-    ) -> list[Any]:
-        """The weights made under ``quantized_model_init`` (quantized wrapper tensors, each
-        a parameter receiving its gradient). Delayed scaling: with this module's own weight
-        quantizer, its scale seeded from the largest amax of the weights (TE starts at
-        scale 1, which flushes small weights to zero or subnormals)."""
-        quantizer = _extra_state.module_weight_quantizer(self, init)
-        if quantizer is not init.weight:
-            for weight in weights:
-                quantizer.observe(weight)
-        return [quantizer.with_internal(False).quantize(w) for w in weights]
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
@@ -241,8 +239,11 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             m_splits = torch.tensor(m_splits, dtype=torch.int64)
         elif not isinstance(m_splits, torch.Tensor):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
-        q: Any = self._recipe_quantizers(STATE.autocast)
+        shared = self._forward_recipe(STATE.autocast)
         n = self.num_gemms
+        # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.
+        qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]
+        q: Any = shared
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
         weights, biases = self._weights(), self._biases()
@@ -255,14 +256,15 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             input_requires_grad=is_tensor and inp.requires_grad,
             weights_requires_grad=any(w.requires_grad for w in weights),
             biases_requires_grad=biases is not None and any(b.requires_grad for b in biases),
-            input_quantizers=[q and q.input] * n,
-            weight_quantizers=[q and q.weight] * n,
-            grad_output_quantizers=[q and q.grad_output] * n,
+            input_quantizers=[qi and qi.input for qi in qs],
+            weight_quantizers=[qi and qi.weight for qi in qs],
+            grad_output_quantizers=[qi and qi.grad_output for qi in qs],
             activation_dtype=dtype,
             fp8=q is not None,
-            fprop_gemm=_GEMM,
-            dgrad_gemm=_GEMM,
-            wgrad_gemm=_GEMM,
+            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
+            fprop_gemm=q.fprop_gemm if q else _GEMM,
+            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
+            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
             num_gemms=n,
             in_features=self.in_features,
             out_features=self.out_features,

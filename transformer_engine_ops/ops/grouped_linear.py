@@ -6,7 +6,10 @@ rows; group ``i`` runs the Linear op's own GEMM stage with weight ``i`` and bias
 rows by ``out_features`` whatever the split values, and the split values are read only
 inside the kernels, so one compiled graph serves every split. The op keeps the original
 input and re-quantizes each group in the backward (TE's ``save_original_input``), so
-what it saves does not depend on the split values either.
+what it saves does not depend on the split values either. The recipe's
+``backward_override`` is Linear's, per GEMM: the backward reads each group's original
+input and weight (``HIGH_PRECISION``) or their rowwise quantized values dequantized
+(``DEQUANTIZED``).
 
 Weight caching (TE's ``is_first_microbatch``) is Linear's, per GEMM: each GEMM's stage
 gets its cached ``weight_workspace`` (or makes one with ``cache_weight``), and the
@@ -27,6 +30,7 @@ from transformer_engine_ops.ops._fused import (
     quantized_for_backward,
 )
 from transformer_engine_ops.ops.linear import (
+    BackwardOverride,
     LinearFwdArgs,
     _forward_plan,
     _internal,
@@ -73,6 +77,9 @@ class GroupedLinearFwdArgs:
     # --- Numerics ---
     activation_dtype: torch.dtype
     fp8: bool
+    # Linear's, per GEMM: an unquantized backward on the original (HIGH_PRECISION) or
+    # the dequantized (DEQUANTIZED) input and weight; None: the recipe's quantized one.
+    backward_override: Optional[BackwardOverride]
     fprop_gemm: GemmConfig
     dgrad_gemm: GemmConfig
     wgrad_gemm: GemmConfig
@@ -115,6 +122,7 @@ class GroupedLinearBwdArgs:
 
     activation_dtype: torch.dtype
     fp8: bool
+    backward_override: Optional[BackwardOverride]
     fprop_gemm: GemmConfig
     dgrad_gemm: GemmConfig
     wgrad_gemm: GemmConfig
@@ -205,6 +213,7 @@ def _stage(
         out_features=args.out_features,
         is_grad_enabled=True,
     )
+    stage.backward_override = args.backward_override
     workspace, first, cache = caching
     if workspace is None and not cache:
         return stage
@@ -321,6 +330,7 @@ def grouped_linear_setup_context(
         grad_output_quantizers=args.grad_output_quantizers,
         activation_dtype=args.activation_dtype,
         fp8=args.fp8,
+        backward_override=args.backward_override,
         fprop_gemm=args.fprop_gemm,
         dgrad_gemm=args.dgrad_gemm,
         wgrad_gemm=args.wgrad_gemm,
