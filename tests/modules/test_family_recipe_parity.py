@@ -278,3 +278,47 @@ def test_grouped_linear_quantized_model_init_seeds_each_gemms_scale_from_its_own
         q, p = getattr(quantized, f"weight{i}"), getattr(plain, f"weight{i}")
         assert rel_err(q.dequantize(), p) < 2**-4, i
         torch.testing.assert_close(q.dequantize().abs().max(), p.abs().max(), rtol=1e-6, atol=0)
+
+
+# --- backward_override with weight caching -------------------------------------------
+
+
+@pytest.fixture
+def weight_quantizations(monkeypatch):
+    """How many times a weight-shaped tensor was quantized (every format quantizes
+    through ``Quantizer.quantize``; no activation or gradient here has that shape)."""
+    from transformer_engine_ops.runtime.quantizer import Quantizer
+
+    calls = []
+    original = Quantizer.quantize
+
+    def counting(self, t):
+        if tuple(t.shape) == (OUT, HIDDEN):
+            calls.append(type(self).__name__)
+        return original(self, t)
+
+    monkeypatch.setattr(Quantizer, "quantize", counting)
+    return calls
+
+
+@pytest.mark.parametrize("override", OVERRIDES)
+@pytest.mark.parametrize("kind", [LNL, "grouped_linear"])
+def test_later_microbatches_under_a_backward_override_reuse_the_cached_weights(
+    kind, override, weight_quantizations
+):
+    """The override's backward reads no columnwise weight, so the cached workspace
+    (made without it) serves the later microbatches as it is."""
+    if kind == LNL:
+        cached, plain, x, extra = make(LNL), make(LNL), make_input(), ()
+    else:
+        cached, plain = _grouped(), _grouped()
+        x, extra = make_input().reshape(-1, HIDDEN), ([100, 28],)
+    recipe = RECIPES["mxfp8"](backward_override=override)
+    want = _run(plain, x, recipe, *extra)
+    for first in (True, False, False):
+        before = len(weight_quantizations)
+        got = _run(cached, x, recipe, *extra, first)
+        if not first:
+            assert len(weight_quantizations) == before, "a later microbatch quantized a weight"
+        assert torch.equal(got[0], want[0])
+        _assert_equal(got[1], want[1])

@@ -26,6 +26,12 @@ without running the weight quantizers (a weight changed in place is seen at the 
 ``True``), ``None`` caches nothing. As for ``Linear``, a compiled call with caching runs
 eagerly with that reason (the cache is module state); weights made under
 ``quantized_model_init`` are already quantized and cache nothing.
+
+The recipe is taken as ``Linear`` takes it, per GEMM: its GEMM settings
+(``fp8_gemm_fprop`` ...) and ``backward_override`` reach every GEMM, and delayed scaling
+keeps one state per GEMM (TE keeps FP8 metadata per GEMM; GEMM ``i > 0`` saved under
+``"gemm{i}"`` in ``_extra_state``), each ``quantized_model_init`` weight seeded from its
+own amax.
 """
 
 from __future__ import annotations
