@@ -163,6 +163,19 @@ def test_grouped_linear_high_precision_backward_gives_the_unquantized_gradients(
 
 
 @pytest.mark.parametrize("override", OVERRIDES)
+def test_grouped_linear_backward_override_compiles_equal_to_eager(override):
+    module = _grouped()
+    x = make_input().reshape(-1, HIDDEN)
+    splits = torch.tensor([100, 28])
+    recipe = RECIPES["mxfp8"](backward_override=override)
+    eager = _run(module, x, recipe, splits)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    got = _run(compiled, x, recipe, splits)
+    assert torch.equal(got[0], eager[0])
+    _assert_equal(got[1], eager[1])
+
+
+@pytest.mark.parametrize("override", OVERRIDES)
 def test_grouped_linear_backward_override_matches_one_linear_per_group(override):
     module = _grouped()
     x = make_input().reshape(-1, HIDDEN)
