@@ -23,7 +23,7 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from . import _extra_state
-from ._base import reject_unimplemented
+from ._base import ExtraStateMixin, reject_unimplemented
 from ._call import unsupported_reason
 from .autocast import STATE, RecipeQuantizers
 
@@ -102,7 +102,7 @@ def _check_parallelism(
     return tp_size
 
 
-class Linear(nn.Module):
+class Linear(ExtraStateMixin, nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
 
     def __init__(
@@ -182,7 +182,7 @@ class Linear(nn.Module):
         self.in_features_per_partition, self.out_features_per_partition = in_local, out_local
         init = STATE.model_init
         if init is not None:
-            weight = self._quantize_initial_weight(init, weight)
+            weight = self._initial_weight(init, weight)
         self.weight = nn.Parameter(weight)
         # Column parallel: the bias is sharded with the output features; row parallel:
         # full, added once after the output reduction.
@@ -287,15 +287,6 @@ class Linear(nn.Module):
 
     # ----- scaling state of stateful recipes (delayed scaling) -----
 
-    def _quantize_initial_weight(self, init: RecipeQuantizers, weight: torch.Tensor) -> Any:
-        """The weight made under ``quantized_model_init``. Delayed scaling: with this
-        module's own weight quantizer, its scale seeded from the weight's amax (TE starts
-        at scale 1, which flushes small weights to zero or subnormals)."""
-        quantizer = _extra_state.module_weight_quantizer(self, init)
-        if quantizer is not init.weight:
-            quantizer.observe(weight)
-        return quantizer.with_internal(False).quantize(weight)
-
     def _with_scaling_state(self, args: LinearFwdArgs) -> LinearFwdArgs:
         """``args`` with this module's own stateful quantizers where the active recipe
         keeps state (delayed scaling), else unchanged."""
@@ -315,21 +306,10 @@ class Linear(nn.Module):
             grad_output_quantizer=own.grad_output,
         )
 
-    def _recipe_of_this_forward(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
-        """The recipe a forward runs under: the active one, recorded on the module; in
-        the recompute of an activation-checkpointed region (a forward run by a backward
-        pass, outside the ``autocast`` that wrapped the original forward) the one the
-        original forward recorded, so the recompute quantizes as the forward did."""
-        if active is None and torch._C._current_graph_task_id() != -1:
-            return self.__dict__.get("_teops_forward_recipe")
-        self.__dict__["_teops_forward_recipe"] = active
-        return active
-
-    def get_extra_state(self) -> Any:
-        return _extra_state.get_extra_state(self)
-
-    def set_extra_state(self, state: Any) -> None:
-        _extra_state.set_extra_state(self, state)
+    # The recipe a forward runs under (recorded for the recompute of activation
+    # checkpointing), the ``quantized_model_init`` weight (``_initial_weight``) and
+    # ``_extra_state`` are the family's (``ExtraStateMixin``).
+    _recipe_of_this_forward = ExtraStateMixin._forward_recipe
 
     def extra_repr(self) -> str:
         return (
