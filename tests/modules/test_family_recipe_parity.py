@@ -335,3 +335,14 @@ def test_later_microbatches_under_a_backward_override_reuse_the_cached_weights(
             assert len(weight_quantizations) == before, "a later microbatch quantized a weight"
         assert torch.equal(got[0], want[0])
         _assert_equal(got[1], want[1])
+
+
+def test_grouped_linear_high_precision_backward_quantizes_no_weight(weight_quantizations):
+    module = _grouped()
+    x = make_input().reshape(-1, HIDDEN).requires_grad_(True)
+    with te.autocast(recipe=RECIPES["fp8_current"](backward_override="high_precision")):
+        y = module(x, [100, 28])
+    forward = len(weight_quantizations)
+    assert forward == 2  # each GEMM's fprop
+    y.float().sum().backward()
+    assert len(weight_quantizations) == forward

@@ -365,7 +365,11 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
             args.requires_bgrad,
             (workspace, False, False) if workspace is not None else (None, None, False),
         )
-        backward = linear_setup_context(stage, quantized_for_backward(stage))
+        # A high-precision backward reads the original input and weight: nothing to
+        # re-quantize.
+        high_precision = args.backward_override is BackwardOverride.HIGH_PRECISION
+        saved = (None, None) if high_precision else quantized_for_backward(stage)
+        backward = linear_setup_context(stage, saved)
         backward.grad_outputs = [dy_i]
         dgrad, wgrads[i], bgrads[i] = linear_backward(backward)
         dgrads.append(dgrad)
