@@ -396,8 +396,10 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     where nothing is kept)."""
     _check_supported(args, _FWD_UB_FLAGS)
     plan = _forward_plan(args)
-    inp = args.inp
-    x = inp.reshape(-1, inp.shape[-1]).to(args.activation_dtype)
+    inp, dtype = args.inp, args.activation_dtype
+    x = inp if len(inp.shape) == 2 else inp.reshape(-1, inp.shape[-1])
+    if x.dtype != dtype:
+        x = x.to(dtype)
     if plan.gather_input:
         # High-precision gather, then quantize (TE gathers the FP8 input instead).
         x = _all_gather_rows(x, args)
@@ -411,9 +413,11 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(
             weight.to(args.activation_dtype)
         )
-    elif not _is_quantized(weight):
-        weight = weight.to(args.activation_dtype)
-    bias = None if args.bias is None else args.bias.to(args.activation_dtype)
+    elif weight.dtype != dtype and not _is_quantized(weight):
+        weight = weight.to(dtype)
+    bias = args.bias
+    if bias is not None and bias.dtype != dtype:
+        bias = bias.to(dtype)
     out = gemm(
         weight,
         x,
@@ -428,7 +432,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         out = _reduce(out, plan.reduce_output, args)
         if bias is not None:
             out = (out.float() + bias.float()).to(args.activation_dtype)
-    out = out.view(linear_output_shape(args))
+    if len(inp.shape) != 2 or plan.gather_input or plan.reduce_output:
+        out = out.view(linear_output_shape(args))
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
     # The fprop GEMM has run: keep only what the backward reads.
@@ -532,7 +537,9 @@ def _backward_quantized(args: LinearBwdArgs) -> bool:
 
 
 def _high_precision(value: Any, dtype: torch.dtype) -> Any:
-    return value.dequantize(dtype) if isinstance(value, QuantizedData) else value.to(dtype)
+    if isinstance(value, QuantizedData):
+        return value.dequantize(dtype)
+    return value if value.dtype == dtype else value.to(dtype)
 
 
 def _check_no_double_backward(args: LinearBwdArgs) -> None:
@@ -557,7 +564,13 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     plan = _backward_plan(args)
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]
-    dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
+    dy = (
+        grad_output
+        if len(grad_output.shape) == 2
+        else grad_output.reshape(-1, grad_output.shape[-1])
+    )
+    if dy.dtype != dtype:
+        dy = dy.to(dtype)
     if plan.gather_grad_output:
         dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
@@ -576,12 +589,15 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             out_dtype=dtype,
             use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
         )
-        dgrad = _reduce(dgrad, plan.reduce_dgrad, args).view(args.inp_shape)
+        dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
+        if len(args.inp_shape) != 2:  # a 2-D input's gradient has its shape already
+            dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
-            x = x.reshape(-1, x.shape[-1])
+            if len(x.shape) != 2:
+                x = x.reshape(-1, x.shape[-1])
             if plan.gather_input:
                 x = _all_gather_rows(x, args)
         wgrad = gemm(
@@ -592,7 +608,7 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
         )
     if args.use_bias:
-        bgrad = dy.float().sum(0).to(dtype)
+        bgrad = dy.sum(0) if dtype == torch.float32 else dy.float().sum(0).to(dtype)
     return dgrad, wgrad, bgrad
 
 
