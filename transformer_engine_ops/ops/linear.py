@@ -307,6 +307,15 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
         )
 
 
+def _weight_from_workspace(args: LinearFwdArgs) -> bool:
+    """Whether the fprop GEMM reads the cached weight workspace (a later microbatch)."""
+    return (
+        args.weight_workspace is not None
+        and not args.is_first_microbatch
+        and not _is_quantized(args.weight)
+    )
+
+
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     """Every forward decision, shared by the real kernel and the spec fake.
 
@@ -332,11 +341,7 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     if args.input_quantizer is not None and needs_wgrad and keeps_quantized:
         save_input = _Usage(True, backward_quantized)
         saved_input = backward_usage
-    from_workspace = (
-        args.weight_workspace is not None
-        and not args.is_first_microbatch
-        and not _is_quantized(args.weight)
-    )
+    from_workspace = _weight_from_workspace(args)
     quantize_weight = saved_weight = None
     if args.weight_quantizer is not None and not _is_quantized(args.weight) and not from_workspace:
         quantize_weight = _Usage(True, needs_dgrad and backward_quantized)
@@ -495,7 +500,7 @@ def linear_setup_context(args: LinearFwdArgs, saved: tuple[Any, ...]) -> LinearB
             weight = args.weight  # the original weight, as TE's high-precision backward
         elif saved_weight is not None:
             weight = saved_weight
-        elif _forward_plan(args).weight_from_workspace:
+        elif _weight_from_workspace(args):
             weight = args.weight_workspace
         else:
             weight = args.weight

@@ -202,12 +202,13 @@ def _plain_gemm(
     # The general CPU path: fp32 operands, product, fp32 bias add, cast, reshape.
     a, b = A.float(), B.float()
     b2 = b if len(b_shape) == 2 else b.reshape(-1, b_shape[-1])
+    # Both matrices are 2-D here: ``torch.mm`` is what ``@`` dispatches to.
     if layout == "TN":
-        out = b2 @ a.t()
+        out = torch.mm(b2, a.t())
     elif layout == "NN":
-        out = b2 @ a
+        out = torch.mm(b2, a)
     else:
-        out = b2.t() @ (a if len(a_shape) == 2 else a.reshape(-1, a_shape[-1]))
+        out = torch.mm(b2.t(), a if len(a_shape) == 2 else a.reshape(-1, a_shape[-1]))
     if bias is not None:
         # In place where the bias broadcasts into the product: the same fp32 sum.
         out = out.add_(bias.float()) if len(bias.shape) == 1 else out + bias.float()

@@ -407,8 +407,11 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
     """``(outputs, saved)`` of ``glue.forward_impl(args)``, the outputs attached to
     autograd when a gradient field (``grad_values``, in ``grad_fields`` order) requires
     grad."""
-    inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
-    if not needs_autograd(inputs):
+    if glue.__dict__.get("single_grad_fields", False):  # no list field: inputs as given
+        inputs, lengths = tuple(grad_values), glue.single_lengths
+    else:
+        inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
+    if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*inputs)):
         return glue.forward_impl(args)
     made: list[Any] = []
     outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
@@ -502,6 +505,11 @@ class OpGlue:
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
+        lists = fields.get("grad_lists")
+        if lists is not None:
+            # Derived once: with no list field, the autograd inputs are the field values.
+            self.single_grad_fields = not any(lists)
+            self.single_lengths = (None,) * len(lists)
 
 
 def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
