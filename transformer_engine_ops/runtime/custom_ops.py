@@ -284,12 +284,18 @@ def save_values(ctx: Any, values: Sequence[Any]) -> None:
     for value in values:
         if value is None:
             layout.append(None)
+        elif type(value) in _PLAIN_TENSORS:  # the common case: a plain tensor
+            layout.append(("t", len(tensors)))
+            tensors.append(value)
         elif isinstance(value, list | tuple):
             layout.append(("l", tuple(_save(item, tensors) for item in value)))
         else:
             layout.append(_save(value, tensors))
     ctx.save_for_backward(*tensors)
     ctx.saved_layout = tuple(layout)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _save(value: Any, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -358,6 +364,8 @@ def eager_input_grads(
             f"backward_impl returned {len(grads)} gradients, but the op declares "
             f"{len(lengths)} grad_fields"
         )
+    if len(is_tensor) == len(lengths) and all(is_tensor) and all(n is None for n in lengths):
+        return tuple(grads)  # one tensor input per field, each a tensor: as returned
     for n, grad in zip(lengths, grads, strict=True):
         if n is None:
             flat.append(grad)
