@@ -202,9 +202,10 @@ def _plain_gemm(
     # The general CPU path: fp32 operands, product, fp32 bias add, cast, reshape.
     a, b = A.float(), B.float()
     b2 = b if len(b_shape) == 2 else b.reshape(-1, b_shape[-1])
-    # Both matrices are 2-D here: ``torch.mm`` is what ``@`` dispatches to.
+    # Both matrices are 2-D here: ``torch.mm`` is what ``@`` dispatches to (``linear``
+    # without a bias is ``mm(b2, a.t())`` without a Python-side transposed view).
     if layout == "TN":
-        out = torch.mm(b2, a.t())
+        out = torch.nn.functional.linear(b2, a)
     elif layout == "NN":
         out = torch.mm(b2, a)
     else:
