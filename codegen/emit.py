@@ -225,7 +225,7 @@ def calling_side_context(op: Op) -> dict:
         "backward_grad_outputs_slot": slot_index(op.backward, grad_name),
         "forward_tensor_list_slots": _tensor_list_slots(op.forward),
         "backward_tensor_list_slots": _tensor_list_slots(op.backward),
-        "grad_field_lists": _code_tuple([str(k is Kind.TENSOR_LIST) for k in grad_kinds]),
+        "grad_field_lists": _code_tuple([str(kinds.gradient_per_element(k)) for k in grad_kinds]),
         "grad_values": _code_tuple([f"args.{g}" for g in op.grad_fields]),
         "saved_fields": tuple(saved),
         "saved_fields_tuple": _tuple_literal(tuple(saved)),

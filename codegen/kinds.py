@@ -364,6 +364,7 @@ KINDS: tuple[KindRecord, ...] = (
         lambda c: f"*_b.{c.opt}tensor_or_quantized_list({c.value}, {c.where})",
         lambda c: "_b.unpack_tensor_or_quantized_list(slot(), slot(), slot())",
         spec="specs",
+        gradient=Gradient.PER_ELEMENT,
     ),
     KindRecord(
         Kind.SCALAR,
@@ -639,3 +640,8 @@ def slots_for(name: str, ftype: FieldType, config: Config) -> tuple[Slot, ...]:
 
 def may_receive_gradient(ftype: FieldType) -> bool:
     return RECORDS[ftype.kind].gradient is not Gradient.NONE
+
+
+def gradient_per_element(kind: Kind) -> bool:
+    """Whether a gradient field of ``kind`` receives a list (one gradient per element)."""
+    return RECORDS[kind].gradient is Gradient.PER_ELEMENT

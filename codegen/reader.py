@@ -711,7 +711,7 @@ def _check_grad_fields(
                 where,
                 f"gradient field `{forward.name}.{grad}` is a {field.type.kind.value}, "
                 "which cannot receive a gradient",
-                "only tensor, tensor-list and tensor-or-quantized fields receive gradients",
+                "only tensor and tensor-or-quantized fields, and lists of them, receive gradients",
             )
     if len(set(grad_fields)) != len(grad_fields):
         raise CodegenError(whole, "`grad_fields` repeats a field", "name each gradient field once")

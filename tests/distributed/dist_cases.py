@@ -406,6 +406,10 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         from dist_family_cases import run_family_case
 
         return run_family_case(w, name)
+    if name.startswith("grouped-"):
+        from dist_grouped_cases import run_grouped_case
+
+        return run_grouped_case(w, name)
     return _errors(w, name)
 
 

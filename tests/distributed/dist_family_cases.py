@@ -19,11 +19,15 @@ from dist_cases import (
     REF_TOL,
     SEED,
     World,
+    _assert_equal,
     _chunk,
     _compare_reference,
     _compiled_matches_eager,
+    _graph_breaks,
+    _recipe,
     _step,
 )
+from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
 
@@ -36,6 +40,10 @@ FAMILY = [
     for recipe in RECIPES
 ]
 FAMILY += ["family-mlp-sp-swiglu-bf16"]
+# LayerNormLinear column parallel + SP with TE's per-call arguments: weight caching
+# across microbatches (eager; a named fallback under compile, as for Linear) and the
+# quantized output under no_grad (compiled fullgraph).
+FAMILY += ["family-lnl-sp-cache-fp8_current", "family-lnl-sp-fp8out-fp8_current"]
 
 
 def _tensors(w: World, out_features: int) -> dict[str, torch.Tensor]:
@@ -55,26 +63,82 @@ def _norm_params(module: Any, t: dict[str, torch.Tensor]) -> None:
         module.layer_norm_bias.copy_(t["ln_b"])
 
 
+def _make_lnl(w: World, sp: bool, parallel: bool, t: dict[str, torch.Tensor]) -> Any:
+    torch.manual_seed(SEED)
+    n = w.size
+    m = te.LayerNormLinear(
+        HIDDEN,
+        OUT,
+        sequence_parallel=sp and parallel,
+        tp_group=w.group if parallel else None,
+        tp_size=n if parallel else 1,
+        params_dtype=torch.bfloat16,
+        parallel_mode="column" if parallel else None,
+        device=w.device,
+    )
+    _norm_params(m, t)
+    return m
+
+
+def _lnl_step(module: Any, x: torch.Tensor, dy: torch.Tensor, recipe: str, **kwargs: Any) -> list:
+    params = list(module.parameters())
+    for p in params:
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    with _recipe(recipe):
+        y = module(x, **kwargs)
+    y.backward(dy)
+    return [y.detach().clone(), x.grad.clone(), *[p.grad.clone() for p in params]]
+
+
+def _lnl_cache(w: World, recipe: str) -> dict[str, Any]:
+    """Microbatches True, False, False: the same results as the uncached module, bit for
+    bit, and the weight shard quantized once (the workspace object is reused)."""
+    t = _tensors(w, OUT)
+    r, n = w.rank, w.size
+    cached, plain = _make_lnl(w, True, True, t), _make_lnl(w, True, True, t)
+    x_local, dy_local = _chunk(t["x"], 0, r, n), _chunk(t["dy"], -1, r, n)
+    names = ["output", "input grad", "ln weight grad", "ln bias grad", "weight grad", "bias grad"]
+    workspaces = []
+    for first in (True, False, False):
+        got = _lnl_step(cached, x_local, dy_local, recipe, is_first_microbatch=first)
+        _assert_equal(got, _lnl_step(plain, x_local, dy_local, recipe), names)
+        workspaces.append(cached._weight_workspace)
+    assert workspaces[0] is not None, "no workspace cached"
+    assert workspaces[0] is workspaces[1] is workspaces[2], "the workspace was remade"
+    return {"microbatches": 3}
+
+
+def _lnl_fp8_output(w: World, recipe: str) -> dict[str, Any]:
+    """The quantized output under no_grad: compiled (fullgraph) equal to eager, and to
+    the single-process module's output quantized, on this rank's feature shard."""
+    t = _tensors(w, OUT)
+    r, n = w.rank, w.size
+    layer = _make_lnl(w, True, True, t)
+    x_local = _chunk(t["x"], 0, r, n)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.no_grad(), _recipe(recipe):
+        eager = layer(x_local, fp8_output=True)
+        got = compiled(x_local, fp8_output=True)
+        plain = layer(x_local)
+    assert type(got) is type(eager) and type(eager) is not torch.Tensor, type(eager)
+    assert got.shape == eager.shape == (SEQ, BATCH, OUT // n), tuple(got.shape)
+    _assert_equal([got.dequantize()], [eager.dequantize()], ["quantized output"])
+    assert _graph_breaks() == 0, dict(counters["graph_break"])
+    # Quantizing only rounds: within the format's error of the unquantized output.
+    err = (eager.dequantize().float() - plain.float()).abs().max().item()
+    bound = 0.08 * plain.float().abs().max().item()
+    assert 0 < err <= bound, f"quantized output error {err:.3g} (bound {bound:.3g})"
+    return {"rel_error": err / plain.float().abs().max().item()}
+
+
 def _lnl(w: World, sp: bool, recipe: str) -> dict[str, Any]:
     t = _tensors(w, OUT)
     r, n = w.rank, w.size
 
-    def make(parallel: bool) -> te.LayerNormLinear:
-        torch.manual_seed(SEED)
-        m = te.LayerNormLinear(
-            HIDDEN,
-            OUT,
-            sequence_parallel=sp and parallel,
-            tp_group=w.group if parallel else None,
-            tp_size=n if parallel else 1,
-            params_dtype=torch.bfloat16,
-            parallel_mode="column" if parallel else None,
-            device=w.device,
-        )
-        _norm_params(m, t)
-        return m
-
-    layer, ref = make(True), make(False)
+    layer, ref = _make_lnl(w, sp, True, t), _make_lnl(w, sp, False, t)
     assert torch.equal(layer.weight, _chunk(ref.weight, 0, r, n)), "weight shard"
     names = ["output", "input grad", "ln weight grad", "ln bias grad", "weight grad", "bias grad"]
     x_local = _chunk(t["x"], 0, r, n) if sp else t["x"]
@@ -168,6 +232,9 @@ def run_family_case(w: World, name: str) -> dict[str, Any]:
     parts = name.split("-")
     kind, sp = parts[1], parts[2] == "sp"
     recipe = parts[-1]
+    if kind == "lnl" and len(parts) == 5:
+        variant = {"cache": _lnl_cache, "fp8out": _lnl_fp8_output}[parts[3]]
+        return variant(w, recipe)
     if kind == "lnl":
         return _lnl(w, sp, recipe)
     activation = parts[3] if len(parts) == 5 else "gelu"

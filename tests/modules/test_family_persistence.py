@@ -1,6 +1,6 @@
 """A quantized model of the Linear family saved with ``torch.save(model.state_dict())``
 loads with ``torch.load(..., weights_only=True)`` into a fresh model, which then gives
-identical outputs (issue 10); ``GroupedLinear`` refuses ``quantized_model_init``."""
+identical outputs (issue 10)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,10 @@ class FamilyModel(torch.nn.Module):
 
 
 def build(recipe: str, seed: int) -> FamilyModel:
-    """LayerNormLinear and LayerNormMLP under ``quantized_model_init``; GroupedLinear,
-    which refuses it, outside (bf16 weights, quantized per call under ``autocast``)."""
+    """Every module under ``quantized_model_init``."""
     torch.manual_seed(seed)
-    grouped = te.GroupedLinear(3, HIDDEN, HIDDEN, params_dtype=torch.bfloat16)
     with te.quantized_model_init(recipe=RECIPES[recipe]()):
-        model = FamilyModel(grouped)
+        model = FamilyModel(te.GroupedLinear(3, HIDDEN, HIDDEN, params_dtype=torch.bfloat16))
     return randomize(model, seed)
 
 
@@ -61,8 +59,13 @@ def quantized_weights(model: torch.nn.Module) -> dict[str, type]:
 @pytest.mark.parametrize("recipe", QUANTIZED)
 def test_quantized_family_model_round_trips_through_weights_only_load(recipe):
     saved, fresh = build(recipe, seed=0), build(recipe, seed=1)
-    # Every GEMM weight of LayerNormLinear and LayerNormMLP is quantized.
-    assert set(quantized_weights(saved)) == {"ln_linear.weight", "mlp.fc1_weight", "mlp.fc2_weight"}
+    # Every GEMM weight is quantized.
+    assert set(quantized_weights(saved)) == {
+        "ln_linear.weight",
+        "mlp.fc1_weight",
+        "mlp.fc2_weight",
+        *(f"grouped.weight{i}" for i in range(3)),
+    }
     x = torch.randn(64, HIDDEN, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     before = forward_backward(fresh, x, recipe)
     expected = forward_backward(saved, x, recipe)
@@ -80,12 +83,3 @@ def test_quantized_family_model_round_trips_through_weights_only_load(recipe):
     got = forward_backward(fresh, x, recipe)
     for what, a, b in zip(("output", "input grad"), got, expected, strict=True):
         assert torch.equal(a, b), f"{recipe}: {what} differs after the weights_only load"
-
-
-@pytest.mark.parametrize("recipe", QUANTIZED)
-def test_grouped_linear_refuses_quantized_model_init_by_name(recipe):
-    with (
-        te.quantized_model_init(recipe=RECIPES[recipe]()),
-        pytest.raises(NotImplementedError, match="GroupedLinear: quantized_model_init weights"),
-    ):
-        te.GroupedLinear(3, HIDDEN, HIDDEN, params_dtype=torch.bfloat16)

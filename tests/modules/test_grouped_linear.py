@@ -1,15 +1,23 @@
 """GroupedLinear: every recipe x bias compiled bitwise equal to eager over changing
 splits (zeros, one group taking everything) without recompiling, the plain formula,
-one gradient per weight and bias, TE's constructor and state-dict keys."""
+one gradient per weight and bias, quantized weights (``quantized_model_init``) with their
+gradients and weights-only state dicts, TE's constructor and state-dict keys."""
 
 from __future__ import annotations
+
+import contextlib
+import io
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from module_cases import RECIPES, graph_breaks, recipe_context, unique_graphs
+from module_cases import QUANTIZED, RECIPES, graph_breaks, recipe_context, unique_graphs
 
 import transformer_engine_ops as te
+from transformer_engine_ops.quantization import DelayedScaling
+from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
+from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
 
 AOT = "aot_eager"
 ROWS = 128
@@ -17,9 +25,17 @@ ROWS = 128
 SPLITS = ([32, 0, 96], [128, 0, 0], [0, 0, 128], [64, 32, 32])
 
 
-def make(bias: bool = True, seed: int = 0, num_gemms: int = 3) -> te.GroupedLinear:
+def make(
+    bias: bool = True, seed: int = 0, num_gemms: int = 3, init_recipe: str | None = None
+) -> te.GroupedLinear:
+    """A bf16 GroupedLinear; with ``init_recipe``, built under that recipe's
+    ``quantized_model_init`` (quantized weight parameters)."""
     torch.manual_seed(seed)
-    module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
+    if init_recipe is None:
+        module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
+    else:
+        with te.quantized_model_init(recipe=RECIPES[init_recipe]()):
+            module = te.GroupedLinear(num_gemms, 64, 32, bias=bias, params_dtype=torch.bfloat16)
     with torch.no_grad():
         for i in range(num_gemms):
             if bias:
@@ -31,12 +47,12 @@ def make_input(seed: int = 1, rows: int = ROWS) -> torch.Tensor:
     return torch.randn(rows, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-def step(module, x, splits, recipe):
+def step(module, x, splits, recipe, **kwargs):
     for p in module.parameters():
         p.grad = None
     x = x.detach().clone().requires_grad_(True)
     with recipe_context(recipe):
-        y = module(x, splits)
+        y = module(x, splits, **kwargs)
     y.float().square().sum().backward()
     inner = getattr(module, "_orig_mod", module)
     return [y.detach(), x.grad, *[p.grad for p in inner.parameters()]]
@@ -133,7 +149,7 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(parallel_mode="row"), dict(return_bias=True), dict(single_grouped_weight=True)],
+    [dict(delay_wgrad_compute=True), dict(return_bias=True), dict(single_grouped_weight=True)],
     ids=lambda kw: next(iter(kw)),
 )
 def test_unimplemented_arguments_raise_naming_them(kwargs):
@@ -152,3 +168,228 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways():
     x = make_input()
     assert torch.equal(b(x, [32, 0, 96]), a(x, [32, 0, 96]))
     a.load_state_dict(b.state_dict(), strict=True)
+
+
+# --- quantized weight parameters (quantized_model_init) -----------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_weights_compile_bitwise_equal_to_eager_each_with_its_gradient(recipe, bias):
+    module, x = make(bias, init_recipe=recipe), make_input()
+    weights = [getattr(module, f"weight{i}") for i in range(3)]
+    assert all(isinstance(w, QuantizedTensor) and w.requires_grad for w in weights)
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
+    for splits in SPLITS[:2]:
+        s = torch.tensor(splits)
+        expected = step(module, x, s, recipe)
+        assert_equal(step(compiled, x, s, recipe), expected)
+        # Every weight (the empty groups' included) gets a plain gradient of its shape.
+        for i, w in enumerate(weights):
+            assert type(w.grad) is torch.Tensor and w.grad.shape == (32, 64), i
+    assert unique_graphs() == 1
+    assert graph_breaks() == 0
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_weights_are_the_quantized_plain_weights(recipe):
+    """The weights' values are the plain module's (same seed), quantized once: the
+    forward equals the plain module's under the same recipe (whose weight quantizer
+    makes the same codes from the same values)."""
+    quantized, plain, x = make(init_recipe=recipe), make(), make_input()
+    for i in range(3):
+        w, p = getattr(quantized, f"weight{i}"), getattr(plain, f"weight{i}")
+        assert (w.dequantize().float() - p.float()).abs().max() <= 0.2 * p.abs().max()
+    with recipe_context(recipe), torch.no_grad():
+        got, ref = quantized(x, [32, 0, 96]), plain(x, [32, 0, 96])
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_quantized_init_state_dict_round_trips_through_weights_only_load(recipe):
+    saved, fresh, x = make(init_recipe=recipe), make(seed=5, init_recipe=recipe), make_input()
+    s = torch.tensor([32, 0, 96])
+    expected = step(saved, x, s, recipe)
+    assert not torch.equal(step(fresh, x, s, recipe)[0], expected[0])
+    buf = io.BytesIO()
+    torch.save(saved.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    for i in range(3):
+        assert type(state[f"weight{i}"]) is type(getattr(saved, f"weight{i}").data)
+    fresh.load_state_dict(state, strict=True)
+    assert all(isinstance(getattr(fresh, f"weight{i}"), QuantizedTensor) for i in range(3))
+    assert_equal(step(fresh, x, s, recipe), expected)
+
+
+def test_delayed_scaling_quantized_init_seeds_one_scale_from_every_weight_and_trains():
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=DelayedScaling()):
+        module = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    plain = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
+    for i in range(3):
+        w, p = getattr(module, f"weight{i}").dequantize().float(), getattr(plain, f"weight{i}")
+        # E4M3 from a scale covering every weight's amax: nothing clipped or flushed.
+        assert ((w - p.float()).norm() / p.float().norm()).item() < 2**-4
+    x = make_input().requires_grad_(True)
+    with te.autocast(recipe=DelayedScaling()):
+        y = module(x, [32, 0, 96])
+    y.float().square().sum().backward()
+    assert all(getattr(module, f"weight{i}").grad is not None for i in range(3))
+    assert "scale_fwd" in module.state_dict()["_extra_state"]
+
+
+# --- tensor parallelism: TE's shapes, no communication (tests/distributed runs 2 ranks) ---
+
+
+@pytest.mark.parametrize("mode", ["column", "row"])
+def test_parallel_mode_shards_each_weight_as_te_does(mode):
+    """Without a group TE takes ``tp_size`` as given; rank 0's shard of each weight is
+    the first slice of the single-process module's (same seed)."""
+    torch.manual_seed(0)
+    full = te.GroupedLinear(3, 64, 32, bias=False, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    part = te.GroupedLinear(
+        3, 64, 32, bias=False, params_dtype=torch.bfloat16, parallel_mode=mode, tp_size=2
+    )
+    dim = 0 if mode == "column" else 1
+    assert (part.in_features, part.out_features) == ((64, 16) if mode == "column" else (32, 32))
+    for i in range(3):
+        want = getattr(full, f"weight{i}").chunk(2, dim)[0]
+        assert torch.equal(getattr(part, f"weight{i}"), want)
+    x = make_input()
+    if mode == "row":
+        x = x[:, :32]
+    assert part(x, [32, 0, 96]).shape == (ROWS, 16 if mode == "column" else 32)
+
+
+def test_sequence_parallel_only_counts_with_more_than_one_rank():
+    one = te.GroupedLinear(2, 64, 32, sequence_parallel=True, parallel_mode="column")
+    two = te.GroupedLinear(
+        2, 64, 32, sequence_parallel=True, parallel_mode="column", tp_size=2, bias=False
+    )
+    assert (one.sequence_parallel, two.sequence_parallel) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(parallel_mode="row", tp_size=2), "bias=True is not supported with tp_size=2"),
+        (dict(parallel_mode="diagonal"), "parallel_mode must be one of"),
+        (dict(parallel_mode="column", tp_size=3, bias=False), "out_features=32 is not divisible"),
+        (dict(parallel_mode="row", tp_size=0, bias=False), "tp_size must be a positive int"),
+    ],
+    ids=["bias", "mode", "divisible", "tp_size"],
+)
+def test_bad_parallel_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        te.GroupedLinear(2, 64, 32, **kwargs)
+
+
+# --- weight caching across microbatches (is_first_microbatch) ------------------------------
+
+
+@contextlib.contextmanager
+def weight_quantizations(module: te.GroupedLinear):
+    """Count the quantizer calls on the module's weights (their storage), per weight."""
+    ptrs = {getattr(module, f"weight{i}").data_ptr(): i for i in range(module.num_gemms)}
+    calls: list[int] = []
+    original = Quantizer.quantize
+
+    def counting(self, t):
+        if t.data_ptr() in ptrs:
+            calls.append(ptrs[t.data_ptr()])
+        return original(self, t)
+
+    Quantizer.quantize = counting
+    try:
+        yield calls
+    finally:
+        Quantizer.quantize = original
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_later_microbatches_do_not_run_the_weight_quantizers_and_match_uncached(recipe):
+    cached, plain, x = make(), make(), make_input()
+    workspaces = []
+    for first, splits in ((True, [32, 0, 96]), (False, [64, 32, 32]), (False, [0, 0, 128])):
+        s = torch.tensor(splits)
+        with weight_quantizations(cached) as calls:
+            got = step(cached, x, s, recipe, is_first_microbatch=first)
+        # The first microbatch quantizes each weight once (forward), for the cache and
+        # the backward's dgrad; later ones never run a weight quantizer.
+        assert sorted(calls) == ([0, 1, 2] if first else []), (first, calls)
+        assert_equal(got, step(plain, x, s, recipe))
+        workspaces.append(cached._weight_workspaces)
+    assert len(workspaces[0]) == 3 and all(w is not None for w in workspaces[0])
+    assert workspaces[0] is workspaces[1] is workspaces[2]
+
+
+def test_uncached_calls_quantize_each_weight_in_forward_and_backward():
+    """What the cache saves: without it every call quantizes each weight twice."""
+    module, x = make(), make_input()
+    with weight_quantizations(module) as calls:
+        step(module, x, torch.tensor([32, 0, 96]), "fp8_current")
+    assert sorted(calls) == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_weight_changed_after_the_first_microbatch_is_seen_at_the_next_first_one():
+    module, x = make(), make_input()
+    s = torch.tensor([32, 32, 64])
+    first = step(module, x, s, "fp8_current", is_first_microbatch=True)
+    with torch.no_grad():
+        module.weight1.mul_(2)
+    later = step(module, x, s, "fp8_current", is_first_microbatch=False)
+    assert torch.equal(later[0], first[0])  # TE's contract: the cached workspace is used
+    refreshed = step(module, x, s, "fp8_current", is_first_microbatch=True)
+    assert not torch.equal(refreshed[0], first[0])
+
+
+def test_workspaces_cached_without_grad_are_refreshed_when_backward_needs_them():
+    module, plain, x = make(), make(), make_input()
+    s = torch.tensor([32, 0, 96])
+    with torch.no_grad(), recipe_context("mxfp8"):
+        module(x, s, is_first_microbatch=True)
+    assert not any(w.columnwise_usage for w in module._weight_workspaces)
+    assert_equal(step(module, x, s, "mxfp8", is_first_microbatch=False), step(plain, x, s, "mxfp8"))
+    assert all(w.columnwise_usage for w in module._weight_workspaces)
+
+
+def test_caching_with_bf16_or_quantized_weights_keeps_nothing_and_matches():
+    for module, recipe in ((make(), "bf16"), (make(init_recipe="fp8_current"), "fp8_current")):
+        plain = make(init_recipe=None if recipe == "bf16" else recipe)
+        x, s = make_input(), torch.tensor([32, 0, 96])
+        for first in (True, False):
+            got = step(module, x, s, recipe, is_first_microbatch=first)
+            assert_equal(got, step(plain, x, s, recipe))
+        assert module._weight_workspaces is None
+
+
+def test_compiled_microbatches_fall_back_warn_once_and_match_eager():
+    """As Linear: caching is module state, so a compiled call with is_first_microbatch
+    runs eagerly with that reason (warned once) and equals the eager module."""
+    eager_module, module, x = make(), make(), make_input()
+    compiled = torch.compile(module, backend=AOT)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for first in (True, False, False):
+            s = torch.tensor([32, 0, 96])
+            got = step(compiled, x, s, "fp8_current", is_first_microbatch=first)
+            assert_equal(got, step(eager_module, x, s, "fp8_current", is_first_microbatch=first))
+    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == 1
+    assert "is_first_microbatch" in str(fallbacks[0].message)
+    assert module._weight_workspaces is not None
+
+
+def test_compiled_microbatches_under_fullgraph_raise_the_reason():
+    compiled = torch.compile(make(), fullgraph=True, backend=AOT)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
+        step(
+            compiled,
+            make_input(),
+            torch.tensor([32, 0, 96]),
+            "fp8_current",
+            is_first_microbatch=True,
+        )

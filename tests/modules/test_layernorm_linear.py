@@ -1,6 +1,7 @@
 """LayerNormLinear: every recipe x bias compiled bitwise equal to eager, the plain
 formula in bf16, quantized recipes within their bound, extra outputs, dynamic batch
-sizes, quantized weights, TE's constructor and state-dict keys."""
+sizes, quantized weights, the quantized output (``fp8_output``), weight caching across
+microbatches (``is_first_microbatch``), TE's constructor and state-dict keys."""
 
 from __future__ import annotations
 
@@ -16,10 +17,19 @@ from family_cases import (
     reference_step,
     step,
 )
-from module_cases import RECIPES, assert_bitwise, graph_breaks, recipe_context, unique_graphs
+from module_cases import (
+    QUANTIZED,
+    RECIPES,
+    assert_bitwise,
+    graph_breaks,
+    recipe_context,
+    unique_graphs,
+)
 
 import transformer_engine_ops as te
+from transformer_engine_ops.modules.autocast import STATE
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
+from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
 
 KIND = "layernorm_linear"
 AOT = "aot_eager"
@@ -160,7 +170,6 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
         dict(ub_overlap_ag=True),
         dict(return_layernorm_output_gathered=True),
         dict(delay_wgrad_compute=True),
-        dict(parallel_mode="row"),
     ],
     ids=lambda kw: next(iter(kw)),
 )
@@ -172,9 +181,30 @@ def test_unimplemented_arguments_raise_naming_them(kwargs):
 
 def test_unimplemented_forward_arguments_raise_naming_them():
     module, x = make(KIND), make_input()
-    for kwargs in (dict(is_first_microbatch=True), dict(fp8_output=True)):
-        with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
-            module(x, **kwargs)
+    with pytest.raises(NotImplementedError, match="fp8_grad"):
+        module(x, fp8_grad=True)
+
+
+def test_row_parallel_is_refused_as_te_refuses_it():
+    # TE 2.20.2: NotImplementedError("Normalization does not support tensor-parallel
+    # distribution."): the norm needs the whole hidden dim a row-parallel input shards.
+    with pytest.raises(NotImplementedError, match="parallel_mode='row'.*normalization"):
+        te.LayerNormLinear(64, 32, parallel_mode="row")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(parallel_mode="diagonal"), "parallel_mode must be one of"),
+        (dict(parallel_mode="column", tp_size=2), "parallel_mode='column' with tp_size=2 needs"),
+        (dict(parallel_mode="column", tp_size=0), "tp_size must be a positive int"),
+    ],
+)
+def test_parallelism_errors_name_the_module_class(kwargs, message):
+    with pytest.raises(ValueError, match=f"^LayerNormLinear: {message}"):
+        te.LayerNormLinear(64, 32, **kwargs)
+    with pytest.raises(ValueError, match=f"^Linear: {message}"):
+        te.Linear(64, 32, **kwargs)
 
 
 def test_bad_normalization_is_named():
@@ -221,3 +251,182 @@ def test_delayed_scaling_falls_back_eagerly_with_its_reason_and_matches_eager():
     assert torch.equal(got, expected)
     reasons = [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]
     assert len(reasons) == 1 and "DelayedScaling" in reasons[0], reasons
+
+
+# --- quantized output (fp8_output) ------------------------------------------------------
+
+
+def _output_step(module, x, recipe, **kwargs):
+    """Forward with ``fp8_output=True`` and backward through the dequantized output
+    (loss = sum): (quantized output, input grad, parameter grads)."""
+    for p in module.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    with recipe_context(recipe):
+        y = module(x, fp8_output=True, **kwargs)
+    y.dequantize().sum().backward()
+    return y, x.grad, [p.grad for p in module.parameters()]
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_fp8_output_is_the_plain_output_quantized_by_the_output_quantizer(recipe):
+    module, x = make(KIND), make_input()
+    with torch.no_grad(), recipe_context(recipe):
+        plain = module(x)
+        got = module(x, fp8_output=True)
+        expected = STATE.autocast.output.with_internal(False).quantize(plain)
+    assert isinstance(got, QuantizedTensor)
+    assert type(got) is type(expected)
+    assert got.shape == plain.shape == (4, 32, 32)
+    assert torch.equal(got.dequantize(), expected.dequantize())
+    assert not torch.equal(got.dequantize(), plain)  # it was quantized
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_gradient_flows_back_through_the_quantized_output(recipe):
+    module, x = make(KIND), make_input()
+    y, dx, grads = _output_step(module, x, recipe)
+    assert isinstance(y, QuantizedTensor) and y.requires_grad
+    # The quantized output's gradient passes straight through: the same gradients as
+    # the unquantized output's, bit for bit.
+    _, plain_dx, plain_grads = step(module, x, recipe)
+    assert torch.equal(dx, plain_dx)
+    assert len(grads) == 4 and all(g is not None for g in grads)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_fp8_output_under_no_grad_compiles_bitwise_equal_to_eager(recipe):
+    module, x = make(KIND, return_layernorm_output=True), make_input()
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
+    with torch.no_grad(), recipe_context(recipe):
+        eager, eager_ln = module(x, fp8_output=True)
+        got, got_ln = compiled(x, fp8_output=True)
+    assert isinstance(eager, QuantizedTensor)
+    assert type(got) is type(eager)
+    assert torch.equal(got.dequantize(), eager.dequantize())
+    assert torch.equal(got_ln, eager_ln)
+    assert graph_breaks() == 0 and unique_graphs() == 1
+
+
+def test_fp8_output_with_grad_falls_back_with_its_reason_as_linear_does():
+    module, x = make(KIND), make_input()
+    eager = _output_step(module, x, "mxfp8")
+    compiled = torch.compile(module, backend=AOT)
+    with pytest.warns(EagerFallbackWarning, match="fp8_output"):
+        got = _output_step(compiled, x, "mxfp8")
+    assert type(got[0]) is type(eager[0])
+    assert torch.equal(got[0].dequantize(), eager[0].dequantize())
+    assert torch.equal(got[1], eager[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], eager[2], strict=True))
+    assert graph_breaks() > 0
+
+
+def test_fp8_output_with_grad_under_fullgraph_raises_the_reason():
+    compiled = torch.compile(make(KIND), fullgraph=True, backend=AOT)
+    with recipe_context("fp8_current"):
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="fp8_output=True"):
+            compiled(make_input(), fp8_output=True)
+
+
+def test_fp8_output_without_a_recipe_is_the_plain_output():
+    module, x = make(KIND), make_input()
+    got = module(x, fp8_output=True)
+    assert type(got) is torch.Tensor and torch.equal(got, module(x))
+
+
+# --- weight caching across microbatches (is_first_microbatch) ------------------------------
+
+WEIGHT_SHAPE = (32, 64)  # (out_features, in_features): no activation or gradient has it
+
+
+@pytest.fixture
+def weight_quantizations(monkeypatch):
+    """How many times a weight-shaped tensor was quantized (every format quantizes
+    through ``Quantizer.quantize``)."""
+    calls = []
+    original = Quantizer.quantize
+
+    def counting(self, t):
+        if tuple(t.shape) == WEIGHT_SHAPE:
+            calls.append(type(self).__name__)
+        return original(self, t)
+
+    monkeypatch.setattr(Quantizer, "quantize", counting)
+    return calls
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED)
+def test_later_microbatches_reuse_the_quantized_weight(recipe, weight_quantizations):
+    cached, plain, x = make(KIND), make(KIND), make_input()
+    workspaces = []
+    for first in (True, False, False):
+        before = len(weight_quantizations)
+        got = step(cached, x, recipe, is_first_microbatch=first)
+        assert len(weight_quantizations) - before == (1 if first else 0), first
+        assert_bitwise(got, step(plain, x, recipe))
+        workspaces.append(cached._weight_workspace)
+    assert workspaces[0] is not None
+    assert workspaces[0] is workspaces[1] is workspaces[2]
+
+
+def test_a_weight_changed_after_the_first_microbatch_is_not_requantized():
+    """TE's contract: the workspace is used as is until the next first microbatch."""
+    module, x = make(KIND), make_input()
+    first = step(module, x, "fp8_current", is_first_microbatch=True)
+    with torch.no_grad():
+        module.weight.mul_(2)
+    later = step(module, x, "fp8_current", is_first_microbatch=False)
+    assert torch.equal(later[0], first[0])
+    refreshed = step(module, x, "fp8_current", is_first_microbatch=True)
+    assert not torch.equal(refreshed[0], first[0])
+
+
+def test_workspace_cached_without_grad_is_refreshed_when_backward_needs_it():
+    module, plain, x = make(KIND), make(KIND), make_input()
+    with torch.no_grad(), recipe_context("mxfp8"):
+        module(x, is_first_microbatch=True)
+    got = step(module, x, "mxfp8", is_first_microbatch=False)
+    assert_bitwise(got, step(plain, x, "mxfp8"))
+
+
+@pytest.mark.parametrize("first", [True, False, None])
+def test_bf16_accepts_is_first_microbatch_and_behaves_as_none(first):
+    module, plain, x = make(KIND), make(KIND), make_input()
+    assert_bitwise(step(module, x, "bf16", is_first_microbatch=first), step(plain, x, "bf16"))
+    assert module._weight_workspace is None
+
+
+def test_compiled_microbatches_fall_back_warn_once_and_match_eager():
+    eager_module, module, x = make(KIND), make(KIND), make_input()
+    compiled = torch.compile(module, backend=AOT)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for first in (True, False, False):
+            got = step(compiled, x, "fp8_current", is_first_microbatch=first)
+            assert_bitwise(got, step(eager_module, x, "fp8_current", is_first_microbatch=first))
+    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == 1
+    assert "is_first_microbatch" in str(fallbacks[0].message)
+    assert module._weight_workspace is not None
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_compiled_microbatches_under_fullgraph_raise_the_reason(recipe):
+    # As Linear: the argument is a named fallback under torch.compile, with or without
+    # a recipe.
+    compiled = torch.compile(make(KIND), fullgraph=True, backend=AOT)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
+        step(compiled, make_input(), recipe, is_first_microbatch=True)
+
+
+def test_quantized_weight_accepts_is_first_microbatch_and_caches_nothing(weight_quantizations):
+    with te.quantized_model_init(recipe=RECIPES["mxfp8"]()):
+        module = make(KIND)
+    weight_quantizations.clear()  # the quantization quantized_model_init made
+    x = make_input()
+    plain = step(module, x, "mxfp8")
+    for first in (True, False):
+        assert_bitwise(step(module, x, "mxfp8", is_first_microbatch=first), plain)
+    assert module._weight_workspace is None
+    assert weight_quantizations == []  # the weight is already quantized

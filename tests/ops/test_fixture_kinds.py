@@ -14,7 +14,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from codegen.kinds import KINDS  # noqa: E402
+from codegen.kinds import KINDS, Gradient  # noqa: E402
 from codegen.model import Kind  # noqa: E402
 from tests.ops import fixture_ops  # noqa: E402
 
@@ -86,12 +86,17 @@ def test_both_backward_gradient_forms_are_exercised():
     assert forms == {"grad_outputs", "grad_output"}
 
 
-def test_a_list_field_receiving_gradients_is_exercised():
-    list_grad_fields = [
-        (op.name, g)
+def test_every_kind_that_may_receive_a_gradient_receives_one_in_an_executed_fixture_op():
+    """Each kind whose record carries gradients (one, or one per list element: tensor,
+    tensor list, tensor-or-quantized, tensor-or-quantized list) is a gradient field of a
+    fixture op, so its autograd glue runs."""
+    grad_kinds = {
+        op.forward.field(g).type.kind
         for module in fixture_ops.source_modules()
         for op in module.ops
         for g in op.grad_fields
-        if op.forward.field(g).type.kind is Kind.TENSOR_LIST
-    ]
-    assert list_grad_fields, "no fixture op declares a List[Tensor] gradient field"
+    }
+    carrying = {r.kind for r in KINDS if r.gradient is not Gradient.NONE}
+    assert {Kind.TENSOR_LIST, Kind.TENSOR_OR_QUANTIZED_LIST} <= carrying
+    missing = sorted(k.value for k in carrying - grad_kinds)
+    assert not missing, f"no fixture op declares a gradient field of kind {missing}"

@@ -1,7 +1,8 @@
 """The grouped fixture op (tests/ops/fixtures/grouped_op.py), generated and run end to end.
 
-It exercises the kinds the first fixture does not: ``List[Tensor]`` gradient fields
-(one gradient per element), ``List[int]``, quantizer lists, tensor-or-quantized lists
+It exercises the kinds the first fixture does not: ``List[Tensor]`` and
+``List[TensorOrQuantized]`` gradient fields (one gradient per element, quantized wrapper
+weights included), ``List[int]``, quantizer lists, tensor-or-quantized lists
 holding plain, quantized-storage and quantized-wrapper values, ``Tuple[int, int]``,
 optional enum/Literal/value, a None-only ``torch.Generator``, and TE's backward form
 ``grad_output: Optional[Tensor]``. Round trips (also property-based), opcheck on both
@@ -69,7 +70,10 @@ def make_args(seed: int = 0, *, requires_grad: bool = True, **changes: Any) -> o
         generator=None,
     )
     workspaces = changes.pop("weight_workspaces", None)
+    weights = changes.pop("weights") if callable(changes.get("weights")) else None
     args = dataclasses.replace(args, **changes)
+    if weights is not None:
+        args.weights = weights(args.weights)
     if callable(workspaces):
         workspaces = workspaces([w.detach() for w in args.weights])
     args.weight_workspaces = workspaces
@@ -84,6 +88,15 @@ def _mixed_workspaces(weights: list[torch.Tensor]) -> list[Any]:
 def _wrapper_workspaces(weights: list[torch.Tensor]) -> list[Any]:
     # A quantized wrapper tensor subclass, then no workspace twice.
     return [FP8.with_internal(False).quantize(weights[0]), None, None]
+
+
+def _quantized_weights(weights: list[torch.Tensor]) -> list[Any]:
+    # Quantized wrapper parameters (as quantized_model_init makes), each receiving its
+    # gradient, and a plain weight between them.
+    def quantized(w: torch.Tensor) -> Any:
+        return FP8.with_internal(False).quantize(w.detach()).requires_grad_(w.requires_grad)
+
+    return [quantized(weights[0]), weights[1], quantized(weights[2])]
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -109,6 +122,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "pad_value": "zero",
     },
     "two-gemms": {"m_splits": [4, 0], "row_pad": (0, 2), "group_scales": [2, 1]},
+    "quantized-weights": {
+        "weights": _quantized_weights,
+        # Weight 0 is already quantized: its quantizer is not applied again.
+        "weight_quantizers": [FP8, FP8, None],
+        "input_quantizers": [FP8, None, FP8],
+        "activation": op.Activation.TANH,
+    },
 }
 
 
@@ -143,6 +163,8 @@ def plain_pytorch(args: op.GroupedOpFwdArgs) -> torch.Tensor:
         workspace = None if args.weight_workspaces is None else args.weight_workspaces[i]
         if workspace is not None:
             w = _straight_through(w, _dequantized(workspace))
+        elif isinstance(w, QuantizedData):
+            w = w.dequantize(dtype=torch.float32)  # differentiable: the wrapper gets its grad
         elif args.weight_quantizers[i] is not None:
             w = _straight_through(w, args.weight_quantizers[i].quantize(w.detach()).dequantize())
         b = None if args.biases is None else args.biases[i]
@@ -214,7 +236,7 @@ def test_a_generator_must_be_none(g):
         ({"m_splits": [2, 3, True]}, r"GroupedOpFwdArgs.m_splits: expected a list of ints"),
         ({"weight_quantizers": [FP8, "fp8", None]}, r"GroupedOpFwdArgs.weight_quantizers"),
         ({"weight_workspaces": [None, 1.0, None]}, r"GroupedOpFwdArgs.weight_workspaces\[1\]"),
-        ({"weights": [torch.ones(N, K), None, torch.ones(N, K)]}, "GroupedOpFwdArgs.weights"),
+        ({"weights": [torch.ones(N, K), 1.0, torch.ones(N, K)]}, r"GroupedOpFwdArgs.weights\[1\]"),
     ],
 )
 def test_a_bad_field_is_named(g, changes, message):

@@ -58,6 +58,10 @@ def _tiny():
 INPUTS = {
     "wide_2d": lambda: _wide((70, 130), 0),
     "wide_3d_bf16": lambda: _wide((2, 3, 67), 1, torch.bfloat16),
+    # Row counts that are multiples of 4 take the packed (int32-word) transpose store;
+    # 100 and 20 rows end inside a tile, 130 and 67 columns too.
+    "packed_ragged": lambda: _wide((100, 130), 6, torch.bfloat16),
+    "packed_3d": lambda: _wide((4, 5, 67), 7),
     "wide_fp16": lambda: _wide((65, 64), 2, torch.float16),
     "every_bf16": _all_bf16,
     "zeros": lambda: torch.zeros(3, 5, dtype=torch.bfloat16),

@@ -209,3 +209,24 @@ def test_recipes_make_equal_stateless_quantizers_on_every_call():
 def test_unknown_role_is_a_value_error():
     with pytest.raises(ValueError, match="unknown quantizer role 'bias'"):
         MXFP8BlockScaling().make_quantizer("bias")
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_derived_quantizers_are_built_once_and_equal_a_fresh_replace(name):
+    q = dataclasses.replace(QUANTIZERS[name])
+    flipped = not q.columnwise_usage if q.rowwise_usage else q.columnwise_usage
+    derived = q.with_usage(columnwise=flipped).with_internal(not q.internal)
+    again = q.with_usage(columnwise=flipped).with_internal(not q.internal)
+    assert again is derived
+    fresh = dataclasses.replace(q, columnwise_usage=flipped, internal=not q.internal)
+    assert derived == fresh and codec.code_of(derived) == codec.code_of(fresh)
+    # The memo never reaches a pickle (a saved quantized tensor carries its quantizer).
+    state = q.__getstate__()
+    assert all(not k.startswith("_teops_derived") for k in state)
+
+
+def test_a_derived_delayed_scaling_quantizer_shares_its_scaling_state():
+    q = DelayedScaling(amax_history_len=4).make_quantizer("input")
+    derived = q.with_internal(True)
+    assert derived is q.with_internal(True)
+    assert derived.amax_history is q.amax_history and derived.scale is q.scale

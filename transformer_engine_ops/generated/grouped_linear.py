@@ -31,24 +31,29 @@ FORWARD_OP = "teops::grouped_linear_fwd"
 BACKWARD_OP = "teops::grouped_linear_bwd"
 GRAD_FIELDS = ("inp", "weights", "biases")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 1, 2)
+FORWARD_GRAD_SLOTS = (0, 1, 4)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
-FORWARD_QUANTIZED_SLOTS = ()
-BACKWARD_QUANTIZED_SLOTS = ()
+FORWARD_QUANTIZED_SLOTS = (1, 5)
+BACKWARD_QUANTIZED_SLOTS = (2, 6)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
 # Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (1, 2)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 2)
+FORWARD_TENSOR_LIST_SLOTS = (2, 4, 6)
+BACKWARD_TENSOR_LIST_SLOTS = (0, 3, 7)
 # Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
 GRAD_FIELD_LISTS = (False, True, True)
 
 FORWARD_SCHEMA = (
     "("
     "Tensor inp"
-    ", Tensor[] weights"
+    ", Tensor?[] weights"
+    ", Tensor[] weights__inner"
+    ", str[] weights__meta"
     ", Tensor[]? biases"
+    ", Tensor?[]? weight_workspaces"
+    ", Tensor[] weight_workspaces__inner"
+    ", str[] weight_workspaces__meta"
     ", Tensor m_splits"
     ", bool input_requires_grad"
     ", bool weights_requires_grad"
@@ -64,13 +69,22 @@ FORWARD_SCHEMA = (
     ", SymInt num_gemms"
     ", SymInt in_features"
     ", SymInt out_features"
+    ", bool? is_first_microbatch"
+    ", bool cache_weight"
     ", bool is_grad_enabled"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
     _b.SlotRow("inp", "tensor", "inp", "Tensor"),
-    _b.SlotRow("weights", "tensor list", "weights", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights", "Tensor?[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__inner", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__meta", "str[]"),
     _b.SlotRow("biases", "tensor list", "biases", "Tensor[]?"),
+    _b.SlotRow("weight_workspaces", "tensor-or-quantized list", "weight_workspaces", "Tensor?[]?"),
+    _b.SlotRow(
+        "weight_workspaces", "tensor-or-quantized list", "weight_workspaces__inner", "Tensor[]"
+    ),
+    _b.SlotRow("weight_workspaces", "tensor-or-quantized list", "weight_workspaces__meta", "str[]"),
     _b.SlotRow("m_splits", "tensor", "m_splits", "Tensor"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("weights_requires_grad", "scalar", "weights_requires_grad", "bool"),
@@ -86,6 +100,8 @@ FORWARD_SLOTS = (
     _b.SlotRow("num_gemms", "scalar", "num_gemms", "SymInt"),
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
+    _b.SlotRow("is_first_microbatch", "scalar", "is_first_microbatch", "bool?"),
+    _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
 )
 
@@ -93,8 +109,13 @@ BACKWARD_SCHEMA = (
     "("
     "Tensor[] grad_outputs"
     ", Tensor inp"
-    ", Tensor[] weights"
+    ", Tensor?[] weights"
+    ", Tensor[] weights__inner"
+    ", str[] weights__meta"
     ", Tensor m_splits"
+    ", Tensor?[]? weight_workspaces"
+    ", Tensor[] weight_workspaces__inner"
+    ", str[] weight_workspaces__meta"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
     ", bool requires_bgrad"
@@ -115,8 +136,15 @@ BACKWARD_SCHEMA = (
 BACKWARD_SLOTS = (
     _b.SlotRow("grad_outputs", "tensor list", "grad_outputs", "Tensor[]"),
     _b.SlotRow("inp", "tensor", "inp", "Tensor"),
-    _b.SlotRow("weights", "tensor list", "weights", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights", "Tensor?[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__inner", "Tensor[]"),
+    _b.SlotRow("weights", "tensor-or-quantized list", "weights__meta", "str[]"),
     _b.SlotRow("m_splits", "tensor", "m_splits", "Tensor"),
+    _b.SlotRow("weight_workspaces", "tensor-or-quantized list", "weight_workspaces", "Tensor?[]?"),
+    _b.SlotRow(
+        "weight_workspaces", "tensor-or-quantized list", "weight_workspaces__inner", "Tensor[]"
+    ),
+    _b.SlotRow("weight_workspaces", "tensor-or-quantized list", "weight_workspaces__meta", "str[]"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
     _b.SlotRow("requires_bgrad", "scalar", "requires_bgrad", "bool"),
@@ -139,8 +167,11 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
     """`GroupedLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
         _b.check(args.inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
-        _b.tensor_list(args.weights, "GroupedLinearFwdArgs.weights"),
+        *_b.tensor_or_quantized_list(args.weights, "GroupedLinearFwdArgs.weights"),
         _b.optional_tensor_list(args.biases, "GroupedLinearFwdArgs.biases"),
+        *_b.optional_tensor_or_quantized_list(
+            args.weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
+        ),
         _b.check(args.m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
         _b.check(args.input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
         _b.check(args.weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
@@ -158,6 +189,10 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         _b.check(args.num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
         _b.check(args.in_features, _b.INT, "GroupedLinearFwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
+        _b.check_optional(
+            args.is_first_microbatch, bool, "GroupedLinearFwdArgs.is_first_microbatch"
+        ),
+        _b.check(args.cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
         _b.check(args.is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
     )
 
@@ -167,8 +202,9 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
     slot = iter(slots).__next__
     return GroupedLinearFwdArgs(
         inp=slot(),
-        weights=slot(),
+        weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         biases=slot(),
+        weight_workspaces=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         m_splits=slot(),
         input_requires_grad=slot(),
         weights_requires_grad=slot(),
@@ -184,6 +220,8 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         num_gemms=slot(),
         in_features=slot(),
         out_features=slot(),
+        is_first_microbatch=slot(),
+        cache_weight=slot(),
         is_grad_enabled=slot(),
     )
 
@@ -193,8 +231,11 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
     return (
         _b.tensor_list(args.grad_outputs, "GroupedLinearBwdArgs.grad_outputs"),
         _b.check(args.inp, torch.Tensor, "GroupedLinearBwdArgs.inp"),
-        _b.tensor_list(args.weights, "GroupedLinearBwdArgs.weights"),
+        *_b.tensor_or_quantized_list(args.weights, "GroupedLinearBwdArgs.weights"),
         _b.check(args.m_splits, torch.Tensor, "GroupedLinearBwdArgs.m_splits"),
+        *_b.optional_tensor_or_quantized_list(
+            args.weight_workspaces, "GroupedLinearBwdArgs.weight_workspaces"
+        ),
         _b.check(args.requires_dgrad, bool, "GroupedLinearBwdArgs.requires_dgrad"),
         _b.check(args.requires_wgrad, bool, "GroupedLinearBwdArgs.requires_wgrad"),
         _b.check(args.requires_bgrad, bool, "GroupedLinearBwdArgs.requires_bgrad"),
@@ -221,8 +262,9 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
     return GroupedLinearBwdArgs(
         grad_outputs=slot(),
         inp=slot(),
-        weights=slot(),
+        weights=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         m_splits=slot(),
+        weight_workspaces=_b.unpack_tensor_or_quantized_list(slot(), slot(), slot()),
         requires_dgrad=slot(),
         requires_wgrad=slot(),
         requires_bgrad=slot(),
@@ -250,6 +292,7 @@ def spec_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
     args.inp = _r.spec(args.inp)
     args.weights = _r.specs(args.weights)
     args.biases = _r.specs(args.biases)
+    args.weight_workspaces = _r.specs(args.weight_workspaces)
     args.m_splits = _r.spec(args.m_splits)
     return args
 
@@ -261,6 +304,7 @@ def spec_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
     args.inp = _r.spec(args.inp)
     args.weights = _r.specs(args.weights)
     args.m_splits = _r.spec(args.m_splits)
+    args.weight_workspaces = _r.specs(args.weight_workspaces)
     return args
 
 
@@ -301,7 +345,7 @@ _GLUE = _r.OpGlue(
     flatten_backward=flatten_grouped_linear_bwd_args,
     grad_slots=FORWARD_GRAD_SLOTS,
     grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inp", "weights", "m_splits"),
+    saved_fields=("inp", "weights", "m_splits", "weight_workspaces"),
     grad_outputs_field="grad_outputs",
     grad_output_only=False,
 )

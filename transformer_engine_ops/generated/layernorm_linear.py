@@ -34,12 +34,12 @@ GRAD_FIELDS = ("inp", "ln_weight", "ln_bias", "weight", "bias")
 FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
-FORWARD_QUANTIZED_SLOTS = (3,)
+FORWARD_QUANTIZED_SLOTS = (3, 7)
 BACKWARD_QUANTIZED_SLOTS = (5, 8)
 # Backward slot receiving the outputs' gradients (`grad_outputs`).
 BACKWARD_GRAD_OUTPUTS_SLOT = 0
 # Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (4,)
+FORWARD_TENSOR_LIST_SLOTS = (4, 8)
 BACKWARD_TENSOR_LIST_SLOTS = (0, 6, 9)
 # Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
 GRAD_FIELD_LISTS = (False, False, False, False, False)
@@ -53,6 +53,9 @@ FORWARD_SCHEMA = (
     ", Tensor[] weight__inner"
     ", str weight__meta"
     ", Tensor? bias"
+    ", Tensor? weight_workspace"
+    ", Tensor[] weight_workspace__inner"
+    ", str weight_workspace__meta"
     ", bool input_requires_grad"
     ", bool ln_weight_requires_grad"
     ", bool ln_bias_requires_grad"
@@ -70,9 +73,12 @@ FORWARD_SCHEMA = (
     ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", bool fp8"
+    ", bool fp8_output"
     ", str fprop_gemm"
     ", str dgrad_gemm"
     ", str wgrad_gemm"
+    ", bool? is_first_microbatch"
+    ", bool cache_weight"
     ", str? parallel_mode"
     ", str? tp_group"
     ", SymInt tp_size"
@@ -90,6 +96,9 @@ FORWARD_SLOTS = (
     _b.SlotRow("weight", "tensor-or-quantized", "weight__inner", "Tensor[]"),
     _b.SlotRow("weight", "tensor-or-quantized", "weight__meta", "str"),
     _b.SlotRow("bias", "tensor", "bias", "Tensor?"),
+    _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace", "Tensor?"),
+    _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace__inner", "Tensor[]"),
+    _b.SlotRow("weight_workspace", "tensor-or-quantized", "weight_workspace__meta", "str"),
     _b.SlotRow("input_requires_grad", "scalar", "input_requires_grad", "bool"),
     _b.SlotRow("ln_weight_requires_grad", "scalar", "ln_weight_requires_grad", "bool"),
     _b.SlotRow("ln_bias_requires_grad", "scalar", "ln_bias_requires_grad", "bool"),
@@ -107,9 +116,12 @@ FORWARD_SLOTS = (
     _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fp8", "scalar", "fp8", "bool"),
+    _b.SlotRow("fp8_output", "scalar", "fp8_output", "bool"),
     _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
     _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
+    _b.SlotRow("is_first_microbatch", "scalar", "is_first_microbatch", "bool?"),
+    _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("parallel_mode", "literal", "parallel_mode", "str?"),
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
@@ -203,6 +215,9 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.check_optional(args.ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(args.weight, "LayerNormLinearFwdArgs.weight"),
         _b.check_optional(args.bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
+        *_b.optional_tensor_or_quantized(
+            args.weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
+        ),
         _b.check(args.input_requires_grad, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
         _b.check(
             args.ln_weight_requires_grad, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"
@@ -236,9 +251,14 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         ),
         _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
         _b.check(args.fp8, bool, "LayerNormLinearFwdArgs.fp8"),
+        _b.check(args.fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
         _b.code(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
+        _b.check_optional(
+            args.is_first_microbatch, bool, "LayerNormLinearFwdArgs.is_first_microbatch"
+        ),
+        _b.check(args.cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormLinearFwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
@@ -258,6 +278,7 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         ln_bias=slot(),
         weight=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
         bias=slot(),
+        weight_workspace=_b.unpack_tensor_or_quantized(slot(), slot(), slot()),
         input_requires_grad=slot(),
         ln_weight_requires_grad=slot(),
         ln_bias_requires_grad=slot(),
@@ -275,9 +296,12 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         fp8=slot(),
+        fp8_output=slot(),
         fprop_gemm=_b.decode(slot()),
         dgrad_gemm=_b.decode(slot()),
         wgrad_gemm=_b.decode(slot()),
+        is_first_microbatch=slot(),
+        cache_weight=slot(),
         parallel_mode=slot(),
         tp_group=_b.resolve_group(slot(), "LayerNormLinearFwdArgs.tp_group"),
         tp_size=slot(),
@@ -386,6 +410,7 @@ def spec_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
     args.ln_bias = _r.spec(args.ln_bias)
     args.weight = _r.spec(args.weight)
     args.bias = _r.spec(args.bias)
+    args.weight_workspace = _r.spec(args.weight_workspace)
     return args
 
 

@@ -7,13 +7,30 @@ The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 ``forward(inp, m_splits)`` takes the rows of each GEMM as an int64 tensor or a list of
 ints (zeros allowed). A tensor's values never reach the graph, so one compiled graph
 serves every split; a list's ints do (dynamo guards on them) unless compiled with
-``dynamic=True``. The op always keeps the original input and re-quantizes it in the
+``dynamic=True``.
+
+Tensor parallelism is TE 2.20.2's: ``parallel_mode`` shards each weight (``"column"``:
+``out_features``, ``"row"``: ``in_features`` over ``tp_size`` ranks; ``tp_size`` is
+``tp_group``'s size when a group is given) and the module communicates nothing. The
+caller's MoE dispatch and combine stages do (a column-parallel output is this rank's
+feature shard, its input gradient a partial sum; a row-parallel output is a partial sum
+to be reduced). ``m_splits`` count the rows this rank holds, with or without
+``sequence_parallel``, which changes no computation here (TE only records it). As in TE,
+``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op always keeps the original input and re-quantizes it in the
 backward, which is TE's ``save_original_input=True`` (with ``False`` TE keeps the
 quantized input instead: the same numbers, more memory), so both values are accepted.
+
+``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
+GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
+without running the weight quantizers (a weight changed in place is seen at the next
+``True``), ``None`` caches nothing. As for ``Linear``, a compiled call with caching runs
+eagerly with that reason (the cache is module state); weights made under
+``quantized_model_init`` are already quantized and cache nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,12 +39,68 @@ from torch import nn
 
 from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
 from ..ops.grouped_linear import GroupedLinearFwdArgs
+from ..runtime.boundary import registered_group
+from ..runtime.fallback import run_eagerly
 from ..runtime.values import GemmConfig
-from ._base import ExtraStateMixin, reject_unimplemented, te_default_init
+from . import _extra_state
+from ._base import (
+    ExtraStateMixin,
+    full_then_shard,
+    reject_unimplemented,
+    te_default_init,
+    tp_rank,
+)
 from ._call import call_op
-from .autocast import STATE
+from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
+
+
+def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
+    """TE's rule: the group's size when a group is given, else ``tp_size``."""
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"GroupedLinear: tp_size must be a positive int, got {tp_size!r}")
+    if tp_group is None:
+        return tp_size
+    size = registered_group(tp_group, "GroupedLinear.tp_group").size()
+    if tp_size not in (1, size):
+        raise ValueError(
+            f"GroupedLinear: tp_size={tp_size} but tp_group {tp_group.group_name!r} has "
+            f"{size} ranks"
+        )
+    return size
+
+
+def _check_parallel_mode(parallel_mode: Any) -> str | None:
+    if parallel_mode not in (None, "column", "row"):
+        raise ValueError(
+            "GroupedLinear: parallel_mode must be one of None, 'column', 'row'; got "
+            f"{parallel_mode!r}"
+        )
+    return parallel_mode
+
+
+def _divide(cls: str, name: str, features: int, tp_size: int) -> int:
+    if features % tp_size != 0:
+        raise ValueError(
+            f"{cls}: {name}={features} is not divisible by tp_size={tp_size} (the "
+            f"{'column' if name == 'out_features' else 'row'}-parallel shard)"
+        )
+    return features // tp_size
+
+
+_CACHING = "weight caching across microbatches (is_first_microbatch)"
+
+
+def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
+    """Whether every cached workspace has the usages this call needs (dgrad reads the
+    columnwise data)."""
+    needs_columnwise = args.is_grad_enabled and args.input_requires_grad
+    return not needs_columnwise or all(
+        bool(getattr(w, "columnwise_usage", True))
+        for w in args.weight_workspaces or ()
+        if w is not None
+    )
 
 
 class GroupedLinear(ExtraStateMixin, nn.Module):
@@ -64,14 +137,10 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         cls = type(self).__name__
         reject_unimplemented(
             cls,
-            sequence_parallel=(sequence_parallel, False),
             fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
-            tp_group=(tp_group, None),
-            tp_size=(tp_size, 1),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
             return_bias=(return_bias, False),
-            parallel_mode=(parallel_mode, None),
             ub_overlap_rs=(ub_overlap_rs, False),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_name=(ub_name, None),
@@ -82,23 +151,69 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         )
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
-        if STATE.model_init is not None:
-            raise NotImplementedError(
-                f"{cls}: quantized_model_init weights are not implemented (per-GEMM weights "
-                "cross as tensors receiving gradients); build the module outside it"
-            )
         self.name = name
-        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.tp_group = tp_group
+        self.tp_size = tp_size = _tensor_parallel_size(tp_group, tp_size)
+        self.parallel_mode = _check_parallel_mode(parallel_mode)
+        if tp_size > 1 and bias:
+            # TE's rule: the caller's combine stage reduces the outputs, so a bias here
+            # would be added once per rank.
+            raise ValueError(
+                f"{cls}: bias=True is not supported with tp_size={tp_size} > 1 (as in TE: "
+                "the tensor-parallel communication is the caller's, outside this module); "
+                "pass bias=False and add the bias after the combine"
+            )
+        # As in TE: parallel_mode shards the weights (column: out_features, row:
+        # in_features over tp_size ranks) and in_features/out_features become this rank's.
+        out_local, in_local = out_features, in_features
+        if self.parallel_mode == "column":
+            out_local = _divide(cls, "out_features", out_features, tp_size)
+        elif self.parallel_mode == "row":
+            in_local = _divide(cls, "in_features", in_features, tp_size)
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_local, out_local
+        self.sequence_parallel = tp_size > 1 and bool(sequence_parallel)
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
-        for i in range(num_gemms):
-            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
-            (init_method or te_default_init)(weight)
+        self._weight_workspaces: list[Any] | None = None
+        # Every rank draws the same full weights (same init_method, or the default init
+        # on an identically seeded RNG) and keeps its shard, so a single-process module
+        # built the same way holds the concatenation of the shards.
+        dim = 1 if self.parallel_mode == "row" else 0
+        parts = tp_size if self.parallel_mode is not None else 1
+        rank = tp_rank(tp_group, tp_size)
+        weights = [
+            full_then_shard(
+                (out_features, in_features),
+                dim,
+                parts,
+                rank,
+                init_method or te_default_init,
+                dtype,
+                device,
+            )
+            for _ in range(num_gemms)
+        ]
+        if STATE.model_init is not None:
+            weights = self._quantize_initial_weights(STATE.model_init, weights)
+        for i, weight in enumerate(weights):
             self.register_parameter(f"weight{i}", nn.Parameter(weight))
             if bias:
-                zeros = torch.zeros(out_features, dtype=dtype, device=device)
+                zeros = torch.zeros(out_local, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+
+    def _quantize_initial_weights(
+        self, init: RecipeQuantizers, weights: list[torch.Tensor]
+    ) -> list[Any]:
+        """The weights made under ``quantized_model_init`` (quantized wrapper tensors, each
+        a parameter receiving its gradient). Delayed scaling: with this module's own weight
+        quantizer, its scale seeded from the largest amax of the weights (TE starts at
+        scale 1, which flushes small weights to zero or subnormals)."""
+        quantizer = _extra_state.module_weight_quantizer(self, init)
+        if quantizer is not init.weight:
+            for weight in weights:
+                quantizer.observe(weight)
+        return [quantizer.with_internal(False).quantize(w) for w in weights]
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
@@ -119,7 +234,6 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         cls = f"{type(self).__name__}.forward"
         reject_unimplemented(
             cls,
-            is_first_microbatch=(is_first_microbatch, None),
             out=(None if out is None else "a tensor", None),
             dgrad_out=(None if dgrad_out is None else "a tensor", None),
         )
@@ -136,6 +250,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             inp=inp,
             weights=weights,
             biases=biases,
+            weight_workspaces=self._weight_workspaces if is_first_microbatch is False else None,
             m_splits=m_splits,
             input_requires_grad=is_tensor and inp.requires_grad,
             weights_requires_grad=any(w.requires_grad for w in weights),
@@ -151,12 +266,37 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             num_gemms=n,
             in_features=self.in_features,
             out_features=self.out_features,
+            is_first_microbatch=is_first_microbatch,
+            cache_weight=is_first_microbatch is not None,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
+        if is_first_microbatch is None:
+            return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
+        if torch.compiler.is_compiling():
+            # As Linear: the workspace cache is module state a graph cannot keep.
+            return run_eagerly(_CACHING, self._cached_call, args)
+        return self._cached_call(args)
+
+    def _cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:
+        """A microbatch with weight caching: the first (or one whose cached workspaces
+        lack a usage this call needs) quantizes every weight and keeps the results;
+        later ones reuse them without running the weight quantizers (TE's contract: a
+        weight changed in place is seen at the next first microbatch)."""
+        if args.weight_workspaces is not None and not _workspaces_fit(args):
+            args = dataclasses.replace(args, weight_workspaces=None)
+        (out,), made = grouped_linear_eager(args)
+        if args.weight_workspaces is None and any(m is not None for m in made):
+            self._weight_workspaces = list(made)
+        return out
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"num_gemms={self.num_gemms}, in_features={self.in_features}, "
             f"out_features={self.out_features}, bias={self.use_bias}"
         )
+        if self.parallel_mode is not None:
+            text += (
+                f", parallel_mode={self.parallel_mode!r}, tp_size={self.tp_size}, "
+                f"sequence_parallel={self.sequence_parallel}"
+            )
+        return text

@@ -3,10 +3,16 @@
 The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 (``layer_norm_weight``, ``layer_norm_bias``, ``weight``, ``bias``, plus ``_extra_state``).
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
+``forward(inp, is_first_microbatch, fp8_output)`` behaves as ``Linear``'s: the output
+quantized by the recipe's output quantizer, and the quantized weight cached across
+microbatches; under ``torch.compile`` the calls ``Linear`` runs eagerly (a
+differentiable quantized output, weight caching) run eagerly here too, with the reason.
+``parallel_mode="row"`` raises ``NotImplementedError``, as in TE 2.20.2.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +21,39 @@ from torch import nn
 
 from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
+from ..runtime.fallback import run_eagerly
+from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
-from ._call import call_op
-from .autocast import STATE
+from ._call import call_op, unsupported_reason
+from .autocast import STATE, RecipeQuantizers
 from .linear import _check_parallelism
 
 _GEMM = GemmConfig()
+
+
+def _compiled_call_reason(
+    args: LayerNormLinearFwdArgs, quantizers: RecipeQuantizers | None
+) -> str | None:
+    """Why a compiled call runs eagerly (None when the op path serves it): the reasons
+    every module shares, then the ones ``Linear`` names for the same arguments."""
+    reason = unsupported_reason(args, quantizers)
+    if reason is not None:
+        return reason
+    if args.fp8_output and args.is_grad_enabled:
+        return "fp8_output=True with autograd enabled (a differentiable quantized output)"
+    if args.is_first_microbatch is not None:
+        return "weight caching across microbatches (is_first_microbatch)"
+    return None
+
+
+def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
+    """Whether the cached weight workspace has every usage this call needs: the
+    columnwise data the dgrad GEMM reads when a gradient flows into the norm."""
+    needs_columnwise = args.is_grad_enabled and (
+        args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad
+    )
+    return not needs_columnwise or bool(getattr(args.weight_workspace, "columnwise_usage", True))
 
 
 def check_normalization(cls: str, normalization: str) -> None:
@@ -83,11 +115,17 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             symmetric_ar_type=(symmetric_ar_type, None),
         )
         if parallel_mode == "row":
+            # TE 2.20.2 refuses it too: a row-parallel input shards the hidden dimension
+            # that the norm normalizes over.
             raise NotImplementedError(
-                f"{cls}: parallel_mode='row' is not implemented (column parallel or None)"
+                f"{cls}: parallel_mode='row' is not supported: normalization does not "
+                "support tensor-parallel distribution of its input features (as in TE "
+                "2.20.2); use parallel_mode='column' or None"
             )
         check_normalization(cls, normalization)
-        tp_size = _check_parallelism(in_features, out_features, tp_group, tp_size, parallel_mode)
+        tp_size = _check_parallelism(
+            in_features, out_features, tp_group, tp_size, parallel_mode, cls=cls
+        )
         self.name = name
         self.in_features, self.out_features = in_features, out_features
         self.eps = float(eps)
@@ -133,6 +171,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             )
         else:
             self.register_parameter("bias", None)
+        self._weight_workspace: Any = None
 
     def forward(
         self,
@@ -141,23 +180,47 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         fp8_output: bool = False,
         fp8_grad: bool = False,
     ) -> Any:
-        reject_unimplemented(
-            f"{type(self).__name__}.forward",
-            is_first_microbatch=(is_first_microbatch, None),
-            fp8_output=(fp8_output, False),
-            fp8_grad=(fp8_grad, False),
-        )
+        reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)
+        args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
+        reason = _compiled_call_reason(args, q) if torch.compiler.is_compiling() else None
+        if args.cache_weight:
+            # Weight caching keeps module state: always the eager path (a named fallback
+            # under torch.compile, as for Linear).
+            if reason is None:
+                outputs = self._cached_call(args)
+            else:
+                outputs = run_eagerly(reason, self._cached_call, args)
+        elif reason is not None:
+            outputs = run_eagerly(reason, self._plain_call, args)
+        else:
+            outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
+        out = outputs[0]
+        extra: tuple[Any, ...] = ()
+        if self.return_bias:
+            extra += (None if self.bias is None else self.bias.to(args.activation_dtype),)
+        if self.return_layernorm_output:
+            extra += (outputs[1],)
+        return (out, *extra) if extra else out
+
+    def _fwd_args(
+        self,
+        inp: torch.Tensor,
+        q: Any,
+        is_first_microbatch: bool | None,
+        fp8_output: bool,
+    ) -> LayerNormLinearFwdArgs:
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
         bias = None if self.return_bias else self.bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
-        args = LayerNormLinearFwdArgs(
+        return LayerNormLinearFwdArgs(
             inp=inp,
             ln_weight=ln_weight,
             ln_bias=ln_bias,
             weight=self.weight,
             bias=bias,
+            weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
             input_requires_grad=is_tensor and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
             ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
@@ -175,9 +238,12 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             grad_output_quantizer=q and q.grad_output,
             activation_dtype=dtype,
             fp8=q is not None,
+            fp8_output=bool(fp8_output),
             fprop_gemm=_GEMM,
             dgrad_gemm=_GEMM,
             wgrad_gemm=_GEMM,
+            is_first_microbatch=is_first_microbatch,
+            cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,
             tp_group=self.tp_group,
             tp_size=self.tp_size,
@@ -186,14 +252,26 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             out_features=self.out_features,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
-        out = outputs[0]
-        extra: tuple[Any, ...] = ()
-        if self.return_bias:
-            extra += (None if self.bias is None else self.bias.to(dtype),)
-        if self.return_layernorm_output:
-            extra += (outputs[1],)
-        return (out, *extra) if extra else out
+
+    @staticmethod
+    def _plain_call(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+        return layernorm_linear_eager(args)[0]
+
+    def _cached_call(self, args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+        """The eager call with TE's weight workspace: the first microbatch (or a cached
+        workspace lacking a usage this call needs) quantizes the weight and keeps it;
+        later microbatches (``is_first_microbatch=False``) reuse it without quantizing."""
+        caching = args.weight_quantizer is not None and not isinstance(args.weight, QuantizedData)
+        if not caching:
+            # Nothing to cache (no weight quantizer, or an already quantized weight):
+            # the argument changes nothing, as in TE.
+            return layernorm_linear_eager(dataclasses.replace(args, weight_workspace=None))[0]
+        if args.weight_workspace is not None and not _workspace_fits(args):
+            args = dataclasses.replace(args, weight_workspace=None)
+        outputs, saved = layernorm_linear_eager(args)
+        if args.weight_workspace is None:
+            self._weight_workspace = saved[-1]
+        return outputs
 
     def extra_repr(self) -> str:
         return (

@@ -62,26 +62,33 @@ _PARALLEL_MODES = (None, "column", "row")
 
 
 def _check_parallelism(
-    in_features: int, out_features: int, tp_group: Any, tp_size: int, parallel_mode: Any
+    in_features: int,
+    out_features: int,
+    tp_group: Any,
+    tp_size: int,
+    parallel_mode: Any,
+    *,
+    cls: str = "Linear",
 ) -> int:
     """Validate the parallelism arguments (the same answer on every rank, before any
-    communication, so a bad configuration fails everywhere without hanging)."""
+    communication, so a bad configuration fails everywhere without hanging); errors name
+    ``cls``, the calling module's class."""
     if parallel_mode not in _PARALLEL_MODES:
         raise ValueError(
-            f"Linear: parallel_mode must be one of None, 'column', 'row'; got {parallel_mode!r}"
+            f"{cls}: parallel_mode must be one of None, 'column', 'row'; got {parallel_mode!r}"
         )
     if not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"Linear: tp_size must be a positive int, got {tp_size!r}")
+        raise ValueError(f"{cls}: tp_size must be a positive int, got {tp_size!r}")
     if tp_group is not None:
-        group = registered_group(tp_group, "Linear.tp_group")
+        group = registered_group(tp_group, f"{cls}.tp_group")
         if group.size() != tp_size:
             raise ValueError(
-                f"Linear: tp_size={tp_size} but tp_group {group.group_name!r} has "
+                f"{cls}: tp_size={tp_size} but tp_group {group.group_name!r} has "
                 f"{group.size()} ranks"
             )
     elif parallel_mode is not None and tp_size > 1:
         raise ValueError(
-            f"Linear: parallel_mode={parallel_mode!r} with tp_size={tp_size} needs a "
+            f"{cls}: parallel_mode={parallel_mode!r} with tp_size={tp_size} needs a "
             "tp_group (a registered torch.distributed ProcessGroup), got None"
         )
     split = {"column": ("out_features", out_features), "row": ("in_features", in_features)}
@@ -89,7 +96,7 @@ def _check_parallelism(
         name, features = split[parallel_mode]
         if features % tp_size != 0:
             raise ValueError(
-                f"Linear: {parallel_mode}-parallel splits {name}={features} over "
+                f"{cls}: {parallel_mode}-parallel splits {name}={features} over "
                 f"tp_size={tp_size} ranks, but {features} is not divisible by {tp_size}"
             )
     return tp_size

@@ -7,10 +7,15 @@ rows by ``out_features`` whatever the split values, and the split values are rea
 inside the kernels, so one compiled graph serves every split. The op keeps the original
 input and re-quantizes each group in the backward (TE's ``save_original_input``), so
 what it saves does not depend on the split values either.
+
+Weight caching (TE's ``is_first_microbatch``) is Linear's, per GEMM: each GEMM's stage
+gets its cached ``weight_workspace`` (or makes one with ``cache_weight``), and the
+backward's dgrad reads that workspace instead of quantizing the weight again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -23,6 +28,9 @@ from transformer_engine_ops.ops._fused import (
 )
 from transformer_engine_ops.ops.linear import (
     LinearFwdArgs,
+    _forward_plan,
+    _internal,
+    _Usage,
     linear_backward,
     linear_forward,
     linear_setup_context,
@@ -30,6 +38,7 @@ from transformer_engine_ops.ops.linear import (
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
+from transformer_engine_ops.runtime.types import TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig
 
 
@@ -39,8 +48,14 @@ class GroupedLinearFwdArgs:
 
     # --- Differentiable inputs ---
     inp: torch.Tensor
-    weights: list[torch.Tensor]  # one (out_features, in_features) weight per GEMM
+    # One (out_features, in_features) weight per GEMM: plain, or quantized (made under
+    # quantized_model_init); each receives its gradient.
+    weights: list[TensorOrQuantized]
     biases: Optional[list[torch.Tensor]]  # one (out_features,) bias per GEMM, or None
+
+    # --- Cached quantized weights, one per GEMM (None entries: none cached), reused across
+    # microbatches as Linear's weight_workspace ---
+    weight_workspaces: Optional[list[TensorOrQuantized]]
 
     # --- Rows of each GEMM (int64, one per GEMM; read inside the kernels only) ---
     m_splits: torch.Tensor
@@ -66,6 +81,10 @@ class GroupedLinearFwdArgs:
     in_features: int
     out_features: int
 
+    # --- Weight-workspace caching (TE's is_first_microbatch), per GEMM as Linear's ---
+    is_first_microbatch: Optional[bool]
+    cache_weight: bool
+
     # --- Autograd state ---
     is_grad_enabled: bool
 
@@ -78,8 +97,11 @@ class GroupedLinearBwdArgs:
 
     # --- Kept by the forward (its own inputs: the op saves nothing new) ---
     inp: torch.Tensor
-    weights: list[torch.Tensor]
+    weights: list[TensorOrQuantized]
     m_splits: torch.Tensor
+    # The quantized weight each GEMM's dgrad reads instead of re-quantizing its weight:
+    # the workspace the forward used or made (None: re-quantize, or no workspaces at all).
+    weight_workspaces: Optional[list[TensorOrQuantized]]
 
     # --- What to compute ---
     requires_dgrad: bool
@@ -117,6 +139,8 @@ def _check(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs) -> None:
     }
     if isinstance(args, GroupedLinearFwdArgs) and args.biases is not None:
         lists["biases"] = args.biases
+    if args.weight_workspaces is not None:
+        lists["weight_workspaces"] = args.weight_workspaces
     for name, values in lists.items():
         if len(values) != n:
             raise ValueError(f"{where}.{name}: expected num_gemms={n} entries, got {len(values)}")
@@ -151,9 +175,11 @@ def _stage(
     input_rg: bool,
     weight_rg: bool,
     bias_rg: bool,
+    caching: tuple[Any, Optional[bool], bool] = (None, None, False),
 ) -> LinearFwdArgs:
-    """GEMM ``i``'s Linear stage on its rows ``x``."""
-    return linear_stage(
+    """GEMM ``i``'s Linear stage on its rows ``x``; ``caching`` is Linear's
+    ``(weight_workspace, is_first_microbatch, cache_weight)`` for it."""
+    stage = linear_stage(
         weight=args.weights[i],
         inp=x,
         bias=bias,
@@ -179,6 +205,38 @@ def _stage(
         out_features=args.out_features,
         is_grad_enabled=True,
     )
+    workspace, first, cache = caching
+    if workspace is None and not cache:
+        return stage
+    return dataclasses.replace(
+        stage, weight_workspace=workspace, is_first_microbatch=first, cache_weight=cache
+    )
+
+
+def _at(values: Optional[list[Any]], i: int) -> Any:
+    return None if values is None else values[i]
+
+
+def _caching_stage(args: GroupedLinearFwdArgs, i: int, x: Any) -> LinearFwdArgs:
+    """GEMM ``i``'s forward stage when weights are cached: the input's requires_grad is
+    real, so the weight is quantized with the usage the backward's dgrad reads (the
+    workspace later microbatches reuse); nothing else is saved (the backward
+    re-quantizes the input)."""
+    input_rg = args.is_grad_enabled and args.input_requires_grad
+    caching = (_at(args.weight_workspaces, i), args.is_first_microbatch, args.cache_weight)
+    return _stage(args, i, x, _at(args.biases, i), input_rg, False, False, caching)
+
+
+def _made_weight(args: GroupedLinearFwdArgs, i: int) -> Optional[_Usage]:
+    """The usages of the quantized weight GEMM ``i``'s forward makes for the workspace
+    cache (None: it makes none). Linear's plan decides; it does not depend on the rows."""
+    if not args.cache_weight:
+        return None
+    return _forward_plan(_caching_stage(args, i, args.inp)).saved_weight
+
+
+def _uses_workspace(args: GroupedLinearFwdArgs, i: int) -> bool:
+    return _forward_plan(_caching_stage(args, i, args.inp)).weight_from_workspace
 
 
 def _output_shape(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
@@ -191,35 +249,69 @@ def _output_shape(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
 def grouped_linear_forward(
     args: GroupedLinearFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``((out,), ())``: the backward re-quantizes from the forward's own inputs."""
+    """``((out,), saved)``: the backward re-quantizes from the forward's own inputs;
+    ``saved`` is empty, or with ``cache_weight`` the quantized weight each GEMM made
+    for the workspace cache (None where it made none)."""
     _check(args)
     x = args.inp.reshape(-1, args.in_features)
-    outs = []
+    outs, made = [], []
+    caching = args.cache_weight or args.weight_workspaces is not None
     for i, x_i in enumerate(x.split(_splits(args, x.shape[0]))):
-        bias = None if args.biases is None else args.biases[i]
-        stage = _stage(args, i, x_i, bias, False, False, False)
-        outs.append(linear_forward(stage)[0][0])
+        if caching:
+            stage = _caching_stage(args, i, x_i)
+        else:
+            stage = _stage(args, i, x_i, _at(args.biases, i), False, False, False)
+        (out_i,), (_, made_i) = linear_forward(stage)
+        outs.append(out_i)
+        made.append(made_i)
     out = torch.cat(outs) if outs else x.new_empty((0, args.out_features))
-    return (out.view(_output_shape(args)),), ()
+    # What the forward made for the cache (one per GEMM), for the module to keep.
+    saved = tuple(made) if args.cache_weight else ()
+    return (out.view(_output_shape(args)),), saved
 
 
 def grouped_linear_forward_spec(
     args: GroupedLinearFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     _check(args)
-    out = TensorSpec(_output_shape(args), args.activation_dtype, device=args.inp.device)
-    return (out,), ()
+    dtype, device = args.activation_dtype, args.inp.device
+    out = TensorSpec(_output_shape(args), dtype, device=device)
+    if not args.cache_weight:
+        return (out,), ()
+    made = []
+    for i in range(args.num_gemms):
+        usage = _made_weight(args, i)
+        quantizer = None if usage is None else _internal(args.weight_quantizers[i], usage)
+        shape = tuple(args.weights[i].shape)
+        made.append(None if usage is None else TensorSpec(shape, dtype, quantizer, device=device))
+    return (out,), tuple(made)
 
 
 def grouped_linear_setup_context(
     args: GroupedLinearFwdArgs, saved: tuple[Any, ...]
 ) -> GroupedLinearBwdArgs:
     grad = args.is_grad_enabled
+    # The quantized weight each dgrad reads: the one the forward made, or the workspace
+    # it used; the backward re-quantizes the others.
+    workspaces = None
+    if args.cache_weight or args.weight_workspaces is not None:
+        made = saved or (None,) * args.num_gemms
+        workspaces = [
+            made[i]
+            if made[i] is not None
+            else args.weight_workspaces[i]
+            if _uses_workspace(args, i)
+            else None
+            for i in range(args.num_gemms)
+        ]
+        if all(w is None for w in workspaces):
+            workspaces = None
     return GroupedLinearBwdArgs(
         grad_outputs=[],
         inp=args.inp,
         weights=args.weights,
         m_splits=args.m_splits,
+        weight_workspaces=workspaces,
         requires_dgrad=grad and args.input_requires_grad,
         requires_wgrad=grad and args.weights_requires_grad,
         requires_bgrad=grad and args.biases is not None and args.biases_requires_grad,
@@ -252,6 +344,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
     # A bias stands in only to ask Linear's backward for its gradient.
     stand_in = dy.new_empty((args.out_features,)) if args.requires_bgrad else None
     for i, (x_i, dy_i) in enumerate(zip(x.split(splits), dy.split(splits), strict=True)):
+        workspace = _at(args.weight_workspaces, i)
         stage = _stage(
             args,
             i,
@@ -260,6 +353,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
             args.requires_dgrad,
             args.requires_wgrad,
             args.requires_bgrad,
+            (workspace, False, False) if workspace is not None else (None, None, False),
         )
         backward = linear_setup_context(stage, quantized_for_backward(stage))
         backward.grad_outputs = [dy_i]

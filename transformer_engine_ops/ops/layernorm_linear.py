@@ -4,9 +4,13 @@ The norm runs in fp32 (``ops/layernorm.py``'s math) and writes its output in the
 activation dtype; the GEMM stage is the Linear op's own forward and backward
 (``ops/_fused.py``), so the norm output is quantized for the GEMM by the input quantizer
 under every recipe, and column parallelism (with sequence parallelism: the norm output
-all-gathered before the GEMM, dgrad reduce-scattered after) is Linear's.
-``return_layernorm_output`` returns the (local) norm output as a second output; its
-gradient joins the GEMM's dgrad before the norm backward.
+all-gathered before the GEMM, dgrad reduce-scattered after) is Linear's, and so are
+``fp8_output`` (the GEMM output quantized by the output quantizer) and the weight
+workspace cache across microbatches (``weight_workspace``, ``is_first_microbatch``,
+``cache_weight``). ``return_layernorm_output`` returns the (local) norm output as a
+second output; its gradient joins the GEMM's dgrad before the norm backward.
+Row parallelism is refused by the module, as TE 2.20.2 refuses it (the norm would need
+the whole hidden dimension that a row-parallel input shards).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class LayerNormLinearFwdArgs:
     weight: TensorOrQuantized
     bias: Optional[torch.Tensor]
 
+    # --- Cached quantized weight (reused across microbatches) ---
+    weight_workspace: Optional[TensorOrQuantized]
+
     # --- requires_grad, recorded so the backward does not re-query ---
     input_requires_grad: bool
     ln_weight_requires_grad: bool
@@ -81,9 +88,14 @@ class LayerNormLinearFwdArgs:
     # --- Numerics ---
     activation_dtype: torch.dtype
     fp8: bool
+    fp8_output: bool
     fprop_gemm: GemmConfig
     dgrad_gemm: GemmConfig
     wgrad_gemm: GemmConfig
+
+    # --- Weight-workspace caching ---
+    is_first_microbatch: Optional[bool]
+    cache_weight: bool
 
     # --- Tensor and sequence parallelism (column parallel only) ---
     parallel_mode: Optional[ParallelMode]
@@ -168,8 +180,9 @@ def _norm_grads_needed(args: LayerNormLinearFwdArgs) -> bool:
 
 
 def _gemm_args(args: LayerNormLinearFwdArgs, ln_out: Any) -> LinearFwdArgs:
-    """The Linear stage's bundle, with the norm output (real or spec) as its input."""
-    return linear_stage(
+    """The Linear stage's bundle, with the norm output (real or spec) as its input: the
+    shared stage, plus this op's quantized output and weight-workspace fields."""
+    gemm = linear_stage(
         weight=args.weight,
         inp=ln_out,
         bias=args.bias,
@@ -188,6 +201,11 @@ def _gemm_args(args: LayerNormLinearFwdArgs, ln_out: Any) -> LinearFwdArgs:
         out_features=args.out_features,
         is_grad_enabled=args.is_grad_enabled,
     )
+    gemm.weight_workspace = args.weight_workspace
+    gemm.fp8_output = args.fp8_output
+    gemm.is_first_microbatch = args.is_first_microbatch
+    gemm.cache_weight = args.cache_weight
+    return gemm
 
 
 class _ForwardPlan(NamedTuple):

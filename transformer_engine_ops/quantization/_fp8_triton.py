@@ -49,6 +49,7 @@ def _cast_transpose(
     FORCE_POW2: tl.constexpr,  # noqa: N803
     ROWWISE: tl.constexpr,  # noqa: N803
     COLUMNWISE: tl.constexpr,  # noqa: N803
+    PACK_T: tl.constexpr,  # noqa: N803
     BM: tl.constexpr,  # noqa: N803
     BK: tl.constexpr,  # noqa: N803
 ):
@@ -90,10 +91,24 @@ def _cast_transpose(
     # The sign of the product; a NaN's is its input's (a GPU multiply drops it).
     negative = tl.where(is_nan, x.to(tl.int32, bitcast=True) < 0, bits < 0)
     code = (code | tl.where(negative, 0x80, 0)).to(tl.uint8)
+    # PACK_T: four consecutive codes of a transposed row stored as one little-endian
+    # int32 (t_ptr then points at an int32 view and M is a multiple of 4): the
+    # transpose moves 32-bit words instead of bytes (~1.5x faster on an H200).
     if ROWWISE:
         tl.store(data_ptr + rows[:, None] * K + cols[None, :], code, mask=mask)
     if COLUMNWISE:
-        tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
+        if PACK_T:
+            shifts = (tl.arange(0, 4) * 8)[None, :, None]
+            words = tl.sum(tl.reshape(code.to(tl.int32), (BM // 4, 4, BK)) << shifts, axis=1)
+            wrows = pid_m * (BM // 4) + tl.arange(0, BM // 4).to(tl.int64)
+            wmask = (wrows[:, None] < M // 4) & (cols[None, :] < K)
+            tl.store(
+                t_ptr + cols[:, None] * (M // 4) + wrows[None, :],
+                tl.trans(words),
+                mask=tl.trans(wmask),
+            )
+        else:
+            tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
 
 
 def build(interpret: bool) -> tuple[Any, Any]:

@@ -10,7 +10,8 @@ separate torch ops) stays the ground truth; these kernels reproduce it bit for b
 2. ``_cast_transpose_kernel``: every program derives the scale from that amax exactly as
    ``encoding.scale_from_amax`` does (correctly rounded division, epsilon clamp,
    degenerate amax -> 1, Inf -> FP32_MAX, power-of-two truncation), casts one tile and
-   stores it rowwise and/or transposed (columnwise); program (0, 0) writes ``scale_inv``
+   stores it rowwise and/or transposed (columnwise; four codes per int32 word when the
+   row count is a multiple of 4); program (0, 0) writes ``scale_inv``
    (+Inf when the tensor holds an Inf, as the reference: overflow stays detectable).
 
 The FP8 rounding is done on the fp32 bits with the same algorithm as c10's
@@ -38,11 +39,18 @@ from .encoding import FP8_MAX, transposed_shape
 
 __all__ = ["available", "eligible", "fp8_current_scaling_quantize", "unavailable_reason"]
 
-# Tile of the cast + transpose kernel and chunk of the amax kernel.
-BLOCK_M = 64
-BLOCK_K = 64
-AMAX_BLOCK = 4096
-AMAX_MAX_PROGRAMS = 1024
+# Launch configuration, the fastest of ``python -m benchmarks.fp8_tiles`` on an H200
+# (4096x8192 and 8192x8192 bf16; docs/benchmarks.md): the cast + transpose kernel on
+# 32x128 tiles with 2 warps, its transpose stored as int32 words of four codes where the
+# row count allows (58 us at 4096x8192 against 88 us for bytes on 64x64 tiles; a bf16
+# copy of the tensor takes 37 us); the amax kernel in chunks of 2048 on at most 1056
+# programs with 8 warps (28 us against 35 us for 4096 on 1024).
+BLOCK_M = 32
+BLOCK_K = 128
+CAST_WARPS = 2
+AMAX_BLOCK = 2048
+AMAX_MAX_PROGRAMS = 1056
+AMAX_WARPS = 8
 
 # (mantissa bits, exponent bias) of each FP8 format.
 _FORMATS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
@@ -147,7 +155,7 @@ def fp8_current_scaling_quantize(
     amax_bits = torch.zeros(2, dtype=torch.int32, device=x.device)  # amax bits, has Inf
     if n > 0:
         grid = (min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS),)
-        amax_kernel[grid](x2, amax_bits, n, BLOCK=AMAX_BLOCK, num_warps=8)
+        amax_kernel[grid](x2, amax_bits, n, BLOCK=AMAX_BLOCK, num_warps=AMAX_WARPS)
     data = torch.empty(shape, dtype=torch.uint8, device=x.device) if rowwise else None
     transpose = (
         torch.empty(transposed_shape(shape), dtype=torch.uint8, device=x.device)
@@ -158,11 +166,15 @@ def fp8_current_scaling_quantize(
     fmax, eps32, constants = _constants(fp8_dtype, float(epsilon))
     grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1))
     dummy = scale_inv  # never written when its usage is off (constexpr-pruned)
+    # Four codes per int32 store in the transpose: each of its rows holds m codes.
+    pack_t = transpose is not None and m % 4 == 0
     cast_kernel[grid](
         x2,
         amax_bits,
         data if data is not None else dummy,
-        transpose if transpose is not None else dummy,
+        transpose.view(-1).view(torch.int32)
+        if pack_t
+        else (transpose if transpose is not None else dummy),
         scale_inv,
         m,
         k,
@@ -172,9 +184,10 @@ def fp8_current_scaling_quantize(
         FORCE_POW2=bool(force_pow_2),
         ROWWISE=bool(rowwise),
         COLUMNWISE=bool(columnwise),
+        PACK_T=pack_t,
         BM=BLOCK_M,
         BK=BLOCK_K,
-        num_warps=4,
+        num_warps=CAST_WARPS,
     )
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}
 

@@ -30,9 +30,9 @@ _b.require_format_version(1, __name__)
 
 FORWARD_OP = "teops::every_kind_fwd"
 BACKWARD_OP = "teops::every_kind_bwd"
-GRAD_FIELDS = ("x", "w", "maybe_x", "forward_ref", "xs")
+GRAD_FIELDS = ("x", "w", "maybe_x", "forward_ref", "xs", "weights")
 # Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5)
+FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5, 42)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (6, 9, 42, 45)
@@ -43,7 +43,7 @@ BACKWARD_GRAD_OUTPUTS_SLOT = 0
 FORWARD_TENSOR_LIST_SLOTS = (5, 7, 10, 43, 46)
 BACKWARD_TENSOR_LIST_SLOTS = (0, 1)
 # Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, False, False, False, True)
+GRAD_FIELD_LISTS = (False, False, False, False, True, True)
 
 FORWARD_SCHEMA = (
     "("
@@ -385,7 +385,9 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_every_kind_fwd_args` checks it for the compiled path."""
     flatten_every_kind_fwd_args(args)
-    return _r.run_eager(_GLUE, args, (args.x, args.w, args.maybe_x, args.forward_ref, args.xs))
+    return _r.run_eager(
+        _GLUE, args, (args.x, args.w, args.maybe_x, args.forward_ref, args.xs, args.weights)
+    )
 
 
 def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:

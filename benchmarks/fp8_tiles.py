@@ -1,0 +1,128 @@
+"""The tile sweep behind the fused FP8 cast + transpose kernel's launch configuration.
+
+``python -m benchmarks.fp8_tiles`` (CUDA and Triton required) times the cast +
+transpose kernel of ``quantization/cuda_kernels.py`` for each tile shape, warp count and
+transpose store (bytes, or four codes per int32 word), and the amax kernel for each chunk,
+program count and warp count, on a
+4096x8192 activation and an 8192x8192 weight, checks that every variant writes the same
+bits as the default launch, and prints one JSON line per shape with the median times,
+next to the amax pass and a bf16 copy (the bandwidth yardstick). The fastest correct
+variant is what ``cuda_kernels`` launches; docs/benchmarks.md records the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from typing import Any
+
+import torch
+
+from transformer_engine_ops.quantization import cuda_kernels as ck
+
+TILES = ((16, 128), (16, 256), (32, 64), (32, 128), (32, 256), (64, 64), (64, 128))
+WARPS = (2, 4, 8)
+PACKS = (False, True)  # transpose stored as int32 words
+# amax pass: (BLOCK, most programs, warps)
+AMAX = tuple(itertools.product((2048, 4096, 8192, 16384), (264, 528, 1056, 2112, 4224), (4, 8, 16)))
+SHAPES = ((4096, 8192), (8192, 8192))
+
+
+def _bench(fn: Any) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3
+
+
+def _launch(x2: torch.Tensor, amax_bits: torch.Tensor, bufs: dict[str, torch.Tensor], cfg: tuple):
+    (bm, bk), warps, pack_t = cfg
+    m, k = x2.shape
+    _, cast = ck._kernels(False)
+    fmax, eps32, constants = ck._constants(torch.float8_e4m3fn, 0.0)
+    data, t = bufs["data"], bufs["t"]
+    cast[(ck.triton_cdiv(m, bm), ck.triton_cdiv(k, bk))](
+        x2,
+        amax_bits,
+        data,
+        t.view(-1).view(torch.int32) if pack_t else t,
+        bufs["scale_inv"],
+        m,
+        k,
+        fmax,
+        eps32,
+        **constants,
+        FORCE_POW2=False,
+        ROWWISE=True,
+        COLUMNWISE=True,
+        PACK_T=pack_t,
+        BM=bm,
+        BK=bk,
+        num_warps=warps,
+    )
+
+
+def sweep(m: int, k: int) -> dict[str, Any]:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
+    amax, _ = ck._kernels(False)
+    amax_bits = torch.zeros(2, dtype=torch.int32, device="cuda")
+    n = m * k
+    grid = (min(ck.triton_cdiv(n, ck.AMAX_BLOCK), ck.AMAX_MAX_PROGRAMS),)
+    amax[grid](x, amax_bits, n, BLOCK=ck.AMAX_BLOCK, num_warps=8)
+    ref = ck.fp8_current_scaling_quantize(x, torch.float8_e4m3fn)
+    out: dict[str, Any] = {"shape": [m, k], "us": {}, "wrong": []}
+    dst = torch.empty_like(x)
+    out["us"]["bf16 copy"] = _bench(lambda: dst.copy_(x))
+    out["us"]["amax pass"] = _bench(
+        lambda: amax[grid](x, amax_bits, n, BLOCK=ck.AMAX_BLOCK, num_warps=8)
+    )
+    out["us"]["fused quantize as launched"] = _bench(
+        lambda: ck.fp8_current_scaling_quantize(x, torch.float8_e4m3fn)
+    )
+    for block, programs, warps in AMAX:
+        agrid = (min(ck.triton_cdiv(n, block), programs),)
+        bits = torch.zeros(2, dtype=torch.int32, device="cuda")
+        amax[agrid](x, bits, n, BLOCK=block, num_warps=warps)
+        name = f"amax BLOCK={block} programs={programs} warps={warps}"
+        if not torch.equal(bits, amax_bits):
+            out["wrong"].append(name)
+        out["us"][name] = _bench(
+            lambda agrid=agrid, b=bits, blk=block, w=warps: amax[agrid](
+                x, b, n, BLOCK=blk, num_warps=w
+            )
+        )
+    for cfg in itertools.product(TILES, WARPS, PACKS):
+        name = f"BM={cfg[0][0]} BK={cfg[0][1]} warps={cfg[1]} pack_t={cfg[2]}"
+        bufs = {
+            "data": torch.zeros(m, k, dtype=torch.uint8, device="cuda"),
+            "t": torch.zeros(k, m, dtype=torch.uint8, device="cuda"),
+            "scale_inv": torch.empty(1, device="cuda"),
+        }
+        try:
+            _launch(x, amax_bits, bufs, cfg)
+        except Exception as exc:  # a config Triton cannot build: reported
+            out["us"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        torch.cuda.synchronize()
+        same = (
+            torch.equal(bufs["data"], ref["_data"])
+            and torch.equal(bufs["t"], ref["_transpose"])
+            and torch.equal(bufs["scale_inv"], ref["_scale_inv"])
+        )
+        if not same:
+            out["wrong"].append(name)
+        out["us"][name] = _bench(lambda cfg=cfg, bufs=bufs: _launch(x, amax_bits, bufs, cfg))
+    return out
+
+
+def main() -> int:
+    if not torch.cuda.is_available() or not ck.available():
+        print("needs CUDA and Triton", file=sys.stderr)
+        return 2
+    for m, k in SHAPES:
+        print(json.dumps(sweep(m, k)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""Where one training step's GPU time goes: kernel time by kind, from ``torch.profiler``.
+
+``python -m benchmarks.step_profile [--rows 4096] [--hidden 8192] [--recipe fp8_current]
+[--mode eager|compiled]`` builds figure 6's 8-layer MLP of our ``Linear``, warms it up,
+profiles a few steps and prints one JSON object: the step's wall time (median of the
+profiled steps) and the summed CUDA kernel time per step, grouped (GEMMs, our FP8
+amax and cast + transpose kernels, other elementwise) and by kernel name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from .gpu import RECIPES, _build
+
+STEPS = 5
+
+
+def _group(name: str) -> str:
+    low = name.lower()
+    if "gemm" in low or "sm90" in low or "cutlass" in low or "nvjet" in low or "xmma" in low:
+        return "gemm"
+    if "_amax" in low:
+        return "fp8 amax"
+    if "_cast_transpose" in low:
+        return "fp8 cast+transpose"
+    return "other"
+
+
+def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
+    from .models import make_input
+
+    x = make_input(rows, hidden, device="cuda")
+    step, info = _build("ours", recipe, mode, hidden, x)
+    if step is None:
+        return {"failed": info}
+    walls = []
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+        for _ in range(STEPS):
+            started = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - started)
+    by_name: dict[str, float] = defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[evt.name] += evt.device_time / STEPS
+    groups: dict[str, float] = defaultdict(float)
+    for name, us in by_name.items():
+        groups[_group(name)] += us
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:25]
+    # aten ops by the device time of the kernels they launched, with their input shapes
+    ops = [
+        (f"{e.key} {e.input_shapes}"[:160], e.device_time_total / STEPS)
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key.startswith("aten::") and e.device_time_total > 0
+    ]
+    ops.sort(key=lambda kv: -kv[1])
+    return {
+        "rows": rows,
+        "hidden": hidden,
+        "recipe": recipe,
+        "mode": mode,
+        "step_ms_median_profiled": statistics.median(walls) * 1e3,
+        "kernel_ms_per_step": sum(by_name.values()) / 1e3,
+        "groups_ms": {k: v / 1e3 for k, v in sorted(groups.items())},
+        "top_kernels_us": {k[:120]: round(v, 1) for k, v in top},
+        "top_aten_ops_us": {k: round(v, 1) for k, v in ops[:30]},
+        "info": {k: v for k, v in info.items() if k != "warnings"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=8192)
+    parser.add_argument("--recipe", default="fp8_current", choices=sorted(RECIPES))
+    parser.add_argument("--mode", default="eager", choices=("eager", "compiled", "reduce-overhead"))
+    args = parser.parse_args()
+    print(json.dumps(profile(args.rows, args.hidden, args.recipe, args.mode)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
