@@ -206,8 +206,8 @@ dynamic batch sizes for all three models.
 
 **CPU step time.** Our compiled step is slower than eager (~0.75x small, ~1x medium): the custom op is opaque
 to Inductor, so each layer's GEMM, bias add and casts run inside the op's Python
-kernel (`linear_forward`, ~25 us of Python per call by cProfile, mostly `gemm`'s shape
-checks and dtype casts) and only the ReLUs and the loss are compiled; compiling saves
+kernel (`linear_forward`, ~10-20 us over `F.linear` at 64x256 since the plain-tensor
+`gemm` fast path, figure 8) and only the ReLUs and the loss are compiled; compiling saves
 the module's per-call Python (bundle construction, checks) and adds the op dispatch.
 Our bf16 is faster than `torch.nn.Linear` bf16 on this CPU only because `gemm` computes
 in fp32, which this CPU does ~10x faster than bf16. FP8 current scaling costs ~4x bf16
@@ -257,7 +257,7 @@ family.""",
         "would hide the overhead), timed as CPU time of the process on one torch thread "
         "(`time.process_time`: on this shared VM wall time mostly measures the wait for a "
         "core); CUDA: bfloat16, wall time. *before* is the same module run on `main` "
-        "without this work (commit 1929646), in the same session."
+        "without this work (commit edf8a87), in the same session."
     ),
     "overhead_gpu_pending": (
         "H200: not measured here; `python -m benchmarks --device cuda` records this figure "
@@ -266,42 +266,50 @@ family.""",
         "`torch.nn.Linear`)."
     ),
     "overhead_analysis": """**Per-call overhead of the op path (CPU, 64x256 fp32, process CPU time on one thread;
-before = current main without this work, measured in the same session).** Issue 12's
-goals are H200 goals; the CPU is the proxy: our step minus torch.nn.Linear's, per layer.
+before = main at edf8a87 without this work, run just before in the same session).**
+Issue 12's goals are H200 goals; the CPU is the proxy: our step minus torch.nn.Linear's,
+per layer. This run: eager step 1.88x -> 1.46x torch.nn.Linear (~337 -> ~168 us a layer
+over it), compiled step 2.18x -> 1.63x (~447 -> ~239 us a layer); both goals (eager
+<= 1.3x, compiled <= 1.2x) still missed on this proxy.
 
-*What was removed.* The ops were `torch.library.custom_op`s. A call from a compiled
-graph (grad off) went through torch's Python autograd kernel, which re-entered the
-dispatcher (every one of the ~36 slots converted Python -> C++ -> Python a second time:
-about 1 us a slot here, ScalarType, value types and descriptions ~2-2.5 us), then a
-backend wrapper checking output aliasing and a dynamo-disable wrapper. With autograd,
-every call ran the op's spec (the fake) again in `setup_context` to split the flat
-result, unflattened the inputs twice, flattened and checked the backward bundle, and
-went through torch's tensor-list autograd adapter (a pytree walk per call). The ops
-are now defined on a `Library` with our own Autograd kernel: no gradient to record and
-the backend next -> the kernel is called straight (one conversion); with gradients and
-real tensors the op's autograd node runs the impls directly and keeps the backward
-bundle, the backward runs `backward_impl` on it (no spec, no flatten); traced (fake
-tensors), it re-dispatches and splits the result by the layout the kernel recorded.
-Measured: the no-grad op call over its kernel ~99 -> ~59 us; the op with autograd
-(forward + backward) over the impls ~1140 -> ~365 us; the compiled MLP step ~2.2x ->
-~2.0x torch.nn.Linear compiled (~494 -> ~376 us a layer over it); the eager step
-~1.8x, unchanged (the module's eager path never used the op).
+*What the earlier round removed.* The ops were `torch.library.custom_op`s (torch's
+Python autograd kernel re-entered the dispatcher, converting every one of the ~36 slots
+a second time; with autograd every call ran the spec again, unflattened twice and
+flattened the backward bundle). They are now defined on a `Library` with our own
+Autograd kernel; eagerly with gradients the op's node runs the impls on the kept bundle.
 
-*What remains, per layer, and whose it is.* (1) The impls themselves: the kernel
-alone (`linear_forward` + `linear_backward`, no autograd) costs ~45 us more than
-torch.nn.Linear without grad and ~100 us more fwd+bwd (`gemm`'s operand checks,
-dtype casts and a separate bias add instead of one `addmm`, the bias gradient's
-fp32 round trip; `ops/linear.py` and `quantization/gemm.py`). Run as an autograd node
-(a minimal `autograd.Function` around the same impls, no generated code) they cost
-another ~110 us over the same impls run directly: this is not the calling side (the
-generated eager path adds ~13 us over that minimal Function). (2) The remaining op
-fixed cost, ~59 us without grad: ~36 slot conversions once (~35 us), unflatten (~7),
-result packing and sentinels (~5), our autograd kernel (~3). Fewer, cheaper slots (the
-schema is the generator's: scalar flags packed into one int, value types and
-descriptions as plain strings, which the str-coded quantizers already start) would
-cut the largest part. (3) Inductor's graph calls the op with value-type arguments
-built anew on every call (`GemmConfig(...)`, `QuantizedMeta(...)` in its Python
-wrapper) and asserts every output's size and stride. Until (1) and (2) shrink, the
-H200 goals (compiled <= 1.2x, eager <= 1.3x) are not reachable on this proxy: the CPU
-step ratios here are 2.0x compiled and 1.85x eager.""",
+*What this round removed (the impls and the eager glue).* Measured in the same way,
+a small GEMM is ~80 us here and everything around it runs with cold caches after it:
+each extra tensor object or Python call costs 2-4x its isolated price (two 0-element
+tensors cost ~10 us after a GEMM, ~3 us alone), so the fixes remove calls, not
+arithmetic. (1) `gemm`: two plain tensors (the no-recipe case, `torch.Tensor` or
+`Parameter` exactly) take a fast path that compares shapes and devices without
+building sets or formatted messages (the general path runs, and reports, only when one
+fails), skips the no-op `float`/`to`/`reshape` calls, multiplies with `torch.mm` (TN
+through `linear` without a bias: no Python-side transposed view) and adds the bias in
+place, the same fp32 sum as before: not an `addmm`, whose blocked accumulation differs
+from product-then-add at K >= 1024, and the CPU numerics are tested bit for bit
+(`tests/quantization/test_gemm.py`). ~20 us less per GEMM, three per layer.
+(2) `linear_forward`/`linear_backward`: no reshape, cast or view when the tensor already
+has that shape or dtype, the bias gradient without an fp32 round trip when the
+activations are fp32, and `linear_setup_context` no longer re-runs the forward plan.
+No-grad kernel 137 -> 100 us (F.linear 88); fwd+bwd kernel 422 -> 300 us. (3) Eager
+glue: `run_eager` passes a no-list op's gradient fields as they are and asks
+`torch._C._any_requires_grad`; saving and returning gradients skip the general walk
+for plain tensors. Eager call over its kernel 282 -> 246 us with autograd (the autograd
+engine's own ~80 us, which torch.nn.Linear pays too, included).
+
+*What remains, per layer.* Paired in one process (eager, one layer fwd+bwd): a minimal
+`autograd.Function` around torch ops costs ~25 us over torch.nn.Linear; our impls in
+place of those ops ~75 us more (forward: `mm` + in-place bias add instead of one
+`addmm`, ~10 us, plus the plan; backward: two `gemm` calls ~14 us over bare `mm`s and
+`linear_backward`'s checks and plan ~9 us); the generic eager glue ~18 us; the field
+checks `linear_eager` runs so eager errors match compiled ones ~15 us; the bundle
+(`_fwd_args`, 33 keyword arguments) ~17 us; the module's forward ~17 us. Compiled, each
+layer calls two ops through the dispatcher: a 36-slot call to a trivial Python kernel
+costs ~11 us alone, ~40 us after a GEMM; unflatten ~8 us and result packing (two
+sentinel tensors for the None saved values) ~14 us in place. The larger levers left are
+the schema's (fewer, cheaper slots; no sentinel tensors for None saved values: both are
+generator and runtime-contract changes shared with the family ops) and fusing the bias
+into the GEMM, which needs the CPU reference's numerics to change.""",
 }

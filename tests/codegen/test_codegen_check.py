@@ -137,9 +137,9 @@ def test_docstring_and_impl_body_edits_leave_generated_code_and_check_untouched(
     # An impl-body edit.
     _edit(
         repo,
-        "    plan = _forward_plan(args)\n    inp = args.inp\n",
-        "    plan = _forward_plan(args)\n    inp = args.inp  # the input as given\n    del_me = 0\n"
-        "    del del_me\n",
+        "    plan = _forward_plan(args)\n    inp, dtype = args.inp, args.activation_dtype\n",
+        "    plan = _forward_plan(args)\n    inp, dtype = args.inp, args.activation_dtype  # as given\n"
+        "    del_me = 0\n    del del_me\n",
     )
 
     check = cli("--root", str(repo), "--check")

@@ -250,10 +250,11 @@ class Linear(ExtraStateMixin, nn.Module):
         self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
     ) -> Any:
         quantizers = STATE.autocast
-        if not torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
             quantizers = self._recipe_of_this_forward(quantizers)
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
-        if not torch.compiler.is_compiling():
+        if not compiling:
             out = self._eager(args)
         elif (reason := _unsupported_reason(args, quantizers)) is None:
             (out,) = linear_compiled(args)

@@ -146,6 +146,10 @@ class LinearBwdArgs:
 # fake's output layout cannot drift from the real one (a class of late bugs in TE).
 
 
+# Exact types of plain tensors (a tensor subclass, e.g. a quantized wrapper, is not one).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def _is_quantized(value: Any) -> bool:
     return isinstance(value, QuantizedData) or (
         isinstance(value, TensorSpec) and value.is_quantized
@@ -307,6 +311,15 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
         )
 
 
+def _weight_from_workspace(args: LinearFwdArgs) -> bool:
+    """Whether the fprop GEMM reads the cached weight workspace (a later microbatch)."""
+    return (
+        args.weight_workspace is not None
+        and not args.is_first_microbatch
+        and not _is_quantized(args.weight)
+    )
+
+
 def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     """Every forward decision, shared by the real kernel and the spec fake.
 
@@ -332,11 +345,7 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     if args.input_quantizer is not None and needs_wgrad and keeps_quantized:
         save_input = _Usage(True, backward_quantized)
         saved_input = backward_usage
-    from_workspace = (
-        args.weight_workspace is not None
-        and not args.is_first_microbatch
-        and not _is_quantized(args.weight)
-    )
+    from_workspace = _weight_from_workspace(args)
     quantize_weight = saved_weight = None
     if args.weight_quantizer is not None and not _is_quantized(args.weight) and not from_workspace:
         quantize_weight = _Usage(True, needs_dgrad and backward_quantized)
@@ -396,8 +405,11 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     where nothing is kept)."""
     _check_supported(args, _FWD_UB_FLAGS)
     plan = _forward_plan(args)
-    inp = args.inp
-    x = inp.reshape(-1, inp.shape[-1]).to(args.activation_dtype)
+    inp, dtype = args.inp, args.activation_dtype
+    if type(inp) in _PLAIN_TENSORS and len(inp.shape) == 2 and inp.dtype == dtype:
+        x = inp  # what the reshape and cast would return (a tensor subclass takes them)
+    else:
+        x = inp.reshape(-1, inp.shape[-1]).to(dtype)
     if plan.gather_input:
         # High-precision gather, then quantize (TE gathers the FP8 input instead).
         x = _all_gather_rows(x, args)
@@ -411,9 +423,11 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(
             weight.to(args.activation_dtype)
         )
-    elif not _is_quantized(weight):
-        weight = weight.to(args.activation_dtype)
-    bias = None if args.bias is None else args.bias.to(args.activation_dtype)
+    elif weight.dtype != dtype and not _is_quantized(weight):
+        weight = weight.to(dtype)
+    bias = args.bias
+    if bias is not None and bias.dtype != dtype:
+        bias = bias.to(dtype)
     out = gemm(
         weight,
         x,
@@ -428,7 +442,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         out = _reduce(out, plan.reduce_output, args)
         if bias is not None:
             out = (out.float() + bias.float()).to(args.activation_dtype)
-    out = out.view(linear_output_shape(args))
+    if len(inp.shape) != 2 or plan.gather_input or plan.reduce_output:
+        out = out.view(linear_output_shape(args))
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
     # The fprop GEMM has run: keep only what the backward reads.
@@ -490,7 +505,7 @@ def linear_setup_context(args: LinearFwdArgs, saved: tuple[Any, ...]) -> LinearB
             weight = args.weight  # the original weight, as TE's high-precision backward
         elif saved_weight is not None:
             weight = saved_weight
-        elif _forward_plan(args).weight_from_workspace:
+        elif _weight_from_workspace(args):
             weight = args.weight_workspace
         else:
             weight = args.weight
@@ -532,7 +547,9 @@ def _backward_quantized(args: LinearBwdArgs) -> bool:
 
 
 def _high_precision(value: Any, dtype: torch.dtype) -> Any:
-    return value.dequantize(dtype) if isinstance(value, QuantizedData) else value.to(dtype)
+    if isinstance(value, QuantizedData):
+        return value.dequantize(dtype)
+    return value if value.dtype == dtype else value.to(dtype)
 
 
 def _check_no_double_backward(args: LinearBwdArgs) -> None:
@@ -557,7 +574,14 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     plan = _backward_plan(args)
     dtype = args.activation_dtype
     grad_output = args.grad_outputs[0]
-    dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
+    if (
+        type(grad_output) in _PLAIN_TENSORS
+        and len(grad_output.shape) == 2
+        and grad_output.dtype == dtype
+    ):
+        dy = grad_output
+    else:
+        dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
     if plan.gather_grad_output:
         dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
@@ -576,12 +600,15 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             out_dtype=dtype,
             use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
         )
-        dgrad = _reduce(dgrad, plan.reduce_dgrad, args).view(args.inp_shape)
+        dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
+        if len(args.inp_shape) != 2:  # a 2-D input's gradient has its shape already
+            dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
-            x = x.reshape(-1, x.shape[-1])
+            if len(x.shape) != 2:
+                x = x.reshape(-1, x.shape[-1])
             if plan.gather_input:
                 x = _all_gather_rows(x, args)
         wgrad = gemm(

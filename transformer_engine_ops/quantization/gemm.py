@@ -158,6 +158,68 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
     return a.view(fb), b.view(fa), B._scale_inv.reshape(()), A._scale_inv.reshape(())
 
 
+# Exact types of plain operands (a subclass, e.g. a quantized wrapper, takes the general path).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FP32 = torch.float32
+
+
+def _plain_gemm(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    layout: str,
+    out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor],
+) -> Optional[torch.Tensor]:
+    """:func:`gemm` of two plain CPU tensors, or of two plain CUDA tensors that share a
+    16-bit dtype with the output, with the same result as the general path, in as few
+    tensor calls as possible (a small GEMM is dominated by them). None for any other
+    case, or any operands the general path's checks would refuse (it then reports them)."""
+    device = A.device
+    if B.device != device or (bias is not None and bias.device != device):
+        return None
+    a_shape, b_shape = A.shape, B.shape
+    if len(b_shape) < 1:
+        return None
+    if layout == "TN":
+        if len(a_shape) != 2 or a_shape[1] != b_shape[-1]:
+            return None
+    elif layout == "NN":
+        if len(a_shape) != 2 or a_shape[0] != b_shape[-1]:
+            return None
+    elif layout != "NT" or len(a_shape) < 1 or a_shape[:-1] != b_shape[:-1]:
+        return None
+    kind = device.type
+    if kind == "cuda":
+        dtype = A.dtype
+        if not (dtype in _HALF and B.dtype == dtype == out_dtype):
+            return None
+        left, right = _matrices(A, B, layout, dtype)
+        if bias is not None:
+            return torch.addmm(bias.to(dtype), left, right).reshape(_out_shape(A, B, layout))
+        return (left @ right).reshape(_out_shape(A, B, layout))
+    if kind != "cpu":
+        return None
+    # The general CPU path: fp32 operands, product, fp32 bias add, cast, reshape.
+    a, b = A.float(), B.float()
+    b2 = b if len(b_shape) == 2 else b.reshape(-1, b_shape[-1])
+    # Both matrices are 2-D here: ``torch.mm`` is what ``@`` dispatches to (``linear``
+    # without a bias is ``mm(b2, a.t())`` without a Python-side transposed view).
+    if layout == "TN":
+        out = torch.nn.functional.linear(b2, a)
+    elif layout == "NN":
+        out = torch.mm(b2, a)
+    else:
+        out = torch.mm(b2.t(), a if len(a_shape) == 2 else a.reshape(-1, a_shape[-1]))
+    if bias is not None:
+        # In place where the bias broadcasts into the product: the same fp32 sum.
+        out = out.add_(bias.float()) if len(bias.shape) == 1 else out + bias.float()
+    if out_dtype is not _FP32:
+        out = out.to(out_dtype)
+    if len(b_shape) != 2 and layout != "NT":
+        out = out.reshape(_out_shape(A, B, layout))
+    return out
+
+
 def gemm(
     A: Operand,
     B: Operand,
@@ -168,6 +230,10 @@ def gemm(
     use_split_accumulator: bool = True,
 ) -> torch.Tensor:
     """Matrix product of plain or quantized operands (see the module docstring)."""
+    if type(A) in _PLAIN and type(B) in _PLAIN:
+        out = _plain_gemm(A, B, layout, out_dtype, bias)
+        if out is not None:
+            return out
     _check(A, B, layout, bias)
     out_shape = _out_shape(A, B, layout)
     fp8 = _scaled_mm_operands(A, B, layout)

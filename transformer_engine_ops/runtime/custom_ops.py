@@ -284,12 +284,18 @@ def save_values(ctx: Any, values: Sequence[Any]) -> None:
     for value in values:
         if value is None:
             layout.append(None)
+        elif type(value) in _PLAIN_TENSORS:  # the common case: a plain tensor
+            layout.append(("t", len(tensors)))
+            tensors.append(value)
         elif isinstance(value, list | tuple):
             layout.append(("l", tuple(_save(item, tensors) for item in value)))
         else:
             layout.append(_save(value, tensors))
     ctx.save_for_backward(*tensors)
     ctx.saved_layout = tuple(layout)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _save(value: Any, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -358,6 +364,8 @@ def eager_input_grads(
             f"backward_impl returned {len(grads)} gradients, but the op declares "
             f"{len(lengths)} grad_fields"
         )
+    if len(is_tensor) == len(lengths) and all(is_tensor) and all(n is None for n in lengths):
+        return tuple(grads)  # one tensor input per field, each a tensor: as returned
     for n, grad in zip(lengths, grads, strict=True):
         if n is None:
             flat.append(grad)
@@ -407,8 +415,11 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
     """``(outputs, saved)`` of ``glue.forward_impl(args)``, the outputs attached to
     autograd when a gradient field (``grad_values``, in ``grad_fields`` order) requires
     grad."""
-    inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
-    if not needs_autograd(inputs):
+    if glue.__dict__.get("single_grad_fields", False):  # no list field: inputs as given
+        inputs, lengths = tuple(grad_values), glue.single_lengths
+    else:
+        inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
+    if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*inputs)):
         return glue.forward_impl(args)
     made: list[Any] = []
     outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
@@ -502,6 +513,11 @@ class OpGlue:
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
+        lists = fields.get("grad_lists")
+        if lists is not None:
+            # Derived once: with no list field, the autograd inputs are the field values.
+            self.single_grad_fields = not any(lists)
+            self.single_lengths = (None,) * len(lists)
 
 
 def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
