@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch.multiprocessing as mp
 
 
@@ -86,3 +87,21 @@ def launch(
         "seconds": round(time.perf_counter() - start, 1),
         "timed_out": timed_out,
     }
+
+
+def assert_case_passed(result: dict, case: str) -> None:
+    """Fail naming the rank when a rank could not start, has no record of ``case`` or
+    recorded it failed."""
+    for rank, records in enumerate(result["ranks"]):
+        if "__init__" in records:
+            pytest.fail(f"rank {rank} could not start:\n{records['__init__']['error']}")
+        record = records.get(case)
+        assert record is not None, (
+            f"rank {rank} has no record of {case!r} (timed out: {result['timed_out']})"
+        )
+        assert record["ok"], f"rank {rank}:\n{record['error']}"
+
+
+def assert_launch_finished(result: dict, world: int, timeout_s: float) -> None:
+    assert not result["timed_out"], f"the launch hit its {timeout_s} s deadline"
+    assert result["exitcodes"] == [0] * world, result["exitcodes"]

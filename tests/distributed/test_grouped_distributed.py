@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from dist_grouped_cases import GROUPED
-from dist_launcher import launch
+from dist_launcher import assert_case_passed, assert_launch_finished, launch
 
 WORLD = 2
 LAUNCH_TIMEOUT_S = 270
@@ -22,17 +22,9 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", GROUPED)
 def test_two_ranks(result: dict, case: str) -> None:
-    for rank, records in enumerate(result["ranks"]):
-        if "__init__" in records:
-            pytest.fail(f"rank {rank} could not start:\n{records['__init__']['error']}")
-        record = records.get(case)
-        assert record is not None, (
-            f"rank {rank} has no record of {case!r} (timed out: {result['timed_out']})"
-        )
-        assert record["ok"], f"rank {rank}:\n{record['error']}"
+    assert_case_passed(result, case)
 
 
 @pytest.mark.distributed
 def test_launch_finished_in_time(result: dict) -> None:
-    assert not result["timed_out"], f"the launch hit its {LAUNCH_TIMEOUT_S} s deadline"
-    assert result["exitcodes"] == [0] * WORLD, result["exitcodes"]
+    assert_launch_finished(result, WORLD, LAUNCH_TIMEOUT_S)

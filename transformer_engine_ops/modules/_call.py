@@ -32,6 +32,25 @@ def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | 
     return None
 
 
+# Why a compiled call runs eagerly, in every module's words.
+CACHING_REASON = "weight caching across microbatches (is_first_microbatch)"
+FP8_OUTPUT_REASON = "fp8_output=True with autograd enabled (a differentiable quantized output)"
+
+
+def gemm_call_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
+    """:func:`unsupported_reason`, then the reasons of TE's ``fp8_output`` and
+    ``is_first_microbatch`` arguments, for a bundle with those fields (Linear's and
+    LayerNormLinear's forward bundles)."""
+    reason = unsupported_reason(args, quantizers)
+    if reason is not None:
+        return reason
+    if args.fp8_output and args.is_grad_enabled:
+        return FP8_OUTPUT_REASON
+    if args.is_first_microbatch is not None:
+        return CACHING_REASON
+    return None
+
+
 def _eager_outputs(eager: Callable[[Any], tuple[Any, Any]], args: Any) -> tuple[Any, ...]:
     return eager(args)[0]
 

@@ -55,7 +55,7 @@ from ._base import (
     te_default_init,
     tp_rank,
 )
-from ._call import call_op
+from ._call import CACHING_REASON, call_op
 from .autocast import STATE
 from .linear import _BACKWARD_OVERRIDES
 
@@ -98,9 +98,6 @@ def _divide(cls: str, name: str, features: int, tp_size: int) -> int:
 def _gemm(i: int) -> str | None:
     """The name of GEMM ``i``'s delayed-scaling state (None: the module's own)."""
     return f"gemm{i}" if i else None
-
-
-_CACHING = "weight caching across microbatches (is_first_microbatch)"
 
 
 def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
@@ -282,7 +279,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
         if torch.compiler.is_compiling():
             # As Linear: the workspace cache is module state a graph cannot keep.
-            return run_eagerly(_CACHING, self._cached_call, args)
+            return run_eagerly(CACHING_REASON, self._cached_call, args)
         return self._cached_call(args)
 
     def _cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:

@@ -29,26 +29,11 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
-from ._call import call_op, unsupported_reason
-from .autocast import STATE, RecipeQuantizers
+from ._call import call_op, gemm_call_reason
+from .autocast import STATE
 from .linear import _BACKWARD_OVERRIDES, _check_parallelism
 
 _GEMM = GemmConfig()
-
-
-def _compiled_call_reason(
-    args: LayerNormLinearFwdArgs, quantizers: RecipeQuantizers | None
-) -> str | None:
-    """Why a compiled call runs eagerly (None when the op path serves it): the reasons
-    every module shares, then the ones ``Linear`` names for the same arguments."""
-    reason = unsupported_reason(args, quantizers)
-    if reason is not None:
-        return reason
-    if args.fp8_output and args.is_grad_enabled:
-        return "fp8_output=True with autograd enabled (a differentiable quantized output)"
-    if args.is_first_microbatch is not None:
-        return "weight caching across microbatches (is_first_microbatch)"
-    return None
 
 
 def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
@@ -189,7 +174,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
-        reason = _compiled_call_reason(args, q) if torch.compiler.is_compiling() else None
+        reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
         if args.cache_weight:
             # Weight caching keeps module state: always the eager path (a named fallback
             # under torch.compile, as for Linear).

@@ -23,14 +23,12 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
-from ._call import call_op, unsupported_reason
+from ._call import CACHING_REASON, call_op, unsupported_reason
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
 
 _GEMM = GemmConfig()
-# The reason a compiled call with weight caching runs eagerly (Linear's wording).
-_CACHING_REASON = "weight caching across microbatches (is_first_microbatch)"
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
@@ -166,7 +164,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         elif not torch.compiler.is_compiling():
             outputs = self._eager_cached(args)
         else:
-            reason = unsupported_reason(args, shared) or _CACHING_REASON
+            reason = unsupported_reason(args, shared) or CACHING_REASON
             outputs = run_eagerly(reason, self._eager_cached, args)
         extra: tuple[Any, ...] = ()
         if self.return_bias:

@@ -24,7 +24,7 @@ from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from . import _extra_state
 from ._base import ExtraStateMixin, reject_unimplemented
-from ._call import unsupported_reason
+from ._call import gemm_call_reason
 from .autocast import STATE, RecipeQuantizers
 
 _GEMM = GemmConfig()
@@ -43,19 +43,6 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
         args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
     )
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
-
-
-def _unsupported_reason(args: LinearFwdArgs, quantizers: RecipeQuantizers | None) -> str | None:
-    """Why the op path cannot serve this call (None when it can): the reasons every
-    module shares (``_call.unsupported_reason``), then Linear's own."""
-    reason = unsupported_reason(args, quantizers)
-    if reason is not None:
-        return reason
-    if args.fp8_output and args.is_grad_enabled:
-        return "fp8_output=True with autograd enabled (a differentiable quantized output)"
-    if args.is_first_microbatch is not None:
-        return "weight caching across microbatches (is_first_microbatch)"
-    return None
 
 
 _PARALLEL_MODES = (None, "column", "row")
@@ -256,7 +243,7 @@ class Linear(ExtraStateMixin, nn.Module):
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
         if not compiling:
             out = self._eager(args)
-        elif (reason := _unsupported_reason(args, quantizers)) is None:
+        elif (reason := gemm_call_reason(args, quantizers)) is None:
             (out,) = linear_compiled(args)
         else:
             out = run_eagerly(reason, self._eager, args)
