@@ -119,19 +119,31 @@ NOTES = {
     ),
     "gpu_analysis": """\
 **FP8 current scaling (large shape).** The fused Triton quantize (amax pass, then
-scale + cast + transpose in one pass; bit for bit the reference) takes the step from
-46.5 ms (issue 12) to ~15.6 ms, now in all three modes: on torch 2.11 quantizers cross
-as strings (`runtime/codec.py`), so FP8 compiles fully (`fullgraph=True`) and runs
-under CUDA graphs. That is 1.43-1.46x its `_scaled_mm` floor and 1.26-1.30x faster
-than our bf16 step: both targets (<= 1.25x, >= 1.4x) are missed. What is left is the
-quantize itself: per layer the input, the 8192x8192 weight and the output gradient are
-quantized, 128 M elements, ~0.45 ms per layer at ~120 us per 4096x8192 tensor, ~3.5 ms
-a step. The amax pass runs near copy speed; the cast + transpose pass is ~2.5x slower
-than a copy of its bytes: the transposed uint8 stores through `tl.trans` are the bound.
-Levers: a transpose written with wider packed stores, and caching the quantized weight
-across steps where the weight does not change (TE's `is_first_microbatch`, which runs
-eagerly under compile today). GEMMs write bf16 from `_scaled_mm`'s epilogue; all
-three Linear GEMMs read the rowwise or transposed buffers directly.
+scale + cast + transpose in one pass; bit for bit the reference) now runs the launch
+configuration `python -m benchmarks.fp8_tiles` picked on this GPU: its transpose stored
+as int32 words of four codes on 32x128 tiles with 2 warps (cast pass 88 -> 58 us at
+4096x8192, 168 -> 108 us at 8192x8192; a bf16 copy of the tensor takes 35-37 us), and
+the amax pass in 2048-chunks on at most 1056 programs (35 -> 28 us). One quantize of a
+4096x8192 tensor with both usages went from ~120 us to 90 us. The bias gradient no
+longer sums an fp32 copy of the output gradient (that copy cost ~110 us a layer, 0.9
+ms a step, in bf16 too). `reduce-overhead` steps went from 15.7 to 14.1 ms.
+`python -m benchmarks.step_profile` says where a step goes: with CUDA graphs (one
+earlier run, 13.7 ms a step) 8.4 ms are the step's 24 FP8 GEMMs, 4.2 ms every other
+kernel (quantize ~2.6 ms: per layer the input, the 8192x8192 weight and the output
+gradient; ReLU forward and backward ~0.5 ms; the loss, bias sums, memsets) and ~1 ms
+the gaps between ~200 small kernels. The targets stay missed: `reduce-overhead` is
+1.30x the measured floor (<= 1.25x) and 1.37x faster than bf16 (>= 1.4x). Eager and
+compiled are bound by the host CPU, not the GPU: an eager FP8 step takes ~16 ms of
+CPU time to enqueue (one run measured 16.3 ms enqueued of 17.1 ms), so the GPU waits.
+Per layer the FP8 path spends ~1.1 ms of Python more than bf16 (the small-shape rows:
+13.2 ms against 4.1 ms for 8 layers): three quantize calls of ~0.2-0.3 ms each (two
+Triton launches through Triton's Python launcher, ~40-60 us each on this host, plus
+allocations and the quantized-storage wrapper) and the scaled-GEMM dispatch. The floor
+itself moves between lent machines (9.5-10.9 ms), and inside a step the same GEMMs take
+~8.4 ms of kernel time: the floor loop runs 24 FP8 GEMMs back to back on random data.
+What would close the gap: the quantize launched without Triton's per-call Python
+(a cached launcher, or the quantize visible to Inductor inside the compiled graph
+instead of inside our opaque op), and fewer kernels per layer.
 
 **Block formats on Hopper.** Hopper has no MXFP8 or NVFP4 GEMM (and `_scaled_mm`
 takes no block scales there), so each operand is dequantized to bf16 (exact for MXFP8
@@ -143,12 +155,14 @@ quantization table), so their steps run at several times the bf16 floor (earlier
 MXFP8 ~100 ms, FP8 block ~96 ms, NVFP4 ~276 ms at 4096x8192; this run timed bf16 and
 FP8 current scaling only per shape, to fit the device budget).
 
-**Small shape.** Bound by Python per call, not by the GPU: our eager step is ~2.6-2.9x
-`torch.nn.Linear`'s and compiled ~2.3-3.0x (both targets missed). The op path's fixed
-cost was halved on the CPU (figure 8), but each layer still runs the plan functions,
-quantizer and GEMM dispatch in Python, and the compiled graph still calls a Python
-kernel per layer and direction. CUDA graphs remove all of it: `reduce-overhead` is
-0.98-1.08x `torch.nn.Linear`'s.
+**Small shape.** Bound by Python per call, not by the GPU. This run: our eager step
+2.00x `torch.nn.Linear`'s (2.91x before the op-path work of figure 8; target 1.3x),
+compiled 2.63x (target 1.2x), `reduce-overhead` 1.03x (CUDA graphs remove the Python;
+target 1.0x: at the noise level, 0.98x in the previous run). The host's Python speed
+varies between lent machines (`torch.nn.Linear`'s own eager step: 1.70 ms in the
+previous run, 2.07 ms in this one), so compare ratios within one run. What is left per
+layer is listed in figure 8: the dispatcher's conversion of ~36 schema slots twice a
+layer, the Python kernels, bundle construction and field checks.
 
 **Memory.** Peak over resident for one 4096x8192 eager step: bf16 1.10x
 `torch.nn.Linear`'s; quantized recipes add more (FP8 1.45x, NVFP4 2.3x of
