@@ -46,9 +46,20 @@ def gemm_call_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | No
         return reason
     if args.fp8_output and args.is_grad_enabled:
         return FP8_OUTPUT_REASON
-    if args.is_first_microbatch is not None:
+    if caches_weight(args):
         return CACHING_REASON
     return None
+
+
+def caches_weight(args: Any) -> bool:
+    """Whether a call keeps a quantized weight across microbatches (TE's rule: a recipe
+    quantizes the weight, which is not quantized already). Without a recipe, or with
+    ``quantized_model_init`` weights, ``is_first_microbatch`` is inert and compiles."""
+    return (
+        args.is_first_microbatch is not None
+        and args.weight_quantizer is not None
+        and not isinstance(args.weight, QuantizedData)
+    )
 
 
 def _eager_outputs(eager: Callable[[Any], tuple[Any, Any]], args: Any) -> tuple[Any, ...]:

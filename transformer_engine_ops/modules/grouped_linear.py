@@ -47,6 +47,7 @@ from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_e
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
+from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import (
     ExtraStateMixin,
@@ -275,7 +276,11 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             cache_weight=is_first_microbatch is not None,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        if is_first_microbatch is None:
+        if is_first_microbatch is None or not any(
+            wq is not None and not isinstance(w, QuantizedData)
+            for wq, w in zip(args.weight_quantizers, args.weights, strict=True)
+        ):
+            # Nothing to cache (no recipe, or quantized_model_init weights): TE's rule.
             return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
         if torch.compiler.is_compiling():
             # As Linear: the workspace cache is module state a graph cannot keep.

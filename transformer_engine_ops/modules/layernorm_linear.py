@@ -29,7 +29,7 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
-from ._call import call_op, gemm_call_reason
+from ._call import caches_weight, call_op, gemm_call_reason
 from .autocast import STATE
 from .linear import _BACKWARD_OVERRIDES, _check_parallelism
 
@@ -175,7 +175,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         q: Any = self._recipe_quantizers(STATE.autocast)
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
         reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
-        if args.cache_weight:
+        if caches_weight(args):
             # Weight caching keeps module state: always the eager path (a named fallback
             # under torch.compile, as for Linear).
             if reason is None:

@@ -312,9 +312,12 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
 
 
 def _weight_from_workspace(args: LinearFwdArgs) -> bool:
-    """Whether the fprop GEMM reads the cached weight workspace (a later microbatch)."""
+    """Whether the fprop GEMM reads the cached weight workspace (a later microbatch
+    whose recipe quantizes the weight: a workspace left from a quantized run never
+    replaces the weight of a call without one)."""
     return (
         args.weight_workspace is not None
+        and args.weight_quantizer is not None
         and not args.is_first_microbatch
         and not _is_quantized(args.weight)
     )
