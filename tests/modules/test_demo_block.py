@@ -8,12 +8,23 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
-import linear_demo  # noqa: E402
+import linear_demo  # noqa: E402, I001
+
+# Before torch 2.13, Inductor's emulate_precision_casts does not cover the block's fused
+# bf16 residual-gradient adds: its input gradient differs from eager in the last bit
+# (with backend="aot_eager" it is bitwise equal; our ops are not involved).
+_OLD_INDUCTOR = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+OLD_INDUCTOR_BF16 = pytest.mark.xfail(
+    _OLD_INDUCTOR, reason="Inductor < 2.13 fuses the block's bf16 adds in fp32", strict=False
+)
 
 
-@pytest.mark.parametrize("name", ["bf16", "Float8CurrentScaling"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("bf16", marks=OLD_INDUCTOR_BF16), "Float8CurrentScaling"]
+)
 def test_demo_block_compiles_bit_identical_to_eager(name):
     recipe = dict(linear_demo.RECIPES)[name]
     result = linear_demo.run("block", linear_demo.Block, name, recipe)
