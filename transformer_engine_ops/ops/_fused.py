@@ -1,4 +1,5 @@
-"""What the fused ops (LayerNormLinear, LayerNormMLP) share: one Linear GEMM stage.
+"""What the fused ops (LayerNormLinear, LayerNormMLP) share: one Linear GEMM stage, and
+the norm stage in front of it.
 
 A fused op runs the Linear op's own forward, spec, setup and backward on a
 ``LinearFwdArgs`` it builds for each GEMM, so quantization, GEMM layouts, saved
@@ -12,6 +13,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from transformer_engine_ops.ops.layernorm import norm_backward, norm_forward
 from transformer_engine_ops.ops.linear import (
     LinearBwdArgs,
     LinearFwdArgs,
@@ -19,6 +21,7 @@ from transformer_engine_ops.ops.linear import (
     _internal,
 )
 from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.values import GemmConfig
 
 
@@ -164,3 +167,60 @@ def quantized_for_backward(args: LinearFwdArgs) -> tuple[Any, Any]:
         w = args.weight.to(dtype)
         saved_weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(w)
     return saved_input, saved_weight
+
+
+# --- the norm stage (fields both fused bundles name alike) ---------------------------
+
+
+def norm_stage_forward(args: Any, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
+    """(norm output shaped as ``args.inp``, mu, rsigma) of the bundle's LayerNorm/RMSNorm."""
+    inp = args.inp
+    y, mu, rsigma = norm_forward(
+        inp.reshape(-1, inp.shape[-1]),
+        args.ln_weight,
+        args.ln_bias,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        dtype,
+    )
+    return y.view(inp.shape), mu, rsigma
+
+
+def norm_stage_backward(args: Any, dln: torch.Tensor) -> tuple[Any, Any, Any]:
+    """(input, norm weight, norm bias) gradients from the norm output's gradient ``dln``
+    (plus the returned norm output's own gradient when the op returns it); None where
+    not required."""
+    inp = args.inp
+    dln = dln.reshape(-1, dln.shape[-1]).float()
+    if args.return_layernorm_output:
+        ln_grad = args.grad_outputs[1]
+        dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
+    dx, dg, db = norm_backward(
+        dln,
+        inp.reshape(-1, inp.shape[-1]),
+        args.ln_weight,
+        args.mu,
+        args.rsigma,
+        args.zero_centered_gamma,
+        need_dgrad=args.input_requires_grad,
+    )
+    pdtype = args.ln_weight.dtype
+    return (
+        dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None,
+        dg.to(pdtype) if args.ln_weight_requires_grad else None,
+        db.to(pdtype) if args.ln_bias_requires_grad else None,
+    )
+
+
+def norm_stage_grad_specs(args: Any, norm: bool) -> tuple[Optional[TensorSpec], ...]:
+    """What :func:`norm_stage_backward` returns, as TensorSpecs (all None unless
+    ``norm``: the backward reaches the norm stage)."""
+    inp, w = args.inp, args.ln_weight
+    dgrad = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
+    dgamma = TensorSpec(tuple(w.shape), w.dtype, device=inp.device)
+    return (
+        dgrad if norm and args.input_requires_grad else None,
+        dgamma if norm and args.ln_weight_requires_grad else None,
+        dgamma if norm and args.ln_bias_requires_grad else None,
+    )

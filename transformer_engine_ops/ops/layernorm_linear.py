@@ -26,11 +26,12 @@ from transformer_engine_ops.ops._fused import (
     keeps_high_precision_input,
     linear_backward_stage,
     linear_stage,
+    norm_stage_backward,
+    norm_stage_forward,
+    norm_stage_grad_specs,
 )
 from transformer_engine_ops.ops.layernorm import (
     check_norm,
-    norm_backward,
-    norm_forward,
     norm_stats_specs,
 )
 from transformer_engine_ops.ops.linear import (
@@ -256,17 +257,7 @@ def layernorm_linear_forward(
     """``outputs == (out,)`` or ``(out, ln_out)``; ``saved == (mu, rsigma, ln_out,
     gemm input, gemm weight)`` (None where the backward does not need it)."""
     plan = _forward_plan(args)
-    inp = args.inp
-    y, mu, rsigma = norm_forward(
-        inp.reshape(-1, inp.shape[-1]),
-        args.ln_weight,
-        args.ln_bias,
-        args.normalization,
-        args.eps,
-        args.zero_centered_gamma,
-        args.activation_dtype,
-    )
-    ln_out = y.view(inp.shape)
+    ln_out, mu, rsigma = norm_stage_forward(args, args.activation_dtype)
     (out,), (gemm_input, gemm_weight) = linear_forward(_gemm_args(args, ln_out))
     saved_ln_out = ln_out if plan.save_ln_out else None
     outputs: tuple[Any, ...] = (out,)
@@ -370,24 +361,7 @@ def layernorm_linear_backward(args: LayerNormLinearBwdArgs) -> tuple[torch.Tenso
     dln, wgrad, bgrad = linear_backward(_gemm_backward_args(args))
     dgrad = dgamma = dbeta = None
     if args.requires_dgrad:
-        inp = args.inp
-        dln = dln.reshape(-1, dln.shape[-1]).float()
-        if args.return_layernorm_output:
-            ln_grad = args.grad_outputs[1]
-            dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
-        dx, dg, db = norm_backward(
-            dln,
-            inp.reshape(-1, inp.shape[-1]),
-            args.ln_weight,
-            args.mu,
-            args.rsigma,
-            args.zero_centered_gamma,
-            need_dgrad=args.input_requires_grad,
-        )
-        pdtype = args.ln_weight.dtype
-        dgrad = dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None
-        dgamma = dg.to(pdtype) if args.ln_weight_requires_grad else None
-        dbeta = db.to(pdtype) if args.ln_bias_requires_grad else None
+        dgrad, dgamma, dbeta = norm_stage_backward(args, dln)
     return dgrad, dgamma, dbeta, wgrad, bgrad
 
 
@@ -395,14 +369,8 @@ def layernorm_linear_backward_spec(
     args: LayerNormLinearBwdArgs,
 ) -> tuple[TensorSpec | None, ...]:
     _, wgrad, bgrad = linear_backward_spec(_gemm_backward_args(args))
-    inp, w = args.inp, args.ln_weight
-    norm = args.requires_dgrad
-    dgrad = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
-    dgamma = TensorSpec(tuple(w.shape), w.dtype, device=inp.device)
     return (
-        dgrad if norm and args.input_requires_grad else None,
-        dgamma if norm and args.ln_weight_requires_grad else None,
-        dgamma if norm and args.ln_bias_requires_grad else None,
+        *norm_stage_grad_specs(args, args.requires_dgrad),
         wgrad,
         bgrad,
     )

@@ -27,11 +27,12 @@ from transformer_engine_ops.ops._fused import (
     keeps_high_precision_input,
     linear_backward_stage,
     linear_stage,
+    norm_stage_backward,
+    norm_stage_forward,
+    norm_stage_grad_specs,
 )
 from transformer_engine_ops.ops.layernorm import (
     check_norm,
-    norm_backward,
-    norm_forward,
     norm_stats_specs,
 )
 from transformer_engine_ops.ops.linear import (
@@ -390,17 +391,8 @@ def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], t
     """``outputs == (out,)`` or ``(out, ln_out)``; ``saved == (mu, rsigma, ln_out, fc1_out,
     act_out, fc1 input, fc1 weight, fc2 input, fc2 weight)`` (None where not needed)."""
     plan = _forward_plan(args)
-    inp, dtype = args.inp, args.activation_dtype
-    y, mu, rsigma = norm_forward(
-        inp.reshape(-1, inp.shape[-1]),
-        args.ln_weight,
-        args.ln_bias,
-        args.normalization,
-        args.eps,
-        args.zero_centered_gamma,
-        dtype,
-    )
-    ln_out = y.view(inp.shape)
+    dtype = args.activation_dtype
+    ln_out, mu, rsigma = norm_stage_forward(args, dtype)
     fc1 = _fc1_args(args, ln_out)
     (fc1_out,), (fc1_input, fc1_weight) = linear_forward(fc1)
     act_out = activation_forward(args.activation, fc1_out, dtype)
@@ -548,24 +540,7 @@ def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | No
         d_fc1 = activation_backward(args.activation, d_act, args.fc1_out, dtype)
         dln, fc1_wgrad, fc1_bgrad = linear_backward(_fc_backward_args(args, 1, d_fc1))
         if args.fc1_requires_dgrad:
-            inp = args.inp
-            dln = dln.reshape(-1, dln.shape[-1]).float()
-            if args.return_layernorm_output:
-                ln_grad = args.grad_outputs[1]
-                dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
-            dx, dg, db = norm_backward(
-                dln,
-                inp.reshape(-1, inp.shape[-1]),
-                args.ln_weight,
-                args.mu,
-                args.rsigma,
-                args.zero_centered_gamma,
-                need_dgrad=args.input_requires_grad,
-            )
-            pdtype = args.ln_weight.dtype
-            dgrad = dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None
-            dgamma = dg.to(pdtype) if args.ln_weight_requires_grad else None
-            dbeta = db.to(pdtype) if args.ln_bias_requires_grad else None
+            dgrad, dgamma, dbeta = norm_stage_backward(args, dln)
     return dgrad, dgamma, dbeta, fc1_wgrad, fc1_bgrad, fc2_wgrad, fc2_bgrad
 
 
@@ -577,13 +552,8 @@ def layernorm_mlp_backward_spec(args: LayerNormMLPBwdArgs) -> tuple[TensorSpec |
         grad = _fc1_grad_output_spec(args)
         _, fc1_wgrad, fc1_bgrad = linear_backward_spec(_fc_backward_args(args, 1, grad))
         norm = args.fc1_requires_dgrad
-    inp, w = args.inp, args.ln_weight
-    dgrad = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
-    dgamma = TensorSpec(tuple(w.shape), w.dtype, device=inp.device)
     return (
-        dgrad if norm and args.input_requires_grad else None,
-        dgamma if norm and args.ln_weight_requires_grad else None,
-        dgamma if norm and args.ln_bias_requires_grad else None,
+        *norm_stage_grad_specs(args, norm),
         fc1_wgrad,
         fc1_bgrad,
         fc2_wgrad,
