@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from ..ops.linear import BackwardOverride
 from ..runtime.custom_ops import registration_error
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
+from ..runtime.values import GemmConfig
 from .autocast import RecipeQuantizers
 
 # Decided once at import, as for Linear.
@@ -30,6 +32,40 @@ def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | 
     if isinstance(args.inp, QuantizedData):
         return "a quantized input tensor"
     return None
+
+
+# A recipe's backward_override string -> the ops' enum.
+BACKWARD_OVERRIDES = {
+    None: None,
+    "high_precision": BackwardOverride.HIGH_PRECISION,
+    "dequantized": BackwardOverride.DEQUANTIZED,
+}
+# The bundle fields of a call without a recipe (TE's defaults).
+_NO_RECIPE_GEMMS = {
+    "fp8": False,
+    "fprop_gemm": GemmConfig(),
+    "dgrad_gemm": GemmConfig(),
+    "wgrad_gemm": GemmConfig(),
+}
+
+
+def recipe_gemm_fields(quantizers: RecipeQuantizers | None) -> dict[str, Any]:
+    """The GEMM bundle fields every module takes from the active recipe: ``fp8`` and the
+    recipe's ``fprop_gemm``/``dgrad_gemm``/``wgrad_gemm`` (TE's fp8_gemm_*), or the
+    defaults without a recipe."""
+    if quantizers is None:
+        return _NO_RECIPE_GEMMS
+    return {
+        "fp8": True,
+        "fprop_gemm": quantizers.fprop_gemm,
+        "dgrad_gemm": quantizers.dgrad_gemm,
+        "wgrad_gemm": quantizers.wgrad_gemm,
+    }
+
+
+def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:
+    """The recipe's ``backward_override`` as the ops' enum (None without a recipe)."""
+    return None if quantizers is None else BACKWARD_OVERRIDES[quantizers.backward_override]
 
 
 # Why a compiled call runs eagerly, in every module's words.

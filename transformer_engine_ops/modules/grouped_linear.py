@@ -48,7 +48,6 @@ from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
-from ..runtime.values import GemmConfig
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -56,11 +55,8 @@ from ._base import (
     te_default_init,
     tp_rank,
 )
-from ._call import CACHING_REASON, call_op
+from ._call import CACHING_REASON, backward_override_of, call_op, recipe_gemm_fields
 from .autocast import STATE
-from .linear import _BACKWARD_OVERRIDES
-
-_GEMM = GemmConfig()
 
 
 def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
@@ -264,11 +260,8 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             weight_quantizers=[qi and qi.weight for qi in qs],
             grad_output_quantizers=[qi and qi.grad_output for qi in qs],
             activation_dtype=dtype,
-            fp8=q is not None,
-            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
-            fprop_gemm=q.fprop_gemm if q else _GEMM,
-            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
-            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
+            backward_override=backward_override_of(q),
+            **recipe_gemm_fields(q),
             num_gemms=n,
             in_features=self.in_features,
             out_features=self.out_features,

@@ -27,13 +27,16 @@ from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_li
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
-from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
-from ._call import caches_weight, call_op, gemm_call_reason
+from ._call import (
+    backward_override_of,
+    caches_weight,
+    call_op,
+    gemm_call_reason,
+    recipe_gemm_fields,
+)
 from .autocast import STATE
-from .linear import _BACKWARD_OVERRIDES, _check_parallelism
-
-_GEMM = GemmConfig()
+from .linear import _check_parallelism
 
 
 def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
@@ -228,12 +231,9 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             grad_weight_quantizer=q and q.grad_weight,
             grad_output_quantizer=q and q.grad_output,
             activation_dtype=dtype,
-            fp8=q is not None,
             fp8_output=bool(fp8_output),
-            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
-            fprop_gemm=q.fprop_gemm if q else _GEMM,
-            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
-            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
+            backward_override=backward_override_of(q),
+            **recipe_gemm_fields(q),
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,

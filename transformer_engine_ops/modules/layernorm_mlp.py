@@ -21,14 +21,12 @@ from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eage
 from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_columnwise
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
-from ..runtime.values import GemmConfig
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
-from ._call import CACHING_REASON, call_op, unsupported_reason
+from ._call import CACHING_REASON, call_op, recipe_gemm_fields, unsupported_reason
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
 
-_GEMM = GemmConfig()
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
@@ -239,10 +237,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             fc2_grad_weight_quantizer=q2 and q2.grad_weight,
             fc2_grad_output_quantizer=q2 and q2.grad_output,
             activation_dtype=dtype,
-            fp8=q1 is not None,
-            fprop_gemm=q1.fprop_gemm if q1 else _GEMM,
-            dgrad_gemm=q1.dgrad_gemm if q1 else _GEMM,
-            wgrad_gemm=q1.wgrad_gemm if q1 else _GEMM,
+            **recipe_gemm_fields(q1),
             set_parallel_mode=self.set_parallel_mode,
             tp_group=self.tp_group,
             tp_size=self.tp_size,

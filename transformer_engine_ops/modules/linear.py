@@ -17,23 +17,14 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import BackwardOverride, LinearFwdArgs
+from ..ops.linear import LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
-from ..runtime.values import GemmConfig
 from . import _extra_state
 from ._base import ExtraStateMixin, reject_unimplemented
-from ._call import gemm_call_reason
+from ._call import backward_override_of, gemm_call_reason, recipe_gemm_fields
 from .autocast import STATE, RecipeQuantizers
-
-_GEMM = GemmConfig()
-# A recipe's backward_override string -> the op's enum.
-_BACKWARD_OVERRIDES = {
-    None: None,
-    "high_precision": BackwardOverride.HIGH_PRECISION,
-    "dequantized": BackwardOverride.DEQUANTIZED,
-}
 
 
 def _workspace_fits(args: LinearFwdArgs) -> bool:
@@ -212,12 +203,9 @@ class Linear(ExtraStateMixin, nn.Module):
             grad_weight_quantizer=q and q.grad_weight,
             grad_output_quantizer=q and q.grad_output,
             activation_dtype=dtype,
-            fp8=q is not None,
             fp8_output=fp8_output,
-            backward_override=_BACKWARD_OVERRIDES[q.backward_override] if q else None,
-            fprop_gemm=q.fprop_gemm if q else _GEMM,
-            dgrad_gemm=q.dgrad_gemm if q else _GEMM,
-            wgrad_gemm=q.wgrad_gemm if q else _GEMM,
+            backward_override=backward_override_of(q),
+            **recipe_gemm_fields(q),
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             parallel_mode=self.parallel_mode,
