@@ -5,6 +5,10 @@
 profiles a few steps and prints one JSON object: the step's wall time (median of the
 profiled steps) and the summed CUDA kernel time per step, grouped (GEMMs, our FP8
 amax and cast + transpose kernels, other elementwise) and by kernel name.
+
+``--host`` profiles the host instead (``cProfile`` over the same steps): where the
+Python time of an eager or compiled step goes, by function (own time and cumulative),
+the question when a step is bound by the CPU enqueuing kernels rather than by the GPU.
 """
 
 from __future__ import annotations
@@ -81,14 +85,61 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
     }
 
 
+def host_profile(rows: int, hidden: int, recipe: str, mode: str, top: int = 40) -> dict[str, Any]:
+    """The step's host time by Python function (cProfile), seconds per step."""
+    import cProfile
+    import pstats
+
+    from .models import make_input
+
+    x = make_input(rows, hidden, device="cuda")
+    step, info = _build("ours", recipe, mode, hidden, x)
+    if step is None:
+        return {"failed": info}
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    steps = 20
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - started) / steps
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+
+    def name(key: tuple[str, int, str]) -> str:
+        path, line, func = key
+        return f"{path.rsplit('/', 2)[-2:][-1] if '/' in path else path}:{line}({func})"
+
+    rows_ = [
+        (name(k), v[0] / steps, v[2] / steps * 1e6, v[3] / steps * 1e6) for k, v in stats.items()
+    ]
+    own = sorted(rows_, key=lambda r: -r[2])[:top]
+    cum = sorted(rows_, key=lambda r: -r[3])[:top]
+    return {
+        "rows": rows,
+        "hidden": hidden,
+        "recipe": recipe,
+        "mode": mode,
+        "step_ms_under_cprofile": wall * 1e3,
+        "own_us_per_step": {r[0]: [round(r[1], 1), round(r[2], 1)] for r in own},
+        "cumulative_us_per_step": {r[0]: [round(r[1], 1), round(r[3], 1)] for r in cum},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=8192)
     parser.add_argument("--recipe", default="fp8_current", choices=sorted(RECIPES))
     parser.add_argument("--mode", default="eager", choices=("eager", "compiled", "reduce-overhead"))
+    parser.add_argument("--host", action="store_true", help="profile the host (cProfile)")
     args = parser.parse_args()
-    print(json.dumps(profile(args.rows, args.hidden, args.recipe, args.mode)), flush=True)
+    run = host_profile if args.host else profile
+    print(json.dumps(run(args.rows, args.hidden, args.recipe, args.mode), indent=1), flush=True)
 
 
 if __name__ == "__main__":
