@@ -278,3 +278,14 @@ def test_repeated_launches_go_straight_to_the_compiled_kernel_with_the_same_bits
         assert_bitwise(q._quantize_impl(x.cpu()), got)
     assert (amax.direct_launches, cast.direct_launches) > before
     assert cast.direct_launches >= 3  # 2nd aligned, 2nd shifted, 3rd aligned
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tensor_on_another_gpu_is_quantized_on_its_own_device():
+    q = _quantizer("e4m3", "both")
+    x = _wide((70, 130), 9, torch.bfloat16)
+    with torch.cuda.device(0):
+        got = _fused(q, x.to("cuda:1"))
+    assert all(t.device == torch.device("cuda:1") for t in got.values() if t is not None)
+    assert_bitwise(q._quantize_impl(x), got)

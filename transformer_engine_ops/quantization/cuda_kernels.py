@@ -150,6 +150,17 @@ def fp8_current_scaling_quantize(
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"fp8_current_scaling_quantize: {reason}")
+    if x.device.type == "cuda" and x.device.index != torch._C._cuda_getDevice():
+        # Triton launches on the current device: make it the tensor's.
+        with torch.cuda.device(x.device):
+            return fp8_current_scaling_quantize(
+                x,
+                fp8_dtype,
+                epsilon=epsilon,
+                force_pow_2=force_pow_2,
+                rowwise=rowwise,
+                columnwise=columnwise,
+            )
     amax_kernel, cast_kernel = _kernels(x.device.type != "cuda")
     shape = x.shape
     k = shape[-1]
