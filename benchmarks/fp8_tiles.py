@@ -1,6 +1,7 @@
 """The tile sweep behind the fused FP8 cast + transpose kernel's launch configuration.
 
-``python -m benchmarks.fp8_tiles`` (CUDA and Triton required) times the cast +
+``python -m benchmarks.fp8_tiles [--tiles] [--amax]`` (CUDA and Triton required) times
+the launch as configured, and with ``--tiles``/``--amax`` every variant of the cast +
 transpose kernel of ``quantization/cuda_kernels.py`` for each tile shape, warp count and
 transpose store (bytes, or four codes per int32 word), and the amax kernel for each chunk,
 program count and warp count, on a
@@ -35,63 +36,76 @@ def _bench(fn: Any) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3
 
 
-def _launch(x2: torch.Tensor, amax_bits: torch.Tensor, bufs: dict[str, torch.Tensor], cfg: tuple):
+def _launch(x2: torch.Tensor, partial: torch.Tensor, bufs: dict[str, torch.Tensor], cfg: tuple):
     (bm, bk), warps, pack_t = cfg
     m, k = x2.shape
     _, cast = ck._kernels(False)
     fmax, eps32, constants = ck._constants(torch.float8_e4m3fn, 0.0)
     data, t = bufs["data"], bufs["t"]
-    cast[(ck.triton_cdiv(m, bm), ck.triton_cdiv(k, bk))](
-        x2,
-        amax_bits,
-        data,
-        t.view(-1).view(torch.int32) if pack_t else t,
-        bufs["scale_inv"],
-        m,
-        k,
-        fmax,
-        eps32,
-        **constants,
-        FORCE_POW2=False,
-        ROWWISE=True,
-        COLUMNWISE=True,
-        PACK_T=pack_t,
-        BM=bm,
-        BK=bk,
+    cast(
+        (ck.triton_cdiv(m, bm), ck.triton_cdiv(k, bk), 1),
+        (
+            x2,
+            partial,
+            data,
+            t.view(-1).view(torch.int32) if pack_t else t,
+            bufs["scale_inv"],
+            m,
+            k,
+            fmax,
+            eps32,
+            partial.numel(),
+        ),
+        {
+            "PARTIAL_BLOCK": ck.PARTIAL_BLOCK,
+            **constants,
+            "FORCE_POW2": False,
+            "ROWWISE": True,
+            "COLUMNWISE": True,
+            "PACK_T": pack_t,
+            "BM": bm,
+            "BK": bk,
+        },
         num_warps=warps,
     )
+
+
+def _amax_of(words: torch.Tensor) -> tuple[int, bool]:
+    """(the finite amax's bits, whether an Inf was seen) from the amax kernel's words."""
+    return int((words & 0x7FFFFFFF).max()), bool((words < 0).any())
 
 
 def sweep(m: int, k: int) -> dict[str, Any]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
     amax, _ = ck._kernels(False)
-    amax_bits = torch.zeros(2, dtype=torch.int32, device="cuda")
     n = m * k
-    grid = (min(ck.triton_cdiv(n, ck.AMAX_BLOCK), ck.AMAX_MAX_PROGRAMS),)
-    amax[grid](x, amax_bits, n, BLOCK=ck.AMAX_BLOCK, num_warps=8)
+    programs = min(ck.triton_cdiv(n, ck.AMAX_BLOCK), ck.AMAX_MAX_PROGRAMS)
+    partial = torch.empty(programs, dtype=torch.int32, device="cuda")
+
+    def amax_pass(words: torch.Tensor, block: int, warps: int) -> None:
+        amax((words.numel(), 1, 1), (x, words, n), {"BLOCK": block}, num_warps=warps)
+
+    amax_pass(partial, ck.AMAX_BLOCK, ck.AMAX_WARPS)
+    want = _amax_of(partial)
     ref = ck.fp8_current_scaling_quantize(x, torch.float8_e4m3fn)
     out: dict[str, Any] = {"shape": [m, k], "us": {}, "wrong": []}
     dst = torch.empty_like(x)
     out["us"]["bf16 copy"] = _bench(lambda: dst.copy_(x))
-    out["us"]["amax pass"] = _bench(
-        lambda: amax[grid](x, amax_bits, n, BLOCK=ck.AMAX_BLOCK, num_warps=8)
-    )
+    out["us"]["amax pass"] = _bench(lambda: amax_pass(partial, ck.AMAX_BLOCK, ck.AMAX_WARPS))
     out["us"]["fused quantize as launched"] = _bench(
         lambda: ck.fp8_current_scaling_quantize(x, torch.float8_e4m3fn)
     )
-    for block, programs, warps in AMAX:
-        agrid = (min(ck.triton_cdiv(n, block), programs),)
-        bits = torch.zeros(2, dtype=torch.int32, device="cuda")
-        amax[agrid](x, bits, n, BLOCK=block, num_warps=warps)
-        name = f"amax BLOCK={block} programs={programs} warps={warps}"
-        if not torch.equal(bits, amax_bits):
+    amax_configs = AMAX if "--amax" in sys.argv else ()
+    for block, most, warps in amax_configs:
+        words = torch.empty(min(ck.triton_cdiv(n, block), most), dtype=torch.int32, device="cuda")
+        amax_pass(words, block, warps)
+        name = f"amax BLOCK={block} programs={most} warps={warps}"
+        if _amax_of(words) != want:
             out["wrong"].append(name)
-        out["us"][name] = _bench(
-            lambda agrid=agrid, b=bits, blk=block, w=warps: amax[agrid](
-                x, b, n, BLOCK=blk, num_warps=w
-            )
-        )
-    for cfg in itertools.product(TILES, WARPS, PACKS):
+        out["us"][name] = _bench(lambda w=words, b=block, nw=warps: amax_pass(w, b, nw))
+    amax_bits = partial
+    tiles = itertools.product(TILES, WARPS, PACKS) if "--tiles" in sys.argv else ()
+    for cfg in ((ck.BLOCK_M, ck.BLOCK_K), ck.CAST_WARPS, True), *tiles:
         name = f"BM={cfg[0][0]} BK={cfg[0][1]} warps={cfg[1]} pack_t={cfg[2]}"
         bufs = {
             "data": torch.zeros(m, k, dtype=torch.uint8, device="cuda"),

@@ -57,9 +57,18 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - started)
     by_name: dict[str, float] = defaultdict(float)
+    spans = []
     for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
+        # "## Call CompiledFxGraph ##" and other user annotations span many kernels.
+        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.name.startswith("## "):
             by_name[evt.name] += evt.device_time / STEPS
+            spans.append((evt.time_range.start, evt.time_range.end))
+    # GPU busy time: the union of the kernels' intervals (concurrent kernels count once).
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
     groups: dict[str, float] = defaultdict(float)
     for name, us in by_name.items():
         groups[_group(name)] += us
@@ -78,6 +87,8 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
         "mode": mode,
         "step_ms_median_profiled": statistics.median(walls) * 1e3,
         "kernel_ms_per_step": sum(by_name.values()) / 1e3,
+        "gpu_busy_ms_per_step": busy / STEPS / 1e3,
+        "kernels_per_step": len(spans) / STEPS,
         "groups_ms": {k: v / 1e3 for k, v in sorted(groups.items())},
         "top_kernels_us": {k[:120]: round(v, 1) for k, v in top},
         "top_aten_ops_us": {k: round(v, 1) for k, v in ops[:30]},

@@ -205,6 +205,30 @@ def test_module_imports_and_reports_why_without_triton():
     assert "triton is not importable" in out.stdout
 
 
+@needs_triton
+def test_the_launch_key_tells_apart_every_argument_triton_specializes_differently():
+    """Arguments with one key must get one kernel: the key of ``_triton_launch`` is at
+    least as fine as Triton's own specialization (``native_specialize_impl``, what its
+    binder calls; CPU tensors suffice, alignment is read from ``data_ptr``)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from transformer_engine_ops.quantization._triton_launch import specialization
+
+    base = {d: torch.zeros(64, dtype=d) for d in (torch.bfloat16, torch.uint8, torch.int32)}
+    samples: list = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, 2**40]
+    samples += [2**63 - 1, 2**63 + 16, 0.0, 0.5, 3e38, True, False]
+    samples += [t[off:] for t in base.values() for off in (0, 1, 2, 4, 8, 16)]
+    triton_kinds: dict = {}
+    for arg in samples:
+        ours = specialization(arg)
+        theirs = native_specialize_impl(BaseBackend, arg, False, True, True)
+        triton_kinds.setdefault(ours, set()).add(theirs)
+    clashes = {k: v for k, v in triton_kinds.items() if len(v) > 1}
+    assert not clashes, f"one launch key, several Triton kernels: {clashes}"
+    assert len(triton_kinds) >= 10  # the samples do exercise distinct specializations
+
+
 # --- on the GPU ---------------------------------------------------------------------
 
 
@@ -233,3 +257,24 @@ def test_cuda_quantize_takes_the_fused_path_and_matches_the_cpu(config, monkeypa
     ref = q.quantize(x)
     names = ("_data", "_transpose", "_scale_inv")
     assert_bitwise({n: getattr(ref, n) for n in names}, {n: getattr(got, n) for n in names})
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_repeated_launches_go_straight_to_the_compiled_kernel_with_the_same_bits():
+    """After the first launch of a specialization, the kernels launch without Triton's
+    per-call Python, and write the reference's bits; an input of the same shape but
+    another alignment (a view at an odd offset) is a new specialization, not a reuse."""
+    amax, cast = ck._kernels(False)
+    if not amax.direct:
+        pytest.skip(f"direct launch not verified for this Triton ({amax.direct})")
+    q = _quantizer("e4m3", "both")
+    base = _wide((1, 96 * 130 + 1), 8, torch.bfloat16).cuda().view(-1)
+    aligned = base[: 96 * 130].view(96, 130)
+    shifted = base[1:].view(96, 130)  # 2-byte offset: not 16-byte aligned
+    for x in (aligned, aligned, shifted, shifted, aligned):
+        before = (amax.direct_launches, cast.direct_launches)
+        got = _fused(q, x)
+        assert_bitwise(q._quantize_impl(x.cpu()), got)
+    assert (amax.direct_launches, cast.direct_launches) > before
+    assert cast.direct_launches >= 3  # 2nd aligned, 2nd shifted, 3rd aligned

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 
-def _amax(x_ptr, amax_bits_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
+def _amax(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -24,16 +24,16 @@ def _amax(x_ptr, amax_bits_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
         # NaN < inf and Inf < inf are False: neither counts (the reference's finite_abs).
         acc = tl.maximum(acc, tl.where(a < float("inf"), a, 0.0))
         infs = tl.maximum(infs, tl.where(a == float("inf"), 1, 0))
-    block_max = tl.max(acc, axis=0)
-    # Non-negative floats order like their int32 bits.
-    tl.atomic_max(amax_bits_ptr, block_max.to(tl.int32, bitcast=True))
-    # Slot 1: whether the tensor holds an Inf (the reference's has_inf).
-    tl.atomic_max(amax_bits_ptr + 1, tl.max(infs, axis=0))
+    # One word per program, no atomics (so nothing to zero first): the bits of its
+    # finite amax (a non-negative float orders like its int32 bits, sign bit clear),
+    # the sign bit set when its chunks hold an Inf (the reference's has_inf).
+    bits = tl.max(acc, axis=0).to(tl.int32, bitcast=True)
+    tl.store(partial_ptr + pid, bits | (tl.max(infs, axis=0) << 31))
 
 
 def _cast_transpose(
     x_ptr,
-    amax_bits_ptr,
+    partial_ptr,
     data_ptr,
     t_ptr,
     scale_inv_ptr,
@@ -41,6 +41,8 @@ def _cast_transpose(
     K,  # noqa: N803
     fmax,
     epsilon,
+    n_partial,
+    PARTIAL_BLOCK: tl.constexpr,  # noqa: N803
     FMAX_BITS: tl.constexpr,  # noqa: N803
     SHIFT: tl.constexpr,  # noqa: N803
     MIN_NORMAL_BITS: tl.constexpr,  # noqa: N803
@@ -55,8 +57,17 @@ def _cast_transpose(
 ):
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
+    # --- one tile, loaded first: its load is in flight while the scale is derived ------
+    rows = pid_m * BM + tl.arange(0, BM).to(tl.int64)
+    cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+    # --- the amax, from the amax kernel's per-program words (max is exact in any order)
+    p = tl.arange(0, PARTIAL_BLOCK)
+    words = tl.load(partial_ptr + p, mask=p < n_partial, other=0)
+    amax = tl.max(words & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
+    has_inf = tl.min(words, axis=0) < 0
     # --- the scale, as encoding.scale_from_amax -----------------------------------
-    amax = tl.load(amax_bits_ptr).to(tl.float32, bitcast=True)
     amax = tl.maximum(amax, epsilon)
     degenerate = (amax == 0.0) | (amax == float("inf"))
     safe = tl.where(degenerate, 1.0, amax)
@@ -67,13 +78,9 @@ def _cast_transpose(
     if (pid_m == 0) & (pid_k == 0):
         # An Inf in the tensor: scale_inv +Inf, so the value dequantizes non-finite.
         inv = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
-        inv = tl.where(tl.load(amax_bits_ptr + 1) != 0, float("inf"), inv)
+        inv = tl.where(has_inf, float("inf"), inv)
         tl.store(scale_inv_ptr, inv)
-    # --- one tile: scale, round to FP8, store rowwise and/or transposed -------------
-    rows = pid_m * BM + tl.arange(0, BM).to(tl.int64)
-    cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+    # --- scale, round to FP8, store rowwise and/or transposed --------------------------
     x = x.to(tl.float32)
     v = x * scale
     bits = v.to(tl.int32, bitcast=True)
@@ -111,10 +118,23 @@ def _cast_transpose(
             tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
 
 
-def build(interpret: bool) -> tuple[Any, Any]:
-    """(amax, cast + transpose) as Triton JIT kernels, or interpreted (CPU tensors)."""
-    if interpret:
+class _Interpreted:
+    """The launcher call of ``_triton_launch.CachedLauncher`` on Triton's interpreter."""
+
+    def __init__(self, fn: Any) -> None:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(_amax), InterpretedFunction(_cast_transpose)
-    return triton.jit(_amax), triton.jit(_cast_transpose)
+        self._fn = InterpretedFunction(fn)
+
+    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
+        self._fn[tuple(grid)](*args, **constexprs, num_warps=num_warps)
+
+
+def build(interpret: bool) -> tuple[Any, Any]:
+    """Launchers of (amax, cast + transpose): ``launch(grid, args, constexprs,
+    num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
+    if interpret:
+        return _Interpreted(_amax), _Interpreted(_cast_transpose)
+    from ._triton_launch import CachedLauncher
+
+    return CachedLauncher(triton.jit(_amax)), CachedLauncher(triton.jit(_cast_transpose))

@@ -4,10 +4,12 @@ The reference path (``float8.py`` + ``encoding.py``: amax, scale, cast, transpos
 separate torch ops) stays the ground truth; these kernels reproduce it bit for bit
 (``_data``, ``_transpose`` and ``_scale_inv``) in two passes over the input:
 
-1. ``_amax_kernel``: finite amax (NaN and +-Inf ignored) of the whole tensor, one
-   ``atomic_max`` per program on the fp32 bits (non-negative floats order like their
-   int32 bits), and a second ``atomic_max`` flag: whether the tensor holds an Inf.
-2. ``_cast_transpose_kernel``: every program derives the scale from that amax exactly as
+1. ``_amax_kernel``: finite amax (NaN and +-Inf ignored) of the whole tensor in chunks,
+   one int32 word per program: the fp32 bits of its amax (non-negative floats order like
+   their int32 bits), the sign bit set when its chunks hold an Inf. No atomics, so no
+   buffer to zero first (a ``torch.zeros`` is a host call and a kernel of its own).
+2. ``_cast_transpose_kernel``: every program reduces those words to the tensor's amax
+   (max is exact in any order) and derives the scale from it exactly as
    ``encoding.scale_from_amax`` does (correctly rounded division, epsilon clamp,
    degenerate amax -> 1, Inf -> FP32_MAX, power-of-two truncation), casts one tile and
    stores it rowwise and/or transposed (columnwise; four codes per int32 word when the
@@ -51,6 +53,8 @@ CAST_WARPS = 2
 AMAX_BLOCK = 2048
 AMAX_MAX_PROGRAMS = 1056
 AMAX_WARPS = 8
+# The cast kernel reads every amax program's word in one block of this (power of 2) size.
+PARTIAL_BLOCK = 1 << (AMAX_MAX_PROGRAMS - 1).bit_length()
 
 # (mantissa bits, exponent bias) of each FP8 format.
 _FORMATS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
@@ -150,43 +154,56 @@ def fp8_current_scaling_quantize(
     shape = x.shape
     k = shape[-1]
     m = math.prod(shape[:-1])
-    x2 = x.detach().reshape(m, k).contiguous()
+    x2 = x.detach()
+    if x2.dim() != 2 or not x2.is_contiguous():
+        x2 = x2.reshape(m, k).contiguous()
     n = m * k
-    amax_bits = torch.zeros(2, dtype=torch.int32, device=x.device)  # amax bits, has Inf
-    if n > 0:
-        grid = (min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS),)
-        amax_kernel[grid](x2, amax_bits, n, BLOCK=AMAX_BLOCK, num_warps=AMAX_WARPS)
-    data = torch.empty(shape, dtype=torch.uint8, device=x.device) if rowwise else None
+    device = x.device
+    n_partial = min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
+    partial = torch.empty(max(n_partial, 1), dtype=torch.int32, device=device)
+    if n_partial > 0:
+        amax_kernel(
+            (n_partial, 1, 1), (x2, partial, n), {"BLOCK": AMAX_BLOCK}, num_warps=AMAX_WARPS
+        )
+    data = torch.empty(shape, dtype=torch.uint8, device=device) if rowwise else None
     transpose = (
-        torch.empty(transposed_shape(shape), dtype=torch.uint8, device=x.device)
+        torch.empty(transposed_shape(shape), dtype=torch.uint8, device=device)
         if columnwise
         else None
     )
-    scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=device)
     fmax, eps32, constants = _constants(fp8_dtype, float(epsilon))
-    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1))
+    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1), 1)
     dummy = scale_inv  # never written when its usage is off (constexpr-pruned)
     # Four codes per int32 store in the transpose: each of its rows holds m codes.
     pack_t = transpose is not None and m % 4 == 0
-    cast_kernel[grid](
-        x2,
-        amax_bits,
-        data if data is not None else dummy,
-        transpose.view(-1).view(torch.int32)
-        if pack_t
-        else (transpose if transpose is not None else dummy),
-        scale_inv,
-        m,
-        k,
-        fmax,
-        eps32,
-        **constants,
-        FORCE_POW2=bool(force_pow_2),
-        ROWWISE=bool(rowwise),
-        COLUMNWISE=bool(columnwise),
-        PACK_T=pack_t,
-        BM=BLOCK_M,
-        BK=BLOCK_K,
+    t_arg = transpose if transpose is not None else dummy
+    if pack_t:
+        t_arg = transpose.view(-1).view(torch.int32)
+    cast_kernel(
+        grid,
+        (
+            x2,
+            partial,
+            data if data is not None else dummy,
+            t_arg,
+            scale_inv,
+            m,
+            k,
+            fmax,
+            eps32,
+            n_partial,
+        ),
+        {
+            "PARTIAL_BLOCK": PARTIAL_BLOCK,
+            **constants,
+            "FORCE_POW2": bool(force_pow_2),
+            "ROWWISE": bool(rowwise),
+            "COLUMNWISE": bool(columnwise),
+            "PACK_T": pack_t,
+            "BM": BLOCK_M,
+            "BK": BLOCK_K,
+        },
         num_warps=CAST_WARPS,
     )
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}
