@@ -217,7 +217,7 @@ def test_same_configuration_compiles_once(recompile_log):
     model, x = make_mlp(), make_input()
     compiled = torch.compile(model, fullgraph=True, backend=AOT)
     for _ in range(10):
-        step(compiled, x, "fp8_current")  # autocast re-entered: equal, new quantizers
+        step(compiled, x, "fp8_current")  # autocast re-entered with an equal recipe
     assert unique_graphs() == 1
     assert recompile_log.messages == []
 
@@ -239,7 +239,7 @@ def test_changing_the_recipe_recompiles_naming_the_quantizer_field(recompile_log
 
 
 def test_ten_steps_under_re_entered_autocast_compile_once():
-    """autocast re-creates equal quantizer objects on every entry: no recompile."""
+    """autocast re-entered with an equal recipe object on every entry: no recompile."""
     model, x = make_mlp(), make_input()
     compiled = torch.compile(model, fullgraph=True, backend=AOT)
     for _ in range(10):

@@ -4,12 +4,17 @@ Entering ``autocast`` makes the recipe's six quantizers once, outside any compil
 region; modules read them from here. Quantizers are value-opaque, so a compiled
 graph guards on their equality: the same recipe re-entered reuses the graph, a
 changed recipe recompiles.
+
+Entering it every step is cheap: the quantizers of a recipe whose quantizers are
+stateless values are made once per recipe value and shared (a small LRU memo), so the
+quantizers derived from them (``Quantizer._derived``) are reused too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +52,28 @@ class RecipeQuantizers:
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
+        """The quantizers of ``recipe``: shared by every equal recipe while the memo holds
+        them, when the recipe is a hashable frozen dataclass and its quantizers are
+        stateless values (no ``compile_blocker``); made afresh otherwise (delayed
+        scaling's quantizers keep state and are never shared)."""
+        key = _memo_key(recipe)
+        if key is None:
+            return cls._make(recipe)
+        with _MEMO_LOCK:
+            made = _MEMO.get(key)
+            if made is not None:
+                _MEMO.move_to_end(key)
+                return made
+        made = cls._make(recipe)
+        if made.compile_blocker is None:
+            with _MEMO_LOCK:
+                _MEMO[key] = made
+                if len(_MEMO) > _MEMO_SIZE:
+                    _MEMO.popitem(last=False)
+        return made
+
+    @classmethod
+    def _make(cls, recipe: Recipe) -> RecipeQuantizers:
         quantizers = [recipe.make_quantizer(role) for role in ROLES]
         blocker = None
         for role, quantizer in zip(ROLES, quantizers, strict=True):
@@ -67,6 +94,31 @@ class RecipeQuantizers:
             wgrad_gemm=wgrad,
             backward_override=getattr(recipe, "backward_override", None),
         )
+
+
+# RecipeQuantizers.from_recipe's memo: (recipe, repr(recipe)) -> the shared quantizers,
+# least recently used first. The key holds the recipe, so an object its repr names by
+# address stays alive and the address is never reused while the entry exists; the repr
+# tells apart the one kind of equal recipes whose quantizers differ (a -0.0 float field
+# is == 0.0 but encodes, and so guards, as "-0.0").
+_MEMO: OrderedDict[tuple[Recipe, str], RecipeQuantizers] = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 16
+
+
+def _memo_key(recipe: Recipe) -> tuple[Recipe, str] | None:
+    """The memo key of ``recipe``, or None when it may not be memoized: only a frozen
+    dataclass (a value: a mutable recipe could change after its quantizers were made)
+    whose fields all hash."""
+    params = getattr(type(recipe), "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        return None
+    key = (recipe, repr(recipe))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable field value (a list, say)
+        return None
+    return key
 
 
 class _State(threading.local):

@@ -68,6 +68,7 @@ def _as_bf16(x: Operand, layout: str, which: int) -> torch.Tensor:
 
 
 def _check(A: Operand, B: Operand, layout: str, bias: Optional[torch.Tensor]) -> None:
+    # Called for every quantized GEMM: messages are built only when a check fails.
     if layout not in LAYOUTS:
         raise ValueError(f"gemm: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
     for name, x in (("A", A), ("B", B)):
@@ -75,20 +76,23 @@ def _check(A: Operand, B: Operand, layout: str, bias: Optional[torch.Tensor]) ->
             raise TypeError(f"gemm: {name} must be a tensor or quantized value, got {type(x)}")
         if len(x.shape) < (2 if name == "A" and layout != "NT" else 1):
             raise ValueError(f"gemm {layout}: {name} has too few dims, shape {tuple(x.shape)}")
-    devices = {A.device, B.device} | ({bias.device} if bias is not None else set())
-    if len(devices) != 1:
+    device = A.device
+    if B.device != device or (bias is not None and bias.device != device):
+        devices = {A.device, B.device} | ({bias.device} if bias is not None else set())
         raise ValueError(f"gemm: operands must share one device, got {sorted(map(str, devices))}")
-    if A.device.type not in ("cpu", "cuda"):
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"gemm: runs on cpu or cuda operands, got {A.device}")
-    a_cols, b_cols = A.shape[-1], B.shape[-1]
+    a_shape, b_shape = A.shape, B.shape
     if layout == "TN":
-        ok, what = a_cols == b_cols, f"A (N, K)={tuple(A.shape)} and B (..., K)={tuple(B.shape)}"
+        if a_shape[-1] != b_shape[-1]:
+            what = f"A (N, K)={tuple(a_shape)} and B (..., K)={tuple(b_shape)}"
+            raise ValueError(f"gemm {layout}: mismatched shapes {what}")
     elif layout == "NN":
-        ok, what = A.shape[0] == b_cols, f"A (N, K)={tuple(A.shape)}, B (..., N)={tuple(B.shape)}"
-    else:
-        ok = A.shape[:-1] == B.shape[:-1]
-        what = f"A (..., K)={tuple(A.shape)} and B (..., N)={tuple(B.shape)}"
-    if not ok:
+        if a_shape[0] != b_shape[-1]:
+            what = f"A (N, K)={tuple(a_shape)}, B (..., N)={tuple(b_shape)}"
+            raise ValueError(f"gemm {layout}: mismatched shapes {what}")
+    elif a_shape[:-1] != b_shape[:-1]:
+        what = f"A (..., K)={tuple(a_shape)} and B (..., N)={tuple(b_shape)}"
         raise ValueError(f"gemm {layout}: mismatched shapes {what}")
 
 
@@ -149,13 +153,26 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
     mb = math.prod(B.shape[:-1])
     if any(d % 16 != 0 or d == 0 for d in (ka, kb, ma, mb)):
         return None
+    # A 2-D buffer already has the matrix shape its reshape would give: no call for it.
     if layout == "TN":  # (M, K) @ (K, N): B data, A data viewed column-major
-        a, b = B._data.reshape(mb, kb), A._data.t()
+        a, b = _matrix(B._data, mb, kb), A._data.t()
     elif layout == "NN":  # (M, N) @ (N, K): B data, A transpose (K, N) viewed column-major
-        a, b = B._data.reshape(mb, kb), A._transpose.reshape(ka, ma).t()
+        a, b = _matrix(B._data, mb, kb), _matrix(A._transpose, ka, ma).t()
     else:  # (N, M) @ (M, K): B transpose, A transpose (K, M) viewed column-major
-        a, b = B._transpose.reshape(kb, mb), A._transpose.reshape(ka, ma).t()
+        a, b = _matrix(B._transpose, kb, mb), _matrix(A._transpose, ka, ma).t()
     return a.view(fb), b.view(fa), B._scale_inv.reshape(()), A._scale_inv.reshape(())
+
+
+def _matrix(t: torch.Tensor, rows: Any, cols: Any) -> torch.Tensor:
+    """``t.reshape(rows, cols)``; ``t`` itself when it is 2-D (it then has that shape:
+    the callers' ``rows`` is the product of every dim but the last, ``cols`` the last)."""
+    return t if t.dim() == 2 else t.reshape(rows, cols)
+
+
+def _shaped(out: torch.Tensor, out_shape: tuple[Any, ...]) -> torch.Tensor:
+    """``out.reshape(out_shape)``; ``out`` itself when the shape is 2-D (a 2-D product
+    already has it: same rows, same columns)."""
+    return out if len(out_shape) == 2 else out.reshape(out_shape)
 
 
 # Exact types of plain operands (a subclass, e.g. a quantized wrapper, takes the general path).
@@ -193,10 +210,22 @@ def _plain_gemm(
         dtype = A.dtype
         if not (dtype in _HALF and B.dtype == dtype == out_dtype):
             return None
-        left, right = _matrices(A, B, layout, dtype)
-        if bias is not None:
-            return torch.addmm(bias.to(dtype), left, right).reshape(_out_shape(A, B, layout))
-        return (left @ right).reshape(_out_shape(A, B, layout))
+        # What the general path's native branch computes (``addmm(bias, left, right)``
+        # or ``left @ right``, then a reshape), without the no-op calls: ``linear`` with
+        # a 2-D input is ``addmm(bias, input, weight.t())`` with a bias, ``mm`` without.
+        if bias is not None and bias.dtype != dtype:
+            bias = bias.to(dtype)
+        b2 = B if len(b_shape) == 2 else B.reshape(-1, b_shape[-1])
+        if layout == "TN":
+            out = torch.nn.functional.linear(b2, A, bias)
+        elif layout == "NN":
+            out = torch.mm(b2, A) if bias is None else torch.addmm(bias, b2, A)
+        else:
+            a2 = A if len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
+            out = torch.mm(b2.t(), a2) if bias is None else torch.addmm(bias, b2.t(), a2)
+        if len(b_shape) != 2 and layout != "NT":
+            out = out.reshape(_out_shape(A, B, layout))
+        return out
     if kind != "cpu":
         return None
     # The general CPU path: fp32 operands, product, fp32 bias add, cast, reshape.
@@ -241,7 +270,7 @@ def gemm(
         a, b, scale_a, scale_b = fp8
         if out_dtype in _HALF and (bias is None or bias.dtype == out_dtype):
             # The epilogue rounds (and adds the bias) in fp32, then writes out_dtype.
-            return torch._scaled_mm(
+            out = torch._scaled_mm(
                 a,
                 b,
                 scale_a=scale_a,
@@ -249,7 +278,8 @@ def gemm(
                 bias=bias,
                 out_dtype=out_dtype,
                 use_fast_accum=not use_split_accumulator,
-            ).reshape(out_shape)
+            )
+            return _shaped(out, out_shape)
         out = torch._scaled_mm(
             a,
             b,
@@ -273,4 +303,6 @@ def gemm(
         out = left @ right
     if bias is not None:
         out = out + bias.float()
-    return out.to(out_dtype).reshape(out_shape)
+    if out.dtype != out_dtype:  # ``.to`` of the same dtype returns ``out`` itself
+        out = out.to(out_dtype)
+    return _shaped(out, out_shape)

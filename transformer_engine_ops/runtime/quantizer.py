@@ -282,6 +282,18 @@ def require_value_opaque(q: Quantizer) -> None:
 
 FlattenContext = tuple[tuple[str, Any], ...]
 
+# QuantizedData._expected_names: (class, rowwise, columnwise) -> buffer names.
+_EXPECTED_NAMES: dict[tuple[type, bool, bool], tuple[str, ...]] = {}
+# class -> frozenset of its INNER_NAMES.
+_NAME_SETS: dict[type, frozenset[str]] = {}
+
+
+def _name_set(cls: type) -> frozenset[str]:
+    names = _NAME_SETS.get(cls)
+    if names is None:
+        names = _NAME_SETS[cls] = frozenset(cls.INNER_NAMES)  # type: ignore[attr-defined]
+    return names
+
 
 def flatten_context(quantizer: Quantizer, dtype: torch.dtype) -> FlattenContext:
     """The ``__tensor_flatten__`` context of a quantized value: hashable and shape-free.
@@ -308,6 +320,8 @@ class QuantizedData:
 
     _quantizer: Quantizer
     _dtype: torch.dtype
+    # Names of the present inner buffers, in flatten order (see ``inner_names``).
+    _present_names: tuple[str, ...]
 
     # ----- format hooks -----
 
@@ -335,35 +349,52 @@ class QuantizedData:
         quantizer: Quantizer,
         dtype: torch.dtype,
     ) -> None:
-        unknown = set(inner) - set(self.INNER_NAMES)
-        if unknown:
+        cls = type(self)
+        names = cls.INNER_NAMES
+        if not inner.keys() <= _name_set(cls):
+            unknown = set(inner) - set(names)
             raise ValueError(
-                f"{type(self).__name__}: unknown inner buffers {sorted(unknown)}; "
-                f"expected names among {self.INNER_NAMES}"
+                f"{cls.__name__}: unknown inner buffers {sorted(unknown)}; "
+                f"expected names among {names}"
             )
-        for name in self.INNER_NAMES:
-            object.__setattr__(self, name, inner.get(name))
-        rowwise = any(inner.get(n) is not None for n in self.ROWWISE_NAMES)
-        columnwise = any(inner.get(n) is not None for n in self.COLUMNWISE_NAMES)
+        get = inner.get
+        for name in names:
+            object.__setattr__(self, name, get(name))
+        rowwise = any(get(n) is not None for n in cls.ROWWISE_NAMES)
+        columnwise = any(get(n) is not None for n in cls.COLUMNWISE_NAMES)
         if not (rowwise or columnwise):
-            raise ValueError(f"{type(self).__name__}: neither rowwise nor columnwise data given")
-        quantizer = quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
-        self._quantizer = quantizer.with_internal(isinstance(self, QuantizedStorage))
+            raise ValueError(f"{cls.__name__}: neither rowwise nor columnwise data given")
+        if quantizer.rowwise_usage is not rowwise or quantizer.columnwise_usage is not columnwise:
+            quantizer = quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
+        internal = isinstance(self, QuantizedStorage)
+        self._quantizer = (
+            quantizer if quantizer.internal is internal else (quantizer.with_internal(internal))
+        )
         self._dtype = dtype
-        missing = [n for n in self._expected_names(rowwise, columnwise) if inner.get(n) is None]
+        expected = cls._expected_names(rowwise, columnwise)
+        missing = [n for n in expected if get(n) is None]
         if missing:
-            raise ValueError(f"{type(self).__name__}: missing inner buffers {missing}")
+            raise ValueError(f"{cls.__name__}: missing inner buffers {missing}")
+        # Every expected buffer is present and no other: these are the present names.
+        self._present_names = expected
 
     @classmethod
     def _expected_names(cls, rowwise: bool, columnwise: bool) -> tuple[str, ...]:
-        def wanted(name: str) -> bool:
-            if name in cls.ROWWISE_NAMES:
-                return rowwise
-            if name in cls.COLUMNWISE_NAMES:
-                return columnwise
-            return True
+        """The buffers a value of this usage holds, in flatten order (once per class and
+        usage: a value is built on every quantize)."""
+        key = (cls, rowwise, columnwise)
+        names = _EXPECTED_NAMES.get(key)
+        if names is None:
 
-        return tuple(n for n in cls.INNER_NAMES if wanted(n))
+            def wanted(name: str) -> bool:
+                if name in cls.ROWWISE_NAMES:
+                    return rowwise
+                if name in cls.COLUMNWISE_NAMES:
+                    return columnwise
+                return True
+
+            names = _EXPECTED_NAMES[key] = tuple(n for n in cls.INNER_NAMES if wanted(n))
+        return names
 
     @property
     def quantizer(self) -> Quantizer:
@@ -378,18 +409,28 @@ class QuantizedData:
         return self._quantizer.columnwise_usage
 
     def inner_names(self) -> tuple[str, ...]:
-        """Names of the present inner buffers, in flatten order."""
-        return tuple(n for n in self.INNER_NAMES if getattr(self, n) is not None)
+        """Names of the present inner buffers, in flatten order.
+
+        Kept as ``_present_names`` by every method that sets inner buffers
+        (``_init_quantized``, ``update_usage``, ``QuantizedStorage._from_flat``): the op
+        glue asks for it several times per quantized value."""
+        return self._present_names
 
     def inner_tensors(self) -> list[torch.Tensor]:
         """Present inner buffers, in :meth:`inner_names` order."""
-        return [getattr(self, n) for n in self.inner_names()]
+        return [getattr(self, n) for n in self._present_names]
 
     def _inner_dict(self) -> dict[str, torch.Tensor]:
-        return {n: getattr(self, n) for n in self.inner_names()}
+        return {n: getattr(self, n) for n in self._present_names}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle; the present names are derived from the buffers again (a pickle made
+        before they were kept has none)."""
+        self.__dict__.update(state)
+        self._present_names = tuple(n for n in self.INNER_NAMES if state.get(n) is not None)
 
     def __tensor_flatten__(self) -> tuple[list[str], FlattenContext]:
-        return list(self.inner_names()), flatten_context(self._quantizer, self._dtype)
+        return list(self._present_names), flatten_context(self._quantizer, self._dtype)
 
     @classmethod
     def __tensor_unflatten__(
@@ -439,6 +480,7 @@ class QuantizedData:
         for name in self.INNER_NAMES:
             object.__setattr__(self, name, None if name in dropped else inner.get(name))
         self._quantizer = self._quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
+        self._present_names = tuple(n for n in self.INNER_NAMES if getattr(self, n) is not None)
 
     def _describe(self) -> str:
         buffers = ", ".join(
@@ -493,7 +535,7 @@ class QuantizedStorage(QuantizedData):
 
     @property
     def device(self) -> torch.device:
-        return self.inner_tensors()[0].device
+        return getattr(self, self._present_names[0]).device
 
     @property
     def requires_grad(self) -> bool:
@@ -522,6 +564,7 @@ class QuantizedStorage(QuantizedData):
         state["_quantizer"] = quantizer
         state["_dtype"] = dtype
         state["_shape"] = cls._logical_shape(state)
+        state["_present_names"] = tuple(names)
         self.__dict__.update(state)
         return self
 
