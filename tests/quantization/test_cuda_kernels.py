@@ -130,6 +130,48 @@ def assert_bitwise(ref, got):
         assert bad.numel() == 0, f"{name}: {bad.shape[0]} differ, first at {bad[:3].tolist()}"
 
 
+def _fused_bias_grad(q, x):
+    return ck.fp8_current_scaling_quantize_bias_grad(
+        x,
+        q.fp8_dtype,
+        epsilon=q.amax_epsilon,
+        force_pow_2=q.force_pow_2_scales,
+        rowwise=q.rowwise_usage,
+        columnwise=q.columnwise_usage,
+    )
+
+
+def _integers(shape, seed):
+    """Small integers: every fp32 column sum is exact, in any order."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-8, 9, shape, generator=g).to(torch.bfloat16)
+
+
+# 2-D inputs of the fused bias-gradient pass: several row groups (700 rows: 44 groups
+# of 16, read by the cast kernel 16 at a time) and column blocks, ragged edges.
+BIAS_GRAD_INPUTS = {
+    **{n: INPUTS[n] for n in ("wide_2d", "packed_ragged", "every_bf16", "zeros")},
+    **{n: INPUTS[n] for n in ("batch_0", "batch_1", "only_nan_and_inf", "one_inf")},
+    "integers_tall": lambda: _integers((700, 300), 10),
+    "integers_wide_fp16": lambda: _integers((33, 1030), 11).half(),
+}
+BIAS_GRAD_CASES = [(n, c) for n in BIAS_GRAD_INPUTS for c in ("e4m3", "e5m2_eps_pow2")]
+
+
+def assert_bias_grad(x, got):
+    """The fp32 column sums of ``x``: exact where every partial sum is (integers), else
+    within the reordering bound of an fp32 sum; NaN and +-Inf where the plain sum has them."""
+    ref = x.float().sum(0)
+    got = got.cpu()
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    finite = ref.isfinite()
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(
+        got[~finite].nan_to_num(), ref[~finite].nan_to_num()
+    )
+    bound = x.float().abs().sum(0)[finite] * (x.shape[0] * torch.finfo(torch.float32).eps)
+    assert ((got[finite] - ref[finite]).abs() <= bound).all()
+
+
 def run_interpreter_cases() -> list[str]:
     """Every case through the interpreted kernels; the failures (run in a child)."""
     failures = []
@@ -140,6 +182,17 @@ def run_interpreter_cases() -> list[str]:
             assert_bitwise(q._quantize_impl(x), _fused(q, x))
         except AssertionError as exc:
             failures.append(f"{name}/{config}/{usage}: {exc}")
+    for name, config in BIAS_GRAD_CASES:
+        q = _quantizer(config, "both")
+        x = BIAS_GRAD_INPUTS[name]()
+        try:
+            buffers, bias_grad = _fused_bias_grad(q, x)
+            assert_bitwise(q._quantize_impl(x), buffers)
+            assert_bias_grad(x, bias_grad)
+            if name.startswith("integers"):
+                assert torch.equal(bias_grad, x.float().sum(0))
+        except AssertionError as exc:
+            failures.append(f"bias grad {name}/{config}: {exc}")
     return failures
 
 
@@ -185,6 +238,23 @@ def test_bad_arguments_are_named():
         ck.fp8_current_scaling_quantize(torch.ones(2, 2, dtype=torch.int32), E4M3)
     with pytest.raises(ValueError, match="at least one dim"):
         ck.fp8_current_scaling_quantize(torch.tensor(1.0), E4M3)
+    with pytest.raises(ValueError, match="needs a 2-D tensor"):
+        ck.fp8_current_scaling_quantize_bias_grad(torch.ones(2, 2, 2), E4M3)
+
+
+def test_quantize_with_bias_grad_is_quantize_and_a_column_sum_on_the_cpu():
+    """The reference path (every format, the CPU): the same quantized value as
+    ``quantize`` and ``t.sum(0)`` in fp32; a non-2-D tensor is refused by name."""
+    q = _quantizer("e4m3", "both").with_internal(True)
+    x = _wide((70, 130), 12, torch.bfloat16)
+    got, bias_grad = q.quantize_with_bias_grad(x)
+    want = q.quantize(x)
+    for n in ("_data", "_transpose", "_scale_inv"):
+        assert torch.equal(getattr(got, n), getattr(want, n)), n
+    want_grad = x.sum(0, dtype=torch.float32)
+    assert torch.equal(bias_grad.view(torch.int32), want_grad.view(torch.int32))  # NaNs too
+    with pytest.raises(ValueError, match=r"bias gradient is taken of a 2-D tensor.*\(2, 3, 4\)"):
+        q.quantize_with_bias_grad(torch.ones(2, 3, 4))
 
 
 def test_cpu_tensors_never_take_the_fused_path():
@@ -243,6 +313,24 @@ def test_cuda_kernels_match_the_cpu_reference_bit_for_bit(name, config, usage):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize(("name", "config"), BIAS_GRAD_CASES)
+def test_cuda_bias_grad_pass_writes_the_reference_bits_and_the_column_sums(name, config):
+    q = _quantizer(config, "both")
+    x = BIAS_GRAD_INPUTS[name]()
+    buffers, bias_grad = _fused_bias_grad(q, x.cuda())
+    assert_bitwise(q._quantize_impl(x), buffers)
+    assert_bias_grad(x, bias_grad)
+    if name.startswith("integers"):
+        assert torch.equal(bias_grad.cpu(), x.float().sum(0))
+    # through the quantizer: the fused pass on CUDA, the same value as quantize
+    got, via_quantizer = q.quantize_with_bias_grad(x.cuda())
+    assert torch.equal(via_quantizer.view(torch.int32), bias_grad.view(torch.int32))
+    on_cpu = {n: None if b is None else b.cpu() for n, b in buffers.items()}
+    assert_bitwise(on_cpu, {n: getattr(got, n) for n in buffers})
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("config", ["e4m3", "e5m2_eps_pow2"])
 def test_cuda_quantize_takes_the_fused_path_and_matches_the_cpu(config, monkeypatch):
     calls = []
@@ -265,7 +353,7 @@ def test_repeated_launches_go_straight_to_the_compiled_kernel_with_the_same_bits
     """After the first launch of a specialization, the kernels launch without Triton's
     per-call Python, and write the reference's bits; an input of the same shape but
     another alignment (a view at an odd offset) is a new specialization, not a reuse."""
-    amax, cast = ck._kernels(False)
+    amax, _, cast = ck._kernels(False)
     if not amax.direct:
         pytest.skip(f"direct launch not verified for this Triton ({amax.direct})")
     q = _quantizer("e4m3", "both")

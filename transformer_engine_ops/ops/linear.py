@@ -589,11 +589,16 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
     dy_gemm = dy
+    bgrad = None
     if quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         if usage.rowwise or usage.columnwise:
-            dy_gemm = _internal(args.grad_output_quantizer, usage).quantize(dy)
-    dgrad = wgrad = bgrad = None
+            quantizer = _internal(args.grad_output_quantizer, usage)
+            if args.use_bias:  # the bias gradient from the pass that quantizes dy
+                dy_gemm, bgrad = quantizer.quantize_with_bias_grad(dy)
+            else:
+                dy_gemm = quantizer.quantize(dy)
+    dgrad = wgrad = None
     if args.requires_dgrad:
         weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
         dgrad = gemm(
@@ -622,9 +627,11 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
         )
     if args.use_bias:
-        # Accumulated in fp32 straight from dy: no fp32 copy of dy (at 4096x8192 on an
-        # H200 the copy cost ~110 us a layer, more than the sum).
-        bgrad = dy.sum(0, dtype=torch.float32).to(dtype)
+        if bgrad is None:
+            # Accumulated in fp32 straight from dy: no fp32 copy of dy (at 4096x8192 on
+            # an H200 the copy cost ~110 us a layer, more than the sum).
+            bgrad = dy.sum(0, dtype=torch.float32)
+        bgrad = bgrad.to(dtype)
     return dgrad, wgrad, bgrad
 
 

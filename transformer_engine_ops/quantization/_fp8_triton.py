@@ -31,6 +31,31 @@ def _amax(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
     tl.store(partial_ptr + pid, bits | (tl.max(infs, axis=0) << 31))
 
 
+def _amax_colsum(x_ptr, partial_ptr, colsum_ptr, M, K, ROWS, BR: tl.constexpr, BK: tl.constexpr):  # noqa: N803
+    # The amax pass over a 2-D tensor in (ROWS x BK) blocks, one program each, that also
+    # sums each column of its block in fp32 (TE's bgrad_quantize: the bias gradient of
+    # an output gradient from the pass that reads it anyway). Same words as _amax.
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)
+    acc = tl.zeros((BR, BK), dtype=tl.float32)
+    infs = tl.zeros((BR, BK), dtype=tl.int32)
+    sums = tl.zeros((BR, BK), dtype=tl.float32)
+    for r in range(0, ROWS, BR):
+        rows = pid_r * ROWS + r + tl.arange(0, BR).to(tl.int64)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        v = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        v = v.to(tl.float32)
+        a = tl.abs(v)
+        acc = tl.maximum(acc, tl.where(a < float("inf"), a, 0.0))
+        infs = tl.maximum(infs, tl.where(a == float("inf"), 1, 0))
+        sums += v  # NaN and Inf propagate, as in a plain sum
+    bits = tl.max(tl.max(acc, axis=1), axis=0).to(tl.int32, bitcast=True)
+    inf = tl.max(tl.max(infs, axis=1), axis=0)
+    tl.store(partial_ptr + pid_r * tl.num_programs(1) + pid_k, bits | (inf << 31))
+    tl.store(colsum_ptr + pid_r * K + cols, tl.sum(sums, axis=0), mask=cols < K)
+
+
 def _cast_transpose(
     x_ptr,
     partial_ptr,
@@ -42,6 +67,9 @@ def _cast_transpose(
     fmax,
     epsilon,
     n_partial,
+    colsum_ptr,
+    bgrad_ptr,
+    n_colsum,
     PARTIAL_BLOCK: tl.constexpr,  # noqa: N803
     FMAX_BITS: tl.constexpr,  # noqa: N803
     SHIFT: tl.constexpr,  # noqa: N803
@@ -52,6 +80,7 @@ def _cast_transpose(
     ROWWISE: tl.constexpr,  # noqa: N803
     COLUMNWISE: tl.constexpr,  # noqa: N803
     PACK_T: tl.constexpr,  # noqa: N803
+    BGRAD: tl.constexpr,  # noqa: N803
     BM: tl.constexpr,  # noqa: N803
     BK: tl.constexpr,  # noqa: N803
 ):
@@ -80,6 +109,21 @@ def _cast_transpose(
         inv = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
         inv = tl.where(has_inf, float("inf"), inv)
         tl.store(scale_inv_ptr, inv)
+    if BGRAD:
+        if pid_m == 0:
+            # The bias gradient of these columns: _amax_colsum's n_colsum partial sums
+            # (its column blocks are these tiles' columns), added in row-group order.
+            cols = pid_k * BK + tl.arange(0, BK).to(tl.int64)
+            total = tl.zeros((BK,), dtype=tl.float32)
+            for g in range(0, n_colsum, 16):
+                groups = g + tl.arange(0, 16).to(tl.int64)
+                part = tl.load(
+                    colsum_ptr + groups[:, None] * K + cols[None, :],
+                    mask=(groups[:, None] < n_colsum) & (cols[None, :] < K),
+                    other=0.0,
+                )
+                total += tl.sum(part, axis=0)
+            tl.store(bgrad_ptr + cols, total, mask=cols < K)
     # --- scale, round to FP8, store rowwise and/or transposed --------------------------
     x = x.to(tl.float32)
     v = x * scale
@@ -130,11 +174,12 @@ class _Interpreted:
         self._fn[tuple(grid)](*args, **constexprs, num_warps=num_warps)
 
 
-def build(interpret: bool) -> tuple[Any, Any]:
-    """Launchers of (amax, cast + transpose): ``launch(grid, args, constexprs,
-    num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
+def build(interpret: bool) -> tuple[Any, Any, Any]:
+    """Launchers of (amax, amax + column sums, cast + transpose): ``launch(grid, args,
+    constexprs, num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
+    kernels = (_amax, _amax_colsum, _cast_transpose)
     if interpret:
-        return _Interpreted(_amax), _Interpreted(_cast_transpose)
+        return tuple(_Interpreted(k) for k in kernels)  # type: ignore[return-value]
     from ._triton_launch import CachedLauncher
 
-    return CachedLauncher(triton.jit(_amax)), CachedLauncher(triton.jit(_cast_transpose))
+    return tuple(CachedLauncher(triton.jit(k)) for k in kernels)  # type: ignore[return-value]

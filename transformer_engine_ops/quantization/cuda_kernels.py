@@ -16,6 +16,12 @@ separate torch ops) stays the ground truth; these kernels reproduce it bit for b
    row count is a multiple of 4); program (0, 0) writes ``scale_inv``
    (+Inf when the tensor holds an Inf, as the reference: overflow stays detectable).
 
+``fp8_current_scaling_quantize_bias_grad`` quantizes an output gradient and returns its
+column sums (the bias gradient) from the same read (TE's ``bgrad_quantize``): its amax
+pass runs on 2-D blocks that also sum their columns in fp32, and the cast kernel's first
+row of programs adds the blocks' sums. The buffers are the same bits; the sums are in a
+fixed order (deterministic, not ``x.sum(0)``'s order).
+
 The FP8 rounding is done on the fp32 bits with the same algorithm as c10's
 ``fp8e4m3fn_from_fp32_value`` / ``fp8e5m2_from_fp32_value`` (what the CPU ``.to()``
 runs): saturation to the format's largest finite value (the reference clamps first),
@@ -39,7 +45,13 @@ import torch
 
 from .encoding import FP8_MAX, transposed_shape
 
-__all__ = ["available", "eligible", "fp8_current_scaling_quantize", "unavailable_reason"]
+__all__ = [
+    "available",
+    "eligible",
+    "fp8_current_scaling_quantize",
+    "fp8_current_scaling_quantize_bias_grad",
+    "unavailable_reason",
+]
 
 # Launch configuration, the fastest of ``python -m benchmarks.fp8_tiles`` on an H200
 # (4096x8192 and 8192x8192 bf16; docs/benchmarks.md): the cast + transpose kernel on
@@ -53,6 +65,9 @@ CAST_WARPS = 2
 AMAX_BLOCK = 2048
 AMAX_MAX_PROGRAMS = 1056
 AMAX_WARPS = 8
+# The amax + column-sum pass (an output gradient's bias gradient, fused): blocks of
+# this many rows by BLOCK_K columns per loop step, about as many programs as above.
+COLUMN_SUM_ROWS = 16
 # The cast kernel reads every amax program's word in one block of this (power of 2) size.
 PARTIAL_BLOCK = 1 << (AMAX_MAX_PROGRAMS - 1).bit_length()
 
@@ -136,32 +151,69 @@ def fp8_current_scaling_quantize(
     ``rowwise``), ``_transpose`` (uint8, ``(K, d0, ...)``; None unless ``columnwise``)
     and ``_scale_inv`` (fp32, ``(1,)``), equal bit for bit to the reference.
     """
+    return _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, False)[0]
+
+
+def fp8_current_scaling_quantize_bias_grad(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    *,
+    epsilon: float = 0.0,
+    force_pow_2: bool = False,
+    rowwise: bool = True,
+    columnwise: bool = True,
+) -> tuple[dict[str, Optional[torch.Tensor]], torch.Tensor]:
+    """:func:`fp8_current_scaling_quantize` of a 2-D ``x`` (an output gradient) and its
+    column sums in fp32 (the bias gradient), from the same pass over ``x`` (TE's
+    ``bgrad_quantize``). The buffers are the reference's bits; the sums are fp32 sums of
+    every column (NaN and Inf propagate) in a fixed order, not ``x.sum(0)``'s order."""
+    if x.dim() != 2:
+        raise ValueError(
+            f"fp8_current_scaling_quantize_bias_grad: needs a 2-D tensor, got {tuple(x.shape)}"
+        )
+    buffers, bgrad = _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, True)
+    assert bgrad is not None
+    return buffers, bgrad
+
+
+def _row_groups(m: int, k: int) -> tuple[int, int]:
+    """(row groups, rows per group) of the amax + column-sum pass over an ``m x k``
+    tensor (``m, k > 0``): about as many programs as the flat amax pass, each a multiple
+    of its row block tall."""
+    blocks = triton_cdiv(k, BLOCK_K)
+    wanted = max(1, min(triton_cdiv(m, COLUMN_SUM_ROWS), AMAX_MAX_PROGRAMS // blocks))
+    rows = triton_cdiv(triton_cdiv(m, wanted), COLUMN_SUM_ROWS) * COLUMN_SUM_ROWS
+    return max(triton_cdiv(m, rows), 1), rows
+
+
+def _quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    epsilon: float,
+    force_pow_2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    bias_grad: bool,
+) -> tuple[dict[str, Optional[torch.Tensor]], Optional[torch.Tensor]]:
+    name = "fp8_current_scaling_quantize" + ("_bias_grad" if bias_grad else "")
     if fp8_dtype not in _FORMATS:
-        raise TypeError(f"fp8_current_scaling_quantize: not an FP8 dtype: {fp8_dtype}")
+        raise TypeError(f"{name}: not an FP8 dtype: {fp8_dtype}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"fp8_current_scaling_quantize: cannot quantize dtype {x.dtype}")
+        raise TypeError(f"{name}: cannot quantize dtype {x.dtype}")
     if x.dim() < 1:
-        raise ValueError("fp8_current_scaling_quantize: needs at least one dim")
+        raise ValueError(f"{name}: needs at least one dim")
     if x.device.type != "cuda" and not _interpreting():
         raise ValueError(
-            f"fp8_current_scaling_quantize: runs on CUDA tensors (CPU ones only under "
-            f"TRITON_INTERPRET=1), got {x.device}"
+            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
         )
     reason = unavailable_reason()
     if reason is not None:
-        raise RuntimeError(f"fp8_current_scaling_quantize: {reason}")
+        raise RuntimeError(f"{name}: {reason}")
     if x.device.type == "cuda" and x.device.index != torch._C._cuda_getDevice():
         # Triton launches on the current device: make it the tensor's.
         with torch.cuda.device(x.device):
-            return fp8_current_scaling_quantize(
-                x,
-                fp8_dtype,
-                epsilon=epsilon,
-                force_pow_2=force_pow_2,
-                rowwise=rowwise,
-                columnwise=columnwise,
-            )
-    amax_kernel, cast_kernel = _kernels(x.device.type != "cuda")
+            return _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad)
+    amax_kernel, colsum_kernel, cast_kernel = _kernels(x.device.type != "cuda")
     shape = x.shape
     k = shape[-1]
     m = math.prod(shape[:-1])
@@ -170,12 +222,35 @@ def fp8_current_scaling_quantize(
         x2 = x2.reshape(m, k).contiguous()
     n = m * k
     device = x.device
-    n_partial = min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
-    partial = torch.empty(max(n_partial, 1), dtype=torch.int32, device=device)
-    if n_partial > 0:
-        amax_kernel(
-            (n_partial, 1, 1), (x2, partial, n), {"BLOCK": AMAX_BLOCK}, num_warps=AMAX_WARPS
+    colsum = bgrad = None
+    groups = 0
+    if bias_grad:
+        blocks = triton_cdiv(k, BLOCK_K)
+        groups, rows = _row_groups(m, k) if n > 0 else (0, 0)
+        if 0 < groups * blocks <= PARTIAL_BLOCK:
+            bgrad = torch.empty(k, dtype=torch.float32, device=device)
+        else:
+            # Nothing to read, or more column blocks than the cast kernel's amax block
+            # holds: the flat amax pass, and the column sums by torch.
+            bgrad = x2.sum(0, dtype=torch.float32)
+            groups = 0
+    if groups:
+        n_partial = groups * blocks
+        partial = torch.empty(n_partial, dtype=torch.int32, device=device)
+        colsum = torch.empty(groups, k, dtype=torch.float32, device=device)
+        colsum_kernel(
+            (groups, blocks, 1),
+            (x2, partial, colsum, m, k, rows),
+            {"BR": COLUMN_SUM_ROWS, "BK": BLOCK_K},
+            num_warps=AMAX_WARPS,
         )
+    else:
+        n_partial = min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
+        partial = torch.empty(max(n_partial, 1), dtype=torch.int32, device=device)
+        if n_partial > 0:
+            amax_kernel(
+                (n_partial, 1, 1), (x2, partial, n), {"BLOCK": AMAX_BLOCK}, num_warps=AMAX_WARPS
+            )
     data = torch.empty(shape, dtype=torch.uint8, device=device) if rowwise else None
     transpose = (
         torch.empty(transposed_shape(shape), dtype=torch.uint8, device=device)
@@ -204,6 +279,9 @@ def fp8_current_scaling_quantize(
             fmax,
             eps32,
             n_partial,
+            colsum if colsum is not None else dummy,
+            bgrad if colsum is not None else dummy,
+            groups,
         ),
         {
             "PARTIAL_BLOCK": PARTIAL_BLOCK,
@@ -212,12 +290,13 @@ def fp8_current_scaling_quantize(
             "ROWWISE": bool(rowwise),
             "COLUMNWISE": bool(columnwise),
             "PACK_T": pack_t,
+            "BGRAD": colsum is not None,
             "BM": BLOCK_M,
             "BK": BLOCK_K,
         },
         num_warps=CAST_WARPS,
     )
-    return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}
+    return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}, bgrad
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -175,6 +175,22 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             )
         return super()._quantize_impl(x)
 
+    def _fused_bias_grad_impl(
+        self, x: torch.Tensor
+    ) -> Optional[tuple[dict[str, Optional[torch.Tensor]], torch.Tensor]]:
+        from . import cuda_kernels
+
+        if not cuda_kernels.eligible(x):
+            return None
+        return cuda_kernels.fp8_current_scaling_quantize_bias_grad(
+            x,
+            self.fp8_dtype,
+            epsilon=self.amax_epsilon,
+            force_pow_2=self.force_pow_2_scales,
+            rowwise=self.rowwise_usage,
+            columnwise=self.columnwise_usage,
+        )
+
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(
             tensor_amax(x),

@@ -242,6 +242,32 @@ class Quantizer:
         cls = self.storage_cls if self.internal else self.wrapper_cls
         return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
 
+    def quantize_with_bias_grad(
+        self, t: torch.Tensor
+    ) -> tuple[Union[QuantizedStorage, QuantizedTensor], torch.Tensor]:
+        """``(quantize(t), t.sum(0) in fp32)`` of a 2-D ``t``, an output gradient and its
+        bias gradient (TE's ``bgrad_quantize``). A format whose kernels read ``t`` anyway
+        may sum the columns in the same pass (``_fused_bias_grad_impl``)."""
+        self.check_input(t)
+        if len(t.shape) != 2:
+            raise ValueError(
+                f"{self.format_name} ({type(self).__name__}): the bias gradient is taken "
+                f"of a 2-D tensor, got shape {tuple(t.shape)}"
+            )
+        fused = self._fused_bias_grad_impl(t.detach())
+        if fused is None:
+            return self.quantize(t), t.sum(0, dtype=torch.float32)
+        inner, bias_grad = fused
+        cls = self.storage_cls if self.internal else self.wrapper_cls
+        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape), bias_grad
+
+    def _fused_bias_grad_impl(
+        self, t: torch.Tensor
+    ) -> Optional[tuple[dict[str, Optional[torch.Tensor]], torch.Tensor]]:
+        """``(inner buffers, fp32 column sums)`` of ``t`` from one fused pass, or None
+        (the default: ``quantize`` and a separate sum)."""
+        return None
+
     def make_empty(
         self,
         shape: Sequence[Any],
