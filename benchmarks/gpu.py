@@ -19,6 +19,12 @@ One process, one run (``python -m benchmarks --device cuda --out DIR``):
 * **per-op overhead** (64x256, no grad): ``teops::linear_fwd`` called through the
   dispatcher against its kernel ``linear_forward`` called directly, and
   ``torch.nn.functional.linear``.
+* **sustained** (large shape): the FP8 and bf16 GEMM floors and our FP8 and bf16 steps
+  in every mode, each run back to back for ``SUSTAINED_S`` seconds while
+  ``nvidia-smi`` samples the SM clock, board power and throttle reasons. A training
+  run is this steady state: an H200 doing these GEMMs sits at its ~700 W power cap and
+  clocks down, the floor loop included, while the short interleaved timings above
+  catch the GPU in varying power states.
 * **memory** (issue 13): peak ``torch.cuda.max_memory_allocated`` over one eager
   4096x8192 step for every recipe against ``torch.nn.Linear``, minus what was
   allocated before the step (parameters and input).
@@ -31,6 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
+import statistics
+import subprocess
 import time
 import traceback
 import warnings
@@ -405,12 +414,80 @@ def _shape(
     }
 
 
+# --- sustained steady state -----------------------------------------------------------
+
+SUSTAINED_S = 4.0
+_SMI_FIELDS = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+
+
+def _sampled(fn: Callable[[], None], seconds: float) -> dict[str, Any]:
+    """``fn`` back to back for ``seconds`` (after one second of warm-up): ms per call,
+    with the median SM clock and board power ``nvidia-smi`` saw meanwhile."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < 1.0:
+        fn()
+    _sync()
+    smi = None
+    if shutil.which("nvidia-smi"):
+        argv = ["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"]
+        smi = subprocess.Popen(
+            [*argv, "-i", str(torch.cuda.current_device()), "-lms", "100"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    calls = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        fn()
+        calls += 1
+    _sync()
+    out: dict[str, Any] = {"ms": (time.perf_counter() - started) / calls * 1e3, "calls": calls}
+    if smi is not None:
+        smi.terminate()
+        samples = [line.split(",") for line in smi.communicate()[0].splitlines() if line]
+        samples = samples[len(samples) // 4 :]  # past the ramp
+        with contextlib.suppress(ValueError, IndexError, statistics.StatisticsError):
+            out["sm_clock_mhz"] = statistics.median(float(c[0]) for c in samples)
+            out["power_w"] = statistics.median(float(c[1]) for c in samples)
+            out["throttle_reasons"] = sorted({c[2].strip() for c in samples})
+    return out
+
+
+def _sustained(recipes: tuple[str, ...], seconds: float = SUSTAINED_S) -> dict[str, Any]:
+    """The large shape's floors and steps in the steady state (see the module doc)."""
+    rows, hidden = SHAPES["large"]
+    x = make_input(rows, hidden, device=_DEV[0])
+    result: dict[str, Any] = {"shape": [rows, hidden], "seconds": seconds, "runs": {}}
+    for which in ("fp8", "bf16"):
+        progress(f"sustained gemm/{which}")
+        result["runs"][f"gemm/{which}"] = _sampled(_gemm_floor(rows, hidden, which), seconds)
+    for recipe in [r for r in ("fp8_current", "bf16") if r in recipes]:
+        for mode in MODES:
+            key = f"ours/{recipe}/{mode}"
+            progress(f"sustained {key}")
+            torch._dynamo.reset()
+            fn, info = _build("ours", recipe, mode, hidden, x)
+            if fn is None:
+                result["runs"][key] = {"failed": _how(info)}
+                continue
+            result["runs"][key] = _sampled(fn, seconds)
+            del fn
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+    return result
+
+
+def _how(info: dict[str, Any]) -> str:
+    return str(info.get("fullgraph_error") or info.get("error") or "failed")
+
+
 def run(
     save: Optional[Callable[[dict[str, Any]], None]] = None,
     shapes: tuple[str, ...] = ("small", "large"),
     *,
     device: str = "cuda",
-    parts: tuple[str, ...] = ("quantization", "op_overhead", "memory"),
+    parts: tuple[str, ...] = ("quantization", "op_overhead", "memory", "sustained"),
     recipes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """All of figure 6; ``save(results)`` is called after each part (partial results).
@@ -439,6 +516,7 @@ def run(
         "quantization": lambda: _quantization(*SHAPES["large"], rounds=3),
         "op_overhead": lambda: _op_overhead(*SHAPES["small"], rounds=5),
         "memory": lambda: _memory(*SHAPES["large"]),
+        "sustained": lambda: _sustained(tuple(RECIPES) if recipes is None else recipes),
     }
     for name in parts:
         part = runners[name]

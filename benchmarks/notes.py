@@ -117,6 +117,15 @@ NOTES = {
         "and input, *step peak over that* is what the step itself adds (activations "
         "saved for backward, quantized copies, gradients, workspaces)."
     ),
+    "gpu_sustained_method": """\
+Each run alone, back to back for the stated time after a one-second warm-up, while
+`nvidia-smi` samples the SM clock, the board power and the active throttle reasons
+(medians past the first quarter): the steady state of a training run. These GEMMs hold
+an H200 at its power cap (~700 W; throttle reason `0x4`, software power cap) and it
+clocks down, the floor loop included, so the step and its floor are compared at the
+same clocks here. The interleaved figure above alternates each step with its floor in
+short blocks and catches the GPU in varying power states (its FP8 samples spread by
+~1 ms).""",
     "gpu_analysis": """\
 **FP8 current scaling (large shape).** The fused Triton quantize (amax pass, then
 scale + cast + transpose in one pass; bit for bit the reference) now runs the launch

@@ -214,7 +214,101 @@ def gpu_targets(g: dict[str, Any]) -> list[list[str]]:
             ratio("large", "over_gemm_floor", f"ours/bf16/{mode}"),
             lambda x: x <= 1.1,
         )
+    rows += _sustained_targets(g.get("sustained"))
     return rows
+
+
+def _sustained_ratios(su: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per run of the sustained part: its step over its GEMM floor and, for FP8, our
+    bf16 step in the same mode over it (the speed-up)."""
+    runs = su.get("runs", {})
+    out: dict[str, dict[str, float]] = {}
+    for key, r in runs.items():
+        if key.startswith("gemm/") or "ms" not in r:
+            continue
+        _, recipe, mode = key.split("/")
+        floor = runs.get("gemm/fp8" if recipe == "fp8_current" else "gemm/bf16", {})
+        entry = {}
+        if "ms" in floor:
+            entry["over_floor"] = r["ms"] / floor["ms"]
+        bf16 = runs.get(f"ours/bf16/{mode}", {})
+        if recipe != "bf16" and "ms" in bf16:
+            entry["speedup_over_bf16"] = bf16["ms"] / r["ms"]
+        out[key] = entry
+    return out
+
+
+def _sustained_targets(su: dict[str, Any] | None) -> list[list[str]]:
+    if not su or "runs" not in su:
+        return []
+    ratios = _sustained_ratios(su)
+    rows = []
+    for mode in ("eager", "compiled", "reduce-overhead"):
+        r = ratios.get(f"ours/fp8_current/{mode}", {})
+        for what, goal, ok in (
+            ("over_floor", "<= 1.25x", lambda x: x <= 1.25),
+            ("speedup_over_bf16", ">= 1.4x", lambda x: x >= 1.4),
+        ):
+            label = "/ FP8 GEMM floor" if what == "over_floor" else "speed-up over our bf16"
+            x = r.get(what)
+            rows.append(
+                [
+                    f"H200 large, sustained: FP8 current scaling {mode} {label}",
+                    goal,
+                    "not measured" if x is None else f"{x:.3f}x",
+                    "**missed**" if x is None else _check(ok(x)),
+                ]
+            )
+        b = ratios.get(f"ours/bf16/{mode}", {}).get("over_floor")
+        rows.append(
+            [
+                f"H200 large, sustained: bf16 {mode} / bf16 GEMM floor",
+                "<= 1.1x",
+                "not measured" if b is None else f"{b:.3f}x",
+                "**missed**" if b is None else _check(b <= 1.1),
+            ]
+        )
+    return rows
+
+
+def _sustained_table(su: dict[str, Any]) -> list[str]:
+    shape = su["shape"]
+    out = [
+        f"### Sustained steady state ({shape[0]}x{shape[1]}, {su['seconds']:.0f} s each)",
+        "",
+        NOTES["gpu_sustained_method"],
+        "",
+    ]
+    ratios = _sustained_ratios(su)
+    rows = []
+    for key, r in su["runs"].items():
+        if "ms" not in r:
+            rows.append([key, f"failed: {r.get('failed', '')[:120]}", "", "", "", "", ""])
+            continue
+        q = ratios.get(key, {})
+        rows.append(
+            [
+                key,
+                f"{r['ms']:.2f} ms",
+                f"{q['over_floor']:.3f}x" if "over_floor" in q else "",
+                f"{q['speedup_over_bf16']:.2f}x" if "speedup_over_bf16" in q else "",
+                f"{r['sm_clock_mhz']:.0f} MHz" if "sm_clock_mhz" in r else "",
+                f"{r['power_w']:.0f} W" if "power_w" in r else "",
+                ", ".join(r.get("throttle_reasons", [])),
+            ]
+        )
+    return out + _table(
+        [
+            "run",
+            "per step (per floor loop)",
+            "/ its GEMM floor",
+            "speed-up over our bf16 same mode",
+            "SM clock",
+            "board power",
+            "throttle reasons",
+        ],
+        rows,
+    )
 
 
 def _memory_targets(cpu: dict[str, Any]) -> list[list[str]]:
@@ -677,6 +771,9 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
             ],
             rows,
         )
+    su = g.get("sustained")
+    if su and "runs" in su:
+        out += _sustained_table(su)
     if "gpu_analysis" in NOTES:
         out += ["### Where the H200 time goes", "", NOTES["gpu_analysis"], ""]
     return out
