@@ -377,3 +377,76 @@ def test_a_tensor_on_another_gpu_is_quantized_on_its_own_device():
         got = _fused(q, x.to("cuda:1"))
     assert all(t.device == torch.device("cuda:1") for t in got.values() if t is not None)
     assert_bitwise(q._quantize_impl(x), got)
+
+
+class _FakeCompiled:
+    """What ``kernel[grid](...)`` returns: a compiled kernel with a launcher."""
+
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list = []
+        self.refuse = refuse
+
+    def run(self, *call):
+        if self.refuse:
+            raise TypeError("function takes exactly 17 arguments (16 given)")
+        self.calls.append(call)
+
+
+class _FakeJit:
+    """A JIT kernel of signature (x, n, BLOCK): records launches through Triton."""
+
+    arg_names = ("x", "n", "BLOCK")
+    pre_run_hooks: list = []
+
+    def __init__(self, compiled: _FakeCompiled) -> None:
+        self.compiled = compiled
+        self.triton_launches: list = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.triton_launches.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+@needs_triton
+def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monkeypatch):
+    """First launch of a key through Triton (which compiles), then the compiled
+    kernel's launcher with every argument in signature order; a new specialization
+    (another alignment) through Triton again; a launch hook, or a launcher refusing the
+    call, sends every launch through Triton."""
+    import triton
+
+    from transformer_engine_ops.quantization import _triton_launch as tl_
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234)
+    compiled = _FakeCompiled()
+    jit = _FakeJit(compiled)
+    launcher = tl_.CachedLauncher(jit)
+    launcher.direct = True
+    buf = torch.zeros(64, dtype=torch.bfloat16)
+    launcher((4, 1, 1), (buf, 64), {"BLOCK": 128}, num_warps=8)
+    launcher((4, 1, 1), (buf, 64), {"BLOCK": 128}, num_warps=8)
+    assert len(jit.triton_launches) == 1 and launcher.direct_launches == 1
+    grid_and_stream, tail = compiled.calls[0][:4], compiled.calls[0][9:]
+    assert grid_and_stream == (4, 1, 1, 1234) and tail == (buf, 64, 128)
+    launcher((4, 1, 1), (buf[1:], 63), {"BLOCK": 128}, num_warps=8)  # misaligned: new key
+    assert len(jit.triton_launches) == 2
+    hook = triton.knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):  # a profiler's hook: Triton must see every launch
+        probe = lambda *a: None  # noqa: E731
+        hook.add(probe)
+        try:
+            launcher((4, 1, 1), (buf, 64), {"BLOCK": 128}, num_warps=8)
+            assert len(jit.triton_launches) == 3
+        finally:
+            hook.remove(probe)
+    refusing = tl_.CachedLauncher(_FakeJit(_FakeCompiled(refuse=True)))
+    refusing.direct = True
+    for _ in range(3):
+        refusing((1, 1, 1), (buf, 64), {"BLOCK": 128}, num_warps=4)
+    assert not refusing.direct and len(refusing._kernel.triton_launches) == 3

@@ -52,8 +52,9 @@ def _hooked(hook: Any) -> bool:
 
 class CachedLauncher:
     """``launcher(grid, args, constexprs, num_warps=...)`` launches the JIT kernel like
-    ``kernel[grid](*args, **constexprs, num_warps=...)``; ``args`` are the runtime
-    arguments in signature order, ``constexprs`` the rest, by name."""
+    ``kernel[grid](*args, **constexprs, num_warps=...)``; ``grid`` has three dims,
+    ``args`` are the runtime arguments in signature order, ``constexprs`` the rest, by
+    name. Thread-safe: a race at worst compiles-or-finds one kernel twice."""
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
@@ -75,10 +76,12 @@ class CachedLauncher:
         *,
         num_warps: int,
     ) -> None:
+        if not self.direct:  # checked first: older Tritons have no ``knobs``
+            self._triton_launch(grid, args, constexprs, num_warps)
+            return
         runtime = triton.knobs.runtime
         if (
-            not self.direct
-            or _hooked(runtime.launch_enter_hook)
+            _hooked(runtime.launch_enter_hook)
             or _hooked(runtime.launch_exit_hook)
             or self._kernel.pre_run_hooks
         ):
@@ -90,7 +93,7 @@ class CachedLauncher:
             num_warps,
             runtime.debug,
             triton.knobs.compilation.instrumentation_mode,
-            *constexprs.values(),
+            *constexprs.items(),
             *map(specialization, args),
         )
         compiled = self._compiled.get(key)
