@@ -104,14 +104,7 @@ def _quantizer(config, usage):
 
 
 def _fused(q, x):
-    return ck.fp8_current_scaling_quantize(
-        x,
-        q.fp8_dtype,
-        epsilon=q.amax_epsilon,
-        force_pow_2=q.force_pow_2_scales,
-        rowwise=q.rowwise_usage,
-        columnwise=q.columnwise_usage,
-    )
+    return ck.fp8_current_scaling_quantize(x, q.fp8_dtype, **q.fused_options())
 
 
 def assert_bitwise(ref, got):
@@ -131,14 +124,7 @@ def assert_bitwise(ref, got):
 
 
 def _fused_bias_grad(q, x):
-    return ck.fp8_current_scaling_quantize_bias_grad(
-        x,
-        q.fp8_dtype,
-        epsilon=q.amax_epsilon,
-        force_pow_2=q.force_pow_2_scales,
-        rowwise=q.rowwise_usage,
-        columnwise=q.columnwise_usage,
-    )
+    return ck.fp8_current_scaling_quantize_bias_grad(x, q.fp8_dtype, **q.fused_options())
 
 
 def _integers(shape, seed):
@@ -422,8 +408,8 @@ def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monk
 
     from transformer_engine_ops.quantization import _triton_launch as tl_
 
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
     compiled = _FakeCompiled()
     jit = _FakeJit(compiled)
     launcher = tl_.CachedLauncher(jit)

@@ -161,17 +161,21 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
         )
 
+    def fused_options(self) -> dict[str, Any]:
+        """This quantizer's settings as the fused CUDA kernels' keyword arguments."""
+        return {
+            "epsilon": self.amax_epsilon,
+            "force_pow_2": self.force_pow_2_scales,
+            "rowwise": self.rowwise_usage,
+            "columnwise": self.columnwise_usage,
+        }
+
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         from . import cuda_kernels  # fused Triton kernels; same bits as the reference
 
         if cuda_kernels.eligible(x):
             return cuda_kernels.fp8_current_scaling_quantize(
-                x,
-                self.fp8_dtype,
-                epsilon=self.amax_epsilon,
-                force_pow_2=self.force_pow_2_scales,
-                rowwise=self.rowwise_usage,
-                columnwise=self.columnwise_usage,
+                x, self.fp8_dtype, **self.fused_options()
             )
         return super()._quantize_impl(x)
 
@@ -183,12 +187,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         if not cuda_kernels.eligible(x):
             return None
         return cuda_kernels.fp8_current_scaling_quantize_bias_grad(
-            x,
-            self.fp8_dtype,
-            epsilon=self.amax_epsilon,
-            force_pow_2=self.force_pow_2_scales,
-            rowwise=self.rowwise_usage,
-            columnwise=self.columnwise_usage,
+            x, self.fp8_dtype, **self.fused_options()
         )
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
