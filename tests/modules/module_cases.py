@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -113,3 +114,26 @@ class RecompileLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def run_in_threads(fn: Any, names: list[str]) -> dict[str, Any]:
+    """``{name: fn(name)}``, every call on its own thread, all started together (a
+    barrier); an exception on any thread fails the caller with every thread's error."""
+    results: dict[str, Any] = {}
+    errors: list[Any] = []
+    barrier = threading.Barrier(len(names))
+
+    def work(name: str) -> None:
+        try:
+            barrier.wait()
+            results[name] = fn(name)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results

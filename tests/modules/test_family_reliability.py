@@ -8,7 +8,6 @@ recomputes under the recipe of the original forward (``te.checkpoint`` and
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
 import torch
@@ -194,28 +193,15 @@ def test_quantized_model_init_weights_each_get_their_own_delayed_scale():
 
 
 def test_layernorm_mlp_in_threads_under_different_recipes_matches_each_alone():
-    from module_cases import step
+    from module_cases import run_in_threads, step
 
     x = make_input()
     names = [f"{r}#{i}" for r in ["bf16", *QUANTIZED] for i in range(2)]
     alone = {n: step(make(MLP), x, n.split("#")[0]) for n in names}
     modules = {n: make(MLP) for n in names}  # built here: the init RNG is global
-    results, errors = {}, []
-    barrier = threading.Barrier(len(names))
-
-    def work(n):
-        try:
-            barrier.wait()
-            results[n] = [step(modules[n], x, n.split("#")[0]) for _ in range(2)]
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((n, e))
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_in_threads(
+        lambda n: [step(modules[n], x, n.split("#")[0]) for _ in range(2)], names
+    )
     for n, runs in results.items():
         for got in runs:
             want = alone[n]

@@ -6,32 +6,12 @@ from __future__ import annotations
 import threading
 
 import torch
-from module_cases import RECIPES, graph_breaks, make_input, make_mlp, step
+from module_cases import RECIPES, graph_breaks, make_input, make_mlp, run_in_threads, step
 
 from transformer_engine_ops.modules.autocast import STATE, autocast
 from transformer_engine_ops.quantization import MXFP8BlockScaling
 
 THREAD_RECIPES = ["bf16", "fp8_current", "mxfp8", "nvfp4", "fp8_block"]
-
-
-def _run_in_threads(fn, names):
-    results, errors = {}, []
-    barrier = threading.Barrier(len(names))
-
-    def work(name):
-        try:
-            barrier.wait()
-            results[name] = fn(name)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((name, e))
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    return results
 
 
 def _assert_same(a, b):
@@ -51,7 +31,7 @@ def test_threads_under_different_recipes_each_match_their_single_threaded_result
     def train(n):
         return [step(models[n], x, n.split("#")[0]) for _ in range(3)]
 
-    together = _run_in_threads(train, names)
+    together = run_in_threads(train, names)
     for n, runs in together.items():
         for got in runs:
             _assert_same(got, alone[n.split("#")[0]])
@@ -88,6 +68,6 @@ def test_one_compiled_model_called_from_threads_uses_each_threads_recipe():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     for name in ["fp8_current", "bf16", "fp8_block"]:
         want = step(model, x, name)
-        got = _run_in_threads(lambda n: step(compiled, x, n), [name])[name]
+        got = run_in_threads(lambda n: step(compiled, x, n), [name])[name]
         _assert_same(got, want)
     assert graph_breaks() == 0
