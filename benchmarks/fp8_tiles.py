@@ -55,6 +55,9 @@ def _launch(x2: torch.Tensor, partial: torch.Tensor, bufs: dict[str, torch.Tenso
             fmax,
             eps32,
             partial.numel(),
+            partial,  # no bias gradient (BGRAD off): these three are never read
+            partial,
+            0,
         ),
         {
             "PARTIAL_BLOCK": ck.PARTIAL_BLOCK,
@@ -63,6 +66,7 @@ def _launch(x2: torch.Tensor, partial: torch.Tensor, bufs: dict[str, torch.Tenso
             "ROWWISE": True,
             "COLUMNWISE": True,
             "PACK_T": pack_t,
+            "BGRAD": False,
             "BM": bm,
             "BK": bk,
         },
@@ -75,7 +79,11 @@ def _amax_of(words: torch.Tensor) -> tuple[int, bool]:
     return int((words & 0x7FFFFFFF).max()), bool((words < 0).any())
 
 
-def sweep(m: int, k: int) -> dict[str, Any]:
+def sweep(m: int, k: int, tiles: Any = (), amax_configs: Any = ()) -> dict[str, Any]:
+    """Microseconds of the fused quantize of an (m, k) bf16 tensor as launched, its
+    amax pass with each of ``amax_configs`` ((BLOCK, most programs, warps)) and its cast
+    kernel with each of ``tiles`` (((BM, BK), warps, int32-word transpose)); ``wrong``
+    names every variant whose bits differ from the launch's."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
     amax, _, _ = ck._kernels(False)
     n = m * k
@@ -95,7 +103,6 @@ def sweep(m: int, k: int) -> dict[str, Any]:
     out["us"]["fused quantize as launched"] = _bench(
         lambda: ck.fp8_current_scaling_quantize(x, torch.float8_e4m3fn)
     )
-    amax_configs = AMAX if "--amax" in sys.argv else ()
     for block, most, warps in amax_configs:
         words = torch.empty(min(ck.triton_cdiv(n, block), most), dtype=torch.int32, device="cuda")
         amax_pass(words, block, warps)
@@ -104,7 +111,6 @@ def sweep(m: int, k: int) -> dict[str, Any]:
             out["wrong"].append(name)
         out["us"][name] = _bench(lambda w=words, b=block, nw=warps: amax_pass(w, b, nw))
     amax_bits = partial
-    tiles = itertools.product(TILES, WARPS, PACKS) if "--tiles" in sys.argv else ()
     for cfg in ((ck.BLOCK_M, ck.BLOCK_K), ck.CAST_WARPS, True), *tiles:
         name = f"BM={cfg[0][0]} BK={cfg[0][1]} warps={cfg[1]} pack_t={cfg[2]}"
         bufs = {
@@ -134,7 +140,9 @@ def main() -> int:
         print("needs CUDA and Triton", file=sys.stderr)
         return 2
     for m, k in SHAPES:
-        print(json.dumps(sweep(m, k)), flush=True)
+        tiles = itertools.product(TILES, WARPS, PACKS) if "--tiles" in sys.argv else ()
+        amax_configs = AMAX if "--amax" in sys.argv else ()
+        print(json.dumps(sweep(m, k, tiles, amax_configs)), flush=True)
     return 0
 
 

@@ -436,3 +436,18 @@ def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monk
     for _ in range(3):
         refusing((1, 1, 1), (buf, 64), {"BLOCK": 128}, num_warps=4)
     assert not refusing.direct and len(refusing._kernel.triton_launches) == 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_launch_sweep_runs_its_variants_and_each_writes_the_launch_bits():
+    """``benchmarks.fp8_tiles`` launches the kernels itself with other tiles and amax
+    chunks: it must keep up with their arguments, and every variant it times must write
+    what the configured launch writes (its own check), on a ragged shape."""
+    from benchmarks import fp8_tiles
+
+    tiles = [((16, 128), 2, False), ((64, 64), 4, True)]
+    out = fp8_tiles.sweep(96, 200, tiles, [(1024, 8, 4)])
+    assert out["wrong"] == []
+    timed = {name: us for name, us in out["us"].items() if isinstance(us, float)}
+    assert len(timed) == len(out["us"]) >= 5, out["us"]  # no variant failed to launch
