@@ -80,3 +80,27 @@ def test_fp8_inference_compiles_on_cuda_bitwise(mode):
             got = compiled(x).clone()
             assert torch.equal(got, expected)
     assert graph_breaks() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_cuda_bias_gradient_is_the_fp32_column_sum_rounded_once(dtype):
+    """On CUDA a 16-bit output gradient's bias gradient is one ``sum`` kernel; it must
+    write the bits of the fp32 column sum rounded once (what the CPU computes), for
+    every shape class: empty, single row or column, ragged, strided, wide, tall."""
+    from transformer_engine_ops.ops.linear import _bias_grad
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(0, 7), (1, 1), (3, 5), (64, 255), (1031, 2053), (4096, 1), (2, 100000)]
+    for rows, cols in shapes:
+        for scale in (1e-3, 1.0, 1e3):
+            dy = (torch.randn(rows, cols, generator=gen) * scale).to(dtype).cuda()
+            for view in (dy, dy.t().contiguous().t(), dy[:, : max(cols - 1, 1)]):
+                want = view.sum(0, dtype=torch.float32).to(dtype)
+                got = _bias_grad(view, dtype)
+                assert got.dtype == dtype and got.shape == want.shape
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (
+                    rows,
+                    cols,
+                    scale,
+                    view.stride(),
+                )

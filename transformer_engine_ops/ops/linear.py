@@ -627,12 +627,21 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
         )
     if args.use_bias:
-        if bgrad is None:
-            # Accumulated in fp32 straight from dy: no fp32 copy of dy (at 4096x8192 on
-            # an H200 the copy cost ~110 us a layer, more than the sum).
-            bgrad = dy.sum(0, dtype=torch.float32)
-        bgrad = bgrad.to(dtype)
+        bgrad = _bias_grad(dy, dtype) if bgrad is None else bgrad.to(dtype)
     return dgrad, wgrad, bgrad
+
+
+_CUDA_HALF = (torch.bfloat16, torch.float16)
+
+
+def _bias_grad(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``dy``'s column sums in ``dtype``: accumulated in fp32 straight from ``dy`` (no
+    fp32 copy of it: ~110 us a layer at 4096x8192 on an H200), rounded once. On CUDA a
+    16-bit ``sum`` is exactly that in one kernel (fp32 accumulator, one rounding; the
+    same bits as the fp32 sum cast, tested on the GPU), which saves a launch a layer."""
+    if dy.dtype == dtype and dtype in _CUDA_HALF and dy.is_cuda:
+        return dy.sum(0)
+    return dy.sum(0, dtype=torch.float32).to(dtype)
 
 
 def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
