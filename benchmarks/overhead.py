@@ -89,7 +89,50 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
         "autograd/eager call": lambda: g.linear_eager(bundle())[0][0].backward(dy),
         "autograd/module": lambda: ours(xg).backward(dy),
     }
-    return fns
+    return {**fns, **_dispatch_contenders(x, slots)}
+
+
+_BENCH_LIBRARY: list[Any] = []  # the benchmark's own op library, defined once per process
+
+
+def _dispatch_contenders(x: torch.Tensor, slots: tuple[Any, ...]) -> dict[str, Any]:
+    """The dispatcher's cost by schema width, no grad: ops whose kernel does nothing
+    (returns an empty list), called with ``teops::linear_fwd``'s 36 slots and schema,
+    with 7 slots (the tensors, one ``str``, two ``SymInt``: what the same op would take
+    with its plain values packed) and with 2 tensors; and the same Python kernel called
+    directly. What a schema of N plain values costs per call, whatever the kernel does."""
+    if not _BENCH_LIBRARY:
+        lib = torch.library.Library("teops_bench", "FRAGMENT")
+        lib.define("wide" + g.FORWARD_SCHEMA)
+        lib.define(
+            "packed(Tensor? weight, Tensor inp, Tensor? bias, Tensor? workspace, str config, "
+            "SymInt in_features, SymInt out_features) -> Tensor[]"
+        )
+        lib.define("narrow(Tensor weight, Tensor inp) -> Tensor[]")
+        for name in ("wide", "packed", "narrow"):
+            lib.impl(name, _nothing, "CompositeExplicitAutograd")
+        _BENCH_LIBRARY.append(lib)
+    ops = torch.ops.teops_bench
+    w = slots[0]
+    packed = (w, x, slots[4], None, "input_requires_grad=False;fp8=False;...", 256, 256)
+
+    def no_grad(fn: Any) -> Any:
+        def run() -> None:
+            with torch.no_grad():
+                fn()
+
+        return run
+
+    return {
+        "dispatch/36 slots (linear_fwd schema)": no_grad(lambda: ops.wide.default(*slots)),
+        "dispatch/7 slots": no_grad(lambda: ops.packed.default(*packed)),
+        "dispatch/2 slots": no_grad(lambda: ops.narrow.default(w, x)),
+        "dispatch/its kernel called directly": no_grad(lambda: _nothing(*slots)),
+    }
+
+
+def _nothing(*slots: Any) -> list[torch.Tensor]:
+    return []
 
 
 class _MLP(torch.nn.Module):
