@@ -220,9 +220,9 @@ def _quantize(
     shape = x.shape
     k = shape[-1]
     m = math.prod(shape[:-1])
-    x2 = x.detach()
-    if x2.dim() != 2 or not x2.is_contiguous():
-        x2 = x2.reshape(m, k).contiguous()
+    x2 = x  # read by the kernels only: no autograd history is made from it
+    if x.dim() != 2 or not x.is_contiguous():
+        x2 = x.detach().reshape(m, k).contiguous()
     n = m * k
     device = x.device
     colsum = bgrad = None

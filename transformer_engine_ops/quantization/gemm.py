@@ -160,7 +160,9 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
         a, b = _matrix(B._data, mb, kb), _matrix(A._transpose, ka, ma).t()
     else:  # (N, M) @ (M, K): B transpose, A transpose (K, M) viewed column-major
         a, b = _matrix(B._transpose, kb, mb), _matrix(A._transpose, ka, ma).t()
-    return a.view(fb), b.view(fa), B._scale_inv.reshape(()), A._scale_inv.reshape(())
+    # ``_scale_inv`` is (1,) (one element: tensorwise scaling, the same GEMM as a 0-d
+    # scale; passing it as is saves two reshape calls a GEMM on a host-bound path).
+    return a.view(fb), b.view(fa), B._scale_inv, A._scale_inv
 
 
 def _matrix(t: torch.Tensor, rows: Any, cols: Any) -> torch.Tensor:

@@ -238,7 +238,8 @@ class Quantizer:
     def quantize(self, t: torch.Tensor) -> Union[QuantizedStorage, QuantizedTensor]:
         """Quantize ``t``; a storage when ``internal`` else a wrapper tensor."""
         self.check_input(t)
-        inner = self._quantize_impl(t.detach())
+        # The buffers never carry autograd history (quantization is not differentiable).
+        inner = self._quantize_impl(t.detach() if t.requires_grad else t)
         cls = self.storage_cls if self.internal else self.wrapper_cls
         return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
 
@@ -254,7 +255,7 @@ class Quantizer:
                 f"{self.format_name} ({type(self).__name__}): the bias gradient is taken "
                 f"of a 2-D tensor, got shape {tuple(t.shape)}"
             )
-        fused = self._fused_bias_grad_impl(t.detach())
+        fused = self._fused_bias_grad_impl(t.detach() if t.requires_grad else t)
         if fused is None:
             return self.quantize(t), t.sum(0, dtype=torch.float32)
         inner, bias_grad = fused
