@@ -5,7 +5,8 @@ One process, one run (``python -m benchmarks --device cuda --out DIR``):
 * **steps**: an 8-layer MLP of square layers, one training step (forward + backward,
   gradients set to None first), at 64x256 and 4096x8192: ``torch.nn.Linear`` bf16 and
   our ``Linear`` in bf16 and every recipe, each eager, ``torch.compile(fullgraph=True)``
-  and ``mode='reduce-overhead'`` (CUDA graphs). A compiled mode that raises under
+  and ``mode='reduce-overhead'`` (CUDA graphs), the three modes of one model and recipe
+  timed in the same interleaved rounds with their GEMM floor. A compiled mode that raises under
   ``fullgraph=True`` is recorded with its error and measured again without
   ``fullgraph`` (marked), so a fallback is reported, never hidden; a mode that fails
   that way too is reported as failed. Fallback warnings and graph breaks are recorded.
@@ -346,7 +347,11 @@ def _ratio_of_medians(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _shape(
     shape: str, rounds: int, min_run_time: float, recipes: tuple[str, ...]
 ) -> dict[str, Any]:
-    """Each contender alone (fresh dynamo state), interleaved with its GEMM floor."""
+    """Every mode of one model and recipe built (fresh dynamo state per model and
+    recipe), then all of them timed in the same interleaved rounds with their GEMM
+    floor: each mode sees the GPU in the same power and clock states as the others and
+    as the floor it is divided by (modes timed in separate stretches caught different
+    states, and their ratios followed the order they ran in)."""
     rows, hidden = SHAPES[shape]
     x = make_input(rows, hidden, device=_DEV[0])
     whichs = ("bf16", "fp8", "fp8-fp32-out") if _DEV[0] == "cuda" else ("bf16",)
@@ -357,39 +362,46 @@ def _shape(
     floor_samples: dict[str, list[float]] = {k: [] for k in floors}
     contenders = [("torch", "bf16")] + [("ours", r) for r in recipes]
     for kind, recipe_name in contenders:
+        torch._dynamo.reset()  # no recompile limit shared across models and recipes
+        steps: dict[str, Any] = {}
         for mode in MODES:
             key = f"{kind}/{recipe_name}/{mode}"
             progress(f"{shape} {rows}x{hidden} {key}: building and warming up")
-            torch._dynamo.reset()  # no recompile limit shared across contenders
             fn, info = _build(kind, recipe_name, mode, hidden, x)
             builds[key] = info
             if fn is None:
                 progress(f"  FAILED: {info.get('error') or info.get('fullgraph_error')}")
                 continue
+            steps[key] = fn
             note = "" if info["fullgraph"] or mode == "eager" else " (without fullgraph)"
-            floor = _floor_of(key)
-            pair = {key: fn}
-            if floor in floors:
-                pair[floor] = floors[floor]
-            try:
-                runs = interleaved(pair, rounds=rounds, min_run_time=min_run_time, label=shape)
-            except Exception as exc:  # reported, never fatal
-                info["timing_error"] = _short(exc)
-                progress(f"  timing FAILED: {_short(exc)}")
+            progress(f"  ready in {info['warmup_s']:.1f} s{note}")
+        if not steps:
+            continue
+        floor = _floor_of(next(iter(steps)))
+        timed = {**steps, **({floor: floors[floor]} if floor in floors else {})}
+        try:
+            runs = interleaved(timed, rounds=rounds, min_run_time=min_run_time, label=shape)
+        except Exception as exc:  # reported, never fatal
+            for key in steps:
+                builds[key]["timing_error"] = _short(exc)
+            progress(f"  timing FAILED: {_short(exc)}")
+            continue
+        finally:
+            del steps, timed
+            torch._dynamo.reset()
+            _sync()
+            if _DEV[0] == "cuda":
+                torch.cuda.empty_cache()
+        if floor in runs:
+            floor_samples[floor] += runs[floor]
+        for key, samples in runs.items():
+            if key == floor:
                 continue
-            finally:
-                del fn
-                torch._dynamo.reset()
-                _sync()
-                if _DEV[0] == "cuda":
-                    torch.cuda.empty_cache()
-            ms[key] = stats([t * 1e3 for t in runs[key]])
+            ms[key] = stats([t * 1e3 for t in samples])
             if floor in runs:
-                over_floor[key] = ratio_stats(runs[key], runs[floor])
-                floor_samples[floor] += runs[floor]
-            med = ms[key]["median"]
+                over_floor[key] = ratio_stats(samples, runs[floor])
             vs = f", {over_floor[key]['median']:.2f}x {floor}" if key in over_floor else ""
-            progress(f"  ready in {info['warmup_s']:.1f} s{note}; {med:.3f} ms{vs}")
+            progress(f"  {key}: {ms[key]['median']:.3f} ms{vs}")
     for floor, samples in floor_samples.items():
         if samples:
             ms[floor] = stats([t * 1e3 for t in samples])
@@ -530,7 +542,7 @@ def run(
         small = shape != "large"
         results["shapes"][shape] = _shape(
             shape,
-            rounds=5 if small else 3,
+            rounds=5,
             min_run_time=0.15 if small else 0.25,
             recipes=tuple(RECIPES) if recipes is None else recipes,
         )
