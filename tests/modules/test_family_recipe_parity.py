@@ -275,6 +275,28 @@ def test_grouped_linear_scaling_state_round_trips_through_weights_only_load():
     assert torch.equal(got, want)
 
 
+def test_a_scaling_state_of_another_gemm_count_is_refused_before_anything_loads():
+    """A GroupedLinear's _extra_state keeps one entry per further GEMM; a state saved by a
+    module with fewer (or more) GEMMs names what is missing (or extra) instead of loading
+    the first GEMM's state and leaving the others silently as they were."""
+    trained = _far_apart_grouped()
+    _grouped_delayed_steps(trained, 2)
+    state = trained.state_dict()
+    three = _grouped(num_gemms=3, dtype=torch.float32, bias=False)
+    three_state = three.state_dict()
+    with pytest.raises(ValueError, match=r"missing \['gemm2'\], unexpected \[\]"):
+        three.load_state_dict({**three_state, "_extra_state": state["_extra_state"]})
+    assert torch.equal(three.state_dict()["_extra_state"], three_state["_extra_state"])
+    one_gemm_state = {k: v for k, v in state["_extra_state"].items() if k != "gemm1"}
+    fresh = _grouped(dtype=torch.float32, bias=False)
+    with pytest.raises(ValueError, match=r"missing \['gemm1'\]"):
+        fresh.load_state_dict({**state, "_extra_state": one_gemm_state})
+    extra = {**state["_extra_state"], "gemm7": state["_extra_state"]["gemm1"]}
+    with pytest.raises(ValueError, match=r"unexpected \['gemm7'\]"):
+        fresh.load_state_dict({**state, "_extra_state": extra})
+    fresh.load_state_dict(state)  # the matching state still loads
+
+
 def test_grouped_linear_quantized_model_init_seeds_each_gemms_scale_from_its_own_weight():
     stds = [1e-4, 10.0]
     calls = iter(stds * 2)

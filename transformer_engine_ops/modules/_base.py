@@ -42,6 +42,8 @@ class ExtraStateMixin:
         return state
 
     def set_extra_state(self, state: Any) -> None:
+        if isinstance(state, dict):
+            _extra_state.check_gemm_entries(type(self).__name__, state, self.further_gemms)
         _extra_state.set_extra_state(self, state)  # type: ignore[arg-type]
         if isinstance(state, dict):
             for gemm in self.further_gemms:

@@ -158,6 +158,28 @@ def _scaling_state(module: torch.nn.Module, recipe: Recipe) -> ScalingState:
     return state
 
 
+# The keys ``ScalingState.to_dict`` writes; a module's further GEMMs add one key each.
+STATE_KEYS = frozenset(
+    {"format", "recipe", "scale_fwd", "scale_bwd", "amax_history_fwd", "amax_history_bwd"}
+)
+
+
+def check_gemm_entries(owner: str, state: dict[str, Any], further_gemms: tuple[str, ...]) -> None:
+    """Refuse a scaling-state dict whose per-GEMM entries are not this module's (one
+    saved by a module with another number of GEMMs), before anything is loaded: a
+    missing entry would otherwise leave that GEMM's scaling state silently as it was."""
+    if state.get("format") != EXTRA_STATE_FORMAT:
+        return  # set_extra_state reports it
+    missing = [gemm for gemm in further_gemms if gemm not in state]
+    unexpected = sorted(str(k) for k in state if k not in STATE_KEYS and k not in further_gemms)
+    if missing or unexpected:
+        raise ValueError(
+            f"{owner}: this _extra_state does not match the module's GEMMs "
+            f"{['(first)', *further_gemms]}: missing {missing}, unexpected {unexpected} "
+            "(saved by a module with another number of GEMMs?)"
+        )
+
+
 def get_extra_state(module: torch.nn.Module) -> Any:
     """``module``'s scaling state for ``state_dict`` (an empty uint8 tensor if none)."""
     state: ScalingState | None = module.__dict__.get(_ATTR)
