@@ -164,3 +164,30 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     assert "## 8. Per-call overhead of the op path" in md
     assert "| autograd/op |" in md and "before (median)" in md
     assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md
+
+
+def test_step_figure_times_every_mode_of_a_model_in_the_same_rounds_as_its_floor(monkeypatch):
+    """Figure 6's step timing, run on the CPU at a tiny shape: each model and recipe's
+    three modes and their GEMM floor are timed together, round by round, so each mode's
+    ratio to the floor pairs samples taken in the same rounds."""
+    from benchmarks import gpu
+
+    monkeypatch.setattr(gpu, "_DEV", ["cpu"])
+    monkeypatch.setitem(gpu.SHAPES, "small", (8, 32))
+    seen: list[tuple[str, ...]] = []
+    real = gpu.interleaved
+
+    def spy(contenders, **kw):
+        seen.append(tuple(contenders))
+        return real(contenders, **kw)
+
+    monkeypatch.setattr(gpu, "interleaved", spy)
+    out = gpu._shape("small", rounds=2, min_run_time=0.001, recipes=("bf16",))
+    assert seen == [
+        (*(f"{kind}/bf16/{mode}" for mode in gpu.MODES), "gemm/bf16") for kind in ("torch", "ours")
+    ]
+    steps = [k for k in out["ms"] if not k.startswith("gemm/")]
+    assert sorted(steps) == sorted(out["over_gemm_floor"]) and len(steps) == 6
+    assert all(r["n"] == 2 for r in out["over_gemm_floor"].values())  # paired per round
+    assert out["ms"]["gemm/bf16"]["n"] == 4  # the floor's samples of both groups
+    assert all(b["fullgraph"] for k, b in out["builds"].items() if not k.endswith("/eager"))
