@@ -22,7 +22,10 @@ import torch
 
 from transformer_engine_ops.quantization import cuda_kernels as ck
 
-TILES = ((16, 128), (16, 256), (32, 64), (32, 128), (32, 256), (64, 64), (64, 128))
+TILES = (
+    *((16, 128), (16, 256), (16, 512), (32, 64), (32, 128), (32, 256)),
+    *((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (256, 64)),
+)
 WARPS = (2, 4, 8)
 PACKS = (False, True)  # transpose stored as int32 words
 # amax pass: (BLOCK, most programs, warps)
