@@ -87,14 +87,17 @@ def gemm_call_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | No
     return None
 
 
+def quantizes_weight(quantizer: Any, weight: Any) -> bool:
+    """TE's rule for what a weight workspace caches: a recipe quantizes the weight, which
+    is not quantized already (a ``quantized_model_init`` weight is used as it is)."""
+    return quantizer is not None and not isinstance(weight, QuantizedData)
+
+
 def caches_weight(args: Any) -> bool:
-    """Whether a call keeps a quantized weight across microbatches (TE's rule: a recipe
-    quantizes the weight, which is not quantized already). Without a recipe, or with
-    ``quantized_model_init`` weights, ``is_first_microbatch`` is inert and compiles."""
-    return (
-        args.is_first_microbatch is not None
-        and args.weight_quantizer is not None
-        and not isinstance(args.weight, QuantizedData)
+    """Whether a call keeps a quantized weight across microbatches. Without a recipe, or
+    with ``quantized_model_init`` weights, ``is_first_microbatch`` is inert and compiles."""
+    return args.is_first_microbatch is not None and quantizes_weight(
+        args.weight_quantizer, args.weight
     )
 
 

@@ -47,7 +47,6 @@ from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_e
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
-from ..runtime.quantizer import QuantizedData
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -55,7 +54,13 @@ from ._base import (
     te_default_init,
     tp_rank,
 )
-from ._call import CACHING_REASON, backward_override_of, call_op, recipe_gemm_fields
+from ._call import (
+    CACHING_REASON,
+    backward_override_of,
+    call_op,
+    quantizes_weight,
+    recipe_gemm_fields,
+)
 from .autocast import STATE
 
 
@@ -270,7 +275,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             is_grad_enabled=torch.is_grad_enabled(),
         )
         if is_first_microbatch is None or not any(
-            wq is not None and not isinstance(w, QuantizedData)
+            quantizes_weight(wq, w)
             for wq, w in zip(args.weight_quantizers, args.weights, strict=True)
         ):
             # Nothing to cache (no recipe, or quantized_model_init weights): TE's rule.

@@ -26,13 +26,13 @@ from torch import nn
 from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..runtime.fallback import run_eagerly
-from ..runtime.quantizer import QuantizedData
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     backward_override_of,
     caches_weight,
     call_op,
     gemm_call_reason,
+    quantizes_weight,
     recipe_gemm_fields,
 )
 from .autocast import STATE
@@ -253,8 +253,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         """The eager call with TE's weight workspace: the first microbatch (or a cached
         workspace lacking a usage this call needs) quantizes the weight and keeps it;
         later microbatches (``is_first_microbatch=False``) reuse it without quantizing."""
-        caching = args.weight_quantizer is not None and not isinstance(args.weight, QuantizedData)
-        if not caching:
+        if not quantizes_weight(args.weight_quantizer, args.weight):
             # Nothing to cache (no weight quantizer, or an already quantized weight):
             # the argument changes nothing, as in TE.
             return layernorm_linear_eager(dataclasses.replace(args, weight_workspace=None))[0]

@@ -20,10 +20,9 @@ from ..generated.linear import linear_compiled, linear_eager
 from ..ops.linear import LinearFwdArgs
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
-from ..runtime.quantizer import QuantizedData
 from . import _extra_state
 from ._base import ExtraStateMixin, reject_unimplemented
-from ._call import backward_override_of, gemm_call_reason, recipe_gemm_fields
+from ._call import backward_override_of, caches_weight, gemm_call_reason, recipe_gemm_fields
 from .autocast import STATE, RecipeQuantizers
 
 
@@ -245,11 +244,7 @@ class Linear(ExtraStateMixin, nn.Module):
         if args.tp_group is not None:
             # What the compiled path's unflatten does: the group must still be registered.
             registered_group(args.tp_group, "LinearFwdArgs.tp_group")
-        caching = (
-            args.cache_weight
-            and args.weight_quantizer is not None
-            and not isinstance(args.weight, QuantizedData)
-        )
+        caching = caches_weight(args)
         if caching and args.weight_workspace is not None and not _workspace_fits(args):
             args = dataclasses.replace(args, weight_workspace=None)
         # The generated eager path checks every field (``LinearFwdArgs.<field>:

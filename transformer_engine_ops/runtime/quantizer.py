@@ -395,7 +395,7 @@ class QuantizedData:
             quantizer = quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
         internal = isinstance(self, QuantizedStorage)
         self._quantizer = (
-            quantizer if quantizer.internal is internal else (quantizer.with_internal(internal))
+            quantizer if quantizer.internal is internal else quantizer.with_internal(internal)
         )
         self._dtype = dtype
         expected = cls._expected_names(rowwise, columnwise)
@@ -443,6 +443,10 @@ class QuantizedData:
         glue asks for it several times per quantized value."""
         return self._present_names
 
+    def _held_names(self) -> tuple[str, ...]:
+        """The inner buffers this value holds, read from its attributes (flatten order)."""
+        return tuple(n for n in self.INNER_NAMES if getattr(self, n, None) is not None)
+
     def inner_tensors(self) -> list[torch.Tensor]:
         """Present inner buffers, in :meth:`inner_names` order."""
         return [getattr(self, n) for n in self._present_names]
@@ -454,7 +458,7 @@ class QuantizedData:
         """Unpickle; the present names are derived from the buffers again (a pickle made
         before they were kept has none)."""
         self.__dict__.update(state)
-        self._present_names = tuple(n for n in self.INNER_NAMES if state.get(n) is not None)
+        self._present_names = self._held_names()
 
     def __tensor_flatten__(self) -> tuple[list[str], FlattenContext]:
         return list(self._present_names), flatten_context(self._quantizer, self._dtype)
@@ -507,7 +511,7 @@ class QuantizedData:
         for name in self.INNER_NAMES:
             object.__setattr__(self, name, None if name in dropped else inner.get(name))
         self._quantizer = self._quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
-        self._present_names = tuple(n for n in self.INNER_NAMES if getattr(self, n) is not None)
+        self._present_names = self._held_names()
 
     def _describe(self) -> str:
         buffers = ", ".join(
