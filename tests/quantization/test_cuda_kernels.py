@@ -269,7 +269,10 @@ def test_the_launch_key_tells_apart_every_argument_triton_specializes_differentl
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
-    from transformer_engine_ops.quantization._triton_launch import specialization
+    from transformer_engine_ops.quantization._triton_launch import (
+        specialization,
+        specializations,
+    )
 
     base = {d: torch.zeros(64, dtype=d) for d in (torch.bfloat16, torch.uint8, torch.int32)}
     samples: list = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, 2**40]
@@ -283,6 +286,9 @@ def test_the_launch_key_tells_apart_every_argument_triton_specializes_differentl
     clashes = {k: v for k, v in triton_kinds.items() if len(v) > 1}
     assert not clashes, f"one launch key, several Triton kernels: {clashes}"
     assert len(triton_kinds) >= 10  # the samples do exercise distinct specializations
+    # The launcher's one-call form (inline common kinds) keys every argument alike.
+    samples.append(torch.nn.Parameter(base[torch.bfloat16][2:]))
+    assert specializations(samples) == tuple(specialization(a) for a in samples)
 
 
 # --- on the GPU ---------------------------------------------------------------------
@@ -320,10 +326,8 @@ def test_cuda_bias_grad_pass_writes_the_reference_bits_and_the_column_sums(name,
 @pytest.mark.parametrize("config", ["e4m3", "e5m2_eps_pow2"])
 def test_cuda_quantize_takes_the_fused_path_and_matches_the_cpu(config, monkeypatch):
     calls = []
-    real = ck.fp8_current_scaling_quantize
-    monkeypatch.setattr(
-        ck, "fp8_current_scaling_quantize", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+    real = ck.fused_quantize
+    monkeypatch.setattr(ck, "fused_quantize", lambda *a, **k: calls.append(1) or real(*a, **k))
     q = _quantizer(config, "both")
     x = _wide((1031, 2053), 7, torch.bfloat16)  # several tiles, ragged edges
     got = q.quantize(x.cuda())

@@ -171,7 +171,7 @@ class _Interpreted:
         self._fn = InterpretedFunction(fn)
 
     def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
-        self._fn[tuple(grid)](*args, **constexprs, num_warps=num_warps)
+        self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
 
 
 def build(interpret: bool) -> tuple[Any, Any, Any]:

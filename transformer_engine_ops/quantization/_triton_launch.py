@@ -44,6 +44,21 @@ def specialization(arg: Any) -> Hashable:
     raise TypeError(f"no Triton specialization rule for a {kind.__name__} argument")
 
 
+def specializations(args: Sequence[Any]) -> tuple[Hashable, ...]:
+    """``tuple(map(specialization, args))`` in one call (a launch's key is built on
+    every launch: the common kinds are tested inline)."""
+    out: list[Hashable] = []
+    for arg in args:
+        kind = type(arg)
+        if kind is torch.Tensor:
+            out.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        elif kind is int:
+            out.append((arg == 1, arg % 16 == 0, _I32[0] <= arg < _I32[1], arg < 2**63))
+        else:
+            out.append(specialization(arg))
+    return tuple(out)
+
+
 def _hooked(hook: Any) -> bool:
     """Whether a launch hook is installed: Triton 3.6+ keeps an always-present
     ``HookChain`` (installed hooks in ``.calls``); older versions None or a callable."""
@@ -54,7 +69,9 @@ class CachedLauncher:
     """``launcher(grid, args, constexprs, num_warps=...)`` launches the JIT kernel like
     ``kernel[grid](*args, **constexprs, num_warps=...)``; ``grid`` has three dims,
     ``args`` are the runtime arguments in signature order, ``constexprs`` the rest, by
-    name. Thread-safe: a race at worst compiles-or-finds one kernel twice."""
+    name: a mapping, or a tuple of ``(name, value)`` pairs (hashable as it is, so a
+    caller that builds it once per configuration saves rebuilding it per launch).
+    Thread-safe: a race at worst compiles-or-finds one kernel twice."""
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
@@ -64,15 +81,16 @@ class CachedLauncher:
         self.direct_launches = 0  # read by tests
 
     def _triton_launch(
-        self, grid: Sequence[int], args: Sequence[Any], constexprs: Mapping[str, Any], warps: int
+        self, grid: Sequence[int], args: Sequence[Any], constexprs: Any, warps: int
     ) -> Any:
-        return self._kernel[tuple(grid)](*args, **constexprs, num_warps=warps)
+        named = dict(constexprs)
+        return self._kernel[tuple(grid)](*args, **named, num_warps=warps)
 
     def __call__(
         self,
         grid: Sequence[int],
         args: Sequence[Any],
-        constexprs: Mapping[str, Any],
+        constexprs: Mapping[str, Any] | tuple[tuple[str, Any], ...],
         *,
         num_warps: int,
     ) -> None:
@@ -88,20 +106,24 @@ class CachedLauncher:
             self._triton_launch(grid, args, constexprs, num_warps)
             return
         device = torch._C._cuda_getDevice()
+        items = constexprs if type(constexprs) is tuple else tuple(constexprs.items())
         key = (
             device,
             num_warps,
             runtime.debug,
             triton.knobs.compilation.instrumentation_mode,
-            *constexprs.items(),
-            *map(specialization, args),
+            items,
+            specializations(args),
         )
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            # Triton compiles (or finds) the kernel for these arguments and launches it.
-            self._compiled[key] = self._triton_launch(grid, args, constexprs, num_warps)
+        entry = self._compiled.get(key)
+        if entry is None:
+            # Triton compiles (or finds) the kernel for these arguments and launches it;
+            # the constexprs after the runtime arguments, in signature order, go with it.
+            named = dict(items)
+            tail = tuple(named[name] for name in self._names[len(args) :])
+            self._compiled[key] = (self._triton_launch(grid, args, items, num_warps), tail)
             return
-        values = (*args, *(constexprs[name] for name in self._names[len(args) :]))
+        compiled, tail = entry
         stream = torch._C._cuda_getCurrentRawStream(device)
         try:
             compiled.run(
@@ -114,7 +136,8 @@ class CachedLauncher:
                 None,  # launch metadata: only read by launch hooks (none installed)
                 None,  # no enter hook
                 None,  # no exit hook
-                *values,
+                *args,
+                *tail,
             )
         except TypeError:
             # The launcher refused the call before launching (argument count or types of

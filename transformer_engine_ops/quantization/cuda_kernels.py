@@ -43,6 +43,7 @@ import os
 from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .encoding import FP8_MAX, transposed_shape
 
@@ -109,8 +110,6 @@ def eligible(x: torch.Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     return _get_current_dispatch_mode() is None and available()
 
 
@@ -138,6 +137,34 @@ def _constants(fp8_dtype: torch.dtype, epsilon: float) -> tuple[float, float, di
     return fmax, eps32, bits
 
 
+@functools.lru_cache(maxsize=256)
+def _cast_constexprs(
+    fp8_dtype: torch.dtype,
+    force_pow_2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    pack_t: bool,
+    bias_grad: bool,
+) -> tuple[tuple[str, Any], ...]:
+    """The cast kernel's constexprs as the launcher's hashable ``(name, value)`` pairs,
+    built once per configuration (a quantize is on a host-bound path)."""
+    return (
+        ("PARTIAL_BLOCK", PARTIAL_BLOCK),
+        *_constants(fp8_dtype, 0.0)[2].items(),
+        ("FORCE_POW2", force_pow_2),
+        ("ROWWISE", rowwise),
+        ("COLUMNWISE", columnwise),
+        ("PACK_T", pack_t),
+        ("BGRAD", bias_grad),
+        ("BM", BLOCK_M),
+        ("BK", BLOCK_K),
+    )
+
+
+_AMAX_CONSTEXPRS = (("BLOCK", AMAX_BLOCK),)
+_COLSUM_CONSTEXPRS = (("BR", COLUMN_SUM_ROWS), ("BK", BLOCK_K))
+
+
 def fp8_current_scaling_quantize(
     x: torch.Tensor,
     fp8_dtype: torch.dtype,
@@ -154,7 +181,7 @@ def fp8_current_scaling_quantize(
     ``rowwise``), ``_transpose`` (uint8, ``(K, d0, ...)``; None unless ``columnwise``)
     and ``_scale_inv`` (fp32, ``(1,)``), equal bit for bit to the reference.
     """
-    return _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, False)[0]
+    return fused_quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, False)[0]
 
 
 def fp8_current_scaling_quantize_bias_grad(
@@ -174,7 +201,7 @@ def fp8_current_scaling_quantize_bias_grad(
         raise ValueError(
             f"fp8_current_scaling_quantize_bias_grad: needs a 2-D tensor, got {tuple(x.shape)}"
         )
-    buffers, bgrad = _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, True)
+    buffers, bgrad = fused_quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, True)
     assert bgrad is not None
     return buffers, bgrad
 
@@ -189,7 +216,10 @@ def _row_groups(m: int, k: int) -> tuple[int, int]:
     return max(triton_cdiv(m, rows), 1), rows
 
 
-def _quantize(
+_NAMES = {False: "fp8_current_scaling_quantize", True: "fp8_current_scaling_quantize_bias_grad"}
+
+
+def fused_quantize(
     x: torch.Tensor,
     fp8_dtype: torch.dtype,
     epsilon: float,
@@ -198,33 +228,38 @@ def _quantize(
     columnwise: bool,
     bias_grad: bool,
 ) -> tuple[dict[str, Optional[torch.Tensor]], Optional[torch.Tensor]]:
-    name = "fp8_current_scaling_quantize" + ("_bias_grad" if bias_grad else "")
+    """``(buffers, bias gradient or None)``: both entry points above in one positional
+    call (what a quantizer calls; ``bias_grad`` needs a 2-D ``x``)."""
+    name = _NAMES[bias_grad]
     if fp8_dtype not in _FORMATS:
         raise TypeError(f"{name}: not an FP8 dtype: {fp8_dtype}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"{name}: cannot quantize dtype {x.dtype}")
     if x.dim() < 1:
         raise ValueError(f"{name}: needs at least one dim")
-    if x.device.type != "cuda" and not _interpreting():
+    device = x.device
+    if device.type != "cuda" and not _interpreting():
         raise ValueError(
-            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
+            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
         )
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
-    if x.device.type == "cuda" and x.device.index != torch._C._cuda_getDevice():
+    if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
         # Triton launches on the current device: make it the tensor's.
-        with torch.cuda.device(x.device):
-            return _quantize(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad)
-    amax_kernel, colsum_kernel, cast_kernel = _kernels(x.device.type != "cuda")
+        with torch.cuda.device(device):
+            return fused_quantize(
+                x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad
+            )
+    amax_kernel, colsum_kernel, cast_kernel = _kernels(device.type != "cuda")
     shape = x.shape
     k = shape[-1]
-    m = math.prod(shape[:-1])
+    two_d = len(shape) == 2
+    m = shape[0] if two_d else math.prod(shape[:-1])
     x2 = x  # read by the kernels only: no autograd history is made from it
-    if x.dim() != 2 or not x.is_contiguous():
+    if not two_d or not x.is_contiguous():
         x2 = x.detach().reshape(m, k).contiguous()
     n = m * k
-    device = x.device
     colsum = bgrad = None
     groups = 0
     if bias_grad:
@@ -244,31 +279,30 @@ def _quantize(
         colsum_kernel(
             (groups, blocks, 1),
             (x2, partial, colsum, m, k, rows),
-            {"BR": COLUMN_SUM_ROWS, "BK": BLOCK_K},
+            _COLSUM_CONSTEXPRS,
             num_warps=AMAX_WARPS,
         )
     else:
         n_partial = min(triton_cdiv(n, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         partial = torch.empty(max(n_partial, 1), dtype=torch.int32, device=device)
         if n_partial > 0:
-            amax_kernel(
-                (n_partial, 1, 1), (x2, partial, n), {"BLOCK": AMAX_BLOCK}, num_warps=AMAX_WARPS
-            )
+            amax_kernel((n_partial, 1, 1), (x2, partial, n), _AMAX_CONSTEXPRS, num_warps=AMAX_WARPS)
     data = torch.empty(shape, dtype=torch.uint8, device=device) if rowwise else None
-    transpose = (
-        torch.empty(transposed_shape(shape), dtype=torch.uint8, device=device)
-        if columnwise
-        else None
-    )
     scale_inv = torch.empty(1, dtype=torch.float32, device=device)
-    fmax, eps32, constants = _constants(fp8_dtype, float(epsilon))
-    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1), 1)
     dummy = scale_inv  # never written when its usage is off (constexpr-pruned)
     # Four codes per int32 store in the transpose: each of its rows holds m codes.
-    pack_t = transpose is not None and m % 4 == 0
-    t_arg = transpose if transpose is not None else dummy
-    if pack_t:
-        t_arg = transpose.view(-1).view(torch.int32)
+    pack_t = columnwise and m % 4 == 0
+    transpose = None
+    t_arg = dummy
+    if pack_t and two_d:
+        # Made as the int32 words the kernel stores, viewed as the (k, m) codes.
+        t_arg = torch.empty((k, m // 4), dtype=torch.int32, device=device)
+        transpose = t_arg.view(torch.uint8)
+    elif columnwise:
+        transpose = torch.empty(transposed_shape(shape), dtype=torch.uint8, device=device)
+        t_arg = transpose.view(-1).view(torch.int32) if pack_t else transpose
+    fmax, eps32, _ = _constants(fp8_dtype, float(epsilon))
+    grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1), 1)
     cast_kernel(
         grid,
         (
@@ -286,17 +320,14 @@ def _quantize(
             bgrad if colsum is not None else dummy,
             groups,
         ),
-        {
-            "PARTIAL_BLOCK": PARTIAL_BLOCK,
-            **constants,
-            "FORCE_POW2": bool(force_pow_2),
-            "ROWWISE": bool(rowwise),
-            "COLUMNWISE": bool(columnwise),
-            "PACK_T": pack_t,
-            "BGRAD": colsum is not None,
-            "BM": BLOCK_M,
-            "BK": BLOCK_K,
-        },
+        _cast_constexprs(
+            fp8_dtype,
+            bool(force_pow_2),
+            bool(rowwise),
+            bool(columnwise),
+            pack_t,
+            colsum is not None,
+        ),
         num_warps=CAST_WARPS,
     )
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}, bgrad

@@ -27,6 +27,7 @@ from ..runtime.quantizer import (
     check_float,
     check_int,
 )
+from . import cuda_kernels
 from .encoding import (
     FP8_MAX,
     FP32_MAX,
@@ -171,23 +172,30 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         }
 
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
-        from . import cuda_kernels  # fused Triton kernels; same bits as the reference
-
-        if cuda_kernels.eligible(x):
-            return cuda_kernels.fp8_current_scaling_quantize(
-                x, self.fp8_dtype, **self.fused_options()
-            )
+        if cuda_kernels.eligible(x):  # fused Triton kernels; same bits as the reference
+            return self._fused(x, False)[0]
         return super()._quantize_impl(x)
 
     def _fused_bias_grad_impl(
         self, x: torch.Tensor
     ) -> Optional[tuple[dict[str, Optional[torch.Tensor]], torch.Tensor]]:
-        from . import cuda_kernels
-
         if not cuda_kernels.eligible(x):
             return None
-        return cuda_kernels.fp8_current_scaling_quantize_bias_grad(
-            x, self.fp8_dtype, **self.fused_options()
+        return self._fused(x, True)  # type: ignore[return-value]  # 2-D: the caller checked
+
+    def _fused(
+        self, x: torch.Tensor, bias_grad: bool
+    ) -> tuple[dict[str, Optional[torch.Tensor]], Optional[torch.Tensor]]:
+        # ``cuda_kernels``' entry points with :meth:`fused_options`, without building
+        # that dict per call (a quantize is on a host-bound path).
+        return cuda_kernels.fused_quantize(
+            x,
+            self.fp8_dtype,
+            self.amax_epsilon,
+            self.force_pow_2_scales,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            bias_grad,
         )
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
