@@ -5,11 +5,13 @@ One process, one run (``python -m benchmarks --device cuda --out DIR``):
 * **steps**: an 8-layer MLP of square layers, one training step (forward + backward,
   gradients set to None first), at 64x256 and 4096x8192: ``torch.nn.Linear`` bf16 and
   our ``Linear`` in bf16 and every recipe, each eager, ``torch.compile(fullgraph=True)``
-  and ``mode='reduce-overhead'`` (CUDA graphs), the three modes of one model and recipe
-  timed in the same interleaved rounds with their GEMM floor. A compiled mode that raises under
-  ``fullgraph=True`` is recorded with its error and measured again without
-  ``fullgraph`` (marked), so a fallback is reported, never hidden; a mode that fails
-  that way too is reported as failed. Fallback warnings and graph breaks are recorded.
+  and ``mode='reduce-overhead'`` (CUDA graphs). ``torch.nn.Linear``, our bf16 and our
+  FP8 current scaling (what the targets compare), every mode, are timed in the same
+  interleaved rounds with their GEMM floors; each other recipe's modes in rounds of their
+  own. A compiled mode that raises under ``fullgraph=True`` is recorded with its error
+  and measured again without ``fullgraph`` (marked), so a fallback is reported, never
+  hidden; a mode that fails that way too is reported as failed. Fallback warnings and
+  graph breaks are recorded.
 * **GEMM floors**: the 24 GEMMs of a step (8 layers x fprop TN, dgrad NN, wgrad NT)
   issued back to back on pre-made operands: bf16 ``torch.mm``, and FP8 ``_scaled_mm``
   (E4M3 x E4M3 forward, E5M2 x E4M3 backward) with bf16 out as our ``gemm`` issues it
@@ -344,41 +346,56 @@ def _ratio_of_medians(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"median": x, "q1": lo, "q3": hi, "min": lo, "max": hi, "n": 0, "samples": []}
 
 
+# Timed in one group: every target compares these (ours against torch.nn.Linear, FP8
+# against our bf16); each other recipe is a group of its own.
+TARGET_GROUP = (("torch", "bf16"), ("ours", "bf16"), ("ours", "fp8_current"))
+
+
+def _groups(recipes: tuple[str, ...]) -> list[list[tuple[str, str]]]:
+    """The contenders of a shape in timing groups (see :data:`TARGET_GROUP`)."""
+    first = [c for c in TARGET_GROUP if c[0] == "torch" or c[1] in recipes]
+    rest = [[("ours", r)] for r in recipes if ("ours", r) not in first]
+    return [first, *rest]
+
+
 def _shape(
     shape: str, rounds: int, min_run_time: float, recipes: tuple[str, ...]
 ) -> dict[str, Any]:
-    """Every mode of one model and recipe built (fresh dynamo state per model and
-    recipe), then all of them timed in the same interleaved rounds with their GEMM
-    floor: each mode sees the GPU in the same power and clock states as the others and
-    as the floor it is divided by (modes timed in separate stretches caught different
-    states, and their ratios followed the order they ran in)."""
+    """Every mode of the models and recipes of one group (:func:`_groups`) built, then
+    all of them timed in the same interleaved rounds with their GEMM floors: each sees
+    the host and the GPU in the same states as the contenders it is compared with and
+    as the floor it is divided by (timed in separate stretches, their ratios followed
+    the order they ran in), so every ratio of two contenders of a group is the median
+    of per-round ratios. Fresh dynamo state per group (no recompile limit shared)."""
     rows, hidden = SHAPES[shape]
     x = make_input(rows, hidden, device=_DEV[0])
     whichs = ("bf16", "fp8", "fp8-fp32-out") if _DEV[0] == "cuda" else ("bf16",)
     floors = {f"gemm/{w}": _gemm_floor(rows, hidden, w) for w in whichs}
     ms: dict[str, Any] = {}
+    samples: dict[str, list[float]] = {}
+    group_of: dict[str, int] = {}
     builds: dict[str, Any] = {}
     over_floor: dict[str, Any] = {}
     floor_samples: dict[str, list[float]] = {k: [] for k in floors}
-    contenders = [("torch", "bf16")] + [("ours", r) for r in recipes]
-    for kind, recipe_name in contenders:
-        torch._dynamo.reset()  # no recompile limit shared across models and recipes
+    for group, contenders in enumerate(_groups(recipes)):
+        torch._dynamo.reset()
         steps: dict[str, Any] = {}
-        for mode in MODES:
-            key = f"{kind}/{recipe_name}/{mode}"
-            progress(f"{shape} {rows}x{hidden} {key}: building and warming up")
-            fn, info = _build(kind, recipe_name, mode, hidden, x)
-            builds[key] = info
-            if fn is None:
-                progress(f"  FAILED: {info.get('error') or info.get('fullgraph_error')}")
-                continue
-            steps[key] = fn
-            note = "" if info["fullgraph"] or mode == "eager" else " (without fullgraph)"
-            progress(f"  ready in {info['warmup_s']:.1f} s{note}")
+        for kind, recipe_name in contenders:
+            for mode in MODES:
+                key = f"{kind}/{recipe_name}/{mode}"
+                progress(f"{shape} {rows}x{hidden} {key}: building and warming up")
+                fn, info = _build(kind, recipe_name, mode, hidden, x)
+                builds[key] = info
+                if fn is None:
+                    progress(f"  FAILED: {info.get('error') or info.get('fullgraph_error')}")
+                    continue
+                steps[key] = fn
+                note = "" if info["fullgraph"] or mode == "eager" else " (without fullgraph)"
+                progress(f"  ready in {info['warmup_s']:.1f} s{note}")
         if not steps:
             continue
-        floor = _floor_of(next(iter(steps)))
-        timed = {**steps, **({floor: floors[floor]} if floor in floors else {})}
+        its_floors = sorted({_floor_of(k) for k in steps} & floors.keys())
+        timed = {**steps, **{f: floors[f] for f in its_floors}}
         try:
             runs = interleaved(timed, rounds=rounds, min_run_time=min_run_time, label=shape)
         except Exception as exc:  # reported, never fatal
@@ -392,19 +409,19 @@ def _shape(
             _sync()
             if _DEV[0] == "cuda":
                 torch.cuda.empty_cache()
-        if floor in runs:
-            floor_samples[floor] += runs[floor]
-        for key, samples in runs.items():
-            if key == floor:
+        for key, times in runs.items():
+            if key in floors:
+                floor_samples[key] += times
                 continue
-            ms[key] = stats([t * 1e3 for t in samples])
+            ms[key], samples[key], group_of[key] = stats([t * 1e3 for t in times]), times, group
+            floor = _floor_of(key)
             if floor in runs:
-                over_floor[key] = ratio_stats(samples, runs[floor])
+                over_floor[key] = ratio_stats(times, runs[floor])
             vs = f", {over_floor[key]['median']:.2f}x {floor}" if key in over_floor else ""
             progress(f"  {key}: {ms[key]['median']:.3f} ms{vs}")
-    for floor, samples in floor_samples.items():
-        if samples:
-            ms[floor] = stats([t * 1e3 for t in samples])
+    for floor, times in floor_samples.items():
+        if times:
+            ms[floor] = stats([t * 1e3 for t in times])
     steps = [k for k in ms if not k.startswith("gemm/")]
 
     def versus(base: str) -> dict[str, Any]:
@@ -412,7 +429,12 @@ def _shape(
         for k in steps:
             ref = f"{base}/{k.split('/')[2]}"
             if k.startswith("ours/") and ref in ms and k != ref:
-                out[k] = _ratio_of_medians(ms[k], ms[ref])
+                paired = group_of[k] == group_of[ref]
+                out[k] = (
+                    ratio_stats(samples[k], samples[ref])
+                    if paired
+                    else _ratio_of_medians(ms[k], ms[ref])
+                )
         return out
 
     return {

@@ -166,14 +166,15 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md
 
 
-def test_step_figure_times_every_mode_of_a_model_in_the_same_rounds_as_its_floor(monkeypatch):
-    """Figure 6's step timing, run on the CPU at a tiny shape: each model and recipe's
-    three modes and their GEMM floor are timed together, round by round, so each mode's
-    ratio to the floor pairs samples taken in the same rounds."""
+def test_step_figure_times_what_a_target_compares_in_the_same_rounds(monkeypatch):
+    """Figure 6's step timing, run on the CPU at a tiny shape: torch.nn.Linear and our
+    bf16, every mode, and their GEMM floor are timed together, round by round, so their
+    ratios (to each other, to the floor) pair samples taken in the same rounds; another
+    recipe is timed in rounds of its own, and its ratios say they are not paired."""
     from benchmarks import gpu
 
     monkeypatch.setattr(gpu, "_DEV", ["cpu"])
-    monkeypatch.setitem(gpu.SHAPES, "small", (8, 32))
+    monkeypatch.setitem(gpu.SHAPES, "small", (32, 64))
     seen: list[tuple[str, ...]] = []
     real = gpu.interleaved
 
@@ -182,12 +183,25 @@ def test_step_figure_times_every_mode_of_a_model_in_the_same_rounds_as_its_floor
         return real(contenders, **kw)
 
     monkeypatch.setattr(gpu, "interleaved", spy)
-    out = gpu._shape("small", rounds=2, min_run_time=0.001, recipes=("bf16",))
+    out = gpu._shape("small", rounds=2, min_run_time=0.001, recipes=("bf16", "mxfp8"))
+    # torch.nn.Linear and our bf16 (what the targets compare) in one group, the other
+    # recipe in its own; each with the floor its contenders are divided by.
     assert seen == [
-        (*(f"{kind}/bf16/{mode}" for mode in gpu.MODES), "gemm/bf16") for kind in ("torch", "ours")
+        (
+            *(f"{kind}/bf16/{mode}" for kind in ("torch", "ours") for mode in gpu.MODES),
+            "gemm/bf16",
+        ),
+        (*(f"ours/mxfp8/{mode}" for mode in gpu.MODES), "gemm/bf16"),
     ]
     steps = [k for k in out["ms"] if not k.startswith("gemm/")]
-    assert sorted(steps) == sorted(out["over_gemm_floor"]) and len(steps) == 6
+    assert sorted(steps) == sorted(out["over_gemm_floor"]) and len(steps) == 9
     assert all(r["n"] == 2 for r in out["over_gemm_floor"].values())  # paired per round
     assert out["ms"]["gemm/bf16"]["n"] == 4  # the floor's samples of both groups
+    # Same group: per-round ratios; across groups: a ratio of medians (n=0).
+    vs_torch = out["over_torch_same_mode"]
+    assert set(vs_torch) == {f"ours/{r}/{m}" for r in ("bf16", "mxfp8") for m in gpu.MODES}
+    for mode in gpu.MODES:
+        assert vs_torch[f"ours/bf16/{mode}"]["n"] == 2
+        assert vs_torch[f"ours/mxfp8/{mode}"]["n"] == 0
+        assert out["over_bf16_same_mode"][f"ours/mxfp8/{mode}"]["n"] == 0
     assert all(b["fullgraph"] for k, b in out["builds"].items() if not k.endswith("/eager"))
