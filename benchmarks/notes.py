@@ -138,11 +138,17 @@ rounds, in short blocks at higher clocks: there the GPU finishes a step sooner. 
 whose host time per step comes close to its GPU time can fall behind it in one stretch
 and not in another; a sustained run whose SM clock sits above its siblings' is one
 where the GPU waited for the host (the previous run's FP8 compiled: 1665 MHz, 14.4 ms,
-1.30x). Measured directly (`torch.cuda._sleep` keeps the GPU a second ahead while four
-steps are queued), an FP8 4096x8192 step's host time was 8.4 ms eager and 9.9 ms
-compiled (7.0-10.6 over five samples) against a 12.6-12.7 ms step: a margin of ~25%
-that a slow stretch of the shared host can use up. In this run all three FP8 modes ran
-at the same clock (1680-1688 MHz) and time (13.3 ms).""",
+1.30x). Measured directly (`python -m benchmarks.step_profile --queued`: a
+`torch.cuda._sleep` keeps the GPU a second ahead while four steps are queued), an FP8
+4096x8192 step's host time on one lease was 8.4 ms eager and 9.9 ms compiled against a
+12.6-12.7 ms step (GPU-bound, with a ~25% margin); on a slower lease 9.2 ms eager and
+12.2 ms compiled, and the compiled step took 14.5 ms against eager's 12.7 ms: there the
+compiled step was bound by its host (`reduce-overhead`: 2.6 ms of host time). The
+compiled path's host time per FP8 layer exceeds eager's by 0.2-0.4 ms on that host; on
+this CPU the op boundary of an FP8 layer (dispatch, unflatten, result packing) costs
+about what a bf16 layer's does (~40 us forward, ~45 us backward), so the rest is the
+lent host's. In this run all three FP8 modes ran at the same clock (1680-1688 MHz) and
+time (13.3 ms).""",
     "gpu_analysis": """\
 **FP8 current scaling (large shape).** This session's changes, each measured on the
 H200: (1) the fused quantize's amax kernel writes one word per program instead of an

@@ -9,6 +9,11 @@ amax and cast + transpose kernels, other elementwise) and by kernel name.
 ``--host`` profiles the host instead (``cProfile`` over the same steps): where the
 Python time of an eager or compiled step goes, by function (own time and cumulative),
 the question when a step is bound by the CPU enqueuing kernels rather than by the GPU.
+
+``--queued`` answers whether it is: the host time of a step measured while the GPU is
+kept busy (a ~1 s ``torch.cuda._sleep`` queued first, so the host never waits for the
+GPU) against the step's synchronized wall time; a host time close to the wall time
+means the GPU waits for the host.
 """
 
 from __future__ import annotations
@@ -141,6 +146,51 @@ def host_profile(rows: int, hidden: int, recipe: str, mode: str, top: int = 40) 
     }
 
 
+def queued_host_time(
+    rows: int, hidden: int, recipe: str, mode: str, rounds: int = 5, queued: int = 4
+) -> dict[str, Any]:
+    """Host ms per step with the GPU kept busy, against the synchronized ms per step
+    (medians over ``rounds``). Each round queues a sleep kernel of ~1 s, then enqueues
+    ``queued`` steps behind it, timed on the host, then times ``2 * queued`` steps with a
+    synchronize. A step that synchronizes itself would wait for the sleep: reported."""
+    from .models import make_input
+
+    x = make_input(rows, hidden, device="cuda")
+    step, info = _build("ours", recipe, mode, hidden, x)
+    if step is None:
+        return {"failed": info}
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    cycles = 2_000_000_000  # ~1 s at the H200's 1.98 GHz; longer when it clocks down
+    hosts, walls = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        started = time.perf_counter()
+        for _ in range(queued):
+            step()
+        hosts.append((time.perf_counter() - started) / queued)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(2 * queued):
+            step()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - started) / (2 * queued))
+    return {
+        "rows": rows,
+        "hidden": hidden,
+        "recipe": recipe,
+        "mode": mode,
+        "host_ms_per_step": statistics.median(hosts) * 1e3,
+        "host_ms_samples": [round(h * 1e3, 2) for h in hosts],
+        "step_ms": statistics.median(walls) * 1e3,
+        "step_ms_samples": [round(w * 1e3, 2) for w in walls],
+        # The queued steps waited for the sleep: the step synchronizes with the GPU.
+        "synchronizes": max(hosts) > 0.5,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=4096)
@@ -148,8 +198,11 @@ def main() -> None:
     parser.add_argument("--recipe", default="fp8_current", choices=sorted(RECIPES))
     parser.add_argument("--mode", default="eager", choices=("eager", "compiled", "reduce-overhead"))
     parser.add_argument("--host", action="store_true", help="profile the host (cProfile)")
+    parser.add_argument(
+        "--queued", action="store_true", help="host time per step with the GPU kept busy"
+    )
     args = parser.parse_args()
-    run = host_profile if args.host else profile
+    run = host_profile if args.host else queued_host_time if args.queued else profile
     print(json.dumps(run(args.rows, args.hidden, args.recipe, args.mode), indent=1), flush=True)
 
 

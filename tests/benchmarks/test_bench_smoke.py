@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,3 +206,15 @@ def test_step_figure_times_what_a_target_compares_in_the_same_rounds(monkeypatch
         assert vs_torch[f"ours/mxfp8/{mode}"]["n"] == 0
         assert out["over_bf16_same_mode"][f"ours/mxfp8/{mode}"]["n"] == 0
     assert all(b["fullgraph"] for k, b in out["builds"].items() if not k.endswith("/eager"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_steps_host_time_is_measured_with_the_gpu_kept_busy():
+    """``step_profile --queued``: the queued steps never wait for the GPU (the step does
+    not synchronize), and a small step's host time is of the order of its wall time."""
+    from benchmarks import step_profile
+
+    out = step_profile.queued_host_time(64, 256, "bf16", "eager", rounds=2, queued=2)
+    assert not out["synchronizes"]
+    assert 0 < out["host_ms_per_step"] < 3 * out["step_ms"]
