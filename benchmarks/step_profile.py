@@ -43,17 +43,29 @@ def _group(name: str) -> str:
     return "other"
 
 
-def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
+def _warm_step(rows: int, hidden: int, recipe: str, mode: str) -> tuple[Any, dict[str, Any]]:
+    """Figure 6's training step of our 8-layer MLP, built and run three times (compiled,
+    CUDA graph recorded and replayed); ``(None, what failed)`` when it could not be."""
     from .models import make_input
 
     x = make_input(rows, hidden, device="cuda")
     step, info = _build("ours", recipe, mode, hidden, x)
+    if step is not None:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    return step, info
+
+
+def _what(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
+    return {"rows": rows, "hidden": hidden, "recipe": recipe, "mode": mode}
+
+
+def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
+    step, info = _warm_step(rows, hidden, recipe, mode)
     if step is None:
         return {"failed": info}
     walls = []
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
         for _ in range(STEPS):
@@ -86,10 +98,7 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
     ]
     ops.sort(key=lambda kv: -kv[1])
     return {
-        "rows": rows,
-        "hidden": hidden,
-        "recipe": recipe,
-        "mode": mode,
+        **_what(rows, hidden, recipe, mode),
         "step_ms_median_profiled": statistics.median(walls) * 1e3,
         "kernel_ms_per_step": sum(by_name.values()) / 1e3,
         "gpu_busy_ms_per_step": busy / STEPS / 1e3,
@@ -106,15 +115,9 @@ def host_profile(rows: int, hidden: int, recipe: str, mode: str, top: int = 40) 
     import cProfile
     import pstats
 
-    from .models import make_input
-
-    x = make_input(rows, hidden, device="cuda")
-    step, info = _build("ours", recipe, mode, hidden, x)
+    step, info = _warm_step(rows, hidden, recipe, mode)
     if step is None:
         return {"failed": info}
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
     steps = 20
     profiler = cProfile.Profile()
     started = time.perf_counter()
@@ -136,10 +139,7 @@ def host_profile(rows: int, hidden: int, recipe: str, mode: str, top: int = 40) 
     own = sorted(rows_, key=lambda r: -r[2])[:top]
     cum = sorted(rows_, key=lambda r: -r[3])[:top]
     return {
-        "rows": rows,
-        "hidden": hidden,
-        "recipe": recipe,
-        "mode": mode,
+        **_what(rows, hidden, recipe, mode),
         "step_ms_under_cprofile": wall * 1e3,
         "own_us_per_step": {r[0]: [round(r[1], 1), round(r[2], 1)] for r in own},
         "cumulative_us_per_step": {r[0]: [round(r[1], 1), round(r[3], 1)] for r in cum},
@@ -153,15 +153,9 @@ def queued_host_time(
     (medians over ``rounds``). Each round queues a sleep kernel of ~1 s, then enqueues
     ``queued`` steps behind it, timed on the host, then times ``2 * queued`` steps with a
     synchronize. A step that synchronizes itself would wait for the sleep: reported."""
-    from .models import make_input
-
-    x = make_input(rows, hidden, device="cuda")
-    step, info = _build("ours", recipe, mode, hidden, x)
+    step, info = _warm_step(rows, hidden, recipe, mode)
     if step is None:
         return {"failed": info}
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
     cycles = 2_000_000_000  # ~1 s at the H200's 1.98 GHz; longer when it clocks down
     hosts, walls = [], []
     for _ in range(rounds):
@@ -178,10 +172,7 @@ def queued_host_time(
         torch.cuda.synchronize()
         walls.append((time.perf_counter() - started) / (2 * queued))
     return {
-        "rows": rows,
-        "hidden": hidden,
-        "recipe": recipe,
-        "mode": mode,
+        **_what(rows, hidden, recipe, mode),
         "host_ms_per_step": statistics.median(hosts) * 1e3,
         "host_ms_samples": [round(h * 1e3, 2) for h in hosts],
         "step_ms": statistics.median(walls) * 1e3,
