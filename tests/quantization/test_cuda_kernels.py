@@ -424,6 +424,10 @@ def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monk
     assert len(jit.triton_launches) == 1 and launcher.direct_launches == 1
     grid_and_stream, tail = compiled.calls[0][:4], compiled.calls[0][9:]
     assert grid_and_stream == (4, 1, 1, 1234) and tail == (buf, 64, 128)
+    # Constexprs as built once per configuration, (name, value) pairs: the same key.
+    launcher((4, 1, 1), (buf, 64), (("BLOCK", 128),), num_warps=8)
+    assert len(jit.triton_launches) == 1 and launcher.direct_launches == 2
+    assert compiled.calls[1][9:] == (buf, 64, 128)
     launcher((4, 1, 1), (buf[1:], 63), {"BLOCK": 128}, num_warps=8)  # misaligned: new key
     assert len(jit.triton_launches) == 2
     hook = triton.knobs.runtime.launch_enter_hook
