@@ -200,8 +200,9 @@ paired round by round with `torch.nn.Linear`): our eager step 1.73x `torch.nn.Li
 target 1.2x), `reduce-overhead` 1.05x with an IQR of 0.98-1.22x (0.99x; target 1.0x: at
 the noise level). The previous runs: eager 1.62x and 1.85x, compiled 1.92x and 2.27x,
 `reduce-overhead` 1.07x and 0.99x. The host's Python speed varies between lent
-machines, and a small step's time by up to 2x within one (our eager step: 2.6-3.4 ms
-over this run's five rounds), so compare ratios within one run. What is left
+machines, and a small step's time within one (our eager step: 2.6-3.4 ms over this
+run's five rounds, 2.2-4.0 ms over the previous run's), so compare ratios within one run,
+paired round by round. What is left
 per layer is listed in figure 8: the Python kernels, the dispatcher's conversion of 36
 schema slots twice a layer (its `dispatch/` rows price that at ~6.5 us a call over a
 7-slot schema: a small part), bundle construction and field checks; at this shape each
