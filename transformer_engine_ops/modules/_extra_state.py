@@ -57,6 +57,11 @@ __all__ = [
 ]
 
 EXTRA_STATE_FORMAT = "transformer_engine_ops.delayed_scaling/1"
+# Per direction: the (scale, amax history) keys of the state dict and the roles they hold.
+_DIRECTIONS = (
+    (("scale_fwd", "amax_history_fwd"), FORWARD_ROLES),
+    (("scale_bwd", "amax_history_bwd"), BACKWARD_ROLES),
+)
 _ATTR = "_teops_scaling_state"
 
 
@@ -92,12 +97,10 @@ class ScalingState:
                 "amax_compute_algo": r.amax_compute_algo,
             },
         }
-        for suffix, roles in (("fwd", FORWARD_ROLES), ("bwd", BACKWARD_ROLES)):
+        for (scale_key, history_key), roles in _DIRECTIONS:
             qs = [self.quantizers[role] for role in roles]
-            state[f"scale_{suffix}"] = torch.cat([q.scale.detach().cpu() for q in qs])
-            state[f"amax_history_{suffix}"] = torch.stack(
-                [q.amax_history.detach().cpu() for q in qs], dim=1
-            )
+            state[scale_key] = torch.cat([q.scale.detach().cpu() for q in qs])
+            state[history_key] = torch.stack([q.amax_history.detach().cpu() for q in qs], dim=1)
         return state
 
     @classmethod
@@ -111,14 +114,14 @@ class ScalingState:
                 amax_compute_algo=fields["amax_compute_algo"],
             )
             new = cls(recipe)
-            for suffix, roles in (("fwd", FORWARD_ROLES), ("bwd", BACKWARD_ROLES)):
-                scale, history = state[f"scale_{suffix}"], state[f"amax_history_{suffix}"]
+            for (scale_key, history_key), roles in _DIRECTIONS:
+                scale, history = state[scale_key], state[history_key]
                 if tuple(scale.shape) != (len(roles),) or tuple(history.shape) != (
                     recipe.amax_history_len,
                     len(roles),
                 ):
                     raise ValueError(
-                        f"scale_{suffix} {tuple(scale.shape)} / amax_history_{suffix} "
+                        f"{scale_key} {tuple(scale.shape)} / {history_key} "
                         f"{tuple(history.shape)} do not match amax_history_len="
                         f"{recipe.amax_history_len} and {len(roles)} roles"
                     )
@@ -159,9 +162,7 @@ def _scaling_state(module: torch.nn.Module, recipe: Recipe) -> ScalingState:
 
 
 # The keys ``ScalingState.to_dict`` writes; a module's further GEMMs add one key each.
-STATE_KEYS = frozenset(
-    {"format", "recipe", "scale_fwd", "scale_bwd", "amax_history_fwd", "amax_history_bwd"}
-)
+STATE_KEYS = frozenset({"format", "recipe", *(key for keys, _ in _DIRECTIONS for key in keys)})
 
 
 def check_gemm_entries(owner: str, state: dict[str, Any], further_gemms: tuple[str, ...]) -> None:

@@ -114,8 +114,9 @@ def eligible(x: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _kernels(interpret: bool = False) -> tuple[Any, Any]:
-    """(amax kernel, cast + transpose kernel), compiled or for Triton's interpreter."""
+def _kernels(interpret: bool = False) -> tuple[Any, Any, Any]:
+    """(amax, amax + column sums, cast + transpose) launchers, compiled or for Triton's
+    interpreter."""
     from . import _fp8_triton
 
     return _fp8_triton.build(interpret)

@@ -239,9 +239,7 @@ class Quantizer:
         """Quantize ``t``; a storage when ``internal`` else a wrapper tensor."""
         self.check_input(t)
         # The buffers never carry autograd history (quantization is not differentiable).
-        inner = self._quantize_impl(t.detach() if t.requires_grad else t)
-        cls = self.storage_cls if self.internal else self.wrapper_cls
-        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
+        return self._quantized_value(self._quantize_impl(t.detach() if t.requires_grad else t), t)
 
     def quantize_with_bias_grad(
         self, t: torch.Tensor
@@ -259,8 +257,15 @@ class Quantizer:
         if fused is None:
             return self.quantize(t), t.sum(0, dtype=torch.float32)
         inner, bias_grad = fused
+        return self._quantized_value(inner, t), bias_grad
+
+    def _quantized_value(
+        self, inner: Mapping[str, Optional[torch.Tensor]], t: torch.Tensor
+    ) -> Union[QuantizedStorage, QuantizedTensor]:
+        """The quantized value of ``t`` holding ``inner``: a storage when ``internal``
+        else a wrapper tensor."""
         cls = self.storage_cls if self.internal else self.wrapper_cls
-        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape), bias_grad
+        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
 
     def _fused_bias_grad_impl(
         self, t: torch.Tensor
