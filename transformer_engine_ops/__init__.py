@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         checkpoint,
         quantized_model_init,
     )
+    from .runtime.lowering import inductor_backend
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -38,6 +39,7 @@ _EXPORTS = {
     "RMSNorm": ".modules",
     "autocast": ".modules",
     "checkpoint": ".modules",
+    "inductor_backend": ".runtime.lowering",
     "quantized_model_init": ".modules",
 }
 
@@ -50,6 +52,7 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "checkpoint",
+    "inductor_backend",
     "quantized_model_init",
     "recipe",
 ]

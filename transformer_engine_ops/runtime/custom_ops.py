@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from . import lowering
 from .boundary import (
+    SlotRow,
     optional_tensor_or_quantized,
     quantized_slots,
     unpack_tensor_or_quantized,
@@ -458,12 +460,14 @@ def define_op(
     schema: str,
     kernel: Callable[..., Any],
     fake: Callable[..., Any],
+    slots: Sequence[SlotRow],
     *,
     differentiable: bool = False,
 ) -> Any:
     """Define a custom op (its OpOverload), real and fake kernels, never dead-code
     eliminated. A ``differentiable`` op gets its autograd kernel from
-    :func:`register_autograd`; any other never records a gradient.
+    :func:`register_autograd`; any other never records a gradient. ``slots`` (the op's
+    slot table) tell :mod:`.lowering` which calls Inductor may trace the kernel of.
 
     Ops may run collectives, so an op whose result is unused must still run; FX's
     side-effect registry keeps it. A failure is recorded, not raised (None returned), so
@@ -489,6 +493,7 @@ def define_op(
         if not differentiable:
             lib.impl(name, no_grad_kernel, "Autograd", with_keyset=True)
         torch.fx.node.has_side_effect(op)
+        lowering.register(op, kernel, slots)
         return op
     except Exception as exc:  # noqa: BLE001 - any torch-version failure means: fall back
         _REGISTRATION_ERRORS.append(

@@ -1,0 +1,222 @@
+"""``inductor_backend()``: plain op calls lowered into Inductor's graph, the rest kept.
+
+A plain call (no quantizer, quantized tensor or process group) is traced into the graph
+and matches eager to rounding; a quantized call keeps its op node and stays bitwise;
+nothing leaks into the default backend through AOTAutograd's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from family_cases import make, make_input
+from module_cases import MLP, assert_bitwise, graph_breaks, step, unique_graphs
+
+import transformer_engine_ops as te
+from transformer_engine_ops.runtime import lowering
+
+FAMILY = ["layernorm", "rmsnorm", "layernorm_linear", "layernorm_mlp"]
+
+
+@pytest.fixture
+def lowered_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Counts, per op, the calls each decomposition traced (declined ones excluded)."""
+    calls: dict[str, int] = {}
+    for op, decomposition in lowering.decompositions().items():
+        name = op._schema.name
+
+        def counted(*slots: Any, _d: Any = decomposition, _n: str = name) -> Any:
+            out = _d(*slots)
+            if out is not NotImplemented:
+                calls[_n] = calls.get(_n, 0) + 1
+            return out
+
+        monkeypatch.setitem(lowering._DECOMPOSITIONS, op, counted)
+    yield calls
+
+
+def cloned(result: tuple[Any, ...]) -> tuple[Any, ...]:
+    out, dx, grads = result
+    return out.clone(), dx.clone(), [None if g is None else g.clone() for g in grads]
+
+
+def assert_close(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
+    """bf16 rounding of a different summation order: within a few ulps of the values."""
+    flat_got = [got[0], got[1], *got[2]]
+    flat_want = [want[0], want[1], *want[2]]
+    for i, (a, b) in enumerate(zip(flat_got, flat_want, strict=True)):
+        assert a is not None and b is not None, f"entry {i} has no value"
+        assert a.shape == b.shape and a.dtype == b.dtype, f"entry {i}: {a.shape} vs {b.shape}"
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item(), msg=f"{i}")
+
+
+def test_linear_plain_calls_are_lowered_and_match_eager(lowered_calls):
+    model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
+    eager = step(model, x, None)
+    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend())
+    got = step(compiled, x, None)
+    assert lowered_calls == {"teops::linear_fwd": 2, "teops::linear_bwd": 2}
+    assert graph_breaks() == 0 and unique_graphs() == 1
+    assert_close(got, eager)
+    again = step(compiled, x, None)  # the compiled graph runs again unchanged
+    assert_bitwise(again, got)
+
+
+@pytest.mark.parametrize("kind", FAMILY)
+def test_family_plain_calls_are_lowered_and_match_eager(kind, lowered_calls):
+    module, x = make(kind), make_input()
+    eager = step(module, x, None)
+    got = step(torch.compile(module, fullgraph=True, backend=te.inductor_backend()), x, None)
+    assert set(lowered_calls) == {
+        f"teops::{kind.replace('rmsnorm', 'layernorm')}_fwd",
+        f"teops::{kind.replace('rmsnorm', 'layernorm')}_bwd",
+    }
+    assert graph_breaks() == 0
+    assert_close(got, eager)
+
+
+def test_grouped_linear_keeps_its_op_as_it_reads_its_splits_on_the_host(lowered_calls):
+    torch.manual_seed(0)
+    module = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
+    x = torch.randn(96, 64).to(torch.bfloat16)
+
+    def run(m: Any) -> tuple[Any, ...]:
+        for p in module.parameters():
+            p.grad = None
+        xi = x.clone().requires_grad_(True)
+        y = m(xi, [32, 0, 64])
+        y.float().square().sum().backward()
+        return y.detach(), xi.grad, [p.grad for p in module.parameters()]
+
+    eager = run(module)
+    got = run(torch.compile(module, fullgraph=True, backend=te.inductor_backend()))
+    assert lowered_calls == {}
+    assert graph_breaks() == 0
+    assert_bitwise(got, eager)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_current", "fp8_block"])
+def test_quantized_calls_keep_their_op_and_stay_bitwise(recipe, lowered_calls):
+    model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
+    eager = step(model, x, recipe)
+    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
+    assert lowered_calls == {}
+    assert graph_breaks() == 0
+    assert_bitwise(got, eager)
+
+
+def test_the_default_backend_never_reuses_a_lowered_graph(lowered_calls):
+    """AOTAutograd's cache keys on the captured graph, not the decomposition table: the
+    backend bypasses it, so a default compile of the same model after a lowered one is
+    the op graph (bitwise equal to eager), and a lowered one after a default one lowers."""
+    model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
+    eager = step(model, x, None)
+    step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    assert lowered_calls["teops::linear_fwd"] == 2
+    torch._dynamo.reset()
+    default = step(torch.compile(model, fullgraph=True), x, None)
+    assert lowered_calls["teops::linear_fwd"] == 2
+    assert_bitwise(default, eager)
+    torch._dynamo.reset()
+    step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    assert lowered_calls["teops::linear_fwd"] == 4
+
+
+def test_mode_and_options_reach_inductor(monkeypatch):
+    seen: list[dict[str, Any]] = []
+    import torch._inductor.compile_fx as compile_fx_module
+
+    def fake_compile_fx(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return gm.forward
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile_fx)
+    backend = te.inductor_backend(mode="max-autotune-no-cudagraphs", options={"debug": False})
+    model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
+    torch.compile(model, fullgraph=True, backend=backend)(x)
+    (kwargs,) = seen
+    assert kwargs["config_patches"] == {
+        "max_autotune": True,
+        "coordinate_descent_tuning": True,
+        "debug": False,
+    }
+    table = kwargs["decompositions"]
+    assert all(table[op] is d for op, d in lowering.decompositions().items())
+
+
+def test_plain_call_rule_reads_the_slot_table():
+    from transformer_engine_ops.generated import grouped_linear, linear
+
+    plain = lowering.PlainCall(linear.FORWARD_SLOTS)
+    names = [row.slot for row in linear.FORWARD_SLOTS]
+    slots = [None] * len(names)
+    slots[names.index("weight__inner")] = []
+    slots[names.index("weight_workspace__inner")] = []
+    assert plain(slots)
+    for field, value in [
+        ("input_quantizer", "q"),
+        ("tp_group", "group"),
+        ("weight__inner", [torch.empty(1)]),
+        ("weight_workspace__inner", [torch.empty(1)]),
+    ]:
+        changed = list(slots)
+        changed[names.index(field)] = value
+        assert not plain(changed), field
+    changed = list(slots)
+    changed[names.index("inp")] = torch.ones(2, dtype=torch.int64)
+    assert not plain(changed), "an integer tensor"
+    changed[names.index("inp")] = torch.ones(2)
+    assert plain(changed)
+    grouped = lowering.PlainCall(grouped_linear.FORWARD_SLOTS)
+    names = [row.slot for row in grouped_linear.FORWARD_SLOTS]
+    slots = [[] if n.endswith("__inner") else None for n in names]
+    slots[names.index("input_quantizers")] = [None, None]
+    assert grouped(slots)
+    slots[names.index("input_quantizers")] = [None, "q"]
+    assert not grouped(slots)
+    slots[names.index("input_quantizers")] = None
+    slots[names.index("m_splits")] = torch.tensor([1, 2])
+    assert not grouped(slots)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("kind", ["linear", *FAMILY])
+def test_plain_calls_are_lowered_on_cuda_without_skips(kind, mode, lowered_calls):
+    from torch._dynamo.utils import counters
+
+    if kind == "linear":
+        module, x = MLP(device="cuda"), torch.randn(8, 64, device="cuda").to(torch.bfloat16)
+    else:
+        module, x = make(kind).cuda(), make_input().cuda()
+    eager = step(module, x, None)
+    compiled = torch.compile(module, fullgraph=True, backend=te.inductor_backend(mode=mode))
+    skips = counters["inductor"]["cudagraph_skips"]
+    first = cloned(step(compiled, x, None))  # CUDA graph outputs are reused: clone
+    for _ in range(2):
+        if mode:
+            torch.compiler.cudagraph_mark_step_begin()
+        again = cloned(step(compiled, x, None))
+        assert_bitwise(again, first)
+    assert lowered_calls and all(n > 0 for n in lowered_calls.values())
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert graph_breaks() == 0 and unique_graphs() == 1
+    assert_close(first, eager)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8"])
+def test_quantized_calls_keep_their_op_on_cuda_and_stay_bitwise(recipe, lowered_calls):
+    model, x = MLP(device="cuda"), torch.randn(32, 64, device="cuda").to(torch.bfloat16)
+    eager = step(model, x, recipe)
+    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
+    assert lowered_calls == {}
+    assert_bitwise(got, eager)

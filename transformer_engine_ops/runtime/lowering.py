@@ -1,0 +1,129 @@
+"""Opt-in: Inductor compiles a plain op call as its own code instead of calling the op.
+
+By default a compiled graph calls each op as one opaque node, so every call pays the
+dispatcher and the op's Python kernel on the host, and Inductor cannot fuse across it.
+For a plain call (no quantizer, no quantized tensor, no process group, no integer
+tensor: the kernel is then plain torch ops on floating-point tensors) that host cost is
+all there is, and on small shapes it dominates the step. ``inductor_backend()`` gives Inductor a decomposition of
+each op that, for a plain call, traces the op's own kernel into the graph in place of
+the node; any other call declines and keeps its node (quantized kernels launch Triton
+directly, collectives need the op, and an integer tensor such as GroupedLinear's
+``m_splits`` is read on the host, a data-dependent size Inductor cannot trace). The graph Dynamo captures still holds the ops (the
+schema, guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
+
+The price: Inductor then generates its own reductions and fusions (e.g. the bias
+gradient's sum), so a lowered graph matches eager to rounding, not bit for bit; the
+default backend keeps the bitwise guarantee. AOTAutograd's cache does not key on the
+decomposition table, so the backend bypasses that cache (Inductor's own FX graph cache
+keys on the already-decomposed graph and stays on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .boundary import SlotRow
+
+# op -> its decomposition (registered by define_op for every generated op)
+_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+
+# Slot kinds that must be None (or a list of Nones) for a call to be plain.
+_NONE_KINDS = frozenset(("quantizer", "process group"))
+_NONE_LIST_KINDS = frozenset(("quantizer list",))
+# A tensor-or-quantized group carries a quantized value's buffers in its ``Tensor[]``
+# slot: empty when every value is a plain tensor or None.
+_QUANTIZABLE_KINDS = frozenset(("tensor-or-quantized", "tensor-or-quantized list"))
+# Plain tensor slots: each must hold floating-point tensors (or None).
+_TENSOR_KINDS = frozenset(("tensor", "tensor list"))
+
+
+def _floating(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, list):
+        return all(t is None or t.is_floating_point() for t in value)
+    return value.is_floating_point()
+
+
+class PlainCall:
+    """Whether an op call's slots are plain, by the op's slot table."""
+
+    def __init__(self, rows: Sequence[SlotRow]) -> None:
+        self.nones = tuple(i for i, r in enumerate(rows) if r.kind in _NONE_KINDS)
+        self.none_lists = tuple(i for i, r in enumerate(rows) if r.kind in _NONE_LIST_KINDS)
+        self.empty = tuple(
+            i for i, r in enumerate(rows) if r.kind in _QUANTIZABLE_KINDS and r.type == "Tensor[]"
+        )
+        self.floating = tuple(i for i, r in enumerate(rows) if r.kind in _TENSOR_KINDS)
+
+    def __call__(self, slots: Sequence[Any]) -> bool:
+        return (
+            all(slots[i] is None for i in self.nones)
+            and all(slots[i] is None or all(q is None for q in slots[i]) for i in self.none_lists)
+            and all(not slots[i] for i in self.empty)
+            and all(_floating(slots[i]) for i in self.floating)
+        )
+
+
+def register(op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow]) -> None:
+    """Let :func:`inductor_backend` trace ``kernel`` in place of ``op`` for plain calls."""
+    plain = PlainCall(rows)
+
+    def decomposition(*slots: Any) -> Any:
+        if not plain(slots):
+            return NotImplemented  # keep the op node
+        return kernel(*slots)
+
+    decomposition.__name__ = f"lower_{op._schema.name.replace('::', '_')}"
+    _DECOMPOSITIONS[op] = decomposition
+
+
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    """The registered op decompositions (a copy)."""
+    return dict(_DECOMPOSITIONS)
+
+
+def inductor_backend(
+    mode: str | None = None, options: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """A ``torch.compile`` backend: Inductor, with plain op calls lowered into its graph.
+
+    ``torch.compile(model, fullgraph=True, backend=inductor_backend(mode="reduce-overhead"))``;
+    ``mode`` and ``options`` mean what they mean to ``torch.compile``'s Inductor.
+    """
+    import torch
+    import torch._functorch.config as functorch_config
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+
+    patches = {**list_mode_options(mode or "default"), **(options or {})}
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        _register_fallbacks()
+        table = {**select_decomp_table(), **_DECOMPOSITIONS}
+        with functorch_config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
+
+    backend.__name__ = "teops_inductor"
+    return backend
+
+
+def _register_fallbacks() -> None:
+    """A declined call keeps its op node, and Inductor refuses to make its implicit
+    fallback for an op its decomposition table holds. So each op gets, up front, the
+    fallback Inductor would make for it implicitly (the layout constraint of its tags),
+    marked as overriding the decomposition; the default backend finds the same one."""
+    from torch._inductor import lowering as inductor_lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    for op in _DECOMPOSITIONS:
+        if op not in inductor_lowering.lowerings:
+            tag = get_layout_constraint_tag(op, with_default=True)
+            inductor_lowering.make_fallback(
+                op,
+                layout_constraint=inductor_lowering.tag_to_layout_constraint(tag),
+                warn=False,
+                override_decomp=True,
+            )
