@@ -34,10 +34,13 @@ from torch.utils import benchmark
 from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.ops.linear import linear_backward, linear_forward, linear_setup_context
+from transformer_engine_ops.runtime.lowering import inductor_backend
 
 from .common import progress, ratio_stats, stats
 
 LAYERS = 8
+# Our MLP compiled by ``inductor_backend()``: plain op calls lowered into Inductor's graph.
+LOWERED = "ours-lowered"
 CALLS = ("torch", "kernel", "op", "compiled call", "eager call", "module")
 
 
@@ -159,14 +162,19 @@ def _step_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
     x = torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True)
     modes = ("eager", "compiled") + (("reduce-overhead",) if device == "cuda" else ())
     fns: dict[str, Any] = {}
-    for kind in ("torch", "ours"):
+    for kind in ("torch", "ours", LOWERED):
         for mode in modes:
+            if kind == LOWERED and mode == "eager":
+                continue  # the lowering is a compile backend
             torch._dynamo.reset()
-            model: Any = _MLP(kind, hidden, device, dtype)
+            model: Any = _MLP("ours" if kind == LOWERED else kind, hidden, device, dtype)
             params = list(model.parameters())
-            if mode != "eager":
-                kw = {"mode": "reduce-overhead"} if mode == "reduce-overhead" else {}
-                model = torch.compile(model, fullgraph=True, **kw)
+            graph_mode = "reduce-overhead" if mode == "reduce-overhead" else None
+            if kind == LOWERED:
+                backend = inductor_backend(mode=graph_mode)
+                model = torch.compile(model, fullgraph=True, backend=backend)
+            elif mode != "eager":
+                model = torch.compile(model, fullgraph=True, mode=graph_mode)
 
             def step(model: Any = model, params: list = params, graphs: str = mode) -> None:
                 if graphs == "reduce-overhead":
@@ -179,7 +187,7 @@ def _step_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
             for _ in range(3):  # compile (and record the CUDA graph) before timing
                 step()
             fns[f"{kind}/{mode}"] = step
-            progress(f"figure 7: {kind}/{mode} MLP step warmed up")
+            progress(f"figure 8: {kind}/{mode} MLP step warmed up")
     return fns
 
 
@@ -204,7 +212,7 @@ def run(
     """The figure's numbers (JSON-ready): microseconds per call and per step, medians
     over ``rounds`` interleaved rounds, and the derived overheads."""
     rows, hidden = shape
-    progress(f"figure 7: per-call overhead, {device} {rows}x{hidden}, {rounds} rounds")
+    progress(f"figure 8: per-call overhead, {device} {rows}x{hidden}, {rounds} rounds")
     # The CPU figure is CPU time of this process on one torch thread: on a shared VM,
     # wall time mostly measures the wait for a core. CUDA: wall time (GPU work is async).
     cpu = device == "cpu"
@@ -230,12 +238,13 @@ def run(
     per_layer, vs_torch = {}, {}
     for key, samples in steps.items():
         kind, mode = key.split("/")
-        if kind == "ours":
+        if kind != "torch":
             base = steps[f"torch/{mode}"]
-            per_layer[mode] = stats(
+            name = mode if kind == "ours" else f"{kind} {mode}"
+            per_layer[name] = stats(
                 [(a - b) * 1e6 / LAYERS for a, b in zip(samples, base, strict=True)]
             )
-            vs_torch[mode] = ratio_stats(samples, base)
+            vs_torch[name] = ratio_stats(samples, base)
     for k, v in us.items():
         progress(f"  {k}: {v['median']:.1f} us (IQR {v['q1']:.1f}-{v['q3']:.1f})")
     return {

@@ -160,11 +160,13 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     for grad in ("no grad", "autograd"):
         for name in overhead.CALLS:
             assert o["us"][f"{grad}/{name}"]["median"] > 0
-    assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled"}
+    assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled", "ours-lowered compiled"}
+    assert o["us"]["ours-lowered/compiled"]["median"] > 0
     md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
     assert "## 8. Per-call overhead of the op path" in md
     assert "| autograd/op |" in md and "before (median)" in md
     assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md
+    assert "CPU MLP step ours, inductor_backend()/compiled / torch.nn.Linear compiled" in md
 
 
 def test_step_figure_times_what_a_target_compares_in_the_same_rounds(monkeypatch):
