@@ -371,3 +371,8 @@ def test_module_options_lower_and_match_eager(kind, kwargs, lowered_calls):
     for i, (a, b) in enumerate(zip(got, eager, strict=True)):
         scale = b.abs().max().item() if b.numel() else 0.0
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * scale, msg=f"{i}")
+
+
+def test_an_unknown_mode_is_refused_when_the_backend_is_made():
+    with pytest.raises(RuntimeError, match="Unrecognized mode=fast"):
+        te.inductor_backend(mode="fast")

@@ -2,14 +2,15 @@
 
 By default a compiled graph calls each op as one opaque node, so every call pays the
 dispatcher and the op's Python kernel on the host, and Inductor cannot fuse across it.
-For a plain call (no quantizer, no quantized tensor, no process group, no integer
-tensor: the kernel is then plain torch ops on floating-point tensors) that host cost is
-all there is, and on small shapes it dominates the step. ``inductor_backend()`` gives Inductor a decomposition of
-each op that, for a plain call, traces the op's own kernel into the graph in place of
-the node; any other call declines and keeps its node (quantized kernels launch Triton
-directly, collectives need the op, and an integer tensor such as GroupedLinear's
-``m_splits`` is read on the host, a data-dependent size Inductor cannot trace). The graph Dynamo captures still holds the ops (the
-schema, guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
+For a plain call (no quantizer, quantized tensor, process group or integer tensor: the
+kernel is then plain torch ops on floating-point tensors) that host cost is all there
+is, and on small shapes it dominates the step. ``inductor_backend()`` gives Inductor a
+decomposition of each op that, for a plain call, traces the op's own kernel into the
+graph in place of the node. Any other call declines and keeps its node: quantized
+kernels launch Triton directly, collectives need the op, and an integer tensor (such
+as GroupedLinear's ``m_splits``) is read on the host, a data-dependent size Inductor
+cannot trace. The graph Dynamo captures still holds the ops (schemas, guards and
+SCHEMAS.md are unchanged); only Inductor's graph differs.
 
 The price: Inductor then generates its own reductions and fusions (e.g. the bias
 gradient's sum), so a lowered graph matches eager to rounding, not bit for bit; the
