@@ -376,3 +376,19 @@ def test_module_options_lower_and_match_eager(kind, kwargs, lowered_calls):
 def test_an_unknown_mode_is_refused_when_the_backend_is_made():
     with pytest.raises(RuntimeError, match="Unrecognized mode=fast"):
         te.inductor_backend(mode="fast")
+
+
+def test_a_model_mixing_quantized_and_plain_layers_lowers_only_the_plain_ones(lowered_calls):
+    """fc1 holds a quantized weight parameter (its calls stay op nodes), fc2 a plain one
+    (lowered): one graph holding both kinds."""
+    from module_cases import RECIPES
+
+    model = MLP()
+    with te.quantized_model_init(recipe=RECIPES["fp8_current"]()):
+        model.fc1 = te.Linear(64, 64, params_dtype=torch.bfloat16)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    eager = step(model, x, None)
+    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    assert lowered_calls == {"teops::linear_fwd": 1, "teops::linear_bwd": 1}
+    assert graph_breaks() == 0 and unique_graphs() == 1
+    assert_close(got, eager)
