@@ -204,8 +204,8 @@ The previous runs: eager 1.73x and 1.62x, compiled 1.83x and 1.92x, `reduce-over
 step's time within one (our eager step: 2.6-3.4 ms over this run's five rounds and the
 previous one's), so compare ratios within one run, paired round by round. Compiled by
 `te.inductor_backend()` (figure 8), which lowers plain op calls into Inductor's graph,
-our step is 1.01x `torch.nn.Linear` compiled (IQR 0.99-1.03x), and 1.12x under
-`reduce-overhead` (IQR 1.02-1.13x). What is left
+our step is 1.01x `torch.nn.Linear` compiled (IQR 0.99-1.02x), and 1.12x under
+`reduce-overhead` (IQR 1.02-1.12x). What is left
 per layer is listed in figure 8: the Python kernels, the dispatcher's conversion of 36
 schema slots twice a layer (its `dispatch/` rows price that at ~6.5 us a call over a
 7-slot schema: a small part), bundle construction and field checks; at this shape each
