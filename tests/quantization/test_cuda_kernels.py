@@ -339,6 +339,24 @@ def test_cuda_quantize_takes_the_fused_path_and_matches_the_cpu(config, monkeypa
 
 @pytest.mark.gpu
 @needs_cuda
+def test_a_frozen_weight_parameter_takes_the_fused_path(monkeypatch):
+    """A weight that needs no gradient reaches the quantizer as its Parameter (nothing
+    detaches it): it must still take the fused kernels, not the reference ops."""
+    calls = []
+    real = ck.fused_quantize
+    monkeypatch.setattr(ck, "fused_quantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q = _quantizer("e4m3", "both")
+    x = _wide((96, 130), 9, torch.bfloat16)
+    frozen = torch.nn.Parameter(x.cuda(), requires_grad=False)
+    got = q.quantize(frozen)
+    assert calls, "a frozen Parameter took the reference ops"
+    ref = q.quantize(x)
+    names = ("_data", "_transpose", "_scale_inv")
+    assert_bitwise({n: getattr(ref, n) for n in names}, {n: getattr(got, n) for n in names})
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_repeated_launches_go_straight_to_the_compiled_kernel_with_the_same_bits():
     """After the first launch of a specialization, the kernels launch without Triton's
     per-call Python, and write the reference's bits; an input of the same shape but

@@ -106,8 +106,9 @@ def eligible(x: torch.Tensor) -> bool:
     Under ``torch.compile``, fake tensors, functionalization or any dispatch mode the
     reference ops run instead (they trace; a raw kernel launch would not).
     """
-    if type(x) is not torch.Tensor or x.device.type != "cuda":
-        return False
+    kind = type(x)
+    if (kind is not torch.Tensor and kind is not torch.nn.Parameter) or x.device.type != "cuda":
+        return False  # a frozen weight reaches here as its Parameter (nothing detached it)
     if torch.compiler.is_compiling():
         return False
     return _get_current_dispatch_mode() is None and available()
