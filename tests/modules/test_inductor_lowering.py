@@ -149,35 +149,51 @@ def test_mode_and_options_reach_inductor(monkeypatch):
     assert all(table[op] is d for op, d in lowering.decompositions().items())
 
 
-def test_plain_call_rule_reads_the_slot_table():
+def test_lowerable_call_rule_reads_the_slot_table(monkeypatch):
     from transformer_engine_ops.generated import grouped_linear, linear
+    from transformer_engine_ops.modules.autocast import RecipeQuantizers
+    from transformer_engine_ops.quantization import MXFP8BlockScaling
+    from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
+    from transformer_engine_ops.runtime import boundary, codec
 
-    plain = lowering.PlainCall(linear.FORWARD_SLOTS)
+    lowerable = lowering.Lowerable(linear.FORWARD_SLOTS)
     names = [row.slot for row in linear.FORWARD_SLOTS]
-    slots = [None] * len(names)
-    slots[names.index("weight__inner")] = []
-    slots[names.index("weight_workspace__inner")] = []
-    assert plain(slots)
-    for field, value in [
-        ("input_quantizer", "q"),
-        ("tp_group", "group"),
-        ("weight__inner", [torch.empty(1)]),
-        ("weight_workspace__inner", [torch.empty(1)]),
-    ]:
-        changed = list(slots)
-        changed[names.index(field)] = value
-        assert not plain(changed), field
-    changed = list(slots)
-    changed[names.index("inp")] = torch.ones(2, dtype=torch.int64)
-    assert not plain(changed), "an integer tensor"
-    changed[names.index("inp")] = torch.ones(2)
-    assert plain(changed)
-    grouped = lowering.PlainCall(grouped_linear.FORWARD_SLOTS)
+    slots: list[Any] = [None] * len(names)
+    slots[names.index("inp")] = torch.ones(2)
+    for field in ("weight", "weight_workspace"):
+        slots[names.index(f"{field}__inner")] = []
+        slots[names.index(f"{field}__meta")] = boundary._TENSOR_CODE
+    assert lowerable(slots)
+
+    def changed(field: str, value: Any) -> list[Any]:
+        out = list(slots)
+        out[names.index(field)] = value
+        return out
+
+    assert not lowerable(changed("tp_group", "group"))
+    assert not lowerable(changed("inp", torch.ones(2, dtype=torch.int64))), "an integer tensor"
+    fp8 = Float8CurrentScalingQuantizer()
+    fp8_code = codec.code_of(fp8)
+    stored = fp8.with_internal(True).quantize(torch.randn(4, 8))
+    _, inner, stored_meta = boundary.quantized_slots(stored)
+    quantized_weight = changed("weight__meta", stored_meta)
+    quantized_weight[names.index("weight__inner")] = inner
+    mxfp8_code = codec.code_of(RecipeQuantizers.from_recipe(MXFP8BlockScaling()).input)
+    # On the CPU, FP8 current scaling traces its reference ops: declined.
+    assert not lowerable(changed("input_quantizer", fp8_code))
+    assert not lowerable(quantized_weight)
+    # Where it traces its fused kernels (CUDA), lowered; a block format never is.
+    monkeypatch.setattr(Float8CurrentScalingQuantizer, "lowers_bitwise_on", lambda q, d: True)
+    assert lowerable(changed("input_quantizer", fp8_code))
+    assert lowerable(quantized_weight)
+    assert not lowerable(changed("input_quantizer", mxfp8_code))
+    grouped = lowering.Lowerable(grouped_linear.FORWARD_SLOTS)
     names = [row.slot for row in grouped_linear.FORWARD_SLOTS]
-    slots = [[] if n.endswith("__inner") else None for n in names]
+    slots = [[] if n.endswith(("__inner", "__meta")) else None for n in names]
+    slots[names.index("inp")] = torch.ones(2)
     slots[names.index("input_quantizers")] = [None, None]
     assert grouped(slots)
-    slots[names.index("input_quantizers")] = [None, "q"]
+    slots[names.index("input_quantizers")] = [None, mxfp8_code]
     assert not grouped(slots)
     slots[names.index("input_quantizers")] = None
     slots[names.index("m_splits")] = torch.tensor([1, 2])
@@ -213,13 +229,49 @@ def test_plain_calls_are_lowered_on_cuda_without_skips(kind, mode, lowered_calls
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8"])
-def test_quantized_calls_keep_their_op_on_cuda_and_stay_bitwise(recipe, lowered_calls):
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_fp8_current_scaling_calls_lower_on_cuda_bit_for_bit(mode, lowered_calls):
+    """On CUDA an FP8 current-scaling call lowers with its fused quantize recorded as one
+    op (the same kernels eager runs): bitwise equal to eager, CUDA graphs included."""
+    model, x = MLP(device="cuda"), torch.randn(32, 64, device="cuda").to(torch.bfloat16)
+    eager = cloned(step(model, x, "fp8_current"))
+    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend(mode=mode))
+    skips = counters["inductor"]["cudagraph_skips"]
+    for _ in range(3):
+        if mode:
+            torch.compiler.cudagraph_mark_step_begin()
+        assert_bitwise(cloned(step(compiled, x, "fp8_current")), eager)
+    assert lowered_calls == {"teops::linear_fwd": 2, "teops::linear_bwd": 2}
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert graph_breaks() == 0 and unique_graphs() == 1
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_block"])
+def test_block_format_calls_keep_their_op_on_cuda_and_stay_bitwise(recipe, lowered_calls):
     model, x = MLP(device="cuda"), torch.randn(32, 64, device="cuda").to(torch.bfloat16)
     eager = step(model, x, recipe)
     got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
     assert lowered_calls == {}
     assert_bitwise(got, eager)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_recorded_fp8_quantize_op_passes_opcheck():
+    from transformer_engine_ops.quantization import cuda_kernels
+
+    op = cuda_kernels._quantize_op()
+    for shape, rowwise, columnwise, bias_grad in [
+        ((64, 256), True, True, False),
+        ((64, 256), False, True, True),
+        ((3, 5, 7), True, False, False),
+        ((6, 10), True, True, True),
+    ]:
+        x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+        args = (x, torch.float8_e4m3fn, 0.0, False, rowwise, columnwise, bias_grad)
+        torch.library.opcheck(op, args)
 
 
 # --- breaking it on purpose -----------------------------------------------------------

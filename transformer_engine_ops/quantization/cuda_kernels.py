@@ -43,8 +43,10 @@ import os
 from typing import Any, Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ..runtime import lowering
 from .encoding import FP8_MAX, transposed_shape
 
 __all__ = [
@@ -107,8 +109,12 @@ def eligible(x: torch.Tensor) -> bool:
     reference ops run instead (they trace; a raw kernel launch would not).
     """
     kind = type(x)
-    if (kind is not torch.Tensor and kind is not torch.nn.Parameter) or x.device.type != "cuda":
-        return False  # a frozen weight reaches here as its Parameter (nothing detached it)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
+        # Fake: an op call being lowered into Inductor's graph records the fused kernels
+        # as one op (runtime/lowering.py); any other tracing takes the reference ops.
+        return lowering.tracing() and isinstance(x, FakeTensor) and x.is_cuda and available()
+    if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
+        return False
     if torch.compiler.is_compiling():
         return False
     return _get_current_dispatch_mode() is None and available()
@@ -247,6 +253,8 @@ def fused_quantize(
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
+    if isinstance(x, FakeTensor):  # traced for a lowered op call (see eligible)
+        return _recorded(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad)
     if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
         # Triton launches on the current device: make it the tensor's.
         with torch.cuda.device(device):
@@ -333,6 +341,91 @@ def fused_quantize(
         num_warps=CAST_WARPS,
     )
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}, bgrad
+
+
+def _recorded(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    epsilon: float,
+    force_pow_2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    bias_grad: bool,
+) -> tuple[dict[str, Optional[torch.Tensor]], Optional[torch.Tensor]]:
+    """:func:`fused_quantize` of a fake tensor as one recorded op call (its buffers)."""
+    data, transpose, scale_inv, bgrad = _quantize_op()(
+        x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad
+    )
+    buffers = {
+        "_data": data if rowwise else None,
+        "_transpose": transpose if columnwise else None,
+        "_scale_inv": scale_inv,
+    }
+    return buffers, bgrad if bias_grad else None
+
+
+_OP_SCHEMA = (
+    "fp8_current_scaling_quantize(Tensor x, ScalarType fp8_dtype, float epsilon, "
+    "bool force_pow_2, bool rowwise, bool columnwise, bool bias_grad) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+@functools.cache
+def _quantize_op() -> Any:
+    """``teops_quantization::fp8_current_scaling_quantize``: :func:`fused_quantize` as one
+    custom op, what a lowered graph records (a buffer a usage leaves out, and the bias
+    gradient when not asked for, as 0-element tensors). Defined on first use, as only
+    ``runtime/lowering.py`` traces it; on a ``Library`` with no autograd layer (its input
+    never requires grad), so Inductor's call of it costs one dispatch."""
+
+    def kernel(
+        x: torch.Tensor,
+        fp8_dtype: torch.dtype,
+        epsilon: float,
+        force_pow_2: bool,
+        rowwise: bool,
+        columnwise: bool,
+        bias_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        buffers, bgrad = fused_quantize(
+            x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad
+        )
+        data, transpose = buffers["_data"], buffers["_transpose"]
+        return (
+            x.new_empty(0, dtype=torch.uint8) if data is None else data,
+            x.new_empty(0, dtype=torch.uint8) if transpose is None else transpose,
+            buffers["_scale_inv"],  # type: ignore[return-value]
+            x.new_empty(0, dtype=torch.float32) if bgrad is None else bgrad,
+        )
+
+    def fake(
+        x: torch.Tensor,
+        fp8_dtype: torch.dtype,
+        epsilon: float,
+        force_pow_2: bool,
+        rowwise: bool,
+        columnwise: bool,
+        bias_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        u8, f32 = torch.uint8, torch.float32
+        shape = tuple(x.shape)
+        return (
+            x.new_empty(shape if rowwise else (0,), dtype=u8),
+            x.new_empty(tuple(transposed_shape(shape)) if columnwise else (0,), dtype=u8),
+            x.new_empty((1,), dtype=f32),
+            x.new_empty((shape[-1],) if bias_grad else (0,), dtype=f32),
+        )
+
+    lib = torch.library.Library("teops_quantization", "FRAGMENT")
+    lib.define(_OP_SCHEMA)
+    lib.impl("fp8_current_scaling_quantize", kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake("teops_quantization::fp8_current_scaling_quantize", fake, lib=lib)
+    _LIBRARIES.append(lib)  # a Library unregisters its definitions when collected
+    return torch.ops.teops_quantization.fp8_current_scaling_quantize.default
+
+
+_LIBRARIES: list[Any] = []
 
 
 def triton_cdiv(a: int, b: int) -> int:

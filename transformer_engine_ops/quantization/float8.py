@@ -154,6 +154,10 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
 
     format_name: ClassVar[str] = "FP8 current scaling"
 
+    def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
+        # On CUDA the fused kernels are recorded as one op (cuda_kernels.eligible).
+        return device is not None and device.type == "cuda" and cuda_kernels.available()
+
     def _init_fields(self) -> None:
         super()._init_fields()
         owner = type(self).__name__

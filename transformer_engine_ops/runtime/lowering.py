@@ -21,19 +21,21 @@ keys on the already-decomposed graph and stays on).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .boundary import SlotRow
+from . import codec
+from .boundary import SlotRow, decode_meta
 
 # op -> its decomposition (registered by define_op for every generated op)
 _DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
 
-# Slot kinds that must be None (or a list of Nones) for a call to be plain.
-_NONE_KINDS = frozenset(("quantizer", "process group"))
-_NONE_LIST_KINDS = frozenset(("quantizer list",))
-# A tensor-or-quantized group carries a quantized value's buffers in its ``Tensor[]``
-# slot: empty when every value is a plain tensor or None.
+# Slot kinds whose values must be None for a call to lower.
+_GROUP_KINDS = frozenset(("process group",))
+_QUANTIZER_KINDS = frozenset(("quantizer",))
+_QUANTIZER_LIST_KINDS = frozenset(("quantizer list",))
+# A tensor-or-quantized group describes each value in its ``str`` (``str[]``) slot.
 _QUANTIZABLE_KINDS = frozenset(("tensor-or-quantized", "tensor-or-quantized list"))
 # Plain tensor slots: each must hold floating-point tensors (or None).
 _TENSOR_KINDS = frozenset(("tensor", "tensor list"))
@@ -47,34 +49,79 @@ def _floating(value: Any) -> bool:
     return value.is_floating_point()
 
 
-class PlainCall:
-    """Whether an op call's slots are plain, by the op's slot table."""
+def _device(slots: Sequence[Any]) -> Any:
+    """The device of the first tensor among an op call's slots (None if it has none)."""
+    for value in slots:
+        if isinstance(value, list):
+            value = value[0] if value else None
+        device = getattr(value, "device", None)
+        if device is not None:
+            return device
+    return None
+
+
+class Lowerable:
+    """Whether an op call may be traced into Inductor's graph, by the op's slot table:
+    no process group, no integer tensor, and every quantizer (those in its slots and
+    those of the quantized values it carries) computing eager's bits when traced on the
+    call's device (``Quantizer.lowers_bitwise_on``)."""
 
     def __init__(self, rows: Sequence[SlotRow]) -> None:
-        self.nones = tuple(i for i, r in enumerate(rows) if r.kind in _NONE_KINDS)
-        self.none_lists = tuple(i for i, r in enumerate(rows) if r.kind in _NONE_LIST_KINDS)
-        self.empty = tuple(
-            i for i, r in enumerate(rows) if r.kind in _QUANTIZABLE_KINDS and r.type == "Tensor[]"
-        )
-        self.floating = tuple(i for i, r in enumerate(rows) if r.kind in _TENSOR_KINDS)
+        def where(kinds: frozenset[str], types: tuple[str, ...] = ()) -> tuple[int, ...]:
+            return tuple(
+                i for i, r in enumerate(rows) if r.kind in kinds and (not types or r.type in types)
+            )
+
+        self.groups = where(_GROUP_KINDS)
+        self.quantizers = where(_QUANTIZER_KINDS)
+        self.quantizer_lists = where(_QUANTIZER_LIST_KINDS)
+        self.metas = where(_QUANTIZABLE_KINDS, ("str", "str[]"))
+        self.floating = where(_TENSOR_KINDS)
 
     def __call__(self, slots: Sequence[Any]) -> bool:
-        return (
-            all(slots[i] is None for i in self.nones)
-            and all(slots[i] is None or all(q is None for q in slots[i]) for i in self.none_lists)
-            and all(not slots[i] for i in self.empty)
-            and all(_floating(slots[i]) for i in self.floating)
-        )
+        if any(slots[i] is not None for i in self.groups):
+            return False
+        if not all(_floating(slots[i]) for i in self.floating):
+            return False
+        quantizers = [codec.decode(slots[i]) for i in self.quantizers if slots[i] is not None]
+        for i in self.quantizer_lists:
+            quantizers += [codec.decode(q) for q in slots[i] or () if q is not None]
+        for i in self.metas:
+            for code in slots[i] if isinstance(slots[i], list) else (slots[i],):
+                meta = decode_meta(code)
+                if meta.tag not in ("tensor", "none"):
+                    quantizers.append(dict(meta.context).get("quantizer"))
+        if not quantizers:
+            return True
+        device = _device(slots)
+        return all(q is not None and q.lowers_bitwise_on(device) for q in quantizers)
+
+
+class _Tracing(threading.local):
+    depth = 0
+
+
+_TRACING = _Tracing()
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing an op's kernel into Inductor's graph (a quantizer
+    then records its fused kernels as one op, not its reference ops)."""
+    return _TRACING.depth > 0
 
 
 def register(op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow]) -> None:
-    """Let :func:`inductor_backend` trace ``kernel`` in place of ``op`` for plain calls."""
-    plain = PlainCall(rows)
+    """Let :func:`inductor_backend` trace ``kernel`` in place of ``op`` for lowerable calls."""
+    lowerable = Lowerable(rows)
 
     def decomposition(*slots: Any) -> Any:
-        if not plain(slots):
+        if not lowerable(slots):
             return NotImplemented  # keep the op node
-        return kernel(*slots)
+        _TRACING.depth += 1
+        try:
+            return kernel(*slots)
+        finally:
+            _TRACING.depth -= 1
 
     decomposition.__name__ = f"lower_{op._schema.name.replace('::', '_')}"
     _DECOMPOSITIONS[op] = decomposition

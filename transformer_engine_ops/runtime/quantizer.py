@@ -124,6 +124,12 @@ class Quantizer:
         super().__init_subclass__(**kwargs)
         codec.register(cls)
 
+    def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
+        """Whether, traced into Inductor's graph on ``device``, this quantizer computes the
+        bits it computes eagerly (``runtime/lowering.py`` lowers an op call only then).
+        False by default: reference ops fused by Inductor round their own way."""
+        return False
+
     def __post_init__(self) -> None:
         owner = type(self).__name__
         for name in ("rowwise_usage", "columnwise_usage", "internal"):
