@@ -409,17 +409,19 @@ is out of reach for Python op kernels; under CUDA graphs (`reduce-overhead`), wh
 none of that host time is paid per step, our step is within noise of
 `torch.nn.Linear`'s.
 
-*Opt-in: plain op calls lowered into Inductor (`ours-lowered` rows).* With
+*Opt-in: op calls lowered into Inductor (`ours-lowered` rows).* With
 `torch.compile(model, backend=te.inductor_backend())`, Inductor receives a
-decomposition of every op that, for a call with no quantizer, quantized tensor, process
-group or integer tensor, traces the op's own kernel into its graph instead of calling
-the op (runtime/lowering.py); every other call keeps its op node. The Dynamo graph,
-schemas and guards are unchanged; the step then runs what `torch.nn.Linear`'s compiled
-step runs (on the CPU the generated code has the same 24 GEMM calls and 18 fused
-kernels). It is not bitwise equal to eager: Inductor's own reductions (the bias
-gradient) and fusions round differently, as `torch.nn.Linear` compiled does against its
-eager. Quantized calls, which launch Triton kernels directly, stay op nodes and stay
-bitwise. AOTAutograd's cache does not key on the decomposition table, so the backend
-compiles with that cache off (tested: the default backend never reuses a lowered graph,
-nor the other way round).""",
+decomposition of every op that traces the op's own kernel into its graph instead of
+calling the op, for a call that traces to eager's bits: no process group, no integer
+tensor, and no quantizer but FP8 current scaling on CUDA, whose fused quantize is then
+recorded as one op running the same kernels (runtime/lowering.py); every other call
+keeps its op node. The Dynamo graph, schemas and guards are unchanged; a plain step
+then runs what `torch.nn.Linear`'s compiled step runs (on the CPU the generated code
+has the same 24 GEMM calls and 18 fused kernels; on the H200 the same 50 kernels). A
+plain (bf16) graph is not bitwise equal to eager: Inductor's own reductions (the bias
+gradient) and fusions round differently, as `torch.nn.Linear` compiled does against
+its eager; a lowered FP8 current-scaling graph is bitwise equal to eager. AOTAutograd's
+cache does not key on the decomposition table, so the backend compiles with that cache
+off (tested: the default backend never reuses a lowered graph, nor the other way
+round).""",
 }

@@ -1,8 +1,11 @@
-"""``inductor_backend()``: plain op calls lowered into Inductor's graph, the rest kept.
+"""``inductor_backend()``: op calls lowered into Inductor's graph where they trace to
+eager's bits, the rest kept.
 
-A plain call (no quantizer, quantized tensor or process group) is traced into the graph
-and matches eager to rounding; a quantized call keeps its op node and stays bitwise;
-nothing leaks into the default backend through AOTAutograd's cache.
+A plain call (no quantizer, quantized tensor, process group or integer tensor) is
+traced into the graph and matches eager to rounding; an FP8 current-scaling call on
+CUDA is traced with its fused quantize as one op and stays bitwise; any other quantized
+call (every one on the CPU) keeps its op node and stays bitwise; nothing leaks into the
+default backend through AOTAutograd's cache.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def test_grouped_linear_keeps_its_op_as_it_reads_its_splits_on_the_host(lowered_
 
 
 @pytest.mark.parametrize("recipe", ["fp8_current", "fp8_block"])
-def test_quantized_calls_keep_their_op_and_stay_bitwise(recipe, lowered_calls):
+def test_quantized_calls_on_the_cpu_keep_their_op_and_stay_bitwise(recipe, lowered_calls):
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
     eager = step(model, x, recipe)
     got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)

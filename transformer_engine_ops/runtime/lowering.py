@@ -1,22 +1,23 @@
-"""Opt-in: Inductor compiles a plain op call as its own code instead of calling the op.
+"""Opt-in: Inductor compiles an op call as its own code instead of calling the op.
 
 By default a compiled graph calls each op as one opaque node, so every call pays the
-dispatcher and the op's Python kernel on the host, and Inductor cannot fuse across it.
-For a plain call (no quantizer, quantized tensor, process group or integer tensor: the
-kernel is then plain torch ops on floating-point tensors) that host cost is all there
-is, and on small shapes it dominates the step. ``inductor_backend()`` gives Inductor a
-decomposition of each op that, for a plain call, traces the op's own kernel into the
-graph in place of the node. Any other call declines and keeps its node: quantized
-kernels launch Triton directly, collectives need the op, and an integer tensor (such
-as GroupedLinear's ``m_splits``) is read on the host, a data-dependent size Inductor
-cannot trace. The graph Dynamo captures still holds the ops (schemas, guards and
-SCHEMAS.md are unchanged); only Inductor's graph differs.
+dispatcher and the op's Python kernel on the host, and Inductor cannot fuse across it;
+on small shapes that host cost is the step. ``inductor_backend()`` gives Inductor a
+decomposition of each op that traces the op's own kernel into the graph in place of
+the node, for a call it can trace to eager's bits: no process group (collectives need
+the op), no integer tensor (GroupedLinear's ``m_splits`` is read on the host, a
+data-dependent size), and every quantizer the call names or carries computing eager's
+bits when traced on its device (``Quantizer.lowers_bitwise_on``: FP8 current scaling
+on CUDA, whose fused quantize is then recorded as one op running the same kernels;
+block formats trace reference ops Inductor would fuse into other bits). Any other call
+declines and keeps its node. The graph Dynamo captures still holds the ops (schemas,
+guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
 
-The price: Inductor then generates its own reductions and fusions (e.g. the bias
-gradient's sum), so a lowered graph matches eager to rounding, not bit for bit; the
-default backend keeps the bitwise guarantee. AOTAutograd's cache does not key on the
-decomposition table, so the backend bypasses that cache (Inductor's own FX graph cache
-keys on the already-decomposed graph and stays on).
+The price: Inductor generates its own reductions and fusions around the kernels (a
+bf16 bias gradient's sum, say), so a lowered plain graph matches eager to rounding,
+not bit for bit; the default backend keeps the bitwise guarantee everywhere.
+AOTAutograd's cache does not key on the decomposition table, so the backend bypasses
+that cache (Inductor's own FX graph cache keys on the already-decomposed graph).
 """
 
 from __future__ import annotations
