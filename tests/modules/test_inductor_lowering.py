@@ -447,3 +447,24 @@ def test_a_model_mixing_quantized_and_plain_layers_lowers_only_the_plain_ones(lo
     assert lowered_calls == {"teops::linear_fwd": 1, "teops::linear_bwd": 1}
     assert graph_breaks() == 0 and unique_graphs() == 1
     assert_close(got, eager)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kind", ["layernorm_linear", "layernorm_mlp", "quantized_weights"])
+def test_fp8_current_scaling_family_and_quantized_weights_lower_bit_for_bit(kind, lowered_calls):
+    from module_cases import RECIPES
+
+    if kind == "quantized_weights":
+        with te.quantized_model_init(recipe=RECIPES["fp8_current"]()):
+            module = MLP(device="cuda")
+        x = torch.randn(32, 64, device="cuda").to(torch.bfloat16)
+    else:
+        module, x = make(kind).cuda(), make_input().cuda()
+    eager = cloned(step(module, x, "fp8_current"))
+    got = cloned(
+        step(torch.compile(module, fullgraph=True, backend=te.inductor_backend()), x, "fp8_current")
+    )
+    assert lowered_calls, "nothing was lowered"
+    assert graph_breaks() == 0
+    assert_bitwise(got, eager)
