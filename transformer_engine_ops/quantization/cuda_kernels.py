@@ -343,19 +343,11 @@ def fused_quantize(
     return {"_data": data, "_transpose": transpose, "_scale_inv": scale_inv}, bgrad
 
 
-def _recorded(
-    x: torch.Tensor,
-    fp8_dtype: torch.dtype,
-    epsilon: float,
-    force_pow_2: bool,
-    rowwise: bool,
-    columnwise: bool,
-    bias_grad: bool,
-) -> tuple[dict[str, Optional[torch.Tensor]], Optional[torch.Tensor]]:
-    """:func:`fused_quantize` of a fake tensor as one recorded op call (its buffers)."""
-    data, transpose, scale_inv, bgrad = _quantize_op()(
-        x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad
-    )
+def _recorded(x: torch.Tensor, *config: Any) -> tuple[dict[str, Any], Optional[torch.Tensor]]:
+    """:func:`fused_quantize` of a fake tensor (``config``: its arguments after ``x``) as
+    one recorded op call."""
+    data, transpose, scale_inv, bgrad = _quantize_op()(x, *config)
+    rowwise, columnwise, bias_grad = config[3:]
     buffers = {
         "_data": data if rowwise else None,
         "_transpose": transpose if columnwise else None,
@@ -374,47 +366,30 @@ _OP_SCHEMA = (
 @functools.cache
 def _quantize_op() -> Any:
     """``teops_quantization::fp8_current_scaling_quantize``: :func:`fused_quantize` as one
-    custom op, what a lowered graph records (a buffer a usage leaves out, and the bias
-    gradient when not asked for, as 0-element tensors). Defined on first use, as only
-    ``runtime/lowering.py`` traces it; on a ``Library`` with no autograd layer (its input
-    never requires grad), so Inductor's call of it costs one dispatch."""
+    custom op (its arguments in its order), what a lowered graph records (a buffer a
+    usage leaves out, and the bias gradient when not asked for, as 0-element tensors).
+    Defined on first use, as only ``runtime/lowering.py`` traces it; on a ``Library``
+    with no autograd layer (its input never requires grad), so Inductor's call of it
+    costs one dispatch."""
 
-    def kernel(
-        x: torch.Tensor,
-        fp8_dtype: torch.dtype,
-        epsilon: float,
-        force_pow_2: bool,
-        rowwise: bool,
-        columnwise: bool,
-        bias_grad: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        buffers, bgrad = fused_quantize(
-            x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad
-        )
+    def kernel(x: torch.Tensor, *config: Any) -> tuple[torch.Tensor, ...]:
+        buffers, bgrad = fused_quantize(x, *config)
         data, transpose = buffers["_data"], buffers["_transpose"]
         return (
             x.new_empty(0, dtype=torch.uint8) if data is None else data,
             x.new_empty(0, dtype=torch.uint8) if transpose is None else transpose,
-            buffers["_scale_inv"],  # type: ignore[return-value]
+            buffers["_scale_inv"],
             x.new_empty(0, dtype=torch.float32) if bgrad is None else bgrad,
         )
 
-    def fake(
-        x: torch.Tensor,
-        fp8_dtype: torch.dtype,
-        epsilon: float,
-        force_pow_2: bool,
-        rowwise: bool,
-        columnwise: bool,
-        bias_grad: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        u8, f32 = torch.uint8, torch.float32
+    def fake(x: torch.Tensor, *config: Any) -> tuple[torch.Tensor, ...]:
+        rowwise, columnwise, bias_grad = config[3:]
         shape = tuple(x.shape)
         return (
-            x.new_empty(shape if rowwise else (0,), dtype=u8),
-            x.new_empty(tuple(transposed_shape(shape)) if columnwise else (0,), dtype=u8),
-            x.new_empty((1,), dtype=f32),
-            x.new_empty((shape[-1],) if bias_grad else (0,), dtype=f32),
+            x.new_empty(shape if rowwise else (0,), dtype=torch.uint8),
+            x.new_empty(tuple(transposed_shape(shape)) if columnwise else (0,), dtype=torch.uint8),
+            x.new_empty((1,), dtype=torch.float32),
+            x.new_empty((shape[-1],) if bias_grad else (0,), dtype=torch.float32),
         )
 
     lib = torch.library.Library("teops_quantization", "FRAGMENT")
