@@ -136,7 +136,8 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
 def inductor_backend(
     mode: str | None = None, options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
-    """A ``torch.compile`` backend: Inductor, with plain op calls lowered into its graph.
+    """A ``torch.compile`` backend: Inductor, with the op calls that trace to eager's bits
+    lowered into its graph (the module docstring says which).
 
     ``torch.compile(model, fullgraph=True, backend=inductor_backend(mode="reduce-overhead"))``;
     ``mode`` and ``options`` mean what they mean to ``torch.compile``'s Inductor.
