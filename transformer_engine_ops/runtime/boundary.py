@@ -34,6 +34,17 @@ class SlotRow(NamedTuple):
     type: str
 
 
+def first_device(slots: Sequence[Any]) -> torch.device | None:
+    """The device of the first tensor among an op's slots (for sentinels, fakes and
+    the lowering rule)."""
+    for value in slots:
+        if isinstance(value, torch.Tensor):
+            return value.device
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            return value[0].device
+    return None
+
+
 def require_format_version(version: int, module: str) -> None:
     """Refuse a generated module written for another runtime format."""
     if version != FORMAT_VERSION:

@@ -25,6 +25,9 @@ from .boundary import (
     unpack_tensor_or_quantized,
     unpack_tensor_or_quantized_list,
 )
+from .boundary import (
+    first_device as first_device,  # generated kernels call it as ``_r.first_device``
+)
 from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes
 from .tensor_spec import TensorSpec, to_tensor_spec
 
@@ -161,16 +164,6 @@ def _split_wrappers(tensors: list, inner: list, metas: list) -> tuple[list, list
         out_inner += buffers
         out_metas.append(meta)
     return out_tensors, out_inner, out_metas
-
-
-def first_device(slots: Sequence[Any]) -> torch.device | None:
-    """The device of the first tensor among an op's slots (for sentinels and fakes)."""
-    for value in slots:
-        if isinstance(value, torch.Tensor):
-            return value.device
-        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-            return value[0].device
-    return None
 
 
 def _shape_of(value: Any) -> Any:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import codec
-from .boundary import SlotRow, decode_meta
+from .boundary import SlotRow, decode_meta, first_device
 
 # op -> its decomposition (registered by define_op for every generated op)
 _DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
@@ -48,17 +48,6 @@ def _floating(value: Any) -> bool:
     if isinstance(value, list):
         return all(t is None or t.is_floating_point() for t in value)
     return value.is_floating_point()
-
-
-def _device(slots: Sequence[Any]) -> Any:
-    """The device of the first tensor among an op call's slots (None if it has none)."""
-    for value in slots:
-        if isinstance(value, list):
-            value = value[0] if value else None
-        device = getattr(value, "device", None)
-        if device is not None:
-            return device
-    return None
 
 
 class Lowerable:
@@ -94,7 +83,7 @@ class Lowerable:
                     quantizers.append(dict(meta.context).get("quantizer"))
         if not quantizers:
             return True
-        device = _device(slots)
+        device = first_device(slots)
         return all(q is not None and q.lowers_bitwise_on(device) for q in quantizers)
 
 
