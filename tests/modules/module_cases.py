@@ -83,6 +83,12 @@ def _modules_params(model: Any) -> list[torch.nn.Parameter]:
     return list(inner.parameters())
 
 
+def cloned(result: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``step``'s result copied (CUDA-graph outputs are overwritten by the next replay)."""
+    out, dx, grads = result
+    return out.clone(), dx.clone(), [None if g is None else g.clone() for g in grads]
+
+
 def assert_bitwise(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     """Output, input grad and every parameter grad are identical (torch.equal)."""
     out_a, dx_a, grads_a = a

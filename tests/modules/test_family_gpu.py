@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from family_cases import make, make_input
-from module_cases import QUANTIZED, assert_bitwise, graph_breaks, step, unique_graphs
+from module_cases import QUANTIZED, assert_bitwise, cloned, graph_breaks, step, unique_graphs
 from torch._dynamo.utils import counters
 
 pytestmark = [
@@ -20,11 +20,6 @@ pytestmark = [
 MODULES = ["layernorm", "rmsnorm", "layernorm_linear", "layernorm_mlp"]
 
 
-def _cloned(result: tuple) -> tuple:
-    out, dx, grads = result
-    return out.clone(), dx.clone(), [None if g is None else g.clone() for g in grads]
-
-
 def _module_and_input(kind: str) -> tuple:
     return make(kind).cuda(), make_input().cuda()
 
@@ -33,8 +28,8 @@ def _module_and_input(kind: str) -> tuple:
 @pytest.mark.parametrize("kind", MODULES)
 def test_family_module_compiles_on_cuda_bitwise(kind, recipe):
     module, x = _module_and_input(kind)
-    eager = _cloned(step(module, x, recipe))
-    got = _cloned(step(torch.compile(module, fullgraph=True), x, recipe))
+    eager = cloned(step(module, x, recipe))
+    got = cloned(step(torch.compile(module, fullgraph=True), x, recipe))
     assert graph_breaks() == 0
     assert unique_graphs() == 1
     assert_bitwise(got, eager)
@@ -44,11 +39,11 @@ def test_family_module_compiles_on_cuda_bitwise(kind, recipe):
 @pytest.mark.parametrize("kind", ["layernorm_linear", "layernorm_mlp"])
 def test_family_module_cuda_graphs_do_not_skip(kind, recipe):
     module, x = _module_and_input(kind)
-    eager = _cloned(step(module, x, recipe))
+    eager = cloned(step(module, x, recipe))
     compiled = torch.compile(module, fullgraph=True, mode="reduce-overhead")
     skips = counters["inductor"]["cudagraph_skips"]
     for _ in range(3):
-        got = _cloned(step(compiled, x, recipe))
+        got = cloned(step(compiled, x, recipe))
         torch.cuda.synchronize()
         assert_bitwise(got, eager)
     assert counters["inductor"]["cudagraph_skips"] == skips

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from family_cases import make, make_input
-from module_cases import MLP, assert_bitwise, graph_breaks, step, unique_graphs
+from module_cases import MLP, assert_bitwise, cloned, graph_breaks, step, unique_graphs
 from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
@@ -42,20 +42,19 @@ def lowered_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     yield calls
 
 
-def cloned(result: tuple[Any, ...]) -> tuple[Any, ...]:
-    out, dx, grads = result
-    return out.clone(), dx.clone(), [None if g is None else g.clone() for g in grads]
-
-
-def assert_close(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
+def assert_all_close(got: list[Any], want: list[Any]) -> None:
     """bf16 rounding of a different summation order: within a few ulps of the values."""
-    flat_got = [got[0], got[1], *got[2]]
-    flat_want = [want[0], want[1], *want[2]]
-    for i, (a, b) in enumerate(zip(flat_got, flat_want, strict=True)):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a is not None and b is not None, f"entry {i} has no value"
         assert a.shape == b.shape and a.dtype == b.dtype, f"entry {i}: {a.shape} vs {b.shape}"
         scale = b.abs().max().item() if b.numel() else 0.0
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * scale, msg=f"{i}")
+
+
+def assert_close(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
+    """``assert_all_close`` of two ``step`` results."""
+    assert_all_close([got[0], got[1], *got[2]], [want[0], want[1], *want[2]])
 
 
 def test_linear_plain_calls_are_lowered_and_match_eager(lowered_calls):
@@ -422,10 +421,7 @@ def test_module_options_lower_and_match_eager(kind, kwargs, lowered_calls):
     got = run(torch.compile(module, fullgraph=True, backend=te.inductor_backend()))
     assert lowered_calls, "nothing was lowered"
     assert graph_breaks() == 0
-    assert len(got) == len(eager)
-    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
-        scale = b.abs().max().item() if b.numel() else 0.0
-        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * scale, msg=f"{i}")
+    assert_all_close(got, eager)
 
 
 def test_an_unknown_mode_is_refused_when_the_backend_is_made():

@@ -12,6 +12,7 @@ import torch
 from module_cases import (
     QUANTIZED,
     assert_bitwise,
+    cloned,
     graph_breaks,
     make_input,
     make_mlp,
@@ -35,19 +36,13 @@ def _inputs() -> tuple:
     return make_mlp(device="cuda"), make_input(device="cuda")
 
 
-def _cloned(result: tuple) -> tuple:
-    """Copies (CUDA-graph outputs are overwritten by the next replay)."""
-    out, dx, grads = result
-    return out.clone(), dx.clone(), [None if g is None else g.clone() for g in grads]
-
-
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("recipe", CUDA_RECIPES)
 def test_compiled_mlp_on_cuda_is_bitwise_equal_to_eager(recipe, backend):
     model, x = _inputs()
-    eager = _cloned(step(model, x, recipe))
+    eager = cloned(step(model, x, recipe))
     compiled = torch.compile(model, fullgraph=True, backend=backend)
-    got = _cloned(step(compiled, x, recipe))
+    got = cloned(step(compiled, x, recipe))
     assert graph_breaks() == 0, dict(counters["graph_break"])
     assert unique_graphs() == 1
     assert_bitwise(got, eager)
@@ -56,11 +51,11 @@ def test_compiled_mlp_on_cuda_is_bitwise_equal_to_eager(recipe, backend):
 @pytest.mark.parametrize("recipe", CUDA_RECIPES)
 def test_reduce_overhead_cuda_graphs_do_not_skip(recipe):
     model, x = _inputs()
-    eager = _cloned(step(model, x, recipe))  # eager warm-up
+    eager = cloned(step(model, x, recipe))  # eager warm-up
     compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
     skips = counters["inductor"]["cudagraph_skips"]
     for _ in range(3):
-        got = _cloned(step(compiled, x, recipe))
+        got = cloned(step(compiled, x, recipe))
         torch.cuda.synchronize()
         assert_bitwise(got, eager)
     assert counters["inductor"]["cudagraph_skips"] == skips
