@@ -202,6 +202,22 @@ def test_lowerable_call_rule_reads_the_slot_table(monkeypatch):
     assert not grouped(slots)
 
 
+def test_the_rules_kind_names_are_the_generators():
+    """The runtime reads slot kinds by name (generated slot tables carry them as
+    strings); each name it tests must be one the generator writes."""
+    from codegen.model import Kind
+
+    written = {k.value for k in Kind}
+    used = (
+        lowering._GROUP_KINDS
+        | lowering._QUANTIZER_KINDS
+        | lowering._QUANTIZER_LIST_KINDS
+        | lowering._QUANTIZABLE_KINDS
+        | lowering._TENSOR_KINDS
+    )
+    assert used <= written, sorted(used - written)
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
