@@ -192,18 +192,16 @@ def norm_stage_backward(args: Any, dln: torch.Tensor) -> tuple[Any, Any, Any]:
     (plus the returned norm output's own gradient when the op returns it); None where
     not required."""
     inp = args.inp
-    dln = dln.reshape(-1, dln.shape[-1]).float()
-    if args.return_layernorm_output:
-        ln_grad = args.grad_outputs[1]
-        dln = dln + ln_grad.reshape(-1, ln_grad.shape[-1]).float()
+    ln_grad = args.grad_outputs[1] if args.return_layernorm_output else None
     dx, dg, db = norm_backward(
-        dln,
+        dln.reshape(-1, dln.shape[-1]),
         inp.reshape(-1, inp.shape[-1]),
         args.ln_weight,
         args.mu,
         args.rsigma,
         args.zero_centered_gamma,
         need_dgrad=args.input_requires_grad,
+        dy_extra=None if ln_grad is None else ln_grad.reshape(-1, ln_grad.shape[-1]),
     )
     pdtype = args.ln_weight.dtype
     return (

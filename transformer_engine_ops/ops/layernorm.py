@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple, Optional
 import torch
 
 from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.lowering import exact
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
@@ -113,20 +114,63 @@ def norm_forward(
     zero_centered_gamma: bool,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """``(y, mu, rsigma)`` of the rows of ``x`` (2-D); fp32 math, ``y`` in ``out_dtype``."""
-    xf = x.float()
+    """``(y, mu, rsigma)`` of the rows of ``x`` (2-D); fp32 math, ``y`` in ``out_dtype``;
+    no ``mu`` for RMSNorm."""
     if normalization == "LayerNorm":
-        mu = xf.mean(-1)
-        centered = xf - mu.unsqueeze(-1)
-        rsigma = torch.rsqrt(centered.square().mean(-1) + eps)
-    else:
-        mu = None
-        centered = xf
-        rsigma = torch.rsqrt(xf.square().mean(-1) + eps)
+        return _layernorm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype)
+    y, rsigma = _rmsnorm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype)
+    return y, None, rsigma
+
+
+# The row statistics are reductions: kept whole in a lowered graph (runtime/lowering.py).
+@exact(
+    "layernorm_forward(Tensor x, Tensor weight, Tensor? bias, float eps, "
+    "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)"
+)
+def _layernorm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    zero_centered_gamma: bool,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    xf = x.float()
+    mu = xf.mean(-1)
+    centered = xf - mu.unsqueeze(-1)
+    rsigma = torch.rsqrt(centered.square().mean(-1) + eps)
+    return _normalized(centered, rsigma, weight, bias, zero_centered_gamma, out_dtype), mu, rsigma
+
+
+@exact(
+    "rmsnorm_forward(Tensor x, Tensor weight, Tensor? bias, float eps, "
+    "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor)"
+)
+def _rmsnorm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    zero_centered_gamma: bool,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xf = x.float()
+    rsigma = torch.rsqrt(xf.square().mean(-1) + eps)
+    return _normalized(xf, rsigma, weight, bias, zero_centered_gamma, out_dtype), rsigma
+
+
+def _normalized(
+    centered: torch.Tensor,
+    rsigma: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    zero_centered_gamma: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     y = centered * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
     if bias is not None:
         y = y + bias.float()
-    return y.to(out_dtype), mu, rsigma
+    return y.to(out_dtype)
 
 
 def norm_backward(
@@ -137,22 +181,47 @@ def norm_backward(
     rsigma: torch.Tensor,
     zero_centered_gamma: bool,
     need_dgrad: bool = True,
+    dy_extra: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(dx fp32 or None, dgamma fp32, dbeta fp32)`` for rows ``x`` (2-D), fp32 math."""
+    """``(dx fp32 or None, dgamma fp32, dbeta fp32)`` for rows ``x`` (2-D), fp32 math;
+    the output gradient is ``dy``, plus ``dy_extra`` when given (summed in fp32)."""
+    dx, dgamma, dbeta = _norm_backward(
+        dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
+    )
+    return (dx if need_dgrad else None), dgamma, dbeta
+
+
+@exact(
+    "norm_backward(Tensor dy, Tensor? dy_extra, Tensor x, Tensor weight, Tensor? mu, "
+    "Tensor rsigma, bool zero_centered_gamma, bool need_dgrad) -> (Tensor, Tensor, Tensor)"
+)
+def _norm_backward(
+    dy: torch.Tensor,
+    dy_extra: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mu: torch.Tensor | None,
+    rsigma: torch.Tensor,
+    zero_centered_gamma: bool,
+    need_dgrad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`norm_backward` with a 0-element ``dx`` where none is needed (an op returns
+    tensors only). The output gradients are widened here, not by the caller: a 16-bit
+    value widened outside would, traced, lose its rounding to older Inductors (which
+    fold a narrowing cast followed by a widening one)."""
     xf = x.float()
-    dyf = dy.float()
+    dyf = dy.float() if dy_extra is None else dy.float() + dy_extra.float()
     r = rsigma.unsqueeze(-1)
     xhat = (xf - mu.unsqueeze(-1)) * r if mu is not None else xf * r
     dgamma = (dyf * xhat).sum(0)
     dbeta = dyf.sum(0)
-    dx = None
-    if need_dgrad:
-        g = dyf * _gamma(weight, zero_centered_gamma)
-        proj = (g * xhat).mean(-1, keepdim=True)
-        if mu is not None:
-            g = g - g.mean(-1, keepdim=True)
-        dx = r * (g - xhat * proj)
-    return dx, dgamma, dbeta
+    if not need_dgrad:
+        return dyf.new_empty(0), dgamma, dbeta
+    g = dyf * _gamma(weight, zero_centered_gamma)
+    proj = (g * xhat).mean(-1, keepdim=True)
+    if mu is not None:
+        g = g - g.mean(-1, keepdim=True)
+    return r * (g - xhat * proj), dgamma, dbeta
 
 
 # --- The plan: what the real and fake kernels share ---------------------------------

@@ -44,6 +44,7 @@ from transformer_engine_ops.ops.linear import (
     linear_setup_context,
 )
 from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.lowering import exact
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
@@ -212,6 +213,9 @@ def _unary(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x * s, s + x * s * (1 - s)
 
 
+# Fused into one kernel, a traced activation would be FMA-contracted (other bits): kept
+# whole in a lowered graph (runtime/lowering.py).
+@exact("activation_forward(str name, Tensor x, ScalarType out_dtype) -> Tensor")
 def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     xf = x.float()
     if name in GATED:
@@ -220,6 +224,7 @@ def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> to
     return _unary(name, xf)[0].to(out_dtype)
 
 
+@exact("activation_backward(str name, Tensor dy, Tensor x, ScalarType out_dtype) -> Tensor")
 def activation_backward(
     name: str, dy: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:

@@ -33,7 +33,9 @@ import math
 from typing import Any, Optional, Union
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
+from ..runtime import lowering
 from ..runtime.quantizer import QuantizedData
 from .float8 import _Float8Data
 
@@ -165,6 +167,14 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
     return a.view(fb), b.view(fa), B._scale_inv, A._scale_inv
 
 
+@lowering.exact("addmm(Tensor bias, Tensor a, Tensor b) -> Tensor")
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.addmm(bias, a, b)``, the bias added in the GEMM's epilogue (fp32, one
+    rounding); whole in a lowered graph, where Inductor would otherwise split it into a
+    GEMM and a separately rounded bias add (runtime/lowering.py)."""
+    return torch.addmm(bias, a, b)
+
+
 def _matrix(t: torch.Tensor, rows: Any, cols: Any) -> torch.Tensor:
     """``t.reshape(rows, cols)``; ``t`` itself when it is 2-D (it then has that shape:
     the callers' ``rows`` is the product of every dim but the last, ``cols`` the last)."""
@@ -180,6 +190,14 @@ def _shaped(out: torch.Tensor, out_shape: tuple[Any, ...]) -> torch.Tensor:
 # Exact types of plain operands (a subclass, e.g. a quantized wrapper, takes the general path).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FP32 = torch.float32
+
+
+def _traced_plain(A: Any, B: Any) -> bool:
+    """Whether ``A`` and ``B`` are the fake tensors of a lowered trace (runtime/lowering.py)
+    standing for plain tensors: they take :func:`_plain_gemm` as the real ones do, so the
+    trace records the same calls (a quantized value reaches it as its storage, not a
+    tensor)."""
+    return type(A) is FakeTensor and type(B) is FakeTensor and lowering.tracing()
 
 
 def _plain_gemm(
@@ -213,42 +231,58 @@ def _plain_gemm(
         if not (dtype in _HALF and B.dtype == dtype == out_dtype):
             return None
         # What the general path's native branch computes (``addmm(bias, left, right)``
-        # or ``left @ right``, then a reshape), without the no-op calls: ``linear`` with
-        # a 2-D input is ``addmm(bias, input, weight.t())`` with a bias, ``mm`` without.
+        # or ``left @ right``, then a reshape), without the no-op calls (``linear`` of a
+        # 2-D input without a bias is ``mm(input, weight.t())``).
         if bias is not None and bias.dtype != dtype:
             bias = bias.to(dtype)
         b2 = B if len(b_shape) == 2 else B.reshape(-1, b_shape[-1])
         if layout == "TN":
-            out = torch.nn.functional.linear(b2, A, bias)
+            out = torch.nn.functional.linear(b2, A) if bias is None else _addmm(bias, b2, A.t())
         elif layout == "NN":
-            out = torch.mm(b2, A) if bias is None else torch.addmm(bias, b2, A)
+            out = torch.mm(b2, A) if bias is None else _addmm(bias, b2, A)
         else:
             a2 = A if len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
-            out = torch.mm(b2.t(), a2) if bias is None else torch.addmm(bias, b2.t(), a2)
+            out = torch.mm(b2.t(), a2) if bias is None else _addmm(bias, b2.t(), a2)
         if len(b_shape) != 2 and layout != "NT":
             out = out.reshape(_out_shape(A, B, layout))
         return out
     if kind != "cpu":
         return None
-    # The general CPU path: fp32 operands, product, fp32 bias add, cast, reshape.
-    a, b = A.float(), B.float()
-    b2 = b if len(b_shape) == 2 else b.reshape(-1, b_shape[-1])
-    # Both matrices are 2-D here: ``torch.mm`` is what ``@`` dispatches to (``linear``
-    # without a bias is ``mm(b2, a.t())`` without a Python-side transposed view).
-    if layout == "TN":
-        out = torch.nn.functional.linear(b2, a)
-    elif layout == "NN":
-        out = torch.mm(b2, a)
-    else:
-        out = torch.mm(b2.t(), a if len(a_shape) == 2 else a.reshape(-1, a_shape[-1]))
-    if bias is not None:
-        # In place where the bias broadcasts into the product: the same fp32 sum.
-        out = out.add_(bias.float()) if len(bias.shape) == 1 else out + bias.float()
-    if out_dtype is not _FP32:
-        out = out.to(out_dtype)
+    b2 = B if len(b_shape) == 2 else B.reshape(-1, b_shape[-1])
+    a2 = A if len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
+    out = _cpu_gemm(a2, b2, bias, layout, out_dtype)
     if len(b_shape) != 2 and layout != "NT":
         out = out.reshape(_out_shape(A, B, layout))
     return out
+
+
+@lowering.exact(
+    "cpu_gemm(Tensor a, Tensor b, Tensor? bias, str layout, ScalarType out_dtype) -> Tensor"
+)
+def _cpu_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    layout: str,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The general CPU path on 2-D operands: fp32 operands, product, fp32 bias add, cast.
+    Whole in a lowered graph: older Inductors fold the cast of one GEMM's output and the
+    widening of the next GEMM's operand into nothing, whatever ``emulate_precision_casts``
+    says (runtime/lowering.py)."""
+    a, b = a.float(), b.float()
+    # ``torch.mm`` is what ``@`` dispatches to (``linear`` without a bias is
+    # ``mm(b, a.t())`` without a Python-side transposed view).
+    if layout == "TN":
+        out = torch.nn.functional.linear(b, a)
+    elif layout == "NN":
+        out = torch.mm(b, a)
+    else:
+        out = torch.mm(b.t(), a)
+    if bias is not None:
+        # In place where the bias broadcasts into the product: the same fp32 sum.
+        out = out.add_(bias.float()) if len(bias.shape) == 1 else out + bias.float()
+    return out if out_dtype is _FP32 else out.to(out_dtype)
 
 
 def gemm(
@@ -261,7 +295,7 @@ def gemm(
     use_split_accumulator: bool = True,
 ) -> torch.Tensor:
     """Matrix product of plain or quantized operands (see the module docstring)."""
-    if type(A) in _PLAIN and type(B) in _PLAIN:
+    if (type(A) in _PLAIN and type(B) in _PLAIN) or _traced_plain(A, B):
         out = _plain_gemm(A, B, layout, out_dtype, bias)
         if out is not None:
             return out
@@ -293,12 +327,12 @@ def gemm(
     elif (native := _native_cuda_dtype(A, B, out_dtype)) is not None:
         left, right = _matrices(A, B, layout, native)
         if bias is not None:
-            return torch.addmm(bias.to(native), left, right).reshape(out_shape)
+            return _addmm(bias.to(native), left, right).reshape(out_shape)
         return (left @ right).reshape(out_shape)
     elif A.device.type == "cuda" and out_dtype in _HALF:
         # Block formats on Hopper: dequantize to bf16, one native GEMM.
         left, right = _matrices(_as_bf16(A, layout, 0), _as_bf16(B, layout, 1), layout, _BF16)
-        out = torch.addmm(bias.to(_BF16), left, right) if bias is not None else left @ right
+        out = _addmm(bias.to(_BF16), left, right) if bias is not None else left @ right
         return out.to(out_dtype).reshape(out_shape)
     else:
         left, right = _matrices(A, B, layout)

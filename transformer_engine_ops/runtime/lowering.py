@@ -13,11 +13,13 @@ block formats trace reference ops Inductor would fuse into other bits). Any othe
 declines and keeps its node. The graph Dynamo captures still holds the ops (schemas,
 guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
 
-The price: Inductor generates its own reductions and fusions around the kernels (a
-bf16 bias gradient's sum, say), so a lowered plain graph matches eager to rounding,
-not bit for bit; the default backend keeps the bitwise guarantee everywhere.
-AOTAutograd's cache does not key on the decomposition table, so the backend bypasses
-that cache (Inductor's own FX graph cache keys on the already-decomposed graph).
+A lowered call stays bitwise equal to eager: what Inductor would compute differently
+(a reduction in its own order, a fused and FMA-contracted activation, an addmm split
+into a GEMM and a rounded bias add) is marked in the kernels with :func:`exact` and
+recorded whole, and the backend keeps eager's 16-bit roundings between fused pointwise
+ops (``emulate_precision_casts``). AOTAutograd's cache does not key on the
+decomposition table, so the backend bypasses that cache (Inductor's own FX graph cache
+keys on the already-decomposed graph).
 """
 
 from __future__ import annotations
@@ -100,6 +102,75 @@ def tracing() -> bool:
     return _TRACING.depth > 0
 
 
+# --- pieces of a kernel that keep eager's bits in a lowered graph ---------------------
+# What Inductor traces it regenerates: its own reduction order for a sum or a mean, a
+# pointwise chain fused (and FMA-contracted) into one kernel, an addmm split into a GEMM
+# and a separately rounded bias add. A kernel marks each such piece with ``exact``; while
+# a call is traced for Inductor, the piece is recorded as one op of ``teops_exact`` that
+# runs the same function, which Inductor calls as it is (a fallback). Everything else a
+# kernel does (GEMMs through ATen, casts, views, plain pointwise arithmetic) Inductor
+# reproduces bit for bit (with ``emulate_precision_casts``, which the backend sets).
+
+_EXACT_NAMESPACE = "teops_exact"
+_EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
+_EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined on first trace
+_EXACT_LOCK = threading.Lock()
+_EXACT_LIBRARIES: list[Any] = []  # a Library unregisters its definitions when collected
+
+
+def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a piece of a kernel Inductor must not regenerate: ``schema`` names it and
+    types its positional arguments (``"bias_grad(Tensor dy, ScalarType dtype) -> Tensor"``);
+    the function is pure and returns fresh tensors (never an input or a view of one).
+    Eagerly the piece is called as it is; traced for Inductor it is recorded as the op
+    ``teops_exact::<name>`` running the same function (its fake: the function itself, on
+    fake tensors)."""
+    name = schema.split("(", 1)[0]
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _EXACT:
+            raise ValueError(f"exact: two pieces named {name!r}")
+        _EXACT[name] = (schema, fn)
+
+        def piece(*args: Any) -> Any:
+            if _TRACING.depth == 0:
+                return fn(*args)
+            return exact_op(name)(*args)
+
+        piece.__name__, piece.__qualname__, piece.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        piece.__wrapped__ = fn  # type: ignore[attr-defined]
+        return piece
+
+    return mark
+
+
+def exact_op(name: str) -> Any:
+    """The op ``teops_exact::<name>`` of the piece ``name`` (defined on first use: only
+    a lowered trace records it, and a program that never lowers never defines it)."""
+    op = _EXACT_OPS.get(name)
+    if op is not None:
+        return op
+    import torch
+
+    with _EXACT_LOCK:
+        if name not in _EXACT_OPS:
+            schema, fn = _EXACT[name]
+            lib = torch.library.Library(_EXACT_NAMESPACE, "FRAGMENT")
+            lib.define(schema)
+            # No autograd layer: the piece runs inside an op call autograd has already
+            # differentiated, so Inductor's call of it costs one dispatch.
+            lib.impl(name, fn, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{_EXACT_NAMESPACE}::{name}", fn, lib=lib)
+            _EXACT_LIBRARIES.append(lib)
+            _EXACT_OPS[name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), name).default
+        return _EXACT_OPS[name]
+
+
+def exact_pieces() -> tuple[str, ...]:
+    """The names of every piece marked with :func:`exact` (those imported so far)."""
+    return tuple(_EXACT)
+
+
 def register(op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow]) -> None:
     """Let :func:`inductor_backend` trace ``kernel`` in place of ``op`` for lowerable calls."""
     lowerable = Lowerable(rows)
@@ -137,7 +208,13 @@ def inductor_backend(
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.decomposition import select_decomp_table
 
-    patches = {**list_mode_options(mode or "default"), **(options or {})}
+    # Inductor elides a 16-bit round trip between fused pointwise ops unless told to
+    # keep it; eager rounds there.
+    patches = {
+        "emulate_precision_casts": True,
+        **list_mode_options(mode or "default"),
+        **(options or {}),
+    }
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         _register_fallbacks()

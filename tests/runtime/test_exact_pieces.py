@@ -1,0 +1,110 @@
+"""The kernel pieces a lowered graph keeps whole (``lowering.exact``): each is an op
+whose schema, fake and kernel agree (``opcheck``), computing what the function computes
+eagerly; defining one is safe from several threads; two pieces cannot share a name."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+# Importing the ops marks their pieces.
+import transformer_engine_ops.ops.layernorm_mlp  # noqa: F401
+import transformer_engine_ops.quantization.gemm  # noqa: F401
+from transformer_engine_ops.runtime import lowering
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def _cases() -> list[tuple[str, tuple[Any, ...]]]:
+    bf16, f32 = torch.bfloat16, torch.float32
+    x, w, b = _t(6, 16), _t(16, seed=1), _t(16, seed=2)
+    mu, rsigma = _t(6, dtype=f32, seed=3), _t(6, dtype=f32, seed=4).abs() + 0.5
+    return [
+        ("bias_grad", (_t(5, 7), bf16)),
+        ("bias_grad", (_t(0, 7, dtype=f32), f32)),  # no rows: zeros
+        ("addmm", (b, _t(3, 8), _t(8, 16))),
+        ("addmm", (_t(1, dtype=f32), _t(1, 1, dtype=f32), _t(1, 1, dtype=f32))),
+        ("cpu_gemm", (_t(16, 8), _t(3, 8), b, "TN", bf16)),
+        ("cpu_gemm", (_t(3, 16), _t(3, 8), None, "NT", f32)),
+        ("cpu_gemm", (_t(8, 16), _t(0, 8), _t(0, 16, seed=8), "NN", bf16)),
+        ("layernorm_forward", (x, w, b, 1e-5, False, bf16)),
+        ("layernorm_forward", (_t(0, 16), w, None, 1e-5, True, f32)),
+        ("rmsnorm_forward", (x, w, None, 1e-6, True, bf16)),
+        ("norm_backward", (x, None, x, w, mu, rsigma, False, True)),
+        ("norm_backward", (x, _t(6, 16, seed=5), x, w, None, rsigma, True, False)),
+        ("activation_forward", ("gelu", _t(4, 8), bf16)),
+        ("activation_forward", ("swiglu", _t(4, 8, dtype=f32), f32)),
+        ("activation_backward", ("qgelu", _t(4, 8), _t(4, 8, seed=6), bf16)),
+        ("activation_backward", ("reglu", _t(4, 4), _t(4, 8, seed=7), bf16)),
+    ]
+
+
+def _on(device: str, value: Any) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+_GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+_DEVICE_CASES = [("cpu", name, args) for name, args in _cases()] + [
+    pytest.param("cuda", name, args, marks=_GPU) for name, args in _cases() if name != "cpu_gemm"
+]
+
+
+@pytest.mark.parametrize(
+    ("device", "name", "args"), _DEVICE_CASES, ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_each_piece_is_an_op_that_computes_its_functions_bits(device, name, args):
+    args = tuple(_on(device, a) for a in args)
+    op = lowering.exact_op(name)
+    torch.library.opcheck(op, args)
+    _, fn = lowering._EXACT[name]
+    want, got = fn(*args), op(*args)
+    for w, g in zip(*(v if isinstance(v, tuple) else (v,) for v in (want, got)), strict=True):
+        assert torch.equal(w, g)
+
+
+def test_every_marked_piece_is_covered_here():
+    assert set(lowering.exact_pieces()) >= {name for name, _ in _cases()}
+    assert {name for name, _ in _cases()} >= {
+        n for n in lowering.exact_pieces() if not n.startswith("test_")
+    }
+
+
+def test_eagerly_a_piece_is_its_function_without_an_op():
+    from transformer_engine_ops.ops.linear import _bias_grad
+
+    dy = _t(4, 8)
+    assert torch.equal(_bias_grad(dy, torch.bfloat16), _bias_grad.__wrapped__(dy, torch.bfloat16))
+    assert not lowering.tracing()
+
+
+def test_two_pieces_cannot_share_a_name():
+    with pytest.raises(ValueError, match="two pieces named 'bias_grad'"):
+        lowering.exact("bias_grad(Tensor dy, ScalarType dtype) -> Tensor")(lambda dy, d: dy)
+
+
+def test_threads_tracing_at_once_define_a_piece_once():
+    name = "test_threaded_piece"
+    lowering.exact(f"{name}(Tensor x) -> Tensor")(lambda x: x * 2)
+    ops: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def define() -> None:
+        barrier.wait()
+        ops.append(lowering.exact_op(name))
+
+    threads = [threading.Thread(target=define) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ops) == 8 and all(op is ops[0] for op in ops)
+    assert torch.equal(ops[0](torch.ones(2)), torch.full((2,), 2.0))
