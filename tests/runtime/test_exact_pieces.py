@@ -30,9 +30,9 @@ def _cases() -> list[tuple[str, tuple[Any, ...]]]:
         ("bias_grad", (_t(0, 7, dtype=f32), f32)),  # no rows: zeros
         ("addmm", (b, _t(3, 8), _t(8, 16))),
         ("addmm", (_t(1, dtype=f32), _t(1, 1, dtype=f32), _t(1, 1, dtype=f32))),
-        ("cpu_gemm", (_t(16, 8), _t(3, 8), b, "TN", bf16)),
-        ("cpu_gemm", (_t(3, 16), _t(3, 8), None, "NT", f32)),
-        ("cpu_gemm", (_t(8, 16), _t(0, 8), _t(0, 16, seed=8), "NN", bf16)),
+        ("fp32_gemm", (_t(16, 8), _t(3, 8), b, "TN", bf16)),
+        ("fp32_gemm", (_t(3, 16), _t(3, 8), None, "NT", f32)),
+        ("fp32_gemm", (_t(8, 16), _t(0, 8), _t(0, 16, seed=8), "NN", bf16)),
         ("layernorm_forward", (x, w, b, 1e-5, False, bf16)),
         ("layernorm_forward", (_t(0, 16), w, None, 1e-5, True, f32)),
         ("rmsnorm_forward", (x, w, None, 1e-6, True, bf16)),
@@ -54,7 +54,7 @@ _GPU = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 _DEVICE_CASES = [("cpu", name, args) for name, args in _cases()] + [
-    pytest.param("cuda", name, args, marks=_GPU) for name, args in _cases() if name != "cpu_gemm"
+    pytest.param("cuda", name, args, marks=_GPU) for name, args in _cases()
 ]
 
 

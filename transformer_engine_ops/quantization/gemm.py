@@ -225,11 +225,8 @@ def _plain_gemm(
             return None
     elif layout != "NT" or len(a_shape) < 1 or a_shape[:-1] != b_shape[:-1]:
         return None
-    kind = device.type
-    if kind == "cuda":
-        dtype = A.dtype
-        if not (dtype in _HALF and B.dtype == dtype == out_dtype):
-            return None
+    kind, dtype = device.type, A.dtype
+    if kind == "cuda" and dtype in _HALF and B.dtype == dtype == out_dtype:
         # What the general path's native branch computes (``addmm(bias, left, right)``
         # or ``left @ right``, then a reshape), without the no-op calls (``linear`` of a
         # 2-D input without a bias is ``mm(input, weight.t())``).
@@ -246,30 +243,32 @@ def _plain_gemm(
         if len(b_shape) != 2 and layout != "NT":
             out = out.reshape(_out_shape(A, B, layout))
         return out
-    if kind != "cpu":
+    if kind not in ("cpu", "cuda"):
         return None
+    # The general path's fp32 branch (every CPU product, any other CUDA one).
     b2 = B if len(b_shape) == 2 else B.reshape(-1, b_shape[-1])
     a2 = A if len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
-    out = _cpu_gemm(a2, b2, bias, layout, out_dtype)
+    out = _fp32_gemm(a2, b2, bias, layout, out_dtype)
     if len(b_shape) != 2 and layout != "NT":
         out = out.reshape(_out_shape(A, B, layout))
     return out
 
 
 @lowering.exact(
-    "cpu_gemm(Tensor a, Tensor b, Tensor? bias, str layout, ScalarType out_dtype) -> Tensor"
+    "fp32_gemm(Tensor a, Tensor b, Tensor? bias, str layout, ScalarType out_dtype) -> Tensor"
 )
-def _cpu_gemm(
+def _fp32_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
     bias: Optional[torch.Tensor],
     layout: str,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """The general CPU path on 2-D operands: fp32 operands, product, fp32 bias add, cast.
-    Whole in a lowered graph: older Inductors fold the cast of one GEMM's output and the
-    widening of the next GEMM's operand into nothing, whatever ``emulate_precision_casts``
-    says (runtime/lowering.py)."""
+    """The general path's fp32 product of 2-D operands: fp32 operands, product, fp32 bias
+    add, cast. Whole in a lowered graph (runtime/lowering.py), where Inductor would fuse
+    the bias add into the GEMM (CUDA), and older Inductors fold the cast of one GEMM's
+    output and the widening of the next one's operand into nothing, whatever
+    ``emulate_precision_casts`` says."""
     a, b = a.float(), b.float()
     # ``torch.mm`` is what ``@`` dispatches to (``linear`` without a bias is
     # ``mm(b, a.t())`` without a Python-side transposed view).
