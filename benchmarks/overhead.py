@@ -39,8 +39,11 @@ from transformer_engine_ops.runtime.lowering import inductor_backend
 from .common import progress, ratio_stats, stats
 
 LAYERS = 8
-# Our MLP compiled by ``inductor_backend()``: plain op calls lowered into Inductor's graph.
+# Our MLP compiled by ``inductor_backend()``: plain op calls lowered into Inductor's graph
+# (bitwise equal to eager), and by ``inductor_backend(bitwise=False)`` (equal to rounding).
 LOWERED = "ours-lowered"
+LOWERED_ROUNDING = "ours-lowered-rounding"
+_LOWERINGS = {LOWERED: True, LOWERED_ROUNDING: False}
 CALLS = ("torch", "kernel", "op", "compiled call", "eager call", "module")
 
 
@@ -162,16 +165,16 @@ def _step_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
     x = torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True)
     modes = ("eager", "compiled") + (("reduce-overhead",) if device == "cuda" else ())
     fns: dict[str, Any] = {}
-    for kind in ("torch", "ours", LOWERED):
+    for kind in ("torch", "ours", *_LOWERINGS):
         for mode in modes:
-            if kind == LOWERED and mode == "eager":
+            if kind in _LOWERINGS and mode == "eager":
                 continue  # the lowering is a compile backend
             torch._dynamo.reset()
-            model: Any = _MLP("ours" if kind == LOWERED else kind, hidden, device, dtype)
+            model: Any = _MLP("ours" if kind in _LOWERINGS else kind, hidden, device, dtype)
             params = list(model.parameters())
             graph_mode = "reduce-overhead" if mode == "reduce-overhead" else None
-            if kind == LOWERED:
-                backend = inductor_backend(mode=graph_mode)
+            if kind in _LOWERINGS:
+                backend = inductor_backend(mode=graph_mode, bitwise=_LOWERINGS[kind])
                 model = torch.compile(model, fullgraph=True, backend=backend)
             elif mode != "eager":
                 model = torch.compile(model, fullgraph=True, mode=graph_mode)

@@ -160,8 +160,14 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     for grad in ("no grad", "autograd"):
         for name in overhead.CALLS:
             assert o["us"][f"{grad}/{name}"]["median"] > 0
-    assert set(o["step_ratio_vs_torch"]) == {"eager", "compiled", "ours-lowered compiled"}
+    assert set(o["step_ratio_vs_torch"]) == {
+        "eager",
+        "compiled",
+        "ours-lowered compiled",
+        "ours-lowered-rounding compiled",
+    }
     assert o["us"]["ours-lowered/compiled"]["median"] > 0
+    assert o["us"]["ours-lowered-rounding/compiled"]["median"] > 0
     md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
     assert "## 8. Per-call overhead of the op path" in md
     assert "| autograd/op |" in md and "before (median)" in md

@@ -81,6 +81,42 @@ def test_fp32_linear_bias_gradient_is_eagers(lowered_calls):
     assert_bitwise(got, eager)
 
 
+@pytest.mark.parametrize("bitwise", [True, False])
+def test_bitwise_false_lets_inductor_regenerate_the_kept_pieces(
+    bitwise, lowered_calls, monkeypatch
+):
+    """The pieces are recorded as ops only when bitwise; without, Inductor traces them
+    (its own reductions) and the result is eager's to rounding."""
+    recorded: list[str] = []
+    real = lowering.exact_op
+
+    def counting(name: str) -> Any:
+        recorded.append(name)
+        return real(name)
+
+    monkeypatch.setattr(lowering, "exact_op", counting)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(te.Linear(64, 48), torch.nn.ReLU(), te.LayerNormLinear(48, 32))
+    x = torch.randn(96, 64)
+    eager = step(model, x, None)
+    backend = te.inductor_backend(bitwise=bitwise)
+    got = step(torch.compile(model, fullgraph=True, backend=backend), x, None)
+    assert lowered_calls == {
+        "teops::linear_fwd": 1,
+        "teops::linear_bwd": 1,
+        "teops::layernorm_linear_fwd": 1,
+        "teops::layernorm_linear_bwd": 1,
+    }
+    if bitwise:
+        assert {"bias_grad", "fp32_gemm", "layernorm_forward", "norm_backward"} <= set(recorded)
+        assert_bitwise(got, eager)
+    else:
+        assert recorded == []
+        for a, b in zip([got[0], got[1], *got[2]], [eager[0], eager[1], *eager[2]], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert lowering._TRACING.keep_exact  # restored after the compile
+
+
 def test_grouped_linear_keeps_its_op_as_it_reads_its_splits_on_the_host(lowered_calls):
     torch.manual_seed(0)
     module = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16)
@@ -149,6 +185,11 @@ def test_mode_and_options_reach_inductor(monkeypatch):
     }
     table = kwargs["decompositions"]
     assert all(table[op] is d for op, d in lowering.decompositions().items())
+    seen.clear()
+    torch._dynamo.reset()
+    backend = te.inductor_backend(options={"debug": False}, bitwise=False)
+    torch.compile(model, fullgraph=True, backend=backend)(x)
+    assert seen[0]["config_patches"] == {"debug": False}
 
 
 def test_lowerable_call_rule_reads_the_slot_table(monkeypatch):

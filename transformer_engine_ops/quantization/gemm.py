@@ -279,8 +279,9 @@ def _fp32_gemm(
     else:
         out = torch.mm(b.t(), a)
     if bias is not None:
-        # In place where the bias broadcasts into the product: the same fp32 sum.
-        out = out.add_(bias.float()) if len(bias.shape) == 1 else out + bias.float()
+        # Out of place: a lowered graph that traces this piece (``bitwise=False``) must
+        # be functional.
+        out = out + bias.float()
     return out if out_dtype is _FP32 else out.to(out_dtype)
 
 
