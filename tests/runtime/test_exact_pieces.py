@@ -78,6 +78,26 @@ def test_every_marked_piece_is_covered_here():
     }
 
 
+def test_each_schema_names_its_functions_parameters_in_order():
+    """Keyword calls reach the op by the schema's names: they must be the function's."""
+    import inspect
+
+    for name in lowering.exact_pieces():
+        schema, fn = lowering._EXACT[name]
+        op = lowering.exact_op(name)
+        in_schema = [a.name for a in op._schema.arguments]
+        assert in_schema == list(inspect.signature(fn).parameters), name
+
+
+def test_a_piece_takes_keyword_arguments_eagerly_and_traced():
+    from transformer_engine_ops.ops.linear import _bias_grad
+
+    dy = _t(4, 8)
+    want = _bias_grad(dy, torch.bfloat16)
+    assert torch.equal(_bias_grad(dy=dy, dtype=torch.bfloat16), want)
+    assert torch.equal(lowering.exact_op("bias_grad")(dy=dy, dtype=torch.bfloat16), want)
+
+
 def test_eagerly_a_piece_is_its_function_without_an_op():
     from transformer_engine_ops.ops.linear import _bias_grad
 

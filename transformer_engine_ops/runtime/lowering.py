@@ -121,8 +121,9 @@ _EXACT_LIBRARIES: list[Any] = []  # a Library unregisters its definitions when c
 
 def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a piece of a kernel Inductor must not regenerate: ``schema`` names it and
-    types its positional arguments (``"bias_grad(Tensor dy, ScalarType dtype) -> Tensor"``);
-    the function is pure and returns fresh tensors (never an input or a view of one).
+    types its arguments, under the function's own parameter names
+    (``"bias_grad(Tensor dy, ScalarType dtype) -> Tensor"``); the function is pure and
+    returns fresh tensors (never an input or a view of one).
     Eagerly the piece is called as it is; traced for Inductor it is recorded as the op
     ``teops_exact::<name>`` running the same function (its fake: the function itself, on
     fake tensors)."""
@@ -133,10 +134,10 @@ def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             raise ValueError(f"exact: two pieces named {name!r}")
         _EXACT[name] = (schema, fn)
 
-        def piece(*args: Any) -> Any:
+        def piece(*args: Any, **kwargs: Any) -> Any:
             if _TRACING.depth == 0 or not _TRACING.keep_exact:
-                return fn(*args)
-            return exact_op(name)(*args)
+                return fn(*args, **kwargs)
+            return exact_op(name)(*args, **kwargs)
 
         piece.__name__, piece.__qualname__, piece.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
         piece.__wrapped__ = fn  # type: ignore[attr-defined]
