@@ -116,61 +116,38 @@ def norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(y, mu, rsigma)`` of the rows of ``x`` (2-D); fp32 math, ``y`` in ``out_dtype``;
     no ``mu`` for RMSNorm."""
-    if normalization == "LayerNorm":
-        return _layernorm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype)
-    y, rsigma = _rmsnorm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype)
-    return y, None, rsigma
+    layernorm = normalization == "LayerNorm"
+    y, mu, rsigma = _norm_forward(x, weight, bias, layernorm, eps, zero_centered_gamma, out_dtype)
+    return y, (mu if layernorm else None), rsigma
 
 
 # The row statistics are reductions: kept whole in a lowered graph (runtime/lowering.py).
 @exact(
-    "layernorm_forward(Tensor x, Tensor weight, Tensor? bias, float eps, "
+    "norm_forward(Tensor x, Tensor weight, Tensor? bias, bool layernorm, float eps, "
     "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)"
 )
-def _layernorm_forward(
+def _norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    layernorm: bool,
     eps: float,
     zero_centered_gamma: bool,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`norm_forward` with a 0-element ``mu`` for RMSNorm (an op returns tensors
+    only)."""
     xf = x.float()
-    mu = xf.mean(-1)
-    centered = xf - mu.unsqueeze(-1)
+    if layernorm:
+        mu = xf.mean(-1)
+        centered = xf - mu.unsqueeze(-1)
+    else:
+        mu, centered = xf.new_empty(0), xf
     rsigma = torch.rsqrt(centered.square().mean(-1) + eps)
-    return _normalized(centered, rsigma, weight, bias, zero_centered_gamma, out_dtype), mu, rsigma
-
-
-@exact(
-    "rmsnorm_forward(Tensor x, Tensor weight, Tensor? bias, float eps, "
-    "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor)"
-)
-def _rmsnorm_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    eps: float,
-    zero_centered_gamma: bool,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    xf = x.float()
-    rsigma = torch.rsqrt(xf.square().mean(-1) + eps)
-    return _normalized(xf, rsigma, weight, bias, zero_centered_gamma, out_dtype), rsigma
-
-
-def _normalized(
-    centered: torch.Tensor,
-    rsigma: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    zero_centered_gamma: bool,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
     y = centered * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
     if bias is not None:
         y = y + bias.float()
-    return y.to(out_dtype)
+    return y.to(out_dtype), mu, rsigma
 
 
 def norm_backward(
