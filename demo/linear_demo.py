@@ -4,9 +4,10 @@ Two models: a 3-layer MLP of ``Linear`` (256 hidden) and a transformer-style blo
 (``LayerNormLinear`` -> ``Linear`` -> residual -> ``LayerNormMLP``, 256 hidden, 512 FFN),
 both with bf16 parameters. For each model and configuration the model is
 trained for a few SGD steps twice from the same initial weights: once eagerly and once
-compiled with ``fullgraph=True`` on the default inductor backend. The compiled run must
-take zero graph breaks and agree with eager bit for bit (outputs and every gradient);
-the script exits non-zero otherwise.
+compiled with ``fullgraph=True`` on the default inductor backend (bf16 also on
+``te.inductor_backend()``, which lowers the op calls into Inductor's graph). The
+compiled run must take zero graph breaks and agree with eager bit for bit (outputs and
+every gradient); the script exits non-zero otherwise.
 
 Run: ``python demo/linear_demo.py`` (a few minutes on 2 CPU cores).
 """
@@ -25,6 +26,7 @@ import torch
 import torch._inductor.config
 from torch._dynamo.utils import counters
 
+from transformer_engine_ops import inductor_backend
 from transformer_engine_ops.modules import LayerNormLinear, LayerNormMLP, Linear, autocast
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
@@ -34,6 +36,8 @@ from transformer_engine_ops.quantization import (
 )
 
 BACKEND = "inductor"
+# bf16 once more, every op call lowered into Inductor's graph (bitwise all the same).
+LOWERED = "bf16, inductor_backend()"
 HIDDEN = 256
 BATCH = (64, 256)  # rows x features of the input
 STEPS = 4  # the first compiled step includes compilation and is not timed
@@ -99,23 +103,23 @@ def _train_step(model: Any, params: list, opt: Any, x: torch.Tensor, recipe: Any
     return y.detach(), [x.grad, *(p.grad.clone() for p in params)], seconds
 
 
-def run(model_name: str, model_cls: Any, name: str, recipe: Any) -> dict[str, Any]:
+def run(model_name: str, model_cls: Any, name: str, recipe: Any, backend: Any) -> dict[str, Any]:
     # Our ops are opaque to Inductor and compute the same bits compiled as eager; the
     # block's own bf16 arithmetic around them (residual adds, their gradients) Inductor
     # fuses and by default keeps in fp32 between ops, where eager rounds each result to
     # bf16 (the block's input gradient then differs in the last bit). Rounding as eager
     # does makes the whole step comparable bit for bit.
     with torch._inductor.config.patch(emulate_precision_casts=True):
-        return _run(model_name, model_cls, name, recipe)
+        return _run(model_name, model_cls, name, recipe, backend)
 
 
-def _run(model_name: str, model_cls: Any, name: str, recipe: Any) -> dict[str, Any]:
+def _run(model_name: str, model_cls: Any, name: str, recipe: Any, backend: Any) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     eager = model_cls()
     compiled_model = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_model, fullgraph=True, backend=BACKEND)
+    compiled = torch.compile(compiled_model, fullgraph=True, backend=backend)
     eager_params, comp_params = list(eager.parameters()), list(compiled_model.parameters())
     eager_opt = torch.optim.SGD(eager_params, lr=0.01)
     comp_opt = torch.optim.SGD(comp_params, lr=0.01)
@@ -162,11 +166,12 @@ def main() -> int:
     )
     rows = []
     for model_name, model_cls in MODELS:
-        for name, recipe in RECIPES:
+        configs = [(name, recipe, BACKEND) for name, recipe in RECIPES]
+        for name, recipe, backend in [*configs, (LOWERED, None, inductor_backend())]:
             print(f"{model_name}, {name}:", flush=True)
-            rows.append(run(model_name, model_cls, name, recipe))
+            rows.append(run(model_name, model_cls, name, recipe, backend))
     header = (
-        f"{'model':<11}| {'recipe':<22}| {'graph breaks':>12} | {'compiles':>8} | "
+        f"{'model':<11}| {'recipe':<24}| {'graph breaks':>12} | {'compiles':>8} | "
         f"{'max|c-e| output':>15} | {'max|c-e| grads':>14} | "
         f"{'eager step ms':>13} | {'compiled step ms':>16}"
     )
@@ -175,7 +180,7 @@ def main() -> int:
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['model']:<11}| {r['recipe']:<22}| {r['breaks']:>12} | {r['compiles']:>8} | "
+            f"{r['model']:<11}| {r['recipe']:<24}| {r['breaks']:>12} | {r['compiles']:>8} | "
             f"{r['out_diff']:>15g} | {r['grad_diff']:>14g} | "
             f"{r['eager_ms']:>13.2f} | {r['comp_ms']:>16.2f}"
         )

@@ -1,5 +1,5 @@
 """`make demo`'s check, for its transformer-style block in bf16 and FP8 current scaling
-on Inductor: every SGD step compiled equal to eager bit for bit (output, input and
+on Inductor, and bf16 on ``te.inductor_backend()``: every SGD step compiled equal to eager bit for bit (output, input and
 parameter gradients), zero graph breaks, one graph."""
 
 from __future__ import annotations
@@ -23,10 +23,18 @@ OLD_INDUCTOR_BF16 = pytest.mark.xfail(
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param("bf16", marks=OLD_INDUCTOR_BF16), "Float8CurrentScaling"]
+    "name",
+    [
+        pytest.param("bf16", marks=OLD_INDUCTOR_BF16),
+        "Float8CurrentScaling",
+        pytest.param(linear_demo.LOWERED, marks=OLD_INDUCTOR_BF16),
+    ],
 )
 def test_demo_block_compiles_bit_identical_to_eager(name):
-    recipe = dict(linear_demo.RECIPES)[name]
-    result = linear_demo.run("block", linear_demo.Block, name, recipe)
+    if name == linear_demo.LOWERED:
+        recipe, backend = None, linear_demo.inductor_backend()
+    else:
+        recipe, backend = dict(linear_demo.RECIPES)[name], linear_demo.BACKEND
+    result = linear_demo.run("block", linear_demo.Block, name, recipe, backend)
     assert result["breaks"] == 0 and result["compiles"] == 1
     assert result["out_diff"] == 0 and result["grad_diff"] == 0
