@@ -171,7 +171,7 @@ def main() -> int:
             print(f"{model_name}, {name}:", flush=True)
             rows.append(run(model_name, model_cls, name, recipe, backend))
     header = (
-        f"{'model':<11}| {'recipe':<24}| {'graph breaks':>12} | {'compiles':>8} | "
+        f"{'model':<11}| {'recipe':<25}| {'graph breaks':>12} | {'compiles':>8} | "
         f"{'max|c-e| output':>15} | {'max|c-e| grads':>14} | "
         f"{'eager step ms':>13} | {'compiled step ms':>16}"
     )
@@ -180,7 +180,7 @@ def main() -> int:
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['model']:<11}| {r['recipe']:<24}| {r['breaks']:>12} | {r['compiles']:>8} | "
+            f"{r['model']:<11}| {r['recipe']:<25}| {r['breaks']:>12} | {r['compiles']:>8} | "
             f"{r['out_diff']:>15g} | {r['grad_diff']:>14g} | "
             f"{r['eager_ms']:>13.2f} | {r['comp_ms']:>16.2f}"
         )
