@@ -47,6 +47,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..runtime import lowering
+from ..runtime.custom_ops import op_library
 from .encoding import FP8_MAX, transposed_shape
 
 __all__ = [
@@ -392,15 +393,11 @@ def _quantize_op() -> Any:
             x.new_empty((shape[-1],) if bias_grad else (0,), dtype=torch.float32),
         )
 
-    lib = torch.library.Library("teops_quantization", "FRAGMENT")
+    lib = op_library("teops_quantization")
     lib.define(_OP_SCHEMA)
     lib.impl("fp8_current_scaling_quantize", kernel, "CompositeExplicitAutograd")
     torch.library.register_fake("teops_quantization::fp8_current_scaling_quantize", fake, lib=lib)
-    _LIBRARIES.append(lib)  # a Library unregisters its definitions when collected
     return torch.ops.teops_quantization.fp8_current_scaling_quantize.default
-
-
-_LIBRARIES: list[Any] = []
 
 
 def triton_cdiv(a: int, b: int) -> int:

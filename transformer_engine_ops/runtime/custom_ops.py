@@ -436,7 +436,9 @@ _LIBRARIES: dict[str, Any] = {}
 _BACKEND_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
 
 
-def _library(namespace: str) -> Any:
+def op_library(namespace: str) -> Any:
+    """The ``FRAGMENT`` Library of ``namespace``, one per process and kept alive (a
+    Library unregisters its definitions when collected)."""
     lib = _LIBRARIES.get(namespace)
     if lib is None:
         lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
@@ -468,7 +470,7 @@ def define_op(
     """
     try:
         namespace, name = qualname.split("::")
-        lib = _library(namespace)
+        lib = op_library(namespace)
         lib.define(name + schema)
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, fake, lib=lib)
@@ -543,7 +545,7 @@ def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(below, *slots)
 
-    _library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    op_library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
 class _OpFunction(torch.autograd.Function):

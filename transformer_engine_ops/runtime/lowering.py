@@ -24,6 +24,7 @@ keys on the already-decomposed graph).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -116,7 +117,6 @@ _EXACT_NAMESPACE = "teops_exact"
 _EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
 _EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined on first trace
 _EXACT_LOCK = threading.Lock()
-_EXACT_LIBRARIES: list[Any] = []  # a Library unregisters its definitions when collected
 
 
 def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -134,13 +134,12 @@ def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             raise ValueError(f"exact: two pieces named {name!r}")
         _EXACT[name] = (schema, fn)
 
+        @functools.wraps(fn)
         def piece(*args: Any, **kwargs: Any) -> Any:
             if _TRACING.depth == 0 or not _TRACING.keep_exact:
                 return fn(*args, **kwargs)
             return exact_op(name)(*args, **kwargs)
 
-        piece.__name__, piece.__qualname__, piece.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-        piece.__wrapped__ = fn  # type: ignore[attr-defined]
         return piece
 
     return mark
@@ -154,16 +153,17 @@ def exact_op(name: str) -> Any:
         return op
     import torch
 
+    from .custom_ops import op_library  # custom_ops imports this module
+
     with _EXACT_LOCK:
         if name not in _EXACT_OPS:
             schema, fn = _EXACT[name]
-            lib = torch.library.Library(_EXACT_NAMESPACE, "FRAGMENT")
+            lib = op_library(_EXACT_NAMESPACE)
             lib.define(schema)
             # No autograd layer: the piece runs inside an op call autograd has already
             # differentiated, so Inductor's call of it costs one dispatch.
             lib.impl(name, fn, "CompositeExplicitAutograd")
             torch.library.register_fake(f"{_EXACT_NAMESPACE}::{name}", fn, lib=lib)
-            _EXACT_LIBRARIES.append(lib)
             _EXACT_OPS[name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), name).default
         return _EXACT_OPS[name]
 
