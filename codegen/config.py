@@ -90,6 +90,7 @@ DECLARATION_KEYS = (
     "forward_spec",
     "backward_spec",
     "setup_context",
+    "lowers",
 )
 OWN_DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 

@@ -169,6 +169,9 @@ class Op:
     grad_fields: tuple[str, ...]
     impls: Impls | None
     location: Location
+    # The declaration's ``lowers``: every Inductor compile traces the impls in place of
+    # the op (their numerically sensitive pieces are marked to keep eager's bits).
+    lowers: bool = False
 
 
 @dataclass(frozen=True)

@@ -695,6 +695,12 @@ def _literal_strings(file: _File, node: cst.BaseExpression, key: str) -> tuple[s
     )
 
 
+def _literal_bool(file: _File, node: cst.BaseExpression, key: str) -> bool:
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    raise CodegenError(file.loc(node), f"`{key}` must be True or False", f"write {key}=True")
+
+
 def _check_grad_fields(
     forward: Bundle, grad_fields: tuple[str, ...], places: Sequence[Location], whole: Location
 ) -> None:
@@ -824,7 +830,14 @@ def _read_declaration(
         _check_grad_receiver(backward)
         if form.registration:
             impls = Impls(**names)
-    return Op(op_name, forward, backward, grad_fields, impls, where)
+    lowers = _literal_bool(file, given["lowers"], kw("lowers")) if "lowers" in given else False
+    if lowers and impls is None and form.registration:
+        raise CodegenError(
+            file.loc(given["lowers"]),
+            f"`{kw('lowers')}=True` needs the implementation functions Inductor would trace",
+            f"give {', '.join(kw(k) for k in impl_keys)}, or drop {kw('lowers')}",
+        )
+    return Op(op_name, forward, backward, grad_fields, impls, where, lowers=lowers)
 
 
 def _configured_op(file: _File, op: ConfiguredOp, read_bundle: _BundleReader) -> Op:

@@ -20,7 +20,10 @@ class OpDeclaration:
 
     ``name`` becomes ``<namespace>::<name>_fwd`` and ``<name>_bwd``.
     ``grad_fields`` names the forward-bundle tensor fields whose gradients the
-    backward op returns, in the order the backward returns them.
+    backward op returns, in the order the backward returns them. ``lowers=True`` lets
+    every Inductor compile trace the impls in place of the ops (``runtime/lowering.py``):
+    declare it once the impls mark, with ``lowering.exact``, every piece Inductor would
+    compute differently from eager (reductions, fused activations, bias GEMMs).
     """
 
     name: str
@@ -32,3 +35,4 @@ class OpDeclaration:
     forward_spec: Callable[..., Any] | None = None
     backward_spec: Callable[..., Any] | None = None
     setup_context: Callable[..., Any] | None = None
+    lowers: bool = False
