@@ -27,7 +27,6 @@ from transformer_engine_ops.modules.autocast import autocast
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.quantization import Float8CurrentScaling
 from transformer_engine_ops.runtime.fallback import reset_warnings
-from transformer_engine_ops.runtime.lowering import inductor_backend
 
 # (seq, batch, hidden): dim 0 is the sequence dim sequence parallelism splits.
 SEQ, BATCH, IN, OUT = 8, 2, 64, 32
@@ -48,8 +47,8 @@ PARITY = [
     for recipe in RECIPES
 ]
 MLP = [f"mlp-{'sp' if sp else 'nosp'}-{recipe}" for sp in (False, True) for recipe in RECIPES]
-# The MLP compiled by te.inductor_backend(): its calls carry a process group, so none is
-# lowered (collectives need the op) and compiled stays bitwise equal to eager.
+# The MLP compiled on Inductor (which lowers plain calls): its calls carry a process
+# group, so none is lowered (collectives need the op) and compiled stays bitwise equal to eager.
 LOWERED = [f"lowered-{name}" for name in MLP if name.endswith("-bf16")]
 UNUSED = ["unused-output-aot_eager", "unused-output-inductor"]
 ERRORS = [
@@ -281,7 +280,7 @@ def _mlp(w: World, name: str) -> dict[str, Any]:
     names = ["output", "input grad", "fc1.weight grad", "fc1.bias grad"]
     names += ["fc2.weight grad", "fc2.bias grad"]
     params = list(model.parameters())
-    backend = inductor_backend() if lowered else "aot_eager"
+    backend = "inductor" if lowered else "aot_eager"
     eager, info = _compiled_matches_eager(
         model, params, x_local, dy_local, recipe, backend, None, names
     )

@@ -1,16 +1,18 @@
-"""``inductor_backend()``: op calls lowered into Inductor's graph where they trace to
-eager's bits, the rest kept.
+"""Every Inductor compile (a plain ``torch.compile``) lowers op calls into its graph
+where they trace to eager's bits, and keeps the rest.
 
 A plain call (no quantizer, quantized tensor, process group or integer tensor) is
 traced into the graph, its reductions, activations and bias GEMMs kept whole as
 ``teops_exact`` ops, and stays bitwise equal to eager; an FP8 current-scaling call on
 CUDA is traced with its fused quantize as one op and stays bitwise; any other quantized
-call (every one on the CPU) keeps its op node and stays bitwise; nothing leaks into the
-default backend through AOTAutograd's cache.
+call (every one on the CPU) keeps its op node and stays bitwise. An op whose declaration
+does not say ``lowers=True`` keeps its node. The compile cache keys on the kernels'
+source; ``inductor_backend(lowering=...)`` picks another lowering for one compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +30,11 @@ FAMILY = ["layernorm", "rmsnorm", "layernorm_linear", "layernorm_mlp"]
 
 @pytest.fixture
 def lowered_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
-    """Counts, per op, the calls each decomposition traced (declined ones excluded)."""
+    """Counts, per op, the calls each decomposition traced (declined ones excluded), in
+    a fresh compile cache: a graph another test compiled would otherwise be a cache hit,
+    which traces nothing."""
+    from torch._inductor.utils import fresh_cache
+
     calls: dict[str, int] = {}
     for op, decomposition in lowering.decompositions().items():
         name = op._schema.name
@@ -40,13 +46,14 @@ def lowered_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
             return out
 
         monkeypatch.setitem(lowering._DECOMPOSITIONS, op, counted)
-    yield calls
+    with fresh_cache():
+        yield calls
 
 
 def test_linear_plain_calls_are_lowered_bit_for_bit(lowered_calls):
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
     eager = step(model, x, None)
-    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend())
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
     got = step(compiled, x, None)
     assert lowered_calls == {"teops::linear_fwd": 2, "teops::linear_bwd": 2}
     assert graph_breaks() == 0 and unique_graphs() == 1
@@ -61,7 +68,7 @@ def test_family_plain_calls_are_lowered_bit_for_bit(kind, dtype, lowered_calls):
     """fp32 too: there no rounding to 16 bits hides a reduction Inductor reorders."""
     module, x = make(kind, dtype=dtype), make_input(dtype=dtype)
     eager = step(module, x, None)
-    got = step(torch.compile(module, fullgraph=True, backend=te.inductor_backend()), x, None)
+    got = step(torch.compile(module, fullgraph=True, backend="inductor"), x, None)
     assert set(lowered_calls) == {
         f"teops::{kind.replace('rmsnorm', 'layernorm')}_fwd",
         f"teops::{kind.replace('rmsnorm', 'layernorm')}_bwd",
@@ -76,17 +83,15 @@ def test_fp32_linear_bias_gradient_is_eagers(lowered_calls):
     model = torch.nn.Sequential(te.Linear(64, 48), torch.nn.ReLU(), te.Linear(48, 32))
     x = torch.randn(96, 64)
     eager = step(model, x, None)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, None)
     assert lowered_calls == {"teops::linear_fwd": 2, "teops::linear_bwd": 2}
     assert_bitwise(got, eager)
 
 
-@pytest.mark.parametrize("bitwise", [True, False])
-def test_bitwise_false_lets_inductor_regenerate_the_kept_pieces(
-    bitwise, lowered_calls, monkeypatch
-):
-    """The pieces are recorded as ops only when bitwise; without, Inductor traces them
-    (its own reductions) and the result is eager's to rounding."""
+@pytest.mark.parametrize("lowering_", ["bitwise", "rounding"])
+def test_rounding_lets_inductor_regenerate_the_kept_pieces(lowering_, lowered_calls, monkeypatch):
+    """The pieces are recorded as ops only when bitwise; with ``rounding``, Inductor
+    traces them (its own reductions) and the result is eager's to rounding."""
     recorded: list[str] = []
     real = lowering.exact_op
 
@@ -99,7 +104,7 @@ def test_bitwise_false_lets_inductor_regenerate_the_kept_pieces(
     model = torch.nn.Sequential(te.Linear(64, 48), torch.nn.ReLU(), te.LayerNormLinear(48, 32))
     x = torch.randn(96, 64)
     eager = step(model, x, None)
-    backend = te.inductor_backend(bitwise=bitwise)
+    backend = te.inductor_backend(lowering=lowering_)
     got = step(torch.compile(model, fullgraph=True, backend=backend), x, None)
     assert lowered_calls == {
         "teops::linear_fwd": 1,
@@ -107,7 +112,7 @@ def test_bitwise_false_lets_inductor_regenerate_the_kept_pieces(
         "teops::layernorm_linear_fwd": 1,
         "teops::layernorm_linear_bwd": 1,
     }
-    if bitwise:
+    if lowering_ == "bitwise":
         assert {"bias_grad", "fp32_gemm", "norm_forward", "norm_backward"} <= set(recorded)
         assert_bitwise(got, eager)
     else:
@@ -131,7 +136,7 @@ def test_grouped_linear_keeps_its_op_as_it_reads_its_splits_on_the_host(lowered_
         return y.detach(), xi.grad, [p.grad for p in module.parameters()]
 
     eager = run(module)
-    got = run(torch.compile(module, fullgraph=True, backend=te.inductor_backend()))
+    got = run(torch.compile(module, fullgraph=True, backend="inductor"))
     assert lowered_calls == {}
     assert graph_breaks() == 0
     assert_bitwise(got, eager)
@@ -141,27 +146,117 @@ def test_grouped_linear_keeps_its_op_as_it_reads_its_splits_on_the_host(lowered_
 def test_quantized_calls_on_the_cpu_keep_their_op_and_stay_bitwise(recipe, lowered_calls):
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
     eager = step(model, x, recipe)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, recipe)
     assert lowered_calls == {}
     assert graph_breaks() == 0
     assert_bitwise(got, eager)
 
 
-def test_the_default_backend_never_reuses_a_lowered_graph(lowered_calls):
-    """AOTAutograd's cache keys on the captured graph, not the decomposition table: the
-    backend bypasses it, so a default compile of the same model after a lowered one is
-    the op graph (bitwise equal to eager), and a lowered one after a default one lowers."""
+@contextlib.contextmanager
+def caches_on() -> Iterator[None]:
+    """Inductor's and AOTAutograd's caches on, whatever an earlier test left set."""
+    with (
+        torch._inductor.config.patch(force_disable_caches=False, fx_graph_cache=True),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+    ):
+        yield
+
+
+@caches_on()
+def test_lowering_off_keeps_every_op_node_and_never_reuses_the_default_graph(lowered_calls):
+    """``lowering="off"`` compiles past AOTAutograd's cache (its key cannot tell the two
+    graphs apart): after a default compile of the same model it still keeps the op
+    nodes, and a default compile after it lowers again."""
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
     eager = step(model, x, None)
-    step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    step(torch.compile(model, fullgraph=True), x, None)
     assert lowered_calls["teops::linear_fwd"] == 2
     torch._dynamo.reset()
-    default = step(torch.compile(model, fullgraph=True), x, None)
+    off = step(
+        torch.compile(model, fullgraph=True, backend=te.inductor_backend(lowering="off")), x, None
+    )
     assert lowered_calls["teops::linear_fwd"] == 2
-    assert_bitwise(default, eager)
+    assert_bitwise(off, eager)
     torch._dynamo.reset()
-    step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
-    assert lowered_calls["teops::linear_fwd"] == 4
+    counters.clear()
+    again = step(torch.compile(model, fullgraph=True), x, None)
+    assert counters["aot_autograd"]["autograd_cache_hit"] >= 1, "the first default graph"
+    assert_bitwise(again, eager)
+
+
+def test_the_compile_cache_keys_on_the_kernels_source(lowered_calls, monkeypatch):
+    """A decomposition's code is not in the graph Dynamo captures, so the fingerprint of
+    the kernels' source joins the cache key: the same source hits AOTAutograd's cache
+    across compiles, a changed one misses and traces the kernel again (never reusing a
+    graph traced from the old code). A tag the user set is kept."""
+    from torch._inductor.utils import fresh_cache
+
+    model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
+    eager = step(model, x, None)
+
+    def compile_once() -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        assert_bitwise(step(torch.compile(model, fullgraph=True), x, None), eager)
+        return dict(counters["aot_autograd"])
+
+    with (
+        fresh_cache(),
+        caches_on(),
+        torch.compiler.config.patch(cache_key_tag="users-own"),
+    ):
+        first = compile_once()
+        assert first.get("autograd_cache_miss", 0) >= 1 and lowered_calls["teops::linear_fwd"] == 2
+        assert torch.compiler.config.cache_key_tag == (
+            f"users-own+teops-lowered-{lowering.source_fingerprint()}"
+        )
+        again = compile_once()
+        assert again.get("autograd_cache_hit", 0) >= 1 and not again.get("autograd_cache_miss")
+        assert lowered_calls["teops::linear_fwd"] == 2, "a cache hit traces nothing"
+        roots = tuple(sorted(lowering._PACKAGES))
+        monkeypatch.setitem(lowering._FINGERPRINTS, roots, "0123456789abcdef")  # an edit
+        edited = compile_once()
+        assert edited.get("autograd_cache_miss", 0) >= 1 and not edited.get("autograd_cache_hit")
+        assert lowered_calls["teops::linear_fwd"] == 4
+        assert torch.compiler.config.cache_key_tag == "users-own+teops-lowered-0123456789abcdef"
+
+
+def test_the_fingerprint_covers_every_source_file_of_the_package(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    pkg = tmp_path / "lowered_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "kernel.py").write_text("X = 1\n")
+    module = types.ModuleType("lowered_pkg")
+    module.__path__ = [str(pkg)]
+    monkeypatch.setitem(sys.modules, "lowered_pkg", module)
+    monkeypatch.setattr(lowering, "_PACKAGES", {"lowered_pkg"})
+    monkeypatch.setattr(lowering, "_FINGERPRINTS", {})
+    before = lowering.source_fingerprint()
+    lowering._FINGERPRINTS.clear()
+    assert lowering.source_fingerprint() == before, "deterministic"
+    (pkg / "sub" / "kernel.py").write_text("X = 2\n")  # a module no one has imported yet
+    lowering._FINGERPRINTS.clear()
+    assert lowering.source_fingerprint() != before
+
+
+def test_only_ops_declared_lowers_are_lowered_by_default():
+    """The shipped ops mark their pieces and declare ``lowers=True``; GroupedLinear (whose
+    calls always read their splits on the host) declares nothing and keeps its nodes in
+    a default compile (``tests/ops/test_every_kind_op.py`` checks a user's op module)."""
+    import torch._inductor.decomposition as inductor_decomposition
+
+    from transformer_engine_ops.generated import grouped_linear  # noqa: F401
+
+    lowering.install()
+    by_default = {op._schema.name for op in lowering.lowered_by_default()}
+    shipped = {"linear", "layernorm", "layernorm_linear", "layernorm_mlp"}
+    assert by_default == {f"teops::{n}_{d}" for n in shipped for d in ("fwd", "bwd")}
+    table = {op for op in inductor_decomposition.decompositions if op in lowering.decompositions()}
+    assert {op._schema.name for op in table} == by_default
+    assert "teops::grouped_linear_fwd" in {op._schema.name for op in lowering.decompositions()}
 
 
 def test_mode_and_options_reach_inductor(monkeypatch):
@@ -178,18 +273,23 @@ def test_mode_and_options_reach_inductor(monkeypatch):
     torch.compile(model, fullgraph=True, backend=backend)(x)
     (kwargs,) = seen
     assert kwargs["config_patches"] == {
-        "emulate_precision_casts": True,
         "max_autotune": True,
         "coordinate_descent_tuning": True,
         "debug": False,
     }
-    table = kwargs["decompositions"]
-    assert all(table[op] is d for op, d in lowering.decompositions().items())
-    seen.clear()
-    torch._dynamo.reset()
-    backend = te.inductor_backend(options={"debug": False}, bitwise=False)
-    torch.compile(model, fullgraph=True, backend=backend)(x)
-    assert seen[0]["config_patches"] == {"debug": False}
+    assert "decompositions" not in kwargs  # Inductor's own table, ours in it
+    ours = lowering.decompositions()
+    for name in ("rounding", "off"):
+        seen.clear()
+        torch._dynamo.reset()
+        backend = te.inductor_backend(options={"debug": False}, lowering=name)
+        torch.compile(model, fullgraph=True, backend=backend)(x)
+        assert seen[0]["config_patches"] == {"debug": False}
+        table = seen[0]["decompositions"]
+        if name == "rounding":
+            assert all(op in table for op in ours)
+        else:
+            assert not any(op in table for op in ours)
 
 
 def test_lowerable_call_rule_reads_the_slot_table(monkeypatch):
@@ -272,7 +372,7 @@ def test_plain_calls_are_lowered_on_cuda_without_skips(kind, mode, lowered_calls
     else:
         module, x = make(kind).cuda(), make_input().cuda()
     eager = step(module, x, None)
-    compiled = torch.compile(module, fullgraph=True, backend=te.inductor_backend(mode=mode))
+    compiled = torch.compile(module, fullgraph=True, mode=mode)
     skips = counters["inductor"]["cudagraph_skips"]
     first = cloned(step(compiled, x, None))  # CUDA graph outputs are reused: clone
     for _ in range(2):
@@ -294,7 +394,7 @@ def test_fp8_current_scaling_calls_lower_on_cuda_bit_for_bit(mode, lowered_calls
     op (the same kernels eager runs): bitwise equal to eager, CUDA graphs included."""
     model, x = MLP(device="cuda"), torch.randn(32, 64, device="cuda").to(torch.bfloat16)
     eager = cloned(step(model, x, "fp8_current"))
-    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend(mode=mode))
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
     skips = counters["inductor"]["cudagraph_skips"]
     for _ in range(3):
         if mode:
@@ -311,7 +411,7 @@ def test_fp8_current_scaling_calls_lower_on_cuda_bit_for_bit(mode, lowered_calls
 def test_block_format_calls_keep_their_op_on_cuda_and_stay_bitwise(recipe, lowered_calls):
     model, x = MLP(device="cuda"), torch.randn(32, 64, device="cuda").to(torch.bfloat16)
     eager = step(model, x, recipe)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, recipe)
     assert lowered_calls == {}
     assert_bitwise(got, eager)
 
@@ -341,7 +441,7 @@ def test_layernorm_mlp_activations_and_rmsnorm_lower_bit_for_bit(activation, low
     module = make("layernorm_mlp", activation=activation, normalization="RMSNorm")
     x = make_input()
     eager = step(module, x, None)
-    got = step(torch.compile(module, fullgraph=True, backend=te.inductor_backend()), x, None)
+    got = step(torch.compile(module, fullgraph=True, backend="inductor"), x, None)
     assert lowered_calls == {"teops::layernorm_mlp_fwd": 1, "teops::layernorm_mlp_bwd": 1}
     assert_bitwise(got, eager)
 
@@ -351,7 +451,7 @@ def test_dynamic_batch_sizes_recompile_no_more_than_the_default_backend(lowered_
     graph lowers both layers, and batch 0 and 1 match eager."""
     sizes = (5, 9, 1, 0, 33)
     graphs = {}
-    for name, backend in (("default", "inductor"), ("lowered", te.inductor_backend())):
+    for name, backend in (("off", te.inductor_backend(lowering="off")), ("default", "inductor")):
         torch._dynamo.reset()
         counters.clear()
         model = MLP()
@@ -359,12 +459,12 @@ def test_dynamic_batch_sizes_recompile_no_more_than_the_default_backend(lowered_
         for rows in sizes:
             x = torch.randn(rows, 64).to(torch.bfloat16)
             got = step(compiled, x, None)
-            if name == "lowered":
+            if name == "default":
                 assert_bitwise(got, step(model, x, None))
         assert graph_breaks() == 0
         graphs[name] = unique_graphs()
-    assert graphs["lowered"] == graphs["default"]
-    assert lowered_calls["teops::linear_fwd"] == 2 * graphs["lowered"]
+    assert graphs["off"] == graphs["default"]
+    assert lowered_calls["teops::linear_fwd"] == 2 * graphs["default"]
 
 
 def test_one_wide_features_and_no_bias_lower_bit_for_bit(lowered_calls):
@@ -376,14 +476,14 @@ def test_one_wide_features_and_no_bias_lower_bit_for_bit(lowered_calls):
     )
     x = torch.randn(3, 1).to(torch.bfloat16)
     eager = step(model, x, None)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, None)
     assert lowered_calls == {"teops::linear_fwd": 2, "teops::linear_bwd": 2}
     assert_bitwise(got, eager)
 
 
 def test_inference_and_repeated_backward(lowered_calls):
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
-    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend())
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
     with torch.no_grad():
         assert torch.equal(compiled(x), model(x))
     xi = x.clone().requires_grad_(True)
@@ -397,7 +497,7 @@ def test_inference_and_repeated_backward(lowered_calls):
 def test_checkpointed_compiled_module_recomputes_the_lowered_graph(lowered_calls):
     model, x = MLP(), torch.randn(8, 64).to(torch.bfloat16)
     eager = step(model, x, None)
-    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend())
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
 
     class Checkpointed(torch.nn.Module):
         def __init__(self) -> None:
@@ -413,7 +513,7 @@ def test_checkpointed_compiled_module_recomputes_the_lowered_graph(lowered_calls
 
 def test_a_wrong_shape_is_the_ops_error_not_a_tracing_failure():
     model = MLP()
-    compiled = torch.compile(model, fullgraph=True, backend=te.inductor_backend())
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
     with pytest.raises(Exception, match=r"64|shape|features") as info:
         compiled(torch.randn(4, 63).to(torch.bfloat16))
     assert "GuardOnDataDependentSymNode" not in str(info.value)
@@ -430,7 +530,7 @@ def test_quantized_weight_parameters_keep_their_op_with_or_without_a_recipe(reci
         model = MLP()
     x = torch.randn(32, 64).to(torch.bfloat16)
     eager = step(model, x, recipe)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, recipe)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, recipe)
     assert lowered_calls == {}
     assert graph_breaks() == 0
     assert_bitwise(got, eager)
@@ -464,7 +564,7 @@ def test_module_options_lower_bit_for_bit(kind, kwargs, lowered_calls):
         return [o.detach() for o in outs] + [xi.grad] + [p.grad for p in module.parameters()]
 
     eager = run(module)
-    got = run(torch.compile(module, fullgraph=True, backend=te.inductor_backend()))
+    got = run(torch.compile(module, fullgraph=True, backend="inductor"))
     assert lowered_calls, "nothing was lowered"
     assert graph_breaks() == 0
     assert len(got) == len(eager)
@@ -487,7 +587,7 @@ def test_a_model_mixing_quantized_and_plain_layers_lowers_only_the_plain_ones(lo
         model.fc1 = te.Linear(64, 64, params_dtype=torch.bfloat16)
     x = torch.randn(32, 64).to(torch.bfloat16)
     eager = step(model, x, None)
-    got = step(torch.compile(model, fullgraph=True, backend=te.inductor_backend()), x, None)
+    got = step(torch.compile(model, fullgraph=True, backend="inductor"), x, None)
     assert lowered_calls == {"teops::linear_fwd": 1, "teops::linear_bwd": 1}
     assert graph_breaks() == 0 and unique_graphs() == 1
     assert_bitwise(got, eager)
@@ -506,9 +606,7 @@ def test_fp8_current_scaling_family_and_quantized_weights_lower_bit_for_bit(kind
     else:
         module, x = make(kind).cuda(), make_input().cuda()
     eager = cloned(step(module, x, "fp8_current"))
-    got = cloned(
-        step(torch.compile(module, fullgraph=True, backend=te.inductor_backend()), x, "fp8_current")
-    )
+    got = cloned(step(torch.compile(module, fullgraph=True, backend="inductor"), x, "fp8_current"))
     assert lowered_calls, "nothing was lowered"
     assert graph_breaks() == 0
     assert_bitwise(got, eager)

@@ -297,3 +297,26 @@ def test_without_grad_the_forward_impl_runs_directly(g):
     args = make_args(requires_grad=False)
     outputs, saved = g.every_kind_op_eager(args)
     assert saved == () and all(o.grad_fn is None for o in outputs)
+
+
+def test_an_op_module_that_does_not_declare_lowers_keeps_its_nodes_on_inductor(g, monkeypatch):
+    """Its kernel marks no piece (``lowering.exact``): a default Inductor compile must call
+    the op, not trace the kernel (which would be eager's to rounding only)."""
+    from transformer_engine_ops.runtime import lowering
+
+    ops = {g.FORWARD_OP, g.BACKWARD_OP}
+    registered = {op._schema.name: op for op in lowering.decompositions()}
+    assert ops <= set(registered), "registered for inductor_backend(lowering='rounding')"
+    assert not ops & {op._schema.name for op in lowering.lowered_by_default()}
+    traced: list[str] = []
+    for name in ops:
+        real = lowering._DECOMPOSITIONS[registered[name]]
+        monkeypatch.setitem(
+            lowering._DECOMPOSITIONS,
+            registered[name],
+            lambda *s, _r=real, _n=name: traced.append(_n) or _r(*s),
+        )
+    torch._dynamo.reset()
+    args = _variant("all")
+    _run(g, args, _compiled_call(g, args, "inductor"))
+    assert traced == []

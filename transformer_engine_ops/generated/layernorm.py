@@ -208,10 +208,16 @@ def _backward_fake(*slots: Any) -> list[torch.Tensor]:
 
 
 layernorm_fwd = _r.define_op(
-    FORWARD_OP, FORWARD_SCHEMA, _forward_kernel, _forward_fake, FORWARD_SLOTS, differentiable=True
+    FORWARD_OP,
+    FORWARD_SCHEMA,
+    _forward_kernel,
+    _forward_fake,
+    FORWARD_SLOTS,
+    differentiable=True,
+    lowers=True,
 )
 layernorm_bwd = _r.define_op(
-    BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS
+    BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=True
 )
 # Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
 # the backward bundle (no fake run, no flatten); traced, it calls the ops.

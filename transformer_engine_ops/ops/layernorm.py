@@ -305,4 +305,5 @@ LAYERNORM = OpDeclaration(
     forward_spec=layernorm_forward_spec,
     backward_spec=layernorm_backward_spec,
     setup_context=layernorm_setup_context,
+    lowers=True,
 )

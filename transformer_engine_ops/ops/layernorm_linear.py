@@ -386,4 +386,5 @@ LAYERNORM_LINEAR = OpDeclaration(
     forward_spec=layernorm_linear_forward_spec,
     backward_spec=layernorm_linear_backward_spec,
     setup_context=layernorm_linear_setup_context,
+    lowers=True,
 )

@@ -584,4 +584,5 @@ LAYERNORM_MLP = OpDeclaration(
     forward_spec=layernorm_mlp_forward_spec,
     backward_spec=layernorm_mlp_backward_spec,
     setup_context=layernorm_mlp_setup_context,
+    lowers=True,
 )

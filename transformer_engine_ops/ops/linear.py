@@ -671,4 +671,5 @@ LINEAR = OpDeclaration(
     forward_spec=linear_forward_spec,
     backward_spec=linear_backward_spec,
     setup_context=linear_setup_context,
+    lowers=True,
 )

@@ -458,11 +458,13 @@ def define_op(
     slots: Sequence[SlotRow],
     *,
     differentiable: bool = False,
+    lowers: bool = False,
 ) -> Any:
     """Define a custom op (its OpOverload), real and fake kernels, never dead-code
     eliminated. A ``differentiable`` op gets its autograd kernel from
     :func:`register_autograd`; any other never records a gradient. ``slots`` (the op's
-    slot table) tell :mod:`.lowering` which calls Inductor may trace the kernel of.
+    slot table) tell :mod:`.lowering` which calls Inductor may trace the kernel of;
+    ``lowers`` (the declaration's) whether every Inductor compile does.
 
     Ops may run collectives, so an op whose result is unused must still run; FX's
     side-effect registry keeps it. A failure is recorded, not raised (None returned), so
@@ -473,7 +475,7 @@ def define_op(
         lib = op_library(namespace)
         lib.define(name + schema)
         lib.impl(name, kernel, "CompositeExplicitAutograd")
-        torch.library.register_fake(qualname, fake, lib=lib)
+        torch.library.register_fake(qualname, lowering.keyed(fake) if lowers else fake, lib=lib)
         op = getattr(getattr(torch.ops, namespace), name).default
         after_autograd = torch._C._after_autograd_keyset
 
@@ -488,7 +490,7 @@ def define_op(
         if not differentiable:
             lib.impl(name, no_grad_kernel, "Autograd", with_keyset=True)
         torch.fx.node.has_side_effect(op)
-        lowering.register(op, kernel, slots)
+        lowering.register(op, kernel, slots, by_default=lowers)
         return op
     except Exception as exc:  # noqa: BLE001 - any torch-version failure means: fall back
         _REGISTRATION_ERRORS.append(

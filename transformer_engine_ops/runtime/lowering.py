@@ -1,25 +1,31 @@
-"""Opt-in: Inductor compiles an op call as its own code instead of calling the op.
+"""Inductor compiles an op call as its own code instead of calling the op.
 
-By default a compiled graph calls each op as one opaque node, so every call pays the
-dispatcher and the op's Python kernel on the host, and Inductor cannot fuse across it;
-on small shapes that host cost is the step. ``inductor_backend()`` gives Inductor a
-decomposition of each op that traces the op's own kernel into the graph in place of
-the node, for a call it can trace to eager's bits: no process group (collectives need
-the op), no integer tensor (GroupedLinear's ``m_splits`` is read on the host, a
-data-dependent size), and every quantizer the call names or carries computing eager's
-bits when traced on its device (``Quantizer.lowers_bitwise_on``: FP8 current scaling
-on CUDA, whose fused quantize is then recorded as one op running the same kernels;
-block formats trace reference ops Inductor would fuse into other bits). Any other call
+Left as one opaque node, an op call pays the dispatcher and its Python kernel on the
+host, and Inductor cannot fuse across it; on small shapes that host cost is the step.
+So every Inductor compile (a plain ``torch.compile(model)``) traces the kernel of an
+op whose declaration says ``lowers=True`` into its graph in place of the node, for a
+call it can trace to eager's bits: no process group (collectives need the op), no
+integer tensor (GroupedLinear's ``m_splits`` is read on the host, a data-dependent
+size), and every quantizer the call names or carries computing eager's bits when
+traced on its device (``Quantizer.lowers_bitwise_on``: FP8 current scaling on CUDA,
+whose fused quantize is then recorded as one op running the same kernels; block
+formats trace reference ops Inductor would fuse into other bits). Any other call
 declines and keeps its node. The graph Dynamo captures still holds the ops (schemas,
 guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
 
 A lowered call stays bitwise equal to eager: what Inductor would compute differently
 (a reduction in its own order, a fused and FMA-contracted activation, an addmm split
 into a GEMM and a rounded bias add) is marked in the kernels with :func:`exact` and
-recorded whole, and the backend keeps eager's 16-bit roundings between fused pointwise
-ops (``emulate_precision_casts``). AOTAutograd's cache does not key on the
-decomposition table, so the backend bypasses that cache (Inductor's own FX graph cache
-keys on the already-decomposed graph).
+recorded whole; a 16-bit input is widened inside the piece that reads it, so no cast
+pair is left for Inductor to fold. An op module that has not marked its pieces so
+leaves ``lowers`` unset and keeps its node.
+
+The decompositions enter Inductor's table when Dynamo first compiles (importing this
+package imports no Inductor). Inductor's caches key on the graph Dynamo captured, not
+on the code a decomposition traces, so each compile also puts a fingerprint of the
+lowered kernels' source into ``torch.compiler.config.cache_key_tag``: a changed kernel
+misses the cache instead of reusing a graph traced from the old one.
+:func:`inductor_backend` picks another lowering for one compile.
 """
 
 from __future__ import annotations
@@ -173,8 +179,12 @@ def exact_pieces() -> tuple[str, ...]:
     return tuple(_EXACT)
 
 
-def register(op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow]) -> None:
-    """Let :func:`inductor_backend` trace ``kernel`` in place of ``op`` for lowerable calls."""
+def register(
+    op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow], *, by_default: bool
+) -> None:
+    """Let Inductor trace ``kernel`` in place of ``op`` for lowerable calls: in every
+    Inductor compile when ``by_default`` (the op's declaration says ``lowers=True``),
+    else only under ``inductor_backend(lowering="rounding")``."""
     lowerable = Lowerable(rows)
 
     def decomposition(*slots: Any) -> Any:
@@ -187,7 +197,16 @@ def register(op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow]) -> No
             _TRACING.depth -= 1
 
     decomposition.__name__ = f"lower_{op._schema.name.replace('::', '_')}"
-    _DECOMPOSITIONS[op] = decomposition
+    with _INSTALL_LOCK:
+        _DECOMPOSITIONS[op] = decomposition
+        _PACKAGES.add(kernel.__module__.split(".", 1)[0])
+        if by_default:
+            _BY_DEFAULT.add(op)
+        if _INSTALLED:
+            _install_op(op)
+            _tag_cache_key()
+        else:
+            _on_first_compile()
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
@@ -195,63 +214,214 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     return dict(_DECOMPOSITIONS)
 
 
-def inductor_backend(
-    mode: str | None = None, options: dict[str, Any] | None = None, *, bitwise: bool = True
-) -> Callable[..., Any]:
-    """A ``torch.compile`` backend: Inductor, with the op calls that trace to eager's bits
-    lowered into its graph (the module docstring says which).
+def lowered_by_default() -> frozenset[Any]:
+    """The ops every Inductor compile lowers (their declarations say ``lowers=True``)."""
+    return frozenset(_BY_DEFAULT)
 
-    ``torch.compile(model, fullgraph=True, backend=inductor_backend(mode="reduce-overhead"))``;
+
+# --- joining Inductor: its decomposition table, its fallbacks, its cache key ----------
+
+_BY_DEFAULT: set[Any] = set()
+_PACKAGES: set[str] = set()  # top-level packages of the registered kernels
+_INSTALL_LOCK = threading.RLock()
+_INSTALLED = False
+_INDUCTOR_LOWERING = "torch._inductor.lowering"  # imported by every Inductor compile
+_HOOKED: list[Any] = []
+
+
+def _lower(op: Any, *slots: Any) -> Any:
+    # Looked up per call, so a decomposition can be replaced (tests count the calls).
+    return _DECOMPOSITIONS[op](*slots)
+
+
+def _table_entry(op: Any) -> Callable[..., Any]:
+    entry = functools.partial(_lower, op)
+    entry.__name__ = _DECOMPOSITIONS[op].__name__  # type: ignore[attr-defined]
+    return entry
+
+
+def _on_first_compile() -> None:
+    """Join Inductor as soon as it is imported: now if it is, else right after its
+    import (importing it costs over a second, and a program that never compiles with
+    it should not pay that)."""
+    import sys
+
+    if _INDUCTOR_LOWERING in sys.modules:
+        install()
+    elif not _HOOKED:
+        _HOOKED.append(_AfterImport(_INDUCTOR_LOWERING, install))
+        sys.meta_path.insert(0, _HOOKED[0])
+
+
+class _AfterImport:
+    """A one-shot import hook: runs ``then`` once module ``name`` has executed."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        import sys
+
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # one shot; the other finders find the module
+        for finder in sys.meta_path:
+            spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader, then = spec.loader, self.then
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            then()
+
+        loader.exec_module = exec_module  # this spec's own loader instance
+        return spec
+
+
+def keyed(fake: Callable[..., Any]) -> Callable[..., Any]:
+    """``fake``, re-asserting the cache key's fingerprint as it runs: a lowered op's fake
+    runs while Dynamo captures a graph holding it, before the compile cache is read."""
+
+    @functools.wraps(fake)
+    def keyed_fake(*slots: Any) -> Any:
+        _tag_cache_key()
+        return fake(*slots)
+
+    return keyed_fake
+
+
+def install() -> None:
+    """Join Inductor: the decompositions of the ops lowered by default into its table
+    and a fallback for every op; the fingerprint of the lowered kernels' source into the
+    compile cache's key (each lowered op's fake re-asserts it, keeping a tag the user
+    set since)."""
+    global _INSTALLED
+    with _INSTALL_LOCK:
+        if not _INSTALLED:
+            for op in _DECOMPOSITIONS:
+                _install_op(op)
+            _INSTALLED = True
+    _tag_cache_key()
+
+
+def _install_op(op: Any) -> None:
+    from torch._inductor import decomposition as inductor_decomposition
+    from torch._inductor import lowering as inductor_lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    if op in _BY_DEFAULT:
+        inductor_decomposition.decompositions[op] = _table_entry(op)
+    # A declined call keeps its op node, and Inductor refuses to make its implicit
+    # fallback for an op its decomposition table holds. So each op gets, up front, the
+    # fallback Inductor would make for it implicitly (the layout constraint of its
+    # tags), marked as overriding the decomposition.
+    if op not in inductor_lowering.lowerings:
+        tag = get_layout_constraint_tag(op, with_default=True)
+        inductor_lowering.make_fallback(
+            op,
+            layout_constraint=inductor_lowering.tag_to_layout_constraint(tag),
+            warn=False,
+            override_decomp=True,
+        )
+
+
+_FINGERPRINTS: dict[tuple[str, ...], str] = {}
+
+
+def source_fingerprint() -> str:
+    """A digest of the Python source of each package whose kernels are lowered (every
+    ``.py`` file under it, as it is on disk; a top-level module's own file): whatever a
+    decomposition traces, including modules a kernel imports only as it runs."""
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    roots = tuple(sorted(_PACKAGES))
+    cached = _FINGERPRINTS.get(roots)
+    if cached is not None:
+        return cached
+    digest = hashlib.sha256()
+    for root in roots:
+        module = sys.modules.get(root)
+        folders = [Path(f) for f in getattr(module, "__path__", None) or ()]
+        single = getattr(module, "__file__", None) if not folders else None  # a lone module
+        files = [(f, p) for f in folders for p in sorted(f.rglob("*.py"))]
+        files += [(Path(single).parent, Path(single))] if single else []
+        for folder, path in files:
+            digest.update(f"{root}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
+            digest.update(path.read_bytes())
+    fingerprint = _FINGERPRINTS[roots] = digest.hexdigest()[:16]
+    return fingerprint
+
+
+_TAG_PREFIX = "teops-lowered-"
+
+
+def _tag_cache_key() -> None:
+    import torch
+
+    config = torch.compiler.config
+    mine = _TAG_PREFIX + source_fingerprint()
+    parts = [p for p in config.cache_key_tag.split("+") if p and not p.startswith(_TAG_PREFIX)]
+    tag = "+".join([*parts, mine])
+    if config.cache_key_tag != tag:
+        config.cache_key_tag = tag
+
+
+_LOWERINGS = ("bitwise", "rounding", "off")
+
+
+def inductor_backend(
+    mode: str | None = None, options: dict[str, Any] | None = None, *, lowering: str = "bitwise"
+) -> Callable[..., Any]:
+    """A ``torch.compile`` backend: Inductor, with the op calls lowered as ``lowering`` says.
+
+    ``torch.compile(model, fullgraph=True, backend=inductor_backend(lowering="off"))``;
     ``mode`` and ``options`` mean what they mean to ``torch.compile``'s Inductor.
-    ``bitwise=False`` lets Inductor regenerate the :func:`exact` pieces of plain calls
-    too (fusing a bias gradient's sum into the activation's backward, say), and round
-    as it likes between fused ops: a little faster on small shapes, and equal to eager
-    to rounding only, as ``torch.nn.Linear`` compiled is to its eager. FP8 calls record
-    their fused quantize either way.
+
+    - ``"bitwise"``: what every Inductor compile does (the module docstring says what).
+    - ``"rounding"``: every op lowers, declared so or not, and Inductor regenerates the
+      :func:`exact` pieces too (fusing a bias gradient's sum into the activation's
+      backward, say): a little faster on small shapes, and equal to eager to rounding
+      only, as ``torch.nn.Linear`` compiled is to its eager. FP8 calls record their
+      fused quantize either way.
+    - ``"off"``: every op call stays one node, as on the other backends.
+
+    The last two compile past AOTAutograd's cache, whose key cannot tell their graphs
+    from the default's.
     """
+    if lowering not in _LOWERINGS:
+        raise ValueError(
+            f"inductor_backend: lowering={lowering!r}; expected one of {', '.join(_LOWERINGS)}"
+        )
     import torch
     import torch._functorch.config as functorch_config
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.decomposition import select_decomp_table
 
-    # Inductor elides a 16-bit round trip between fused pointwise ops unless told to
-    # keep it; eager rounds there.
-    patches = {
-        **({"emulate_precision_casts": True} if bitwise else {}),
-        **list_mode_options(mode or "default"),
-        **(options or {}),
-    }
+    patches = {**list_mode_options(mode or "default"), **(options or {})}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        _register_fallbacks()
-        table = {**select_decomp_table(), **_DECOMPOSITIONS}
+        install()
+        if lowering == "bitwise":
+            return compile_fx(gm, example_inputs, config_patches=patches)
+        table = select_decomp_table()
+        if lowering == "rounding":
+            table = {**table, **{op: _table_entry(op) for op in _DECOMPOSITIONS}}
+        else:
+            table = {op: d for op, d in table.items() if op not in _DECOMPOSITIONS}
         keep_exact = _TRACING.keep_exact
-        _TRACING.keep_exact = bitwise  # read by the pieces as the decompositions trace
+        _TRACING.keep_exact = lowering == "bitwise"  # read by the pieces as they trace
         try:
             with functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
         finally:
             _TRACING.keep_exact = keep_exact
 
-    backend.__name__ = "teops_inductor" if bitwise else "teops_inductor_rounding"
+    backend.__name__ = f"teops_inductor_{lowering}"
     return backend
-
-
-def _register_fallbacks() -> None:
-    """A declined call keeps its op node, and Inductor refuses to make its implicit
-    fallback for an op its decomposition table holds. So each op gets, up front, the
-    fallback Inductor would make for it implicitly (the layout constraint of its tags),
-    marked as overriding the decomposition; the default backend finds the same one."""
-    from torch._inductor import lowering as inductor_lowering
-    from torch._library.utils import get_layout_constraint_tag
-
-    for op in _DECOMPOSITIONS:
-        if op not in inductor_lowering.lowerings:
-            tag = get_layout_constraint_tag(op, with_default=True)
-            inductor_lowering.make_fallback(
-                op,
-                layout_constraint=inductor_lowering.tag_to_layout_constraint(tag),
-                warn=False,
-                override_decomp=True,
-            )
