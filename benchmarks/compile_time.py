@@ -11,7 +11,9 @@ batch dimension marked dynamic (exactly one graph wanted).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,10 +26,14 @@ CONFIGS = (("torch", "bf16"), ("ours", "bf16"), ("ours", "fp8"))
 DYNAMIC_BATCHES = (32, 48, 64, 96, 128)
 
 
-def _cold_caches() -> None:
-    torch._inductor.config.force_disable_caches = True
-    torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
+@contextlib.contextmanager
+def _cold_caches() -> Iterator[None]:
+    """Every compile from scratch while the figure runs (and only then)."""
+    with (
+        torch._inductor.config.patch(force_disable_caches=True, fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 def _graphs() -> int:
@@ -95,7 +101,17 @@ def run(
     configs: tuple[tuple[str, str], ...] = CONFIGS,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], Any]]:
     """Results, and the last round's (eager model, compiled model) per config for reuse."""
-    _cold_caches()
+    with _cold_caches():
+        return _run(rounds, shape, steps, dynamic, configs)
+
+
+def _run(
+    rounds: int,
+    shape: str,
+    steps: int,
+    dynamic: bool,
+    configs: tuple[tuple[str, str], ...],
+) -> tuple[dict[str, Any], dict[tuple[str, str], Any]]:
     rows, hidden = SHAPES[shape]
     progress(
         f"figure 4: compile time, {len(configs)} configs x {rounds} rounds, "

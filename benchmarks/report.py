@@ -400,8 +400,8 @@ def _overhead_targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[l
         for mode, goal, bound in goals:
             for key, ours in (
                 (mode, "ours"),
-                (f"ours-lowered {mode}", "ours, inductor_backend()"),
-                (f"ours-lowered-rounding {mode}", "ours, inductor_backend(bitwise=False)"),
+                (f"ours-op-nodes {mode}", 'ours, op nodes (lowering="off")'),
+                (f"ours-lowered-rounding {mode}", 'ours, lowering="rounding"'),
             ):
                 if key in ratios:
                     x = ratios[key]["median"]

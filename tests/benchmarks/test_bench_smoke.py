@@ -163,16 +163,16 @@ def test_overhead_figure_and_its_report_section(tmp_path: Path) -> None:
     assert set(o["step_ratio_vs_torch"]) == {
         "eager",
         "compiled",
-        "ours-lowered compiled",
+        "ours-op-nodes compiled",
         "ours-lowered-rounding compiled",
     }
-    assert o["us"]["ours-lowered/compiled"]["median"] > 0
+    assert o["us"]["ours-op-nodes/compiled"]["median"] > 0
     assert o["us"]["ours-lowered-rounding/compiled"]["median"] > 0
     md = _write_report(tmp_path, {"overhead": o, "overhead_before": o})
     assert "## 8. Per-call overhead of the op path" in md
     assert "| autograd/op |" in md and "before (median)" in md
     assert "CPU MLP step ours/compiled / torch.nn.Linear compiled" in md
-    assert "CPU MLP step ours, inductor_backend()/compiled / torch.nn.Linear compiled" in md
+    assert 'CPU MLP step ours, op nodes (lowering="off")/compiled / torch.nn.Linear compiled' in md
 
 
 def test_step_figure_times_what_a_target_compares_in_the_same_rounds(monkeypatch):

@@ -1,6 +1,7 @@
 """`make demo`'s check, for its transformer-style block in bf16 and FP8 current scaling
-on Inductor, and bf16 on ``te.inductor_backend()``: every SGD step compiled equal to eager bit for bit (output, input and
-parameter gradients), zero graph breaks, one graph."""
+on Inductor (its plain op calls lowered), and bf16 with every op call kept as a node:
+every SGD step compiled equal to eager bit for bit (output, input and parameter
+gradients), zero graph breaks, one graph."""
 
 from __future__ import annotations
 
@@ -27,12 +28,12 @@ OLD_INDUCTOR_BF16 = pytest.mark.xfail(
     [
         pytest.param("bf16", marks=OLD_INDUCTOR_BF16),
         "Float8CurrentScaling",
-        pytest.param(linear_demo.LOWERED, marks=OLD_INDUCTOR_BF16),
+        pytest.param(linear_demo.OP_NODES, marks=OLD_INDUCTOR_BF16),
     ],
 )
 def test_demo_block_compiles_bit_identical_to_eager(name):
-    if name == linear_demo.LOWERED:
-        recipe, backend = None, linear_demo.inductor_backend()
+    if name == linear_demo.OP_NODES:
+        recipe, backend = None, linear_demo.inductor_backend(lowering="off")
     else:
         recipe, backend = dict(linear_demo.RECIPES)[name], linear_demo.BACKEND
     result = linear_demo.run("block", linear_demo.Block, name, recipe, backend)
