@@ -610,3 +610,46 @@ def test_fp8_current_scaling_family_and_quantized_weights_lower_bit_for_bit(kind
     assert lowered_calls, "nothing was lowered"
     assert graph_breaks() == 0
     assert_bitwise(got, eager)
+
+
+_CACHED_RUN = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from module_cases import step
+import transformer_engine_ops as te
+torch.manual_seed(0)
+model = torch.nn.Sequential(te.Linear(64, 48), torch.nn.ReLU(), te.LayerNormMLP(48, 32))
+x = torch.randn(16, 64)  # fp32 on the CPU: the GEMMs are kept pieces too
+eager = step(model, x, None)
+from torch._dynamo.utils import counters
+got = step(torch.compile(model, fullgraph=True), x, None)
+same = all(torch.equal(a, b) for a, b in zip([got[0], got[1], *got[2]], [eager[0], eager[1], *eager[2]]))
+print("hits", counters["aot_autograd"]["autograd_cache_hit"], "bitwise", same)
+"""
+
+
+def test_a_graph_loaded_from_the_cache_in_a_fresh_process_finds_its_recorded_ops(tmp_path):
+    """A lowered graph calls the kept pieces (``teops_exact::*``) as ops. Loaded from the
+    compile cache in a new process, it traces nothing: the ops must be defined anyway."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    here = str(Path(__file__).resolve().parent)
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _CACHED_RUN, here],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert runs[0].stdout.split()[-3:] == ["0", "bitwise", "True"], runs[0].stdout
+    second = runs[1].stdout.split()
+    assert int(second[-3]) >= 1 and second[-1] == "True", runs[1].stdout

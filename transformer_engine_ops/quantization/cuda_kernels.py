@@ -369,9 +369,9 @@ def _quantize_op() -> Any:
     """``teops_quantization::fp8_current_scaling_quantize``: :func:`fused_quantize` as one
     custom op (its arguments in its order), what a lowered graph records (a buffer a
     usage leaves out, and the bias gradient when not asked for, as 0-element tensors).
-    Defined on first use, as only ``runtime/lowering.py`` traces it; on a ``Library``
-    with no autograd layer (its input never requires grad), so Inductor's call of it
-    costs one dispatch."""
+    Defined when ``runtime/lowering.py`` joins Inductor (a cached graph may call it with
+    nothing traced); on a ``Library`` with no autograd layer (its input never requires
+    grad), so Inductor's call of it costs one dispatch."""
 
     def kernel(x: torch.Tensor, *config: Any) -> tuple[torch.Tensor, ...]:
         buffers, bgrad = fused_quantize(x, *config)
@@ -398,6 +398,9 @@ def _quantize_op() -> Any:
     lib.impl("fp8_current_scaling_quantize", kernel, "CompositeExplicitAutograd")
     torch.library.register_fake("teops_quantization::fp8_current_scaling_quantize", fake, lib=lib)
     return torch.ops.teops_quantization.fp8_current_scaling_quantize.default
+
+
+lowering.records(_quantize_op)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -121,7 +121,7 @@ def tracing() -> bool:
 
 _EXACT_NAMESPACE = "teops_exact"
 _EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
-_EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined on first trace
+_EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined when the lowering joins Inductor
 _EXACT_LOCK = threading.Lock()
 
 
@@ -146,14 +146,15 @@ def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 return fn(*args, **kwargs)
             return exact_op(name)(*args, **kwargs)
 
+        records(functools.partial(exact_op, name))
         return piece
 
     return mark
 
 
 def exact_op(name: str) -> Any:
-    """The op ``teops_exact::<name>`` of the piece ``name`` (defined on first use: only
-    a lowered trace records it, and a program that never lowers never defines it)."""
+    """The op ``teops_exact::<name>`` of the piece ``name`` (defined when the lowering
+    joins Inductor, see :func:`records`)."""
     op = _EXACT_OPS.get(name)
     if op is not None:
         return op
@@ -294,6 +295,20 @@ def keyed(fake: Callable[..., Any]) -> Callable[..., Any]:
     return keyed_fake
 
 
+_RECORDED: list[Callable[[], Any]] = []  # definers of the ops a lowered graph may call
+
+
+def records(define: Callable[[], Any]) -> None:
+    """``define()`` defines an op a lowered graph may call (a kept piece, a fused kernel
+    recorded whole): run when the lowering joins Inductor, or now if it has. Defining it
+    on its first trace is not enough: a graph loaded from Inductor's cache in a fresh
+    process calls it without tracing anything."""
+    with _INSTALL_LOCK:
+        _RECORDED.append(define)
+        if _INSTALLED:
+            define()
+
+
 def install() -> None:
     """Join Inductor: the decompositions of the ops lowered by default into its table
     and a fallback for every op; the fingerprint of the lowered kernels' source into the
@@ -304,6 +319,8 @@ def install() -> None:
         if not _INSTALLED:
             for op in _DECOMPOSITIONS:
                 _install_op(op)
+            for define in _RECORDED:
+                define()
             _INSTALLED = True
     _tag_cache_key()
 
