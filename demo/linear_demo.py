@@ -105,7 +105,7 @@ def _train_step(model: Any, params: list, opt: Any, x: torch.Tensor, recipe: Any
 
 
 def run(model_name: str, model_cls: Any, name: str, recipe: Any, backend: Any) -> dict[str, Any]:
-    # Our ops are opaque to Inductor and compute the same bits compiled as eager; the
+    # Our ops compute the same bits compiled as eager (lowered or as nodes); the
     # block's own bf16 arithmetic around them (residual adds, their gradients) Inductor
     # fuses and by default keeps in fp32 between ops, where eager rounds each result to
     # bf16 (the block's input gradient then differs in the last bit). Rounding as eager
