@@ -653,3 +653,47 @@ def test_a_graph_loaded_from_the_cache_in_a_fresh_process_finds_its_recorded_ops
     assert runs[0].stdout.split()[-3:] == ["0", "bitwise", "True"], runs[0].stdout
     second = runs[1].stdout.split()
     assert int(second[-3]) >= 1 and second[-1] == "True", runs[1].stdout
+
+
+_IMPORT_ORDER = """
+import sys, torch
+if sys.argv[1] == "inductor-first":
+    import torch._inductor.lowering  # Inductor before any op is defined
+import transformer_engine_ops as te
+from transformer_engine_ops.runtime import lowering
+model = torch.nn.Sequential(te.Linear(32, 16), torch.nn.ReLU(), te.Linear(16, 8))
+model(torch.randn(4, 32))  # the ops are defined; Inductor not yet imported unless first
+before = "torch._inductor.lowering" in sys.modules
+hooked = any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+traced = []
+for op, d in lowering.decompositions().items():
+    lowering._DECOMPOSITIONS[op] = lambda *s, _d=d, _op=op: traced.append(_op) or _d(*s)
+x = torch.randn(4, 32, requires_grad=True)
+torch.compile(model, fullgraph=True)(x).sum().backward()
+still = any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+print(before, hooked, still, len(traced) > 0, torch.compiler.config.cache_key_tag.startswith("teops-lowered-"))
+"""
+
+
+@pytest.mark.parametrize("order", ["ops-first", "inductor-first"])
+def test_the_ops_join_inductor_whichever_is_imported_first(order, tmp_path):
+    """Defined before Inductor is imported, the ops join it through a one-shot import
+    hook (the package imports no Inductor); defined after, at once."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ORDER, order],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    before, hooked, still_hooked, lowered, tagged = run.stdout.split()[-5:]
+    assert still_hooked == "False", "the hook is one-shot"
+    assert before == ("True" if order == "inductor-first" else "False")
+    assert hooked == ("True" if order == "ops-first" else "False")
+    assert lowered == "True" and tagged == "True", run.stdout
