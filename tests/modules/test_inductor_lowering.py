@@ -697,3 +697,17 @@ def test_the_ops_join_inductor_whichever_is_imported_first(order, tmp_path):
     assert before == ("True" if order == "inductor-first" else "False")
     assert hooked == ("True" if order == "ops-first" else "False")
     assert lowered == "True" and tagged == "True", run.stdout
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
+def test_max_autotune_keeps_the_op_nodes(device, lowered_calls):
+    """Autotuning may give a traced GEMM to a Triton template that rounds otherwise than
+    eager's library call: under a ``max-autotune`` mode the calls keep their nodes."""
+    model = MLP(device=device)
+    x = torch.randn(8, 64, device=device).to(torch.bfloat16)
+    eager = step(model, x, None)
+    compiled = torch.compile(model, fullgraph=True, mode="max-autotune-no-cudagraphs")
+    got = step(compiled, x, None)
+    assert lowered_calls == {}
+    assert graph_breaks() == 0
+    assert_bitwise(got, eager)

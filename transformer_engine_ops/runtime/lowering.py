@@ -189,7 +189,7 @@ def register(
     lowerable = Lowerable(rows)
 
     def decomposition(*slots: Any) -> Any:
-        if not lowerable(slots):
+        if _autotuning_gemms() or not lowerable(slots):
             return NotImplemented  # keep the op node
         _TRACING.depth += 1
         try:
@@ -208,6 +208,15 @@ def register(
             _tag_cache_key()
         else:
             _on_first_compile()
+
+
+def _autotuning_gemms() -> bool:
+    """Whether Inductor may pick its own GEMM kernels for this compile (``max-autotune``
+    modes): a traced ``mm`` could then become a Triton template rounding differently
+    from eager's cuBLAS call, so the calls keep their nodes (their GEMMs run in the op)."""
+    from torch._inductor import config
+
+    return bool(config.max_autotune or config.max_autotune_gemm)
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
