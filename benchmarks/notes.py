@@ -335,8 +335,8 @@ family.""",
         "8 layers with ReLU between them, forward + backward, eager and "
         "`torch.compile(fullgraph=True)` (CUDA: also `reduce-overhead`; ours compiled so "
         "lowers its plain op calls into Inductor's graph, bitwise equal to eager), and ours "
-        "compiled by `te.inductor_backend(lowering=\"off\")` (`ours-op-nodes`: every op "
-        "call one node) and `lowering=\"rounding\"` (`ours-lowered-rounding`), see the "
+        'compiled by `te.inductor_backend(lowering="off")` (`ours-op-nodes`: every op '
+        'call one node) and `lowering="rounding"` (`ours-lowered-rounding`), see the '
         "analysis; "
         "*per layer over "
         "torch.nn.Linear* is (ours - torch) / 8. CPU: float32 for both (our `gemm` "
