@@ -711,3 +711,38 @@ def test_max_autotune_keeps_the_op_nodes(device, lowered_calls):
     assert lowered_calls == {}
     assert graph_breaks() == 0
     assert_bitwise(got, eager)
+
+
+def test_a_failure_to_join_inductor_never_breaks_its_import(monkeypatch):
+    """The import hook runs inside Inductor's own import: whatever goes wrong there is a
+    warning (the calls stay op nodes), never a failed import of Inductor."""
+    import types
+
+    ran: list[str] = []
+
+    def broken() -> None:
+        ran.append("then")
+        raise RuntimeError("a torch without make_fallback")
+
+    hook = lowering._AfterImport("teops_hook_probe", broken)
+    module = types.ModuleType("teops_hook_probe")
+
+    class Loader:
+        def exec_module(self, m: Any) -> None:
+            ran.append("exec")
+
+    class Spec:
+        loader = Loader()
+
+    class Finder:
+        def find_spec(self, *args: Any) -> Any:
+            return Spec()
+
+    import sys
+
+    monkeypatch.setattr(sys, "meta_path", [hook, Finder()])
+    spec = hook.find_spec("teops_hook_probe", None)
+    assert hook not in sys.meta_path, "one shot"
+    with pytest.warns(UserWarning, match="could not join Inductor.*a torch without"):
+        spec.loader.exec_module(module)
+    assert ran == ["exec", "then"]

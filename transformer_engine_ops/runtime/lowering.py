@@ -286,7 +286,16 @@ class _AfterImport:
 
         def exec_module(module: Any) -> None:
             run(module)
-            then()
+            try:
+                then()
+            except Exception as exc:  # noqa: BLE001 - never break Inductor's own import
+                import warnings
+
+                warnings.warn(
+                    f"transformer_engine_ops: could not join Inductor ({type(exc).__name__}: "
+                    f"{exc}); compiled op calls stay op nodes",
+                    stacklevel=2,
+                )
 
         loader.exec_module = exec_module  # this spec's own loader instance
         return spec
@@ -339,12 +348,10 @@ def _install_op(op: Any) -> None:
     from torch._inductor import lowering as inductor_lowering
     from torch._library.utils import get_layout_constraint_tag
 
-    if op in _BY_DEFAULT:
-        inductor_decomposition.decompositions[op] = _table_entry(op)
     # A declined call keeps its op node, and Inductor refuses to make its implicit
     # fallback for an op its decomposition table holds. So each op gets, up front, the
     # fallback Inductor would make for it implicitly (the layout constraint of its
-    # tags), marked as overriding the decomposition.
+    # tags), marked as overriding the decomposition; only then the decomposition.
     if op not in inductor_lowering.lowerings:
         tag = get_layout_constraint_tag(op, with_default=True)
         inductor_lowering.make_fallback(
@@ -353,6 +360,8 @@ def _install_op(op: Any) -> None:
             warn=False,
             override_decomp=True,
         )
+    if op in _BY_DEFAULT:
+        inductor_decomposition.decompositions[op] = _table_entry(op)
 
 
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
@@ -442,7 +451,7 @@ def inductor_backend(
         else:
             table = {op: d for op, d in table.items() if op not in _DECOMPOSITIONS}
         keep_exact = _TRACING.keep_exact
-        _TRACING.keep_exact = lowering == "bitwise"  # read by the pieces as they trace
+        _TRACING.keep_exact = lowering != "rounding"  # read by the pieces as they trace
         try:
             with functorch_config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
