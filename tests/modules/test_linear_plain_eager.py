@@ -1,0 +1,133 @@
+"""``Linear``'s plain eager call (``_PlainLinear``: no recipe, one rank, plain 2-D tensors
+of one dtype) computes what the op path computes, bit for bit, and keeps the same
+tensors for backward; any other call takes the op path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import transformer_engine_ops as te
+from transformer_engine_ops.modules import linear as linear_module
+
+CUDA = [pytest.param("cuda", marks=[pytest.mark.gpu])] if torch.cuda.is_available() else []
+
+
+def run(module: Any, x: torch.Tensor, *, create_graph: bool = False) -> tuple[list[Any], list[int]]:
+    """Output, every gradient, and the bytes of each tensor kept for backward."""
+    for p in module.parameters():
+        p.grad = None
+    kept: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    y = out[0] if isinstance(out, tuple) else out
+    grads: list[Any] = []
+    if y.requires_grad:
+        leaves = [t for t in (x, *module.parameters()) if t.requires_grad]
+        loss = y.float().square().sum()
+        grads = list(
+            torch.autograd.grad(loss, leaves, create_graph=create_graph, allow_unused=True)
+        )
+        if create_graph:  # second order, through the backward's own torch ops
+            total = sum(g.float().sum() for g in grads if g is not None)
+            grads += list(torch.autograd.grad(total, leaves, allow_unused=True))
+    extra = [out[1]] if isinstance(out, tuple) else []
+    return [y.detach(), *extra, *grads], kept
+
+
+def both(module: Any, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> list[int]:
+    calls: list[int] = []
+    real = linear_module._PlainLinear.apply
+    monkeypatch.setattr(linear_module._PlainLinear, "apply", lambda *a: calls.append(1) or real(*a))
+    fast, fast_kept = run(module, x, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(te.Linear, "_plain_eager", lambda self, inp: None)
+        slow, slow_kept = run(module, x, **kw)
+    assert len(fast) == len(slow)
+    for i, (a, b) in enumerate(zip(fast, slow, strict=True)):
+        assert (a is None and b is None) or torch.equal(a, b), f"entry {i}"
+    assert fast_kept == slow_kept
+    return calls
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "case",
+    ["default", "no-bias", "frozen-weight", "frozen-bias", "input-no-grad", "return-bias"],
+)
+def test_the_plain_call_is_the_op_paths_bits(case, dtype, device, monkeypatch):
+    torch.manual_seed(0)
+    module = te.Linear(
+        48,
+        24,
+        bias=case != "no-bias",
+        return_bias=case == "return-bias",
+        params_dtype=dtype,
+        device=device,
+    )
+    if case == "frozen-weight":
+        module.weight.requires_grad_(False)
+    if case == "frozen-bias":
+        module.bias.requires_grad_(False)
+    x = torch.randn(33, 48, device=device).to(dtype).requires_grad_(case != "input-no-grad")
+    calls = both(module, x, monkeypatch)
+    assert calls, "the plain path ran"
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+def test_batch_0_and_1_and_no_grad(rows, monkeypatch):
+    module = te.Linear(16, 8)
+    x = torch.randn(rows, 16, requires_grad=True)
+    both(module, x, monkeypatch)
+    with torch.no_grad():
+        fast = module(x)
+    with monkeypatch.context() as m:
+        m.setattr(te.Linear, "_plain_eager", lambda self, inp: None)
+        with torch.no_grad():
+            slow = module(x)
+    assert torch.equal(fast, slow) and not fast.requires_grad
+
+
+def test_double_backward_matches_the_op_path(monkeypatch):
+    module = te.Linear(16, 8, params_dtype=torch.float64)
+    x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+    both(module, x, monkeypatch, create_graph=True)
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["3-D input", "other dtype", "wrong features", "recipe", "microbatch"],
+)
+def test_every_other_call_takes_the_op_path(why, monkeypatch):
+    """The op path serves (and reports) everything else: the same errors as before."""
+    from module_cases import RECIPES
+
+    module = te.Linear(16, 8)
+    x = {
+        "3-D input": torch.randn(2, 3, 16),
+        "other dtype": torch.randn(4, 16, dtype=torch.float64),
+        "wrong features": torch.randn(4, 15),
+    }.get(why, torch.randn(4, 16))
+    taken: list[int] = []
+    real = linear_module._PlainLinear.apply
+    monkeypatch.setattr(linear_module._PlainLinear, "apply", lambda *a: taken.append(1) or real(*a))
+    if why == "wrong features":
+        with pytest.raises(ValueError, match="expects 16 input features"):
+            module(x)
+    elif why == "recipe":
+        with te.autocast(recipe=RECIPES["fp8_current"]()):
+            module(x)
+    elif why == "microbatch":
+        module(x, is_first_microbatch=True)
+    else:
+        module(x)
+    assert taken == []
