@@ -196,22 +196,20 @@ MXFP8 ~100 ms, FP8 block ~96 ms, NVFP4 ~276 ms at 4096x8192; this run timed bf16
 FP8 current scaling only per shape, to fit the device budget).
 
 **Small shape.** Bound by Python per call, not by the GPU. This run (every ratio
-paired round by round with `torch.nn.Linear`): our eager step 1.62x `torch.nn.Linear`'s
-(figure 8, in other rounds of the same run: 1.73x; target 1.3x), compiled 1.19x (1.17x;
-target 1.2x), `reduce-overhead` 1.09x (0.98x; target 1.0x). Compiled is a plain
-`torch.compile`, which now lowers the plain op calls into Inductor's graph, bitwise
+paired round by round with `torch.nn.Linear`): our eager step 1.31x `torch.nn.Linear`'s
+(figure 8, in other rounds of the same run: 1.28x; target 1.3x), compiled 1.17x (1.17x;
+target 1.2x), `reduce-overhead` 0.92x (1.03x; target 1.0x). Eager is `Linear`'s plain
+call (`_PlainLinear`: no recipe, one rank, plain 2-D tensors of one dtype), which runs
+the op impls' own kernels without the bundle, field checks and generic autograd glue;
+before it, on the previous lease the same day, eager was 1.62x (1.73x). Compiled is a
+plain `torch.compile`, which lowers the plain op calls into Inductor's graph, bitwise
 equal to eager; through the op nodes (`te.inductor_backend(lowering="off")`, figure 8)
-the same step is 1.81x, and with the kept pieces left to Inductor
-(`lowering="rounding"`, equal to eager to rounding) 0.87x. The previous run, through the
-op nodes: eager 1.65x (1.70x), compiled 2.04x (2.20x), `reduce-overhead` 0.98x (1.03x).
-The host's Python speed varies between lent machines, and a small step's time within
-one, so compare ratios within one run, paired round by round; `reduce-overhead` has
-landed on either side of 1.0x from figure to figure and run to run. The eager floor of
-this design, measured on the H200 (scratch script, one 64x256 bf16 layer, forward +
-backward, 3 x 3000 calls): `torch.nn.Linear` 136-148 us, a minimal hand-written
-`autograd.Function` around the same four ATen calls 146-160 us, our `Linear` 218-250 us;
-the 1.3x goal leaves ~35-45 us a layer over that minimal Function for the bundle, the
-field checks, the generic glue and the impls' plans, which cost ~85 us there. What is left
+the same step is 2.13x, and with the kept pieces left to Inductor
+(`lowering="rounding"`, equal to eager to rounding) 1.06x. The host's Python speed
+varies between lent machines, and a small step's time within one, so compare ratios
+within one run, paired round by round: eager and `reduce-overhead` land on either side
+of their goals from figure to figure and run to run (the run before this one, same day:
+`reduce-overhead` 1.09x and 0.98x). What is left
 per layer is listed in figure 8: the Python kernels, the dispatcher's conversion of 36
 schema slots twice a layer (its `dispatch/` rows price that at ~6.5 us a call over a
 7-slot schema: a small part), bundle construction and field checks; at this shape each
