@@ -19,9 +19,6 @@ IMPORT_GENERATED = textwrap.dedent(
     import torch
     import torch._library.infer_schema
     import torch.library
-    # Dynamo (which a registered op hooks into for Inductor's lowering) reflects on its own
-    # while it imports; a program that calls a module has imported it anyway.
-    import torch._dynamo.callback
 
     BLOCKED = ("libcst", "jinja2", "codegen")
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)

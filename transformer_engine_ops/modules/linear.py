@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import LinearFwdArgs, _bias_grad
+from ..ops.linear import _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
 from ..quantization.gemm import gemm
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
@@ -37,7 +37,6 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
 
 
 _PARALLEL_MODES = (None, "column", "row")
-_PLAIN = (torch.Tensor, nn.Parameter)
 _PLAIN_DEVICES = ("cpu", "cuda")
 
 
@@ -65,7 +64,7 @@ class _PlainLinear(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inp, weight = ctx.saved_tensors
         dtype = ctx.dtype
-        if not (type(dy) in _PLAIN and len(dy.shape) == 2 and dy.dtype == dtype):
+        if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
             dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
         dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
         wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
@@ -288,8 +287,8 @@ class Linear(ExtraStateMixin, nn.Module):
         weight, bias = self.weight, None if self.return_bias else self.bias
         dtype = weight.dtype
         if (
-            type(inp) not in _PLAIN
-            or type(weight) not in _PLAIN
+            type(inp) not in _PLAIN_TENSORS
+            or type(weight) not in _PLAIN_TENSORS
             or self.tp_group is not None
             or self.tp_size != 1
             or len(inp.shape) != 2
@@ -297,7 +296,7 @@ class Linear(ExtraStateMixin, nn.Module):
             or inp.shape[1] != weight.shape[1]
             or inp.device != weight.device
             or inp.device.type not in _PLAIN_DEVICES
-            or (bias is not None and (type(bias) not in _PLAIN or bias.dtype != dtype))
+            or (bias is not None and (type(bias) not in _PLAIN_TENSORS or bias.dtype != dtype))
         ):
             return None
         if torch.is_grad_enabled() and (

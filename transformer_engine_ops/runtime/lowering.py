@@ -20,7 +20,7 @@ recorded whole; a 16-bit input is widened inside the piece that reads it, so no 
 pair is left for Inductor to fold. An op module that has not marked its pieces so
 leaves ``lowers`` unset and keeps its node.
 
-The decompositions enter Inductor's table when Dynamo first compiles (importing this
+The decompositions enter Inductor's table once Inductor is imported (importing this
 package imports no Inductor). Inductor's caches key on the graph Dynamo captured, not
 on the code a decomposition traces, so each compile also puts a fingerprint of the
 lowered kernels' source into ``torch.compiler.config.cache_key_tag``: a changed kernel
@@ -207,7 +207,7 @@ def register(
             _install_op(op)
             _tag_cache_key()
         else:
-            _on_first_compile()
+            _join_inductor_once_imported()
 
 
 def _autotuning_gemms() -> bool:
@@ -236,7 +236,7 @@ _PACKAGES: set[str] = set()  # top-level packages of the registered kernels
 _INSTALL_LOCK = threading.RLock()
 _INSTALLED = False
 _INDUCTOR_LOWERING = "torch._inductor.lowering"  # imported by every Inductor compile
-_HOOKED: list[Any] = []
+_HOOKED = False  # the import hook is in sys.meta_path (or has fired)
 
 
 def _lower(op: Any, *slots: Any) -> Any:
@@ -250,17 +250,18 @@ def _table_entry(op: Any) -> Callable[..., Any]:
     return entry
 
 
-def _on_first_compile() -> None:
+def _join_inductor_once_imported() -> None:
     """Join Inductor as soon as it is imported: now if it is, else right after its
     import (importing it costs over a second, and a program that never compiles with
     it should not pay that)."""
     import sys
 
+    global _HOOKED
     if _INDUCTOR_LOWERING in sys.modules:
         install()
     elif not _HOOKED:
-        _HOOKED.append(_AfterImport(_INDUCTOR_LOWERING, install))
-        sys.meta_path.insert(0, _HOOKED[0])
+        _HOOKED = True
+        sys.meta_path.insert(0, _AfterImport(_INDUCTOR_LOWERING, install))
 
 
 class _AfterImport:
