@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
-from ..quantization.gemm import gemm
+from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
+from ..quantization.gemm import gemm, half_product
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from . import _extra_state
@@ -57,8 +57,13 @@ class _PlainLinear(torch.autograd.Function):
         needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(inp if needs_wgrad else None, weight if needs_dgrad else None)
         ctx.use_bias = bias is not None and ctx.needs_input_grad[2]
-        ctx.dtype = inp.dtype
-        return gemm(weight, inp, layout="TN", out_dtype=inp.dtype, bias=bias)
+        ctx.dtype = dtype = inp.dtype
+        # 16-bit CUDA operands of one dtype: gemm's own branch for them, called directly
+        # (every operand, the output gradient aside, is checked once, by the caller).
+        ctx.half = inp.is_cuda and dtype in _CUDA_HALF
+        if ctx.half:
+            return half_product(weight, inp, "TN", bias)
+        return gemm(weight, inp, layout="TN", out_dtype=dtype, bias=bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -66,8 +71,12 @@ class _PlainLinear(torch.autograd.Function):
         dtype = ctx.dtype
         if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
             dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
-        dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
-        wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
+        if ctx.half and dy.is_cuda:
+            dgrad = half_product(weight, dy, "NN", None) if weight is not None else None
+            wgrad = half_product(inp, dy, "NT", None) if inp is not None else None
+        else:
+            dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
+            wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
         bgrad = _bias_grad(dy, dtype) if ctx.use_bias else None
         return dgrad, wgrad, bgrad
 
@@ -303,6 +312,8 @@ class Linear(ExtraStateMixin, nn.Module):
             inp.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
         ):
             return _PlainLinear.apply(inp, weight, bias)
+        if inp.is_cuda and dtype in _CUDA_HALF:
+            return half_product(weight, inp, "TN", bias)
         return gemm(weight, inp, layout="TN", out_dtype=dtype, bias=bias)
 
     def _eager(self, args: LinearFwdArgs) -> Any:

@@ -227,19 +227,11 @@ def _plain_gemm(
         return None
     kind, dtype = device.type, A.dtype
     if kind == "cuda" and dtype in _HALF and B.dtype == dtype == out_dtype:
-        # What the general path's native branch computes (``addmm(bias, left, right)``
-        # or ``left @ right``, then a reshape), without the no-op calls (``linear`` of a
-        # 2-D input without a bias is ``mm(input, weight.t())``).
         if bias is not None and bias.dtype != dtype:
             bias = bias.to(dtype)
         b2 = B if len(b_shape) == 2 else B.reshape(-1, b_shape[-1])
-        if layout == "TN":
-            out = torch.nn.functional.linear(b2, A) if bias is None else _addmm(bias, b2, A.t())
-        elif layout == "NN":
-            out = torch.mm(b2, A) if bias is None else _addmm(bias, b2, A)
-        else:
-            a2 = A if len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
-            out = torch.mm(b2.t(), a2) if bias is None else _addmm(bias, b2.t(), a2)
+        a2 = A if layout != "NT" or len(a_shape) == 2 else A.reshape(-1, a_shape[-1])
+        out = half_product(a2, b2, layout, bias)
         if len(b_shape) != 2 and layout != "NT":
             out = out.reshape(_out_shape(A, B, layout))
         return out
@@ -252,6 +244,21 @@ def _plain_gemm(
     if len(b_shape) != 2 and layout != "NT":
         out = out.reshape(_out_shape(A, B, layout))
     return out
+
+
+def half_product(
+    A: torch.Tensor, B: torch.Tensor, layout: str, bias: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """:func:`gemm` of 2-D CUDA operands (and bias) sharing a 16-bit dtype with the
+    output: what the general path's native branch computes (``addmm(bias, left,
+    right)`` or ``left @ right``) without its no-op calls (``linear`` of a 2-D input
+    without a bias is ``mm(input, weight.t())``). ``Linear``'s plain eager call runs it
+    directly, having checked its operands once for all three GEMMs."""
+    if layout == "TN":
+        return torch.nn.functional.linear(B, A) if bias is None else _addmm(bias, B, A.t())
+    if layout == "NN":
+        return torch.mm(B, A) if bias is None else _addmm(bias, B, A)
+    return torch.mm(B.t(), A) if bias is None else _addmm(bias, B.t(), A)
 
 
 @lowering.exact(
