@@ -147,8 +147,8 @@ compiled step was bound by its host (`reduce-overhead`: 2.6 ms of host time). Th
 compiled path's host time per FP8 layer exceeds eager's by 0.2-0.4 ms on that host; on
 this CPU the op boundary of an FP8 layer (dispatch, unflatten, result packing) costs
 about what a bf16 layer's does (~40 us forward, ~45 us backward), so the rest is the
-lent host's. In this run all three FP8 modes ran at the same clock (1680-1688 MHz) and
-time (13.3 ms).""",
+lent host's. In this run all three FP8 modes ran at about the same clock (1672-1695 MHz)
+and time (13.3-13.4 ms).""",
     "gpu_analysis": """\
 **FP8 current scaling (large shape).** This session's changes, each measured on the
 H200: (1) the fused quantize's amax kernel writes one word per program instead of an
@@ -172,12 +172,13 @@ host time of one quantize (CPU, kernels replaced by no-ops, medians of three run
 alternating with the previous code) 22.7 -> 17.4 us, with the bias gradient 26.6 ->
 21.2 us. The figure now times `torch.nn.Linear`, our bf16 and our
 FP8 steps, every mode, in the same rounds as their floors. In this run every mode meets
-both targets: 1.22x, 1.23x and 1.21x the FP8 GEMM floor (eager, compiled,
-`reduce-overhead`), 1.45x, 1.46x and 1.46x faster than bf16; bf16 0.99-1.00x its
-floor. Sustained for 4 s all three meet them too (1.221x, 1.221x and 1.223x; 1.46x,
-1.46x and 1.47x over bf16) and bf16 stays at or under its floor (0.991-0.999x); the
-previous run met them as well, the one before missed FP8 compiled (1.30x), a stretch
-where the GPU waited for the host (see the sustained method above). A
+both targets: 1.235x, 1.234x and 1.232x the FP8 GEMM floor (eager, compiled,
+`reduce-overhead`), 1.44x, 1.46x and 1.45x faster than bf16; bf16 0.99-1.00x its
+floor. Sustained for 4 s all three meet them too (1.226x, 1.228x and 1.233x; 1.45x,
+1.46x and 1.46x over bf16) and bf16 stays within 0.989-1.001x its floor. Of the runs
+since the fused kernels, one missed FP8 compiled (1.30x, a stretch where the GPU waited
+for the host, see the sustained method above) and one FP8 `reduce-overhead` by 0.1%
+(1.251x, its sustained figure 1.240x). A
 step's GPU time (`python -m benchmarks.step_profile`, eager, one run): 8.4 ms FP8 GEMMs,
 2.4 ms quantize (amax 0.5 + column-sum amax 0.3 + cast 1.8), 1.1 ms other (ReLU forward
 and backward 0.5, the loss 0.5). What is left is nearly all memory traffic the recipe
@@ -195,29 +196,27 @@ quantization table), so their steps run at several times the bf16 floor (earlier
 MXFP8 ~100 ms, FP8 block ~96 ms, NVFP4 ~276 ms at 4096x8192; this run timed bf16 and
 FP8 current scaling only per shape, to fit the device budget).
 
-**Small shape.** Bound by Python per call, not by the GPU. This run (every ratio
-paired round by round with `torch.nn.Linear`): our eager step 1.31x `torch.nn.Linear`'s
-(figure 8, in other rounds of the same run: 1.28x; target 1.3x), compiled 1.17x (1.17x;
-target 1.2x), `reduce-overhead` 0.92x (1.03x; target 1.0x). Eager is `Linear`'s plain
-call (`_PlainLinear`: no recipe, one rank, plain 2-D tensors of one dtype), which runs
-the op impls' own kernels without the bundle, field checks and generic autograd glue;
-before it, on the previous lease the same day, eager was 1.62x (1.73x). Compiled is a
-plain `torch.compile`, which lowers the plain op calls into Inductor's graph, bitwise
-equal to eager; through the op nodes (`te.inductor_backend(lowering="off")`, figure 8)
-the same step is 2.13x, and with the kept pieces left to Inductor
-(`lowering="rounding"`, equal to eager to rounding) 1.06x. The host's Python speed
-varies between lent machines, and a small step's time within one, so compare ratios
-within one run, paired round by round: eager and `reduce-overhead` land on either side
-of their goals from figure to figure and run to run (the run before this one, same day:
-`reduce-overhead` 1.09x and 0.98x). What is left
-per layer is listed in figure 8: the Python kernels, the dispatcher's conversion of 36
-schema slots twice a layer (its `dispatch/` rows price that at ~6.5 us a call over a
-7-slot schema: a small part), bundle construction and field checks; at this shape each
-torch call costs 2-20 us of host time on the lent machine; `torch.nn.Linear` makes
-four per layer and step from C++ (addmm forward; two mm and a sum backward), ours as
-many from Python (the bias gradient is now one kernel), with the bundle, field checks
-and autograd glue around them. Figure 8's analysis works out why the compiled goal is
-out of reach for Python op kernels.
+**Small shape.** Bound by Python per call, not by the GPU, and the lent hosts' Python
+speed varies: between leases, and between rounds of one run by 10-20%. So the small
+figures take 11 interleaved rounds, and every ratio is the median of per-round ratios
+to `torch.nn.Linear` (goals: eager 1.3x, compiled 1.2x, `reduce-overhead` 1.0x). This
+run: eager 1.21x, compiled 1.12x, `reduce-overhead` 0.98x (figure 8, other rounds of
+the same run: 1.25x, 1.21x, 0.98x). The three runs before (5 rounds each, on three
+leases) put eager at 1.22-1.55x, compiled 1.01-1.23x and `reduce-overhead` 0.92-1.09x:
+over the four runs each goal is met by five of its eight figures, the misses by up to
+0.05 of a ratio but for one noisy lease's eager (1.35x, 1.55x).
+Eager is `Linear`'s plain call (`_PlainLinear`: no recipe, one rank, plain 2-D tensors
+of one dtype), which runs the op impls' own kernels without the bundle, field checks
+and generic autograd glue (before it: 1.62-1.73x). Compiled is a plain
+`torch.compile`, which lowers the plain op calls into Inductor's graph, bitwise equal
+to eager; through the op nodes (`te.inductor_backend(lowering="off")`, figure 8) the
+same step is 2.01x, and with the kept pieces left to Inductor (`lowering="rounding"`,
+equal to eager to rounding) 1.00x. What the bitwise lowering pays over `rounding` is
+the bias gradient: ATen's own `sum` (eager's bits), a launch a layer that Inductor
+would fuse into the ReLU backward (a profile on the H200: 55 kernels a step against
+48). The Python op around each kept piece costs nothing measurable: a lowering that
+ran the pieces as their ATen calls instead (tried, not kept) measured 1.001x the step
+on the H200 and 1.014x on the CPU.
 
 **Memory.** Peak over resident for one 4096x8192 eager step: bf16 1.10x
 `torch.nn.Linear`'s; quantized recipes add more (FP8 1.45x, NVFP4 2.3x of
