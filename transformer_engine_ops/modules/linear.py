@@ -71,7 +71,7 @@ class _PlainLinear(torch.autograd.Function):
         dtype = ctx.dtype
         if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
             dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
-        if ctx.half and dy.is_cuda:
+        if ctx.half and dy.is_cuda and type(dy) in _PLAIN_TENSORS:
             dgrad = half_product(weight, dy, "NN", None) if weight is not None else None
             wgrad = half_product(inp, dy, "NT", None) if inp is not None else None
         else:
