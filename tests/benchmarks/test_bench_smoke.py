@@ -133,6 +133,14 @@ def test_gpu_report_states_each_issue_12_target_met_or_missed() -> None:
     assert "failed: Unsupported: x" in md and "| ours/fp8_current/eager |" in md
 
 
+def test_a_ratio_next_to_its_goal_shows_the_decimal_that_decides_it() -> None:
+    assert report._near(1.2046, 1.2) == "1.205x"  # would read "1.20x", missed
+    assert report._near(1.1962, 1.2) == "1.196x"
+    assert report._near(1.2071, 1.2) == "1.21x"  # two decimals already decide it
+    assert report._near(1.17, 1.2) == "1.17x"
+    assert report._near(0.9964, 1.0) == "0.996x"
+
+
 def test_memory_figure_and_its_report_rows(tmp_path: Path) -> None:
     from benchmarks import memory
 
