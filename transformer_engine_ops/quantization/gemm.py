@@ -286,8 +286,8 @@ def _fp32_gemm(
     else:
         out = torch.mm(b.t(), a)
     if bias is not None:
-        # Out of place: a lowered graph that traces this piece (``bitwise=False``) must
-        # be functional.
+        # Out of place: a lowered graph that traces this piece (``lowering="rounding"``)
+        # must be functional.
         out = out + bias.float()
     return out if out_dtype is _FP32 else out.to(out_dtype)
 

@@ -98,7 +98,7 @@ class Lowerable:
 
 class _Tracing(threading.local):
     depth = 0
-    keep_exact = True  # False while an ``inductor_backend(bitwise=False)`` compiles
+    keep_exact = True  # False while an ``inductor_backend(lowering="rounding")`` compiles
 
 
 _TRACING = _Tracing()
@@ -117,7 +117,8 @@ def tracing() -> bool:
 # a call is traced for Inductor, the piece is recorded as one op of ``teops_exact`` that
 # runs the same function, which Inductor calls as it is (a fallback). Everything else a
 # kernel does (GEMMs through ATen, casts, views, plain pointwise arithmetic) Inductor
-# reproduces bit for bit (with ``emulate_precision_casts``, which the backend sets).
+# reproduces bit for bit, as long as a 16-bit input is widened inside the piece that
+# reads it (Inductor folds a narrowing cast followed by a widening one).
 
 _EXACT_NAMESPACE = "teops_exact"
 _EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
