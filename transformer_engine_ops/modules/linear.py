@@ -40,10 +40,21 @@ _PARALLEL_MODES = (None, "column", "row")
 _PLAIN_DEVICES = ("cpu", "cuda")
 
 
+def _plain_fprop(
+    weight: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The forward GEMM of a plain call (operands checked by ``Linear._plain_eager``):
+    for 16-bit CUDA operands ``gemm``'s own branch for them, called directly."""
+    if inp.is_cuda and inp.dtype in _CUDA_HALF:
+        return half_product(weight, inp, "TN", bias)
+    return gemm(weight, inp, layout="TN", out_dtype=inp.dtype, bias=bias)
+
+
 class _PlainLinear(torch.autograd.Function):
     """The eager call of the commonest case: no recipe, one rank, plain 2-D tensors of
     one dtype (``Linear._plain_eager`` says exactly when). It computes what the op's
-    impls compute for that case, through the same kernels (``gemm``, ``_bias_grad``),
+    impls compute for that case, through the same kernels (``gemm``, or for 16-bit CUDA
+    operands its own branch for them, ``half_product``; ``_bias_grad``),
     so the bits are the same (tested against the op path), without the bundle, the
     field checks and the generic autograd glue that every other call pays for: on the
     H200's host those cost ~85 us a layer over a minimal ``autograd.Function``, and
@@ -57,13 +68,9 @@ class _PlainLinear(torch.autograd.Function):
         needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(inp if needs_wgrad else None, weight if needs_dgrad else None)
         ctx.use_bias = bias is not None and ctx.needs_input_grad[2]
-        ctx.dtype = dtype = inp.dtype
-        # 16-bit CUDA operands of one dtype: gemm's own branch for them, called directly
-        # (every operand, the output gradient aside, is checked once, by the caller).
-        ctx.half = inp.is_cuda and dtype in _CUDA_HALF
-        if ctx.half:
-            return half_product(weight, inp, "TN", bias)
-        return gemm(weight, inp, layout="TN", out_dtype=dtype, bias=bias)
+        ctx.dtype = inp.dtype
+        ctx.half = inp.is_cuda and inp.dtype in _CUDA_HALF
+        return _plain_fprop(weight, inp, bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -312,9 +319,7 @@ class Linear(ExtraStateMixin, nn.Module):
             inp.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
         ):
             return _PlainLinear.apply(inp, weight, bias)
-        if inp.is_cuda and dtype in _CUDA_HALF:
-            return half_product(weight, inp, "TN", bias)
-        return gemm(weight, inp, layout="TN", out_dtype=dtype, bias=bias)
+        return _plain_fprop(weight, inp, bias)
 
     def _eager(self, args: LinearFwdArgs) -> Any:
         args = self._with_scaling_state(args)
