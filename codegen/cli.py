@@ -1,4 +1,5 @@
-"""``python -m codegen``: generate, check, diff, explain a bundle, print the kind table."""
+"""``python -m codegen``: generate, check, diff, explain a bundle, print the kind table;
+``python -m codegen diff --against REV``: what the bundle changes since REV break."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import kinds, output
+from . import kinds, output, review_cli
 from .config import load_config
 from .errors import CodegenError, ConfigError
 from .pipeline import find_bundle, generate, read_all
@@ -36,11 +37,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="render in memory; exit 1 with a short diff if generated/ is stale",
     )
-    mode.add_argument("--diff", action="store_true", help="print the full diff, write nothing")
+    mode.add_argument(
+        "--diff", action="store_true", help="print the full diff of generated files, write nothing"
+    )
     p.add_argument(
-        "command", nargs="?", choices=("generate", "explain", "kinds"), default="generate"
+        "command",
+        nargs="?",
+        choices=("generate", "explain", "kinds", "diff"),
+        default="generate",
+        help="generate (default); explain BUNDLE; kinds (the kind table); diff --against REV "
+        "(which bundle changes since REV break keyword or positional callers, saved compiled "
+        "graphs, exported programs)",
     )
     p.add_argument("bundle", nargs="?", help="bundle name, for `explain`")
+    review_cli.add_arguments(p)
     return p
 
 
@@ -73,7 +83,12 @@ def kind_table_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "diff":
+        return review_cli.run(args, parser.error)
+    if review_cli.diff_options_given(args):
+        parser.error("--against, --merge-base, --format, --fail-on and --consumers go with `diff`")
     if args.command == "kinds":
         print(kind_table_markdown(), end="")
         return 0

@@ -131,6 +131,9 @@ class Field:
     type: FieldType
     slots: tuple[Slot, ...]
     location: Location
+    # The source text after ``=`` (``None``, ``field(default_factory=list)``), or None
+    # without one: callers building the bundle depend on it, the schema does not.
+    default: str | None = None
 
 
 @dataclass(frozen=True)

@@ -648,7 +648,8 @@ def _read_field(
     seen[name] = where
     ftype = kinds.classify(expr, config, enums)
     slots = kinds.slots_for(name, ftype, config)
-    return Field(name, kinds.render(expr), ftype, slots, where)
+    default = None if node.value is None else _code(node.value)
+    return Field(name, kinds.render(expr), ftype, slots, where, default)
 
 
 class _BundleReader:

@@ -1,0 +1,248 @@
+"""``python -m codegen diff --against REV``: what a bundle change means, for a PR review.
+
+Both sides go through the same reader and IR: the working tree as it is, and REV's
+files read from git into a temporary folder (``revision.tree_at``; nothing is checked
+out). Each side's schemas are rendered by its own templates when the project holds the
+generator's templates (this repository), so a template change shows too; the
+configuration (namespace, kinds) is each side's own. ``review.compare`` classifies the
+differences; the report is laid out by ``templates/review/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import emit, render, revision
+from .config import load_config
+from .errors import CodegenError, ConfigError
+from .pipeline import TEMPLATE_DIR, read_all
+from .review import RULES, Consumer, OpReview, OpSide, Schema, compare, parse_schema
+
+REVIEW_TEMPLATES = TEMPLATE_DIR / "review"
+FORMATS = {"text": "diff.txt.j2", "markdown": "diff.md.j2"}
+RULES_DOC = "docs/review.md"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "diff: what the bundle changes since a git revision break, and for whom "
+        "(unlike --diff, the text diff of generated files)"
+    )
+    against = group.add_mutually_exclusive_group()
+    against.add_argument("--against", metavar="REV", help="compare the working tree with REV")
+    against.add_argument(
+        "--merge-base",
+        metavar="REF",
+        help="compare with the merge base of HEAD and REF (what a PR into REF changes)",
+    )
+    group.add_argument("--format", choices=tuple(FORMATS), default="text")
+    group.add_argument(
+        "--fail-on",
+        choices=("breaking",),
+        help="exit 1 when a change breaks one of the consumers (for CI)",
+    )
+    group.add_argument(
+        "--consumers",
+        type=_consumers,
+        default=tuple(Consumer),
+        metavar="LIST",
+        help="comma-separated consumers to report and fail on (default: all of "
+        + ", ".join(c.value for c in Consumer)
+        + ")",
+    )
+
+
+def _consumers(text: str) -> tuple[Consumer, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = {c.value: c for c in Consumer}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown consumer(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(known)}"
+        )
+    return tuple(c for c in Consumer if c.value in names)
+
+
+def diff_options_given(args: argparse.Namespace) -> bool:
+    return bool(
+        args.against or args.merge_base or args.fail_on or args.format != "text"
+    ) or args.consumers != tuple(Consumer)
+
+
+# --- Reading a side --------------------------------------------------------------------
+
+_SCHEMA_CONSTANTS = ("FORWARD_OP", "FORWARD_SCHEMA", "BACKWARD_OP", "BACKWARD_SCHEMA")
+
+
+def _rendered_constants(code: str) -> dict[str, str]:
+    constants = {}
+    for node in ast.parse(code).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in _SCHEMA_CONSTANTS
+        ):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, str):
+                constants[node.targets[0].id] = value
+    return constants
+
+
+def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> dict[str, OpSide]:
+    """Every configured op at ``root``, with the schemas ``template_dir`` renders for it.
+
+    Templates that cannot render this generator's context (REV's, from before a change
+    to the generator) leave the schemas derived from the IR, with a note saying so.
+    """
+    config = load_config(root)
+    modules = read_all(config)
+    env = render.environment(template_dir)
+    sides = {}
+    for module in modules:
+        (op,) = module.ops
+        derived = {
+            "FORWARD_OP": f"{config.namespace}::{op.name}_fwd",
+            "FORWARD_SCHEMA": emit.schema_string(op.forward),
+            "BACKWARD_OP": f"{config.namespace}::{op.name}_bwd",
+            "BACKWARD_SCHEMA": emit.schema_string(op.backward),
+        }
+        try:
+            code = env.get_template("op_module.py.j2").render(
+                emit.op_module_context(module, config)
+            )
+            constants = _rendered_constants(code)
+            for key in ("FORWARD_SCHEMA", "BACKWARD_SCHEMA"):
+                parse_schema(constants[key])
+        except (jinja2.TemplateError, SyntaxError, ValueError, KeyError) as exc:
+            notes.append(
+                f"{label}: {module.path}: its schemas come from the bundles, not the templates "
+                f"({type(exc).__name__}: {exc})"
+            )
+            constants = derived
+        sides[op.name] = OpSide(
+            op,
+            module.path,
+            Schema(constants["FORWARD_OP"], constants["FORWARD_SCHEMA"]),
+            Schema(constants["BACKWARD_OP"], constants["BACKWARD_SCHEMA"]),
+        )
+    return sides
+
+
+def _templates_at(toplevel: Path, copy: Path) -> Path:
+    """REV's copy of the generator's templates when this repository holds them."""
+    try:
+        rel = TEMPLATE_DIR.relative_to(toplevel)
+    except ValueError:
+        return TEMPLATE_DIR
+    at_rev = copy / rel
+    return at_rev if (at_rev / "op_module.py.j2").is_file() else TEMPLATE_DIR
+
+
+# --- The report --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    against: str
+    commit: str
+    merge_base: bool
+    reviews: tuple[OpReview, ...]
+    consumers: tuple[Consumer, ...]
+    notes: tuple[str, ...]
+
+    def breaking(self) -> list[Consumer]:
+        return [c for c in self.consumers if any(r.breaks((c,)) for r in self.reviews)]
+
+    def breaking_count(self) -> int:
+        return sum(f.breaks(self.consumers) for r in self.reviews for f in r.findings)
+
+
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _environment() -> jinja2.Environment:
+    env = render.environment(REVIEW_TEMPLATES)
+    env.filters["cell"] = _markdown_cell
+    return env
+
+
+def render_report(report: Report, fmt: str) -> str:
+    return (
+        _environment()
+        .get_template(FORMATS[fmt])
+        .render(report=report, consumers=report.consumers, rules_doc=RULES_DOC, rules=RULES)
+    )
+
+
+# --- The command -------------------------------------------------------------------------
+
+
+class CannotCompare(Exception):
+    """A side that cannot be read: no such revision, or a reader or configuration error."""
+
+
+def review_against(
+    root: Path,
+    commit: str,
+    against: str,
+    merge_base: bool = False,
+    consumers: tuple[Consumer, ...] = tuple(Consumer),
+) -> Report:
+    """The working tree at ``root`` against ``commit`` (which the user called ``against``)."""
+    notes: list[str] = []
+    try:
+        after = read_side(root, TEMPLATE_DIR, notes, "working tree")
+    except CodegenError as exc:
+        raise CannotCompare(str(exc)) from None
+    except ConfigError as exc:
+        raise CannotCompare(f"error: {exc}") from None
+    label = f"at {against} ({commit[:12]})"
+    try:
+        top = revision.toplevel(root)
+        with revision.tree_at(root, commit) as copy:
+            old_root = copy / root.relative_to(top)
+            before = read_side(old_root, _templates_at(top, copy), notes, label)
+    except revision.RevisionError as exc:
+        raise CannotCompare(f"error: {exc}") from None
+    except CodegenError as exc:
+        raise CannotCompare(f"{label}: {exc}") from None
+    except ConfigError as exc:
+        raise CannotCompare(f"error: {label}: {exc}") from None
+    return Report(against, commit[:12], merge_base, compare(before, after), consumers, tuple(notes))
+
+
+def run(args: argparse.Namespace, fail: Callable[[str], None]) -> int:
+    """Exit 0 (or 1 with ``--fail-on breaking`` and a breaking change); 2 when it cannot
+    compare (no such revision, a side the reader rejects), saying why."""
+    if not (args.against or args.merge_base):
+        fail("`diff` needs --against REV or --merge-base REF")
+    if args.check or args.diff or args.sources:
+        fail("`diff` reviews the configured sources; it takes no --check, --diff or --source")
+    root = args.root.resolve()
+    try:
+        if args.merge_base:
+            commit, against = revision.merge_base(root, args.merge_base), args.merge_base
+        else:
+            commit, against = revision.resolve(root, args.against), args.against
+        report = review_against(root, commit, against, bool(args.merge_base), args.consumers)
+    except (revision.RevisionError, CannotCompare) as exc:
+        text = str(exc) if isinstance(exc, CannotCompare) else f"error: {exc}"
+        print(text, file=sys.stderr)
+        print("codegen diff: cannot compare", file=sys.stderr)
+        return 2
+    print(render_report(report, args.format), end="")
+    if args.fail_on == "breaking" and report.breaking():
+        names = ", ".join(c.title for c in report.breaking())
+        print(f"codegen diff: breaking changes for {names}", file=sys.stderr)
+        return 1
+    return 0

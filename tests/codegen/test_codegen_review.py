@@ -1,0 +1,466 @@
+"""``python -m codegen diff --against REV``: each bundle change, classified per consumer.
+
+Every test commits the small project of review_support in a throw-away git repository,
+edits its working tree and reviews the edit against a revision. The Markdown report is
+compared with golden/review_scale.md; after an intended change, regenerate it with::
+
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/codegen -k golden -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from codegen_support import REPO_ROOT, run_main
+from review_support import GIT_ENV, OP_MODULE, commit, edit, git, make_project
+
+from codegen import revision
+from codegen.pipeline import TEMPLATE_DIR
+from codegen.review import Consumer, Finding, compare
+from codegen.review_cli import Report, read_side, review_against
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "review_scale.md"
+KEYWORD, POSITIONAL, COMPILED, EXPORTED = tuple(Consumer)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator's own git calls see no user or system configuration either."""
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "project")
+
+
+def review(root: Path, rev: str = "HEAD") -> Report:
+    return review_against(root, revision.resolve(root, rev), rev)
+
+
+def only_finding(report: Report, rule: str) -> Finding:
+    found = [f for r in report.reviews for f in r.findings if f.rule == rule]
+    assert len(found) == 1, [f.rule for r in report.reviews for f in r.findings]
+    return found[0]
+
+
+def rules(report: Report) -> list[str]:
+    return [f.rule for r in report.reviews for f in r.findings]
+
+
+# --- Field changes -----------------------------------------------------------------------
+
+
+def test_appending_an_optional_field_is_compatible_for_callers_and_breaks_exported_programs(
+    project: Path,
+) -> None:
+    edit(
+        project,
+        "    bias: Optional[torch.Tensor] = None\n",
+        "    bias: Optional[torch.Tensor] = None\n    scale_out: Optional[torch.Tensor] = None\n",
+    )
+
+    report = review(project)
+
+    finding = only_finding(report, "FIELD_ADDED")
+    assert finding.subject == "ScaleFwdArgs.scale_out"
+    assert "added at position 6 of 6" in finding.summary
+    assert not finding.verdict(KEYWORD).breaking
+    assert "default" in finding.verdict(KEYWORD).reason
+    assert not finding.verdict(POSITIONAL).breaking
+    assert finding.verdict(COMPILED).breaking
+    assert finding.verdict(EXPORTED).breaking
+    assert "no schema default for `scale_out`" in finding.verdict(EXPORTED).reason
+    (change,) = report.reviews[0].schemas
+    assert change.before is not None and change.after is not None
+    assert change.after.text == change.before.text.replace(
+        ") -> Tensor[]", ", Tensor? scale_out) -> Tensor[]"
+    )
+
+
+def test_a_required_field_inserted_in_the_middle_breaks_keyword_and_positional_callers(
+    project: Path,
+) -> None:
+    edit(project, "    factor: float\n    mode", "    factor: float\n    steps: int\n    mode")
+
+    finding = only_finding(review(project), "FIELD_ADDED")
+
+    assert finding.verdict(KEYWORD).breaking
+    assert "without `steps=` raises" in finding.verdict(KEYWORD).reason
+    assert finding.verdict(POSITIONAL).breaking
+    assert "inserted before `mode`" in finding.verdict(POSITIONAL).reason
+
+
+def test_removing_a_field_breaks_every_consumer_with_the_reason(project: Path) -> None:
+    edit(project, '    mode: Literal["fast", "exact"]\n', "")
+
+    finding = only_finding(review(project), "FIELD_REMOVED")
+
+    assert finding.subject == "ScaleFwdArgs.mode"
+    assert all(finding.verdict(c).breaking for c in Consumer)
+    assert "ScaleFwdArgs(mode=...)` raises" in finding.verdict(KEYWORD).reason
+    assert "from `recipe` on fill the wrong fields" in finding.verdict(POSITIONAL).reason
+    assert "`str mode` removed" in finding.verdict(COMPILED).reason
+    assert "drops its `mode` silently" in finding.verdict(EXPORTED).reason
+
+
+def test_retyping_a_field_breaks_every_consumer_with_the_slots_before_and_after(
+    project: Path,
+) -> None:
+    edit(project, "    factor: float\n    mode", "    factor: int\n    mode")
+
+    finding = only_finding(review(project), "FIELD_TYPE_CHANGED")
+
+    assert finding.subject == "ScaleFwdArgs.factor"
+    assert finding.summary == "`float` -> `int` (kind scalar)"
+    assert all(finding.verdict(c).breaking for c in Consumer)
+    assert "`float factor` -> `SymInt factor`" in finding.verdict(COMPILED).reason
+
+
+def test_reordering_fields_breaks_positional_callers_and_saved_graphs_only(project: Path) -> None:
+    edit(project, "    factor: float\n    mode: Literal", "    mode: Literal")
+    edit(project, '"exact"]\n', '"exact"]\n    factor: float\n')
+
+    finding = only_finding(review(project), "FIELD_MOVED")
+
+    assert finding.summary == "`factor` moved from position 2 of 5 to position 3 of 5"
+    assert not finding.verdict(KEYWORD).breaking
+    assert finding.verdict(POSITIONAL).breaking
+    assert finding.verdict(COMPILED).breaking
+    assert "by position" in finding.verdict(COMPILED).reason
+    assert not finding.verdict(EXPORTED).breaking
+    assert "matched by name" in finding.verdict(EXPORTED).reason
+
+
+def test_making_a_field_optional_is_compatible_everywhere(project: Path) -> None:
+    edit(project, "    inp: torch.Tensor\n", "    inp: Optional[torch.Tensor]\n")
+
+    finding = only_finding(review(project), "FIELD_TYPE_WIDENED")
+
+    assert not finding.breaks()
+    assert "`Tensor inp` -> `Tensor? inp`" in finding.verdict(COMPILED).reason
+
+
+def test_literal_choices_added_are_compatible_and_removed_ones_break(project: Path) -> None:
+    edit(project, 'Literal["fast", "exact"]', 'Literal["fast", "exact", "fused"]')
+    added = only_finding(review(project), "FIELD_CHOICES_ADDED")
+    assert not added.breaks()
+    assert "'fused'" in added.summary
+
+    edit(project, 'Literal["fast", "exact", "fused"]', 'Literal["exact"]')
+    removed = only_finding(review(project), "FIELD_CHOICES_REMOVED")
+    assert all(removed.verdict(c).breaking for c in Consumer)
+    assert "'fast'" in removed.verdict(EXPORTED).reason
+
+
+def test_a_default_added_is_compatible_everywhere(project: Path) -> None:
+    edit(project, "recipe: Optional[Recipe]\n", "recipe: Optional[Recipe] = None\n")
+
+    finding = only_finding(review(project), "FIELD_DEFAULT_ADDED")
+
+    assert finding.summary == "`recipe` now defaults to `None`"
+    assert not finding.breaks()
+
+
+def test_a_default_removed_breaks_callers_only(project: Path) -> None:
+    edit(project, "bias: Optional[torch.Tensor] = None", "bias: Optional[torch.Tensor]")
+
+    finding = only_finding(review(project), "FIELD_DEFAULT_REMOVED")
+
+    assert finding.verdict(KEYWORD).breaking and finding.verdict(POSITIONAL).breaking
+    assert not finding.verdict(COMPILED).breaking and not finding.verdict(EXPORTED).breaking
+
+
+@pytest.mark.parametrize(
+    "spelling", ["(None)", "field(default=None)", "dataclasses.field(default=None)"]
+)
+def test_the_same_default_spelled_otherwise_reports_nothing(project: Path, spelling: str) -> None:
+    edit(
+        project, "bias: Optional[torch.Tensor] = None", f"bias: Optional[torch.Tensor] = {spelling}"
+    )
+
+    assert review(project).reviews == ()
+
+
+def test_a_changed_default_is_breaking_for_callers_that_leave_it_out(project: Path) -> None:
+    edit(project, "bias: Optional[torch.Tensor] = None", "bias: Optional[torch.Tensor] = 0")
+
+    finding = only_finding(review(project), "FIELD_DEFAULT_CHANGED")
+
+    assert finding.verdict(KEYWORD).reason == (
+        "a caller that leaves `bias` out now gets `0`, silently"
+    )
+    assert not finding.verdict(EXPORTED).breaking
+
+
+def test_a_docstring_or_comment_change_reports_nothing(project: Path) -> None:
+    edit(project, '"""What the forward reads."""', '"""What the forward reads, reworded."""')
+    edit(project, "    factor: float\n    mode", "    factor: float  # a comment\n    mode")
+    edit(project, '"""A small op to review', '"""A small, documented op to review')
+
+    assert review(project).reviews == ()
+    result = run_main("--root", str(project), "diff", "--against", "HEAD", "--fail-on", "breaking")
+    assert result.rc == 0, result.err
+    assert result.out.startswith("codegen diff: no bundle changes against HEAD (")
+
+
+# --- Op-level and configuration changes --------------------------------------------------
+
+
+def test_a_namespace_change_in_the_configuration_is_reported(project: Path) -> None:
+    edit(project, 'namespace = "demo"', 'namespace = "demo2"', rel="pyproject.toml")
+
+    report = review(project)
+
+    finding = only_finding(report, "OP_QUALNAME_CHANGED")
+    assert finding.summary == (
+        "`demo::scale_fwd` -> `demo2::scale_fwd`; `demo::scale_bwd` -> `demo2::scale_bwd`"
+    )
+    assert not finding.verdict(KEYWORD).breaking
+    assert finding.verdict(COMPILED).breaking
+    assert finding.verdict(EXPORTED).breaking
+    assert [c.after.qualname for c in report.reviews[0].schemas if c.after] == [
+        "demo2::scale_fwd",
+        "demo2::scale_bwd",
+    ]
+
+
+def test_a_kind_change_in_the_configuration_is_a_retyped_field(project: Path) -> None:
+    edit(
+        project,
+        'value = ["demo.types.Recipe"]',
+        'quantizer = ["demo.types.Recipe"]',
+        rel="pyproject.toml",
+    )
+    edit(project, 'quantizer = ["demo.types.Quantizer"]\n', "", rel="pyproject.toml")
+
+    finding = only_finding(review(project), "FIELD_TYPE_CHANGED")
+
+    assert finding.subject == "ScaleFwdArgs.recipe"
+    assert finding.summary == (
+        "`Optional[Recipe]`: kind value -> quantizer, from the configuration "
+        "(the annotation is unchanged)"
+    )
+    assert finding.breaks()
+
+
+def test_grad_fields_and_bundle_names_are_op_level_findings(project: Path) -> None:
+    edit(project, 'grad_fields=("inp",)', 'grad_fields=("inp", "bias")')
+    edit(project, "class ScaleBwdArgs", "class ScaleBackwardArgs")
+    edit(project, "backward=ScaleBwdArgs", "backward=ScaleBackwardArgs")
+
+    report = review(project)
+
+    assert rules(report) == ["OP_GRAD_FIELDS_CHANGED", "BUNDLE_RENAMED"]
+    renamed = only_finding(report, "BUNDLE_RENAMED")
+    assert renamed.verdict(KEYWORD).breaking and not renamed.verdict(COMPILED).breaking
+
+
+def test_an_added_and_a_removed_op(project: Path) -> None:
+    (project / "demo/shift.py").write_text(
+        (project / OP_MODULE)
+        .read_text(encoding="utf-8")
+        .replace("Scale", "Shift")
+        .replace('"scale"', '"shift"')
+        .replace("SCALE", "SHIFT"),
+        encoding="utf-8",
+    )
+    edit(project, '"demo/scale.py"', '"demo/shift.py"', rel="pyproject.toml")
+
+    report = review(project)
+
+    assert [(r.name, [f.rule for f in r.findings]) for r in report.reviews] == [
+        ("scale", ["OP_REMOVED"]),
+        ("shift", ["OP_ADDED"]),
+    ]
+    assert report.breaking() == list(Consumer)
+
+
+# --- Templates ---------------------------------------------------------------------------
+
+
+def test_a_template_change_to_the_schema_is_a_slot_finding(project: Path, tmp_path: Path) -> None:
+    templates = shutil.copytree(TEMPLATE_DIR, tmp_path / "templates")
+    schema = templates / "_schema.j2"
+    text = schema.read_text(encoding="utf-8")
+    # Every optional slot gets a schema default, as a later format might write them.
+    schema.write_text(
+        text.replace(
+            "{{ row[3] }} {{ row[2] }}",
+            "{{ row[3] }} {{ row[2] }}{{ '=None' if row[3].endswith('?') }}",
+        ),
+        encoding="utf-8",
+    )
+    notes: list[str] = []
+    before = read_side(project, TEMPLATE_DIR, notes, "before")
+    after = read_side(project, templates, notes, "after")
+
+    (op,) = compare(before, after)
+
+    assert notes == []
+    assert [f.rule for f in op.findings] == ["SLOT_DEFAULT_CHANGED"] * 2
+    assert op.findings[0].subject == "demo::scale_fwd: recipe"
+    assert not any(f.breaks() for f in op.findings)
+
+
+def test_templates_that_do_not_render_leave_the_schemas_of_the_bundles_with_a_note(
+    project: Path, tmp_path: Path
+) -> None:
+    templates = shutil.copytree(TEMPLATE_DIR, tmp_path / "templates")
+    (templates / "_schema.j2").write_text("{{ b.no_such_key }}\n", encoding="utf-8")
+    notes: list[str] = []
+
+    side = read_side(project, templates, notes, "at REV")
+
+    assert side["scale"].forward.qualname == "demo::scale_fwd"
+    assert side["scale"].forward.text.startswith("(Tensor inp, float factor, str mode")
+    assert len(notes) == 1 and notes[0].startswith("at REV: demo/scale.py: its schemas come")
+
+
+# --- The command -------------------------------------------------------------------------
+
+
+def _normalized_report(project: Path, *argv: str) -> str:
+    result = run_main("--root", str(project), "diff", *argv)
+    assert result.rc == 0, result.err
+    base = revision.resolve(project, "HEAD")
+    return result.out.replace(base[:12], "<commit>")
+
+
+def test_markdown_report_matches_the_golden_file(project: Path) -> None:
+    edit(
+        project,
+        "    bias: Optional[torch.Tensor] = None\n",
+        "    bias: Optional[torch.Tensor] = None\n    out_dtype: Optional[torch.dtype] = None\n",
+    )
+    edit(project, 'Literal["fast", "exact"]', 'Literal["exact"]')
+    edit(
+        project,
+        "    grad_outputs: list[torch.Tensor]\n    factor: float\n",
+        "    factor: float\n    grad_outputs: list[torch.Tensor]\n",
+    )
+
+    text = _normalized_report(project, "--against", "HEAD", "--format", "markdown")
+
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_fail_on_breaking_exits_1_and_names_the_consumers(project: Path) -> None:
+    edit(project, "    factor: float\n    mode", "    mode")
+
+    failing = run_main("--root", str(project), "diff", "--against", "HEAD", "--fail-on", "breaking")
+    reported = run_main("--root", str(project), "diff", "--against", "HEAD")
+    keyword_only = run_main(
+        "--root",
+        str(project),
+        "diff",
+        "--against",
+        "HEAD",
+        "--fail-on",
+        "breaking",
+        "--consumers",
+        "keyword",
+    )
+
+    assert failing.rc == 1
+    assert failing.err.strip() == (
+        "codegen diff: breaking changes for keyword callers, positional callers, "
+        "saved compiled graphs, exported programs"
+    )
+    assert reported.rc == 0 and "FIELD_REMOVED ScaleFwdArgs.factor" in reported.out
+    assert keyword_only.rc == 1 and "exported programs" not in keyword_only.out
+
+
+def test_fail_on_breaking_passes_a_compatible_change(project: Path) -> None:
+    edit(project, 'Literal["fast", "exact"]', 'Literal["fast", "exact", "fused"]')
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD", "--fail-on", "breaking")
+
+    assert result.rc == 0, result.out + result.err
+    assert "0 breaking changes" in result.out
+
+
+def test_merge_base_reviews_only_what_the_branch_changed(project: Path) -> None:
+    git(project, "checkout", "-q", "-b", "feature")
+    edit(project, "    factor: float\n    mode", "    factor: float\n    steps: int = 1\n    mode")
+    commit(project, "feature: steps")
+    git(project, "checkout", "-q", "main")
+    edit(
+        project,
+        '"""What the backward reads."""',
+        '"""What the backward reads."""\n\n    extra: bool = False',
+    )
+    commit(project, "main moves on")
+    git(project, "checkout", "-q", "feature")
+
+    result = run_main("--root", str(project), "diff", "--merge-base", "main")
+
+    assert result.rc == 0, result.err
+    assert "merge base of HEAD and main" in result.out
+    assert "ScaleFwdArgs.steps" in result.out
+    assert "extra" not in result.out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--against", "no-such-branch"), "error: no commit named `no-such-branch`"),
+        (("--merge-base", "origin/main"), "error: no ref `origin/main` to review against"),
+        (("--against=--all",), "error: not a revision: '--all'"),
+    ],
+)
+def test_a_missing_revision_is_a_clear_error(
+    project: Path, argv: tuple[str, ...], message: str
+) -> None:
+    result = run_main("--root", str(project), "diff", *argv)
+
+    assert result.rc == 2
+    assert result.err.startswith(message)
+    assert "Traceback" not in result.err
+
+
+def test_a_reader_error_at_rev_names_the_revision(project: Path) -> None:
+    edit(project, "    factor: float\n    mode", "    factor: Unknown\n    mode")
+    broken = commit(project, "factor: an annotation the generator cannot classify")
+    edit(project, "    factor: Unknown\n    mode", "    factor: float\n    mode")
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert result.rc == 2
+    assert result.err.startswith(f"at HEAD ({broken[:12]}): demo/scale.py:19:13: error: ")
+    assert result.err.endswith("codegen diff: cannot compare\n")
+    assert "Traceback" not in result.err
+
+
+def test_diff_never_touches_the_working_tree_or_the_index(project: Path) -> None:
+    edit(project, "    factor: float\n    mode", "    mode")
+    git(project, "add", OP_MODULE)
+    status, head = git(project, "status", "--porcelain"), git(project, "rev-parse", "HEAD")
+
+    assert run_main("--root", str(project), "diff", "--against", "HEAD").rc == 0
+
+    assert (git(project, "status", "--porcelain"), git(project, "rev-parse", "HEAD")) == (
+        status,
+        head,
+    )
+
+
+def test_the_review_options_need_the_diff_command(project: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_main("--root", str(project), "--against", "HEAD")
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        run_main("--root", str(project), "diff")
+
+
+def test_diff_of_this_repository_against_its_own_head_runs(tmp_path: Path) -> None:
+    """The real op modules read on both sides (the templates found at REV too)."""
+    result = run_main("--root", str(REPO_ROOT), "diff", "--against", "HEAD")
+    assert result.rc == 0, result.err
+    assert "note:" not in result.out
