@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary review
 
 all: test
 
@@ -22,6 +22,14 @@ codegen: $(STAMP)
 
 check-codegen: $(STAMP)
 	$(PY) -m codegen --check
+
+# What this branch's bundle changes break, and for whom (docs/review.md): the working tree
+# against its merge base with REVIEW_BASE. REVIEW_ARGS="--format markdown" writes a PR comment,
+# REVIEW_ARGS="--fail-on breaking" exits 1 on a breaking change.
+REVIEW_BASE ?= origin/main
+REVIEW_ARGS ?=
+review: $(STAMP)
+	$(PY) -m codegen diff --merge-base $(REVIEW_BASE) $(REVIEW_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
