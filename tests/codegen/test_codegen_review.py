@@ -10,6 +10,7 @@ compared with golden/review_scale.md; after an intended change, regenerate it wi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from review_support import GIT_ENV, OP_MODULE, commit, edit, git, make_project
 
 from codegen import revision
 from codegen.pipeline import TEMPLATE_DIR
-from codegen.review import Consumer, Finding, compare
+from codegen.review import RULES, Consumer, Finding, compare
 from codegen.review_cli import Report, read_side, review_against
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "review_scale.md"
@@ -464,3 +465,9 @@ def test_diff_of_this_repository_against_its_own_head_runs(tmp_path: Path) -> No
     result = run_main("--root", str(REPO_ROOT), "diff", "--against", "HEAD")
     assert result.rc == 0, result.err
     assert "note:" not in result.out
+
+
+def test_every_rule_is_documented_with_its_meaning() -> None:
+    doc = (REPO_ROOT / "docs/review.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", doc, re.MULTILINE)
+    assert {rule: meaning.strip() for rule, meaning in rows} == RULES
