@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import ast
 import enum
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .model import Bundle, Field, FieldType, Kind, Op
+from .schema_text import Schema, SchemaArg
 
 
 class Consumer(enum.Enum):
@@ -98,74 +98,6 @@ class Finding:
 
     def breaks(self, consumers: Iterable[Consumer] = tuple(Consumer)) -> bool:
         return any(self.verdict(c).breaking for c in consumers)
-
-
-# --- Schemas -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SchemaArg:
-    type: str
-    name: str
-    default: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.type} {self.name}" + ("" if self.default is None else f"={self.default}")
-
-
-@dataclass(frozen=True)
-class Schema:
-    """One op's registered name and schema text (``(Tensor x, ...) -> Tensor[]``)."""
-
-    qualname: str
-    text: str
-
-    @property
-    def args(self) -> tuple[SchemaArg, ...]:
-        return parse_schema(self.text)[0]
-
-    @property
-    def returns(self) -> str:
-        return parse_schema(self.text)[1]
-
-
-_SCHEMA = re.compile(r"\((?P<args>.*)\)\s*->\s*(?P<returns>.+)", re.DOTALL)
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_schema(text: str) -> tuple[tuple[SchemaArg, ...], str]:
-    """``(Tensor x, SymInt[2] y=[1, 1]) -> Tensor[]`` -> its arguments and return type.
-
-    The generator must not import torch, so this reads the subset of the schema grammar
-    that generated schemas use (``*`` marks keyword-only arguments and is skipped: the
-    consumers here bind by position or by name either way).
-    """
-    match = _SCHEMA.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"not an op schema: {text!r}")
-    args = []
-    for part in _split_top_level(match["args"]):
-        if part == "*":
-            continue
-        decl, eq, default = part.partition("=")
-        pieces = decl.split()
-        if len(pieces) != 2:
-            raise ValueError(f"schema argument {part!r} is not `Type name[=default]`")
-        args.append(SchemaArg(pieces[0], pieces[1], default.strip() if eq else None))
-    return tuple(args), match["returns"].strip()
 
 
 # --- The sides of a review -------------------------------------------------------------
@@ -306,8 +238,7 @@ def _op_findings(old: OpSide, new: OpSide) -> tuple[Finding, ...]:
                 new.op.name,
                 f"grad_fields {old.op.grad_fields} -> {new.op.grad_fields}",
                 _verdicts(
-                    _BUNDLE_UNCHANGED,
-                    _BUNDLE_UNCHANGED,
+                    *[_ok("a bundle does not say which of its fields get gradients")] * 2,
                     _breaks(
                         "a saved graph's backward maps the backward op's gradients to the old "
                         "fields"

@@ -23,7 +23,8 @@ from . import emit, render, revision
 from .config import load_config
 from .errors import CodegenError, ConfigError
 from .pipeline import TEMPLATE_DIR, read_all
-from .review import RULES, Consumer, OpReview, OpSide, Schema, compare, parse_schema
+from .review import RULES, Consumer, OpReview, OpSide, compare
+from .schema_text import Schema, parse_schema
 
 REVIEW_TEMPLATES = TEMPLATE_DIR / "review"
 FORMATS = {"text": "diff.txt.j2", "markdown": "diff.md.j2"}

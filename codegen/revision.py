@@ -90,6 +90,8 @@ def tree_at(root: Path, commit: str) -> Iterator[Path]:
     at ``commit``. The whole repository is read, so paths out of the root (the
     generator's templates, a relative ``source_root``) resolve as they did at REV.
     """
+    if not hasattr(tarfile, "data_filter"):
+        raise RevisionError("reading a revision needs Python 3.10.12 or 3.11.4 or newer")
     top = toplevel(root)
     prefix = root.resolve().relative_to(top)
     folder = Path(tempfile.mkdtemp(prefix="codegen-review-"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from review_support import GIT_ENV, OP_MODULE, commit, edit, git, make_project
 
 from codegen import revision
 from codegen.pipeline import TEMPLATE_DIR
-from codegen.review import RULES, Consumer, Finding, compare
+from codegen.review import RULES, Consumer, Finding, OpSide, compare
 from codegen.review_cli import Report, read_side, review_against
+from codegen.schema_text import Schema
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "review_scale.md"
 KEYWORD, POSITIONAL, COMPILED, EXPORTED = tuple(Consumer)
@@ -279,6 +281,94 @@ def test_an_added_and_a_removed_op(project: Path) -> None:
         ("shift", ["OP_ADDED"]),
     ]
     assert report.breaking() == list(Consumer)
+
+
+def test_a_field_of_an_unsupported_kind_adds_no_slot(project: Path) -> None:
+    edit(project, "from typing import Literal", "from typing import Any, Literal")
+    edit(
+        project,
+        "    bias: Optional[torch.Tensor] = None\n",
+        "    bias: Optional[torch.Tensor] = None\n    hook: Any = None\n",
+    )
+
+    finding = only_finding(review(project), "FIELD_ADDED")
+
+    assert not finding.breaks()
+    assert finding.verdict(EXPORTED).reason == "it adds no schema slot (its value must be None)"
+
+
+def test_a_meta_type_change_in_the_configuration_is_a_slot_finding(project: Path) -> None:
+    edit(
+        project,
+        'quantizer = ["demo.types.Quantizer"]',
+        'quantizer = ["demo.types.Quantizer"]\ntensor_or_quantized = ["demo.types.Quantized"]',
+        rel="pyproject.toml",
+    )
+    edit(project, "from demo.types import Recipe", "from demo.types import Quantized, Recipe")
+    edit(project, "    inp: torch.Tensor\n", "    inp: torch.Tensor\n    w: Quantized\n")
+    edit(
+        project,
+        "class Recipe:",
+        "class Quantized:\n    pass\n\n\nclass Recipe:",
+        rel="demo/types.py",
+    )
+    commit(project, "a tensor-or-quantized field")
+    edit(project, 'meta_type = "str"', 'meta_type = "demo.Meta"', rel="pyproject.toml")
+
+    finding = only_finding(review(project), "SLOT_TYPE_CHANGED")
+
+    assert finding.subject == "demo::scale_fwd: w__meta"
+    assert finding.summary == "slot `str w__meta` -> `demo.Meta w__meta` (field `w`)"
+    assert [finding.verdict(c).breaking for c in Consumer] == [False, False, True, True]
+
+
+def _with_forward_schema(side: dict[str, OpSide], text: str) -> dict[str, OpSide]:
+    op = side["scale"]
+    return {"scale": replace(op, forward=Schema(op.forward.qualname, text))}
+
+
+FORWARD = "(Tensor inp, float factor, str mode, str? recipe, Tensor? bias) -> Tensor[]"
+
+
+@pytest.mark.parametrize(
+    ("schema", "rule", "verdicts"),
+    [
+        (FORWARD.replace(") ->", ", bool extra) ->"), "SLOT_ADDED", "✓✓✗✗"),
+        (FORWARD.replace(") ->", ", bool extra=False) ->"), "SLOT_ADDED", "✓✓✗✓"),
+        (FORWARD.replace(", Tensor? bias", ""), "SLOT_REMOVED", "✓✓✗✗"),
+        (FORWARD.replace("str mode", "str? mode"), "SLOT_TYPE_CHANGED", "✓✓✓✓"),
+        (FORWARD.replace("float factor", "SymInt factor"), "SLOT_TYPE_CHANGED", "✓✓✗✗"),
+        (FORWARD.replace("float factor, str mode", "str mode, float factor"), "SLOT_MOVED", "✓✓✗✓"),
+        (FORWARD.replace("str? recipe", "str? recipe=None"), "SLOT_DEFAULT_CHANGED", "✓✓✓✓"),
+        (FORWARD.replace("-> Tensor[]", "-> Tensor"), "SCHEMA_RETURNS_CHANGED", "✓✓✗✗"),
+        (FORWARD.replace(", ", " , "), "SCHEMA_TEXT_CHANGED", "✓✓✓✓"),
+    ],
+)
+def test_schema_changes_no_field_explains_are_slot_findings(
+    project: Path, schema: str, rule: str, verdicts: str
+) -> None:
+    before = read_side(project, TEMPLATE_DIR, [], "before")
+    assert before["scale"].forward.text == FORWARD
+
+    (op,) = compare(before, _with_forward_schema(before, schema))
+
+    (finding,) = op.findings
+    assert finding.rule == rule
+    assert "".join("✗" if finding.verdict(c).breaking else "✓" for c in Consumer) == verdicts
+    assert [c.role for c in op.schemas] == ["forward"]
+
+
+def test_a_removed_schema_default_breaks_exported_programs(project: Path) -> None:
+    with_default = _with_forward_schema(
+        read_side(project, TEMPLATE_DIR, [], "before"),
+        FORWARD.replace("str? recipe", "str? recipe=None"),
+    )
+    (op,) = compare(with_default, read_side(project, TEMPLATE_DIR, [], "after"))
+
+    (finding,) = op.findings
+    assert finding.rule == "SLOT_DEFAULT_CHANGED"
+    assert finding.verdict(EXPORTED).breaking
+    assert "left `recipe` out" in finding.verdict(EXPORTED).reason
 
 
 # --- Templates ---------------------------------------------------------------------------
