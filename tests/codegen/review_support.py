@@ -98,16 +98,18 @@ def git(root: Path, *args: str) -> str:
     return result.stdout.strip()
 
 
-def make_project(root: Path) -> Path:
-    """Write the project and commit it on branch ``main``."""
+def make_project(root: Path, repository: Path | None = None) -> Path:
+    """Write the project at ``root`` and commit it on branch ``main`` of a new repository
+    at ``repository`` (default: ``root`` itself; else a folder above it)."""
+    repository = repository or root
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo").mkdir()
     (root / "pyproject.toml").write_text(PYPROJECT, encoding="utf-8")
     (root / OP_MODULE).write_text(SCALE, encoding="utf-8")
     (root / "demo/types.py").write_text(TYPES, encoding="utf-8")
     (root / "demo/__init__.py").write_text("", encoding="utf-8")
-    git(root, "init", "-q", "-b", "main")
-    commit(root, "the scale op")
+    git(repository, "init", "-q", "-b", "main")
+    commit(repository, "the scale op")
     return root
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from codegen_support import REPO_ROOT, run_main
+from codegen_support import REPO_ROOT, run_main, subprocess_env
 from review_support import GIT_ENV, OP_MODULE, commit, edit, git, make_project
 
 from codegen import revision
@@ -412,6 +414,38 @@ def test_templates_that_do_not_render_leave_the_schemas_of_the_bundles_with_a_no
     assert len(notes) == 1 and notes[0].startswith("at REV: demo/scale.py: its schemas come")
 
 
+def test_a_template_change_at_rev_is_read_from_revs_own_templates(project: Path) -> None:
+    """A repository holding the generator (as this one does): REV's templates render REV."""
+    for folder in ("codegen", "templates"):
+        shutil.copytree(
+            REPO_ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    commit(project, "the generator itself")
+    edit(
+        project,
+        "{{ row[3] }} {{ row[2] }}",
+        "{{ row[3] }} {{ row[2] }}{{ '=None' if row[3].endswith('?') }}",
+        rel="templates/_schema.j2",
+    )
+
+    result = subprocess.run(
+        [sys.executable, "-m", "codegen", "diff", "--against", "HEAD"],
+        cwd=project,
+        env={**subprocess_env(), "PYTHONPATH": str(project)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "SLOT_DEFAULT_CHANGED demo::scale_fwd: recipe" in result.stdout
+    assert (
+        "after:  demo::scale_fwd(Tensor inp, float factor, str mode, str? recipe=None"
+        in result.stdout
+    )
+    assert "note:" not in result.stdout
+
+
 # --- The command -------------------------------------------------------------------------
 
 
@@ -561,3 +595,19 @@ def test_every_rule_is_documented_with_its_meaning() -> None:
     doc = (REPO_ROOT / "docs/review.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", doc, re.MULTILINE)
     assert {rule: meaning.strip() for rule, meaning in rows} == RULES
+
+
+def test_a_project_below_the_repository_root_is_read_at_its_place(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "repo" / "examples" / "demo", repository=tmp_path / "repo")
+    edit(project, "    factor: float\n    mode", "    mode")
+
+    report = review(project)
+
+    assert rules(report) == ["FIELD_REMOVED"]
+
+
+def test_outside_a_git_repository_diff_says_so(tmp_path: Path) -> None:
+    result = run_main("--root", str(tmp_path), "diff", "--against", "HEAD")
+
+    assert result.rc == 2
+    assert result.err.startswith(f"error: {tmp_path} is not inside a git repository")
