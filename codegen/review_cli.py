@@ -227,8 +227,11 @@ def run(args: argparse.Namespace, fail: Callable[[str], None]) -> int:
     compare (no such revision, a side the reader rejects), saying why."""
     if not (args.against or args.merge_base):
         fail("`diff` needs --against REV or --merge-base REF")
-    if args.check or args.diff or args.sources:
-        fail("`diff` reviews the configured sources; it takes no --check, --diff or --source")
+    if args.check or args.diff or args.sources or args.bundle:
+        fail(
+            "`diff` reviews every configured source; it takes no --check, --diff, --source "
+            "or bundle name"
+        )
     root = args.root.resolve()
     try:
         if args.merge_base:

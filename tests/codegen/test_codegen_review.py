@@ -582,6 +582,10 @@ def test_the_review_options_need_the_diff_command(project: Path) -> None:
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         run_main("--root", str(project), "diff")
+    with pytest.raises(SystemExit):
+        run_main("--root", str(project), "diff", "ScaleFwdArgs", "--against", "HEAD")
+    with pytest.raises(SystemExit):
+        run_main("--root", str(project), "diff", "--check", "--against", "HEAD")
 
 
 def test_diff_of_this_repository_against_its_own_head_runs(tmp_path: Path) -> None:
