@@ -359,6 +359,15 @@ class _BundleComparison:
     def _subject(self, name: str) -> str:
         return f"{self.new.name}.{name}"
 
+    @staticmethod
+    def _placed(slots: list[SchemaArg], schema: Schema, other: dict[str, SchemaArg]) -> str:
+        """Where ``slots`` sit in ``schema`` and how many slots of the other side follow."""
+        names = [a.name for a in schema.args]
+        first = names.index(slots[0].name)
+        shifted = sum(1 for n in names[first + len(slots) :] if n in other)
+        where = f"at slot index {first}"
+        return where + (f", shifting the {shifted} slot(s) after it" if shifted else ", last")
+
     def findings(self) -> list[Finding]:
         found: list[Finding] = []
         if self.old.name != self.new.name:
@@ -422,8 +431,9 @@ class _BundleComparison:
             compiled = exported = _ok("it adds no schema slot (its value must be None)")
         else:
             compiled = _breaks(
-                f"new slot(s) {_slots_text(slots)}: a saved graph passes the old slot list "
-                "by position"
+                f"new slot(s) {_slots_text(slots)} "
+                f"{self._placed(slots, self.new_schema, self.old_args)}: a saved graph passes "
+                "the old slot list by position"
             )
             missing = [a for a in slots if a.default is None]
             exported = (
@@ -459,8 +469,9 @@ class _BundleComparison:
             compiled = exported = _ok("it had no schema slot")
         else:
             compiled = _breaks(
-                f"slot(s) {_slots_text(slots)} removed: a saved graph passes the old slot "
-                "list by position"
+                f"slot(s) {_slots_text(slots)} removed from "
+                f"{self._placed(slots, self.old_schema, self.new_args).removeprefix('at ')}: "
+                "a saved graph passes the old slot list by position"
             )
             exported = _breaks(
                 f"loading a saved program drops its {_names(slots)} silently: the op runs "
@@ -535,9 +546,13 @@ class _BundleComparison:
         self.explained.add(name)
         slots = self._new_slots(name)
         if slots:
+            first = slots[0].name
+            was = next((i for i, a in enumerate(self.old_schema.args) if a.name == first), None)
+            now = [a.name for a in self.new_schema.args].index(first)
+            place = f" from slot index {was} to {now}" if was is not None else ""
             compiled = _breaks(
-                f"{_names(slots)} moved: a saved graph passes slots by position, so values "
-                "land in the wrong slots"
+                f"{_names(slots)} moved{place}: a saved graph passes slots by position, so "
+                "values land in the wrong slots"
             )
             exported = _ok("a saved program's arguments are matched by name on load")
         else:

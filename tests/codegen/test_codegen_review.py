@@ -98,6 +98,9 @@ def test_a_required_field_inserted_in_the_middle_breaks_keyword_and_positional_c
     assert "without `steps=` raises" in finding.verdict(KEYWORD).reason
     assert finding.verdict(POSITIONAL).breaking
     assert "inserted before `mode`" in finding.verdict(POSITIONAL).reason
+    assert finding.verdict(COMPILED).reason.startswith(
+        "new slot(s) `SymInt steps` at slot index 2, shifting the 3 slot(s) after it:"
+    )
 
 
 def test_removing_a_field_breaks_every_consumer_with_the_reason(project: Path) -> None:
@@ -109,7 +112,9 @@ def test_removing_a_field_breaks_every_consumer_with_the_reason(project: Path) -
     assert all(finding.verdict(c).breaking for c in Consumer)
     assert "ScaleFwdArgs(mode=...)` raises" in finding.verdict(KEYWORD).reason
     assert "from `recipe` on fill the wrong fields" in finding.verdict(POSITIONAL).reason
-    assert "`str mode` removed" in finding.verdict(COMPILED).reason
+    assert finding.verdict(COMPILED).reason.startswith(
+        "slot(s) `str mode` removed from slot index 2, shifting the 2 slot(s) after it:"
+    )
     assert "drops its `mode` silently" in finding.verdict(EXPORTED).reason
 
 
