@@ -1,23 +1,26 @@
 """A git revision of the project, read into a private temporary folder.
 
 ``codegen diff`` reads the "before" side of a review with the generator's own reader,
-so it needs REV's files as files. They come from ``git archive`` into a fresh temporary
-folder: the user's working tree, index and HEAD are never touched.
+so it needs REV's files as files. They come from git's objects (``ls-tree`` and
+``cat-file``) into a fresh temporary folder: the user's working tree, index and HEAD
+are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import posixpath
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 # What the generator reads: op modules and the modules they import, the configuration,
-# the templates. Everything else in the archive (images, data) is skipped.
+# the templates. Everything else in the repository (images, data) is skipped.
 _READ_SUFFIXES = (".py", ".pyi", ".toml", ".j2")
+_SYMLINK = b"120000"
 
 
 class RevisionError(Exception):
@@ -72,50 +75,82 @@ def merge_base(root: Path, ref: str) -> str:
     return _text(result)
 
 
-def _keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """Regular files the generator reads, and links that stay inside the folder."""
-    if member.isfile() and not member.name.endswith(_READ_SUFFIXES):
-        return None
-    try:
-        return tarfile.data_filter(member, dest)
-    except tarfile.FilterError:  # a link out of the tree: skipped, as the reader refuses it
-        return None
+def _entries(top: Path, commit: str) -> list[tuple[bytes, bytes, str]]:
+    """(mode, object id, path) of every file the generator may read at ``commit``."""
+    result = _git(top, "ls-tree", "-r", "-z", "--full-tree", commit)
+    if result.returncode != 0:
+        error = result.stderr.decode("utf-8", "replace").strip()
+        raise RevisionError(f"cannot list the files of {commit[:12]}: {error}")
+    entries = []
+    for record in result.stdout.split(b"\0"):
+        meta, _, raw_path = record.partition(b"\t")
+        if not raw_path:
+            continue
+        mode, kind, object_id = meta.split()
+        path = os.fsdecode(raw_path)
+        if kind == b"blob" and (mode == _SYMLINK or path.endswith(_READ_SUFFIXES)):
+            entries.append((mode, object_id, path))
+    return entries
+
+
+def _contents(top: Path, object_ids: list[bytes]) -> list[bytes]:
+    """The blobs' bytes, in order, from one ``git cat-file --batch``."""
+    result = subprocess.run(
+        ["git", "-C", str(top), "cat-file", "--batch"],
+        input=b"".join(i + b"\n" for i in object_ids),
+        capture_output=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RevisionError(f"git cat-file failed: {result.stderr.decode('utf-8', 'replace')}")
+    data, at, contents = result.stdout, 0, []
+    for _ in object_ids:
+        end = data.index(b"\n", at)
+        size = int(data[at:end].split()[2])
+        contents.append(data[end + 1 : end + 1 + size])
+        at = end + 1 + size + 1
+    return contents
+
+
+def _inside(path: str, target: str) -> bool:
+    """Whether a link at ``path`` to ``target`` stays inside the tree."""
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    return not posixpath.isabs(target) and resolved != ".." and not resolved.startswith("../")
 
 
 @contextlib.contextmanager
 def tree_at(root: Path, commit: str) -> Iterator[Path]:
-    """The whole repository as it is at ``commit``, in a temporary folder removed afterwards.
+    """The repository's files as they are at ``commit``, in a temporary folder removed
+    afterwards: the op modules and every module they may import, the configuration and
+    the templates (files ending in .py, .pyi, .toml, .j2), and the links among them.
 
-    ``root`` may be a sub-folder of the repository (``examples/te_2_20``); it must exist
-    at ``commit``. The whole repository is read, so paths out of the root (the
-    generator's templates, a relative ``source_root``) resolve as they did at REV.
+    Read from git's objects, not with ``git archive``, so no ``export-ignore`` or
+    ``export-subst`` attribute changes what the reader sees. ``root`` may be a
+    sub-folder of the repository (``examples/te_2_20``); it must exist at ``commit``.
+    The whole repository is read, so paths out of the root (the generator's templates,
+    a relative ``source_root``) resolve as they did at REV. A link out of the repository
+    is left out, as the reader refuses to follow one.
     """
-    if not hasattr(tarfile, "data_filter"):
-        raise RevisionError("reading a revision needs Python 3.10.12 or 3.11.4 or newer")
     top = toplevel(root)
-    prefix = root.resolve().relative_to(top)
+    prefix = root.resolve().relative_to(top).as_posix()
+    entries = _entries(top, commit)
+    if prefix != "." and not any(path.startswith(f"{prefix}/") for _, _, path in entries):
+        raise RevisionError(f"`{prefix}` holds no file the generator reads at {commit[:12]}")
     folder = Path(tempfile.mkdtemp(prefix="codegen-review-"))
     try:
-        with subprocess.Popen(
-            ["git", "-C", str(top), "archive", "--format=tar", commit],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        ) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            unreadable: tarfile.TarError | None = None
-            try:
-                with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
-                    archive.extractall(folder, filter=_keep)
-            except tarfile.TarError as exc:
-                unreadable = exc
-                proc.stdout.read()  # drain, so git's exit status says what went wrong
-            error = proc.stderr.read().decode("utf-8", "replace").strip()
-        if proc.returncode != 0:
-            raise RevisionError(f"git archive {commit[:12]} failed: {error}")
-        if unreadable is not None:
-            raise RevisionError(f"cannot read git archive of {commit[:12]}: {unreadable}")
-        if not (folder / prefix).is_dir():
-            raise RevisionError(f"`{prefix.as_posix()}` does not exist at {commit[:12]}")
+        contents = _contents(top, [object_id for _, object_id, _ in entries])
+        links = []
+        for (mode, _, path), content in zip(entries, contents, strict=True):
+            if mode == _SYMLINK:
+                links.append((path, os.fsdecode(content)))
+                continue
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        for path, link in links:  # after the files: a link never leads a write elsewhere
+            if _inside(path, link):
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                (folder / path).symlink_to(link)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

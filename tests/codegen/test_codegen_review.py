@@ -620,3 +620,50 @@ def test_outside_a_git_repository_diff_says_so(tmp_path: Path) -> None:
 
     assert result.rc == 2
     assert result.err.startswith(f"error: {tmp_path} is not inside a git repository")
+
+
+def test_export_attributes_do_not_change_what_is_read_at_rev(project: Path) -> None:
+    (project / ".gitattributes").write_text(
+        "demo/scale.py export-ignore\ndemo/types.py export-subst\n", encoding="utf-8"
+    )
+    edit(project, "class Quantizer:", "# $Format:%H$\nclass Quantizer:", rel="demo/types.py")
+    commit(project, "export attributes")
+
+    with revision.tree_at(project, revision.resolve(project, "HEAD")) as copy:
+        assert (copy / OP_MODULE).read_text(encoding="utf-8") == (project / OP_MODULE).read_text(
+            encoding="utf-8"
+        )
+        assert "$Format:%H$" in (copy / "demo/types.py").read_text(encoding="utf-8")
+    assert review(project).reviews == ()
+
+
+def test_a_link_out_of_the_repository_is_left_out_and_one_inside_kept(
+    project: Path, tmp_path: Path
+) -> None:
+    (project / "demo/inside.py").symlink_to("types.py")
+    (project / "demo/outside.py").symlink_to(tmp_path / "elsewhere.py")
+    (project / "demo/escape.py").symlink_to("../../elsewhere.py")
+    commit(project, "links")
+
+    with revision.tree_at(project, revision.resolve(project, "HEAD")) as copy:
+        assert (copy / "demo/inside.py").read_text(encoding="utf-8").startswith('"""Types')
+        assert not (copy / "demo/outside.py").is_symlink()
+        assert not (copy / "demo/escape.py").is_symlink()
+        assert sorted(p.name for p in (copy / "demo").iterdir()) == [
+            "__init__.py",
+            "inside.py",
+            "scale.py",
+            "types.py",
+        ]
+
+
+def test_a_root_that_did_not_exist_at_rev_is_a_clear_error(tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    make_project(repository / "first", repository=repository)
+    later = repository / "later"
+    shutil.copytree(repository / "first", later)
+
+    result = run_main("--root", str(later), "diff", "--against", "HEAD")
+
+    assert result.rc == 2
+    assert result.err.startswith("error: `later` holds no file the generator reads at ")
