@@ -84,6 +84,7 @@ _SCHEMA_CONSTANTS = ("FORWARD_OP", "FORWARD_SCHEMA", "BACKWARD_OP", "BACKWARD_SC
 
 
 def _rendered_constants(code: str) -> dict[str, str]:
+    """The op names and schemas a rendered op module defines; KeyError if one is missing."""
     constants = {}
     for node in ast.parse(code).body:
         if (
@@ -91,10 +92,15 @@ def _rendered_constants(code: str) -> dict[str, str]:
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
             and node.targets[0].id in _SCHEMA_CONSTANTS
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
         ):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, str):
-                constants[node.targets[0].id] = value
+            constants[node.targets[0].id] = node.value.value
+    missing = [key for key in _SCHEMA_CONSTANTS if key not in constants]
+    if missing:
+        raise KeyError(f"no string constant {', '.join(missing)}")
+    for key in ("FORWARD_SCHEMA", "BACKWARD_SCHEMA"):
+        parse_schema(constants[key])
     return constants
 
 
@@ -121,8 +127,6 @@ def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> d
                 emit.op_module_context(module, config)
             )
             constants = _rendered_constants(code)
-            for key in ("FORWARD_SCHEMA", "BACKWARD_SCHEMA"):
-                parse_schema(constants[key])
         except (jinja2.TemplateError, SyntaxError, ValueError, KeyError) as exc:
             notes.append(
                 f"{label}: {module.path}: its schemas come from the bundles, not the templates "
