@@ -137,5 +137,5 @@ def test_make_review_compares_with_the_merge_base(fresh: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(
-        "codegen diff: bundle changes against merge base of HEAD and main"
+        "codegen diff: bundle changes against the merge base of HEAD and main"
     )
