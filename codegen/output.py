@@ -52,7 +52,7 @@ def changed(root: Path, files: dict[str, str]) -> dict[str, str | None]:
     result: dict[str, str | None] = {}
     for rel, text in sorted(files.items()):
         path = root / rel
-        current = path.read_text(encoding="utf-8") if path.is_file() else None
+        current = path.read_bytes().decode("utf-8", "replace") if path.is_file() else None
         if current != text:
             result[rel] = current
     return result

@@ -9,7 +9,7 @@ from . import FORMAT_VERSION, emit, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
-from .reader import read_source
+from .reader import decode_source, read_source
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -32,7 +32,7 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
     for rel in paths:
         path = source_root / rel
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except OSError as exc:
             raise CodegenError(
                 Location(rel, 1, 1),
@@ -42,7 +42,7 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
                     f" (read under source_root {source_root})" if source_root != config.root else ""
                 ),
             ) from None
-        modules.append(read_source(rel, text, config, source_root))
+        modules.append(read_source(rel, decode_source(rel, data), config, source_root))
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:

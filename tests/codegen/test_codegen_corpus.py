@@ -63,7 +63,7 @@ def _cases() -> list[Case]:
     for path in sorted((REPO_ROOT / CORPUS).glob("*.py")):
         if path.name.startswith("_"):
             continue
-        first = path.read_text(encoding="utf-8").splitlines()[0]
+        first = path.read_bytes().split(b"\n", 1)[0].decode("utf-8")  # a case may be Latin-1
         match = EXPECT.match(first)
         assert match, f"{path.name}: first line must be `# expect: LINE:COL fragment`"
         cases.append(
