@@ -13,6 +13,8 @@ parent* byte-identical (files, folders and symlinks alike).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import re
 import shutil
@@ -35,6 +37,8 @@ from codegen_support import (
 
 from codegen.errors import CodegenError
 from codegen.model import SourceModule
+from codegen.pipeline import generate
+from codegen.reader import MAX_SCHEMA_ARGUMENTS, read_source
 from codegen.safety import check_generated_names
 
 EXPECT = re.compile(r"^# expect: (?P<line>\d+):(?P<col>\d+) (?P<fragment>.+)$")
@@ -514,3 +518,89 @@ def test_generated_name_check_reports_every_kind_of_clash(code: str, message: st
 def test_generated_name_check_accepts_the_generated_modules() -> None:
     for path in sorted((REPO_ROOT / OUTPUT_DIR).glob("*.py")):
         check_generated_names(_USER, path.read_text(encoding="utf-8"))
+
+
+# --- forms the generator once refused or misread, read right ------------------------------
+
+_ACCEPTED_HEAD = """\
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
+from typing import Optional
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+try:
+    from torch.distributed import ProcessGroup
+except ImportError:  # TE's own form: the body is what runs wherever torch has it
+    ProcessGroup = None
+"""
+
+_ACCEPTED_BODY = """
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+    _: KW_ONLY
+    scale: float = 1.0
+    group: Optional[ProcessGroup] = None
+    tags: int = dataclasses.field(default=0, init=True)
+{wide}
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+
+OP = OpDeclaration(name="{name}", forward=FwdArgs, backward=BwdArgs, grad_fields=("inp",))
+"""
+
+
+def _accepted_source(name: str, wide: int = 0) -> str:
+    extra = "\n".join(f"    w{i}: int = 0" for i in range(wide))
+    return _ACCEPTED_HEAD + _ACCEPTED_BODY.format(wide=extra, name=name)
+
+
+def test_try_import_wins_over_its_except_fallback_and_kw_only_is_no_field(
+    repo_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_: KW_ONLY` adds no field and the fields after it keep their slots; a `try`
+    import resolves to what it imports, not to the `except` fallback (was "unknown type")."""
+    package = "accepted_forms"
+    source = f"{package}/ops.py"
+    (tmp_path / package).mkdir()
+    (tmp_path / source).write_text(_accepted_source("accepted_forms"), encoding="utf-8")
+    config = dataclasses.replace(
+        repo_config, root=tmp_path, sources=(source,), output_dir=f"{package}/generated"
+    )
+    import torch  # only here: the rest of this file never needs it
+
+    generated = generate(config, [source])
+    (bundle,) = [b for m in generated.modules for op in m.ops for b in (op.forward,)]
+    assert [f.name for f in bundle.fields] == ["inp", "scale", "group", "tags"]
+    assert bundle.field("group").type.kind.value == "process group"
+    for rel, text in generated.files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ops = importlib.import_module(f"{package}.ops")
+    glue = importlib.import_module(f"{package}.generated.ops")
+
+    args = ops.FwdArgs(torch.ones(2), scale=5.0, tags=3)
+    back = glue.unflatten_fwd_args(*glue.flatten_fwd_args(args))
+
+    assert (back.scale, back.group, back.tags) == (5.0, None, 3)
+    assert "float scale" in glue.FORWARD_SCHEMA and "str? group" in glue.FORWARD_SCHEMA
+
+
+def test_a_bundle_at_the_dispatcher_limit_is_accepted(repo_config) -> None:
+    """64 schema arguments (inp, scale, group, tags and 60 more) read; 65 are refused in
+    the corpus (too_many_slots.py)."""
+    text = _accepted_source("at_limit", wide=MAX_SCHEMA_ARGUMENTS - 4)
+    module = read_source("pkg/at_limit.py", text, repo_config)
+    slots = sum(len(f.slots) for f in module.ops[0].forward.fields)
+    assert slots == MAX_SCHEMA_ARGUMENTS
+    with pytest.raises(CodegenError, match=f"needs {MAX_SCHEMA_ARGUMENTS + 1} schema arguments"):
+        read_source("pkg/over.py", _accepted_source("over", wide=61), repo_config)
