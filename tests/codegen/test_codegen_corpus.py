@@ -170,6 +170,26 @@ def _set(key: str, value: str) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _edit(pattern: str, replacement: str) -> Callable[[Path], list[str]]:
+    """Replace the one match of ``pattern`` (multiline) in pyproject.toml."""
+
+    def setup(root: Path) -> list[str]:
+        path = root / "pyproject.toml"
+        text, n = re.subn(
+            pattern, lambda _: replacement, path.read_text(encoding="utf-8"), flags=re.M | re.S
+        )
+        assert n == 1, pattern
+        path.write_text(text, encoding="utf-8")
+        return []
+
+    return setup
+
+
+_SOURCES_LIST = r"^sources = \[.*?\]$"
+_KINDS_TABLE = r"^\[tool\.transformer_engine_ops\.codegen\.kinds\].*\Z"
+_CODEGEN_TABLES = r"^\[tool\.transformer_engine_ops\.codegen\].*\Z"
+
+
 def _then(*steps: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
     return lambda root: [arg for step in steps for arg in step(root)]
 
@@ -313,6 +333,43 @@ TREE_CASES = [
         _set("namespace", "téops"),
         2,
         _setting("namespace", "téops", "not an identifier"),
+    ),
+    # Settings of the wrong TOML type: an error naming the key, never a traceback, and
+    # never a string split into characters.
+    TreeCase(
+        "sources_a_string",
+        _edit(_SOURCES_LIST, 'sources = "transformer_engine_ops/ops/linear.py"'),
+        2,
+        r"^error: .*pyproject\.toml: \[tool\.transformer_engine_ops\.codegen\] sources must be "
+        r'a list, got "transformer_engine_ops/ops/linear\.py" \(a string\)',
+    ),
+    TreeCase(
+        "kinds_a_string",
+        _then(
+            _edit(_KINDS_TABLE, ""),
+            _edit(r"^meta_type = .*?$", 'meta_type = "str"\nkinds = "quantizer"'),
+        ),
+        2,
+        r"^error: .*\] kinds must be a table, got \"quantizer\" \(a string\)",
+    ),
+    TreeCase(
+        "kinds_entry_a_number",
+        _edit(r"^quantizer = \[.*?\]$", "quantizer = 5"),
+        2,
+        r"^error: .*\] kinds\.quantizer must be a list, got 5 \(an? integer\)",
+    ),
+    TreeCase(
+        "kinds_entry_a_string",
+        _edit(r"^quantizer = \[.*?\]$", 'quantizer = "pkg.Quantizer"'),
+        2,
+        r'^error: .*\] kinds\.quantizer must be a list, got "pkg\.Quantizer" \(a string\)',
+    ),
+    TreeCase(
+        "codegen_table_a_string",
+        _edit(_CODEGEN_TABLES, '[tool.transformer_engine_ops]\ncodegen = "x"\n'),
+        2,
+        r"^error: .*pyproject\.toml: tool\.transformer_engine_ops\.codegen must be a table "
+        r'\(\[tool\.transformer_engine_ops\.codegen\]\), got "x" \(a string\)',
     ),
     TreeCase(
         "namespace_a_keyword",
