@@ -7,6 +7,7 @@ codebase's bundles (TE's own, say) without a code change.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -261,8 +262,11 @@ def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
             )
         for key in ("source", "name", "forward", "backward"):
             _expect(entry[key], str, f"{what}.{key}", pyproject)
-        if entry["source"] not in sources:
-            raise ConfigError(f"{pyproject}: {what}.source {entry['source']!r} is not in `sources`")
+        if not any(fnmatch.fnmatchcase(entry["source"], pattern) for pattern in sources):
+            raise ConfigError(
+                f"{pyproject}: {what}.source {entry['source']!r} is not in `sources` "
+                "(nor matched by a pattern there)"
+            )
         if not str(entry["name"]).isidentifier():
             raise ConfigError(f"{pyproject}: {what}.name {entry['name']!r} is not an identifier")
         if any(o.source == entry["source"] for o in ops):

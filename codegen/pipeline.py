@@ -10,6 +10,7 @@ from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
 from .reader import decode_source, read_source
+from .sources import select as select_sources
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -21,12 +22,11 @@ class Generated:
 
 
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
-    """Read every op module (sorted, so input order never matters); check paths and names."""
-    given = sources if sources is not None else config.sources
+    """Read every op module (sorted, so input order never matters); check paths and names.
+
+    ``sources`` (``--source``) replaces the configured entries; either may hold patterns."""
     source_root = config.reading.source_root or config.root
-    paths = sorted(
-        {safety.normalize_source(config.root, s, config.output_dir, source_root) for s in given}
-    )
+    paths = select_sources(config, sources)
     safety.check_output_names(paths)
     modules = []
     for rel in paths:

@@ -1163,3 +1163,54 @@ def read_source(
             "declare the op: NAME = OpDeclaration(name=..., forward=..., ...)",
         )
     return SourceModule(path, file.module, text, tuple(ops))
+
+
+def declaration_position(
+    path: str, text: str, config: Config, source_root: Path | None = None
+) -> tuple[int, int] | None:
+    """Where a module declares an op (line, column), or None if it declares none.
+
+    A quick look with Python's ``ast`` (no libcst, no bundle read) that tells op modules
+    from helpers among the files a ``sources`` pattern matches or a source's folder
+    holds: a module-level call of a configured declaration form, or an op the
+    configuration declares for ``path``. Text Python cannot parse counts as an op
+    module, so the full read reports it rather than skipping it.
+    """
+    reading = config.reading
+    if reading.op_for(path) is not None:
+        return (1, 1)
+    if not any(form.short in text for form in reading.forms):
+        return None
+    try:
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return (1, 1)
+    module, package = module_of(path)
+    local: dict[str, str] = {}
+    statements = list(_ast_statements(tree.body))
+    for statement in statements:
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                head = alias.name.split(".", 1)[0]
+                local[alias.asname or head] = alias.name if alias.asname else head
+        elif isinstance(statement, ast.ImportFrom):
+            base = statement.module or ""
+            if statement.level:
+                base = _relative_base(package, statement.level, base)
+            for alias in statement.names:
+                local[alias.asname or alias.name] = f"{base}.{alias.name}"
+    resolver = _Resolver(source_root or reading.source_root or config.root, config)
+    for statement in statements:
+        value = getattr(statement, "value", None)
+        if not isinstance(statement, ast.Assign | ast.AnnAssign | ast.Expr):
+            continue
+        if not isinstance(value, ast.Call):
+            continue
+        dotted = _ast_dotted(value.func)
+        if dotted is None:
+            continue
+        head, _, rest = dotted.partition(".")
+        qualname = local.get(head, f"{module}.{head}") + (f".{rest}" if rest else "")
+        if reading.form_for(qualname) or reading.form_for(resolver.canonical(qualname)):
+            return (statement.lineno, statement.col_offset + 1)
+    return None

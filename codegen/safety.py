@@ -106,10 +106,22 @@ def output_dir_problem(
     if not (root / value).resolve().is_relative_to(root.resolve()):
         return "resolves outside the project root"
     out = (root / value).resolve()
+    base = source_root or root
     for source in sorted(sources):
-        if ((source_root or root) / source).resolve().is_relative_to(out):
+        if Path(source).is_absolute():
+            continue  # refused with its position when sources are read
+        if any(c in source for c in "*?["):  # a pattern: what it matches
+            found = sorted(
+                p.relative_to(base).as_posix()
+                for p in base.glob(source)
+                if p.name != "__init__.py" and p.resolve().is_relative_to(out)
+            )
+            where = f"{found[0]} (matched by {source})" if found else None
+        else:
+            where = source if (base / source).resolve().is_relative_to(out) else None
+        if where is not None:
             return (
-                f"holds the op module {source}: generating there would overwrite "
+                f"holds the op module {where}: generating there would overwrite "
                 "hand-written code; give the generated code a folder of its own"
             )
     return None

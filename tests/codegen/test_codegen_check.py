@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-from codegen_support import LINEAR, OUTPUT_DIR, add_field, copy_essentials, run_codegen, snapshot
+from codegen_support import (
+    CORPUS,
+    LINEAR,
+    OPS_DIR,
+    OUTPUT_DIR,
+    REPO_ROOT,
+    add_field,
+    copy_essentials,
+    run_codegen,
+    snapshot,
+)
 
 from codegen import FORMAT_VERSION
 from codegen.output import DIFF_LINE_CAP
+from codegen.sources import select
 
 NEW_FIELD = "new_flag: bool"
 # The middle of LinearFwdArgs, after the differentiable inputs and quantized tensors.
@@ -282,8 +294,25 @@ def test_check_and_diff_write_nothing_anywhere_not_even_a_formatter_cache(
 def test_a_source_path_is_normalized_before_it_reaches_generated_code(
     pristine_root, cli, repo_config
 ) -> None:
-    # Every configured source, each once as "./path" and Linear's twice: one output each.
-    sources = [a for src in repo_config.sources for a in ("--source", f"./{src}")]
+    # Every configured op module, each once as "./path" and Linear's twice: one output each.
+    modules = select(repo_config)
+    sources = [a for src in modules for a in ("--source", f"./{src}")]
     result = cli("--root", str(pristine_root), "--check", *sources, "--source", LINEAR)
     assert result.rc == 0, result.out + result.err
-    assert f"up to date ({len(repo_config.sources) + 2} files)" in result.out
+    assert f"up to date ({len(modules) + 2} files)" in result.out
+
+
+def test_a_new_op_module_matched_by_the_sources_pattern_is_generated(repo: Path, cli) -> None:
+    """`sources = ["transformer_engine_ops/ops/*.py"]`: a module added there is read
+    (before patterns, an unlisted one was skipped: "7 generated files, 0 changed"); a
+    helper that declares no op (`ops/_fused.py`) generates nothing."""
+    shutil.copy(REPO_ROOT / CORPUS / "_duplicate_op_support.py", repo / OPS_DIR / "new_op.py")
+
+    result = cli("--root", str(repo))
+
+    assert result.rc == 0, result.err
+    assert f"wrote {OUTPUT_DIR}/new_op.py" in result.out
+    assert "teops::shared_fwd" in (repo / OUTPUT_DIR / "new_op.py").read_text("utf-8")
+    assert (repo / OPS_DIR / "_fused.py").exists()
+    assert not (repo / OUTPUT_DIR / "_fused.py").exists()
+    assert cli("--root", str(repo), "--check").rc == 0

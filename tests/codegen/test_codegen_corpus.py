@@ -28,6 +28,7 @@ import pytest
 from codegen_support import (
     CORPUS,
     LINEAR,
+    OPS_DIR,
     OUTPUT_DIR,
     REPO_ROOT,
     copy_essentials,
@@ -208,6 +209,28 @@ def _symlink(rel: str, target: str) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _plant(rel: str) -> Callable[[Path], list[str]]:
+    """A valid op module copied to ``rel``, not passed on the command line."""
+
+    def setup(root: Path) -> list[str]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / VALID_OP, root / rel)
+        return []
+
+    return setup
+
+
+# The op modules listed one by one, as this project's pyproject.toml did before patterns.
+_LISTED = (
+    "sources = ["
+    + ", ".join(
+        f'"{OPS_DIR}/{name}.py"'
+        for name in ("linear", "layernorm", "layernorm_linear", "layernorm_mlp", "grouped_linear")
+    )
+    + "]"
+)
+
+
 def _source(rel: str) -> Callable[[Path], list[str]]:
     """A valid op module copied to ``rel`` (relative to the root), passed as ``--source``."""
 
@@ -370,6 +393,29 @@ TREE_CASES = [
         2,
         r"^error: .*pyproject\.toml: tool\.transformer_engine_ops\.codegen must be a table "
         r'\(\[tool\.transformer_engine_ops\.codegen\]\), got "x" \(a string\)',
+    ),
+    # Op modules no entry of `sources` selects: reported, never silently skipped.
+    TreeCase(
+        "op_module_not_listed_in_sources",
+        _then(_edit(_SOURCES_LIST, _LISTED), _plant(f"{OPS_DIR}/new_op.py")),
+        1,
+        rf"^{re.escape(OPS_DIR)}/new_op\.py:23:1: error: this module declares an op, but no "
+        "entry of `sources` selects it",
+    ),
+    TreeCase(
+        "source_pattern_selects_no_op_module",
+        _edit(_SOURCES_LIST, 'sources = ["transformer_engine_ops/runtime/*.py"]'),
+        1,
+        _at(
+            "transformer_engine_ops/runtime/*.py",
+            re.escape("this pattern in `sources` matches no module that declares an op"),
+        ),
+    ),
+    TreeCase(
+        "source_pattern_climbs_out",
+        _edit(_SOURCES_LIST, 'sources = ["../*.py"]'),
+        1,
+        _at("../*.py", "a pattern in `sources` must stay inside the project root"),
     ),
     TreeCase(
         "namespace_a_keyword",
