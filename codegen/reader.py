@@ -562,7 +562,7 @@ def _type_expr(
         if parsed is None:
             raise CodegenError(
                 where,
-                f"cannot parse the string annotation {text!r}",
+                f"cannot parse the string annotation {_shorten(text)!r}",
                 "write the annotation without quotes",
             )
         return _string_type_expr(file, parsed, anchor or node, text)
@@ -655,6 +655,11 @@ def _string_type_expr(
         raise CodegenError(
             exc.location, f"in string annotation {text!r}: {exc.message}", exc.hint
         ) from None
+
+
+def _shorten(text: object, limit: int = 80) -> object:
+    """A long text cut for an error message (an annotation can be kilobytes)."""
+    return text if not isinstance(text, str) or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _code(node: cst.CSTNode) -> str:
