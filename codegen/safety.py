@@ -66,6 +66,12 @@ def check_settings(config: Config, pyproject: Path, table: str) -> None:
         raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
     if not all(isinstance(s, str) for s in config.sources):
         raise fail("sources", list(config.sources), "every entry must be a path string")
+    if not config.sources:
+        raise fail(
+            "sources",
+            [],
+            "lists no op module; with none, every generated file would be removed as stale",
+        )
     problem = output_dir_problem(
         config.root, config.output_dir, config.sources, config.reading.source_root
     )
@@ -110,13 +116,16 @@ def output_dir_problem(
     for source in sorted(sources):
         if Path(source).is_absolute():
             continue  # refused with its position when sources are read
-        if any(c in source for c in "*?["):  # a pattern: what it matches
+        if any(c in source for c in "*?["):  # a pattern: its literal folder
+            literal = [p for p in Path(source).parent.parts if not any(c in p for c in "*?[")]
+            folder = base.joinpath(*literal).resolve()
             found = sorted(
                 p.relative_to(base).as_posix()
                 for p in base.glob(source)
-                if p.name != "__init__.py" and p.resolve().is_relative_to(out)
+                if p.name != "__init__.py" and p.is_file()
             )
-            where = f"{found[0]} (matched by {source})" if found else None
+            inside = found and folder.is_relative_to(out)
+            where = f"{found[0]} (matched by {source})" if inside else None
         else:
             where = source if (base / source).resolve().is_relative_to(out) else None
         if where is not None:

@@ -244,7 +244,7 @@ def _source(rel: str) -> Callable[[Path], list[str]]:
     return setup
 
 
-def _setting(key: str, value: str, problem: str) -> str:
+def _setting(key: str, value: object, problem: str) -> str:
     return rf"^error: .*{SETTINGS}{re.escape(key)} = {re.escape(json.dumps(value, ensure_ascii=False))}: {problem}"
 
 
@@ -401,6 +401,12 @@ TREE_CASES = [
         1,
         rf"^{re.escape(OPS_DIR)}/new_op\.py:23:1: error: this module declares an op, but no "
         "entry of `sources` selects it",
+    ),
+    TreeCase(
+        "sources_empty",  # would remove every generated file as stale
+        _edit(_SOURCES_LIST, "sources = []"),
+        2,
+        _setting("sources", [], "lists no op module"),
     ),
     TreeCase(
         "source_pattern_selects_no_op_module",
