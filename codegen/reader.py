@@ -330,6 +330,62 @@ def _ast_dotted(node: ast.expr) -> str | None:
     return None
 
 
+def _ast_bindings(statement: ast.stmt) -> Iterator[tuple[str, tuple[object, ...]]]:
+    """The names one statement binds, each with what tells two bindings apart."""
+    if isinstance(statement, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        yield statement.name, ("def", statement.lineno, statement.col_offset)
+    elif isinstance(statement, ast.Import):
+        for alias in statement.names:
+            yield alias.asname or alias.name.split(".", 1)[0], ("import", alias.name)
+    elif isinstance(statement, ast.ImportFrom):
+        for alias in statement.names:
+            if alias.name != "*":
+                where = (statement.level, statement.module, alias.name)
+                yield alias.asname or alias.name, ("from", *where)
+    elif isinstance(statement, ast.Assign | ast.AnnAssign):
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        value = "" if statement.value is None else ast.dump(statement.value)
+        for target in targets:
+            if isinstance(target, ast.Name):
+                yield target.id, ("value", value)
+
+
+def _ast_if_branches(node: ast.If) -> list[list[ast.stmt]]:
+    branches = [node.body]
+    if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+        branches += _ast_if_branches(node.orelse[0])
+    elif node.orelse:
+        branches.append(node.orelse)
+    return branches
+
+
+def _ast_branch_conflicts(body: list[ast.stmt]) -> dict[str, int]:
+    """Module-level names the branches of an ``if`` bind differently -> that ``if``'s line
+    (the generator reads every branch and evaluates no condition)."""
+    conflicts: dict[str, int] = {}
+    for statement in body:
+        if isinstance(statement, ast.If):
+            first: dict[str, tuple[object, ...]] = {}
+            for branch in _ast_if_branches(statement):
+                bound = {n: b for s in _ast_statements(branch) for n, b in _ast_bindings(s)}
+                for name, binding in bound.items():
+                    if first.setdefault(name, binding) != binding:
+                        conflicts[name] = statement.lineno
+                conflicts.update(_ast_branch_conflicts(branch))
+        elif isinstance(statement, ast.Try | getattr(ast, "TryStar", ast.Try) | ast.With):
+            for block in ("body", "orelse", "finalbody"):
+                conflicts.update(_ast_branch_conflicts(getattr(statement, block, [])))
+    return conflicts
+
+
+class _AmbiguousName(Exception):
+    """A name another module binds differently in the branches of an ``if``."""
+
+    def __init__(self, qualname: str, where: str) -> None:
+        super().__init__(qualname)
+        self.qualname, self.where = qualname, where
+
+
 @dataclass(frozen=True)
 class _Definition:
     """What one module-level name of another module is, read with ``ast``.
@@ -337,7 +393,9 @@ class _Definition:
     ``how`` is ``"defined"`` (a class, function or plain variable: the name is
     canonical), ``"enum"`` (a class deriving from an Enum), ``"import"`` (``target``
     is the imported qualified name), ``"ref"`` (``name = some.dotted.Name``: ``target``
-    is the dotted text, resolved in the module) or ``"alias"`` (``Name = <annotation>``).
+    is the dotted text, resolved in the module), ``"alias"`` (``Name = <annotation>``)
+    or ``"ambiguous"`` (bound differently in the branches of an ``if``: ``target`` is
+    ``path:line`` of that ``if``).
     """
 
     how: str
@@ -435,12 +493,13 @@ class _Resolver:
                 if definition.how == "ref":
                     table[name] = _Definition("ref", resolved[0] if resolved else "")
                 else:
-                    how = (
-                        "enum"
-                        if any(self.canonical(b) in _ENUM_BASES for b in resolved)
-                        else "defined"
-                    )
-                    table[name] = _Definition(how)
+                    try:
+                        enum = any(self.canonical(b) in _ENUM_BASES for b in resolved)
+                    except _AmbiguousName:
+                        enum = False
+                    table[name] = _Definition("enum" if enum else "defined")
+        for name, line in _ast_branch_conflicts(tree.body).items():
+            table[name] = _Definition("ambiguous", f"{path}:{line}")
         return table
 
     def _split(self, qualname: str) -> tuple[str, str, list[str]] | None:
@@ -468,7 +527,8 @@ class _Resolver:
         """Follow imports and ``name = other.Name`` to where a name is defined.
 
         Stops at a configured kind name, at a module outside the root and at the
-        reading module itself (``stop_at``: its own tables already resolved it).
+        reading module itself (``stop_at``: its own tables already resolved it). Raises
+        ``_AmbiguousName`` at a name the branches of an ``if`` bind differently.
         """
         seen = set()
         while qualname not in seen:
@@ -478,6 +538,8 @@ class _Resolver:
             if stop_at and qualname.rpartition(".")[0] == stop_at:
                 return qualname
             qualname, definition, module, _ = self._step(qualname)
+            if definition is not None and definition.how == "ambiguous":
+                raise _AmbiguousName(qualname, definition.target)
             if definition is None or definition.how not in ("import", "ref"):
                 return qualname
             rest = qualname[len(module) + 1 :].split(".")[1:]
@@ -590,7 +652,17 @@ def _type_expr(
             return _expand_alias(file, dotted, anchor or node)
         qualname = file.qualify(dotted, anchor or node)
         if file.resolver is not None:
-            qualname = file.resolver.canonical(qualname, stop_at=file.module)
+            try:
+                qualname = file.resolver.canonical(qualname, stop_at=file.module)
+            except _AmbiguousName as exc:
+                raise CodegenError(
+                    where,
+                    f"`{dotted}` is `{exc.qualname}`, which the branches of the module-level "
+                    f"`if` at {exc.where} bind differently; the generator reads source, it "
+                    "does not evaluate conditions",
+                    f"bind `{exc.qualname.rpartition('.')[2]}` once in its module, outside "
+                    "the `if`",
+                ) from None
             if qualname.rpartition(".")[0] != file.module:  # local aliases: expanded above
                 expansion = _expand_foreign_alias(file.resolver, qualname, where)
                 if expansion is not None:
@@ -1139,9 +1211,11 @@ def read_source(
         if callee is None or not file.resolves(callee):
             continue
         qualname = file.qualify(callee, value.func)
-        form = reading.form_for(qualname) or reading.form_for(
-            resolver.canonical(qualname, stop_at=file.module)
-        )
+        try:
+            canonical = resolver.canonical(qualname, stop_at=file.module)
+        except _AmbiguousName:
+            canonical = qualname  # not a declaration form: read as written
+        form = reading.form_for(qualname) or reading.form_for(canonical)
         if form is None:
             continue
         if ops:
@@ -1216,6 +1290,10 @@ def declaration_position(
             continue
         head, _, rest = dotted.partition(".")
         qualname = local.get(head, f"{module}.{head}") + (f".{rest}" if rest else "")
-        if reading.form_for(qualname) or reading.form_for(resolver.canonical(qualname)):
+        try:
+            canonical = resolver.canonical(qualname)
+        except _AmbiguousName:
+            return (1, 1)  # the full read reports it
+        if reading.form_for(qualname) or reading.form_for(canonical):
             return (statement.lineno, statement.col_offset + 1)
     return None
