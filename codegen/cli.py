@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import kinds, output, review_cli
 from .config import load_config
-from .errors import CodegenError, ConfigError
+from .errors import CodegenError, ConfigError, PartialWriteError
 from .pipeline import find_bundle, generate, read_all
 from .render import FormatterError
 
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print(f"{REGENERATE}: nothing was written", file=sys.stderr)
         return 2
+    except PartialWriteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _stale(config, files: dict[str, str], args) -> list[str]:
@@ -120,13 +123,16 @@ def _compare(config, files: dict[str, str], args) -> int:
     root = config.root
     changed = output.changed(root, files)
     stale = _stale(config, files, args)
-    if not changed and not stale:
+    leftovers = output.debris(root, config.output_dir)
+    if not changed and not stale and not leftovers:
         print(f"generated code is up to date ({len(files)} files)")
         return 0
     cap = output.DIFF_LINE_CAP if args.check else 10**9
     print(output.unified_diff(root, files, cap), end="")
     for rel in stale:
         print(f"stale generated file with no source: {rel}")
+    for rel in leftovers:
+        print(f"temp file left by an interrupted write: {rel}")
     if args.check:
         print(
             f"\ngenerated code is stale: run `{REGENERATE}` and commit the result", file=sys.stderr
@@ -136,8 +142,9 @@ def _compare(config, files: dict[str, str], args) -> int:
 
 
 def _write(config, files: dict[str, str], args) -> int:
-    touched = output.write(config.root, files, _stale(config, files, args))
-    for rel in touched:
-        print(f"wrote {rel}")
+    leftovers = output.debris(config.root, config.output_dir)
+    touched = output.write(config.root, files, _stale(config, files, args), leftovers)
+    for line in touched:
+        print(line)
     print(f"{len(files)} generated files, {len(touched)} changed")
     return 0

@@ -7,6 +7,8 @@ codebase's bundles (TE's own, say) without a code change.
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -42,25 +44,33 @@ def _read_config(root: Path) -> Config:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: cannot read the generator config: {exc}") from exc
-    table = data
-    for key in CONFIG_TABLE:
-        table = table.get(key, {})
+    table: object = data
+    for depth, key in enumerate(CONFIG_TABLE):
+        table = table.get(key, {})  # type: ignore[union-attr]
+        if not isinstance(table, dict):
+            where = ".".join(CONFIG_TABLE[: depth + 1])
+            raise ConfigError(
+                f"{pyproject}: {where} must be a table ([{where}]), got {_toml(table)}"
+            )
     if not table:
         raise ConfigError(f"{pyproject}: missing [{'.'.join(CONFIG_TABLE)}] table")
+    assert isinstance(table, dict)
+    where = f"[{'.'.join(CONFIG_TABLE)}]"
     try:
         kinds: dict[str, str] = {}
-        for kind, names in table["kinds"].items():
+        configured = _expect(table["kinds"], dict, f"{where} kinds", pyproject)
+        for kind, names in configured.items():  # type: ignore[attr-defined]
             if kind not in CONFIGURABLE_KINDS:
                 raise ConfigError(
                     f"{pyproject}: unknown kind {kind!r} in kinds; "
                     f"expected one of {', '.join(CONFIGURABLE_KINDS)}"
                 )
-            for name in names:
+            for name in _strings(names, f"{where} kinds.{kind}", pyproject):
                 kinds[name] = kind
         return Config(
             root=root,
             namespace=table["namespace"],
-            sources=tuple(table["sources"]),
+            sources=_strings(table["sources"], f"{where} sources", pyproject),
             output_dir=table["output_dir"],
             meta_type=table["meta_type"],
             kinds=kinds,
@@ -161,10 +171,21 @@ class Reading:
         return next((o for o in self.ops if o.source == source), None)
 
 
+_TOML_TYPES = {dict: "table", list: "list", str: "string", bool: "boolean", int: "integer"}
+
+
+def _toml(value: object) -> str:
+    """A value as TOML spells it, with its type: `"x"` (a string), `5` (an integer)."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    name = _TOML_TYPES.get(type(value), type(value).__name__)
+    return f"{text} ({'an' if name[0] in 'aeiou' else 'a'} {name})"
+
+
 def _expect(value: object, kind: type | tuple[type, ...], what: str, pyproject: Path) -> object:
     if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ConfigError(f"{pyproject}: {what} must be a {names}, got {value!r}")
+        kinds = (kind,) if isinstance(kind, type) else kind
+        names = " or ".join(_TOML_TYPES.get(k, k.__name__) for k in kinds)
+        raise ConfigError(f"{pyproject}: {what} must be a {names}, got {_toml(value)}")
     return value
 
 
@@ -195,7 +216,10 @@ def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
         raw = str(_expect(table["source_root"], str, f"{where}.source_root", pyproject))
         source_root = (root / expand_path(raw)).resolve()
     forms = [OWN_FORM]
-    for i, entry in enumerate(table.get("declaration_forms", [])):
+    declared = _expect(
+        table.get("declaration_forms", []), list, f"{where}.declaration_forms", pyproject
+    )
+    for i, entry in enumerate(declared):  # type: ignore[arg-type]
         what = f"{where}.declaration_forms[{i}]"
         _expect(entry, dict, what, pyproject)
         unknown = set(entry) - {"callee", "keywords", "registration"}
@@ -227,7 +251,7 @@ def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
         forms.append(DeclarationForm(callee, keywords, bool(registration)))
     ops = []
     sources = table.get("sources", [])
-    for i, entry in enumerate(table.get("ops", [])):
+    for i, entry in enumerate(_expect(table.get("ops", []), list, f"{where}.ops", pyproject)):  # type: ignore[arg-type]
         what = f"{where}.ops[{i}]"
         _expect(entry, dict, what, pyproject)
         keys = {"source", "name", "forward", "backward", "grad_fields"}
@@ -238,8 +262,11 @@ def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
             )
         for key in ("source", "name", "forward", "backward"):
             _expect(entry[key], str, f"{what}.{key}", pyproject)
-        if entry["source"] not in sources:
-            raise ConfigError(f"{pyproject}: {what}.source {entry['source']!r} is not in `sources`")
+        if not any(fnmatch.fnmatchcase(entry["source"], pattern) for pattern in sources):
+            raise ConfigError(
+                f"{pyproject}: {what}.source {entry['source']!r} is not in `sources` "
+                "(nor matched by a pattern there)"
+            )
         if not str(entry["name"]).isidentifier():
             raise ConfigError(f"{pyproject}: {what}.name {entry['name']!r} is not an identifier")
         if any(o.source == entry["source"] for o in ops):

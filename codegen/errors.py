@@ -79,3 +79,7 @@ class ConfigError(Exception):
 
 class OutputError(ConfigError):
     """The output folder cannot be written safely (a symlink, a hand-written file in the way)."""
+
+
+class PartialWriteError(Exception):
+    """A write failed after some generated files were replaced (named in the message)."""

@@ -9,7 +9,8 @@ from . import FORMAT_VERSION, emit, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
-from .reader import read_source
+from .reader import decode_source, read_source
+from .sources import select as select_sources
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -21,18 +22,17 @@ class Generated:
 
 
 def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceModule, ...]:
-    """Read every op module (sorted, so input order never matters); check paths and names."""
-    given = sources if sources is not None else config.sources
+    """Read every op module (sorted, so input order never matters); check paths and names.
+
+    ``sources`` (``--source``) replaces the configured entries; either may hold patterns."""
     source_root = config.reading.source_root or config.root
-    paths = sorted(
-        {safety.normalize_source(config.root, s, config.output_dir, source_root) for s in given}
-    )
+    paths = select_sources(config, sources)
     safety.check_output_names(paths)
     modules = []
     for rel in paths:
         path = source_root / rel
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except OSError as exc:
             raise CodegenError(
                 Location(rel, 1, 1),
@@ -42,7 +42,7 @@ def read_all(config: Config, sources: list[str] | None = None) -> tuple[SourceMo
                     f" (read under source_root {source_root})" if source_root != config.root else ""
                 ),
             ) from None
-        modules.append(read_source(rel, text, config, source_root))
+        modules.append(read_source(rel, decode_source(rel, data), config, source_root))
     seen: dict[str, SourceModule] = {}
     for module in modules:
         for op in module.ops:

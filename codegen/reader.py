@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import io
 import keyword
+import tokenize
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +34,28 @@ from .model import (
     SourceModule,
     TypeExpr,
 )
+from .safety import is_identifier
 
 DECLARATION = OWN_DECLARATION
 _DATACLASS = "dataclasses.dataclass"
 _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
+_KW_ONLY = "dataclasses.KW_ONLY"
+_FIELD = "dataclasses.field"
+# torch's dispatcher keeps one bit per schema argument in a 64-bit set
+# (DispatchKeyExtractor::makeBitsetForDispatchArgs, c10::utils::bitset::NUM_BITS(), the
+# same in torch 2.11 to 2.14): `Library.define` refuses a schema with more arguments.
+MAX_SCHEMA_ARGUMENTS = 64
+# Class-body statements that would bind fields the generator cannot see statically.
+_CONTROL_FLOW = {
+    cst.If: "an `if`",
+    cst.For: "a `for`",
+    cst.While: "a `while`",
+    cst.Try: "a `try`",
+    cst.TryStar: "a `try`",
+    cst.With: "a `with`",
+    cst.Match: "a `match`",
+}
 _IMPL_KEYS = ("forward_impl", "backward_impl", "forward_spec", "backward_spec", "setup_context")
 _DECL_KEYS = ("name", "forward", "backward", "grad_fields", *_IMPL_KEYS)
 
@@ -77,6 +96,8 @@ class _File:
     positions: Mapping[cst.CSTNode, CodeRange]
     names: dict[str, str]  # module-level name -> qualified name
     aliases: dict[str, cst.BaseExpression]  # module-level `Alias = <annotation>`
+    # Names the branches of a module-level `if` bind differently -> that `if`.
+    ambiguous: dict[str, cst.If] = field(default_factory=dict)
     expanding: tuple[str, ...] = ()
     resolver: _Resolver | None = field(default=None, repr=False)
     body: Sequence[cst.CSTNode] = ()
@@ -92,7 +113,21 @@ class _File:
         head = dotted.split(".", 1)[0]
         return head in self.names or (head == dotted and head in _BUILTINS)
 
+    def check_unambiguous(self, dotted: str, node: cst.CSTNode, what: str = "") -> None:
+        """Refuse a name whose meaning depends on which branch of an ``if`` runs."""
+        head = dotted.partition(".")[0]
+        branches = self.ambiguous.get(head)
+        if branches is not None:
+            raise CodegenError(
+                self.loc(node),
+                f"{what or f'`{head}`'} is bound differently in the branches of the "
+                f"module-level `if` at {self.loc(branches)}; the generator reads source, "
+                "it does not evaluate conditions",
+                f"bind `{head}` once, outside the `if` (or alike in every branch)",
+            )
+
     def qualify(self, dotted: str, node: cst.CSTNode) -> str:
+        self.check_unambiguous(dotted, node)
         head, _, rest = dotted.partition(".")
         if head in self.names:
             return self.names[head] + (f".{rest}" if rest else "")
@@ -114,7 +149,12 @@ def _block(node: cst.BaseSuite) -> Sequence[cst.CSTNode]:
 
 
 def _statements(body: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
-    """Module-level statements, with every branch of ``if``/``try``/``with`` walked."""
+    """Module-level statements, with every branch of ``if``/``try``/``with`` walked.
+
+    A ``try`` yields its ``except`` handlers before its body, so where a table keeps the
+    last binding of a name the body's wins over the fallback (``try: from x import T``
+    / ``except ImportError: T = None`` means ``x.T``, as wherever ``x`` is installed).
+    """
     for statement in body:
         if isinstance(statement, cst.If):
             branch: cst.If | cst.Else | None = statement
@@ -122,9 +162,9 @@ def _statements(body: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
                 yield from _statements(_block(branch.body))
                 branch = branch.orelse if isinstance(branch, cst.If) else None
         elif isinstance(statement, cst.Try | cst.TryStar):
-            yield from _statements(_block(statement.body))
             for handler in statement.handlers:
                 yield from _statements(_block(handler.body))
+            yield from _statements(_block(statement.body))
             for extra in (statement.orelse, statement.finalbody):
                 if extra is not None:
                     yield from _statements(_block(extra.body))
@@ -145,42 +185,114 @@ def _relative_base(package: str, relative: int, base: str) -> str:
     return f"{parent}.{base}" if base else parent
 
 
-def _module_names(body: Sequence[cst.CSTNode], module: str, package: str) -> dict[str, str]:
-    """What each module-level name means: imports resolved, local definitions qualified.
+# A binding: the qualified name a module-level name gets, and what distinguishes two
+# bindings with one qualified name (an assignment's value: `A = int` vs `A = float`).
+_Binding = tuple[str, str]
+
+
+@dataclass
+class _NameTable:
+    """Module-level names (see :func:`_module_names`); ``ambiguous`` maps each name the
+    branches of an ``if`` bind differently to that ``if``."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    identity: dict[str, _Binding] = field(default_factory=dict)
+    ambiguous: dict[str, cst.If] = field(default_factory=dict)
+
+    def bind(self, name: str, binding: _Binding) -> None:
+        self.names[name], self.identity[name] = binding[0], binding
+        self.ambiguous.pop(name, None)
+
+    def merge(self, other: _NameTable) -> None:
+        for name, binding in other.identity.items():
+            self.bind(name, binding)
+        self.ambiguous.update(other.ambiguous)
+
+
+def _bindings(statement: cst.CSTNode, module: str, package: str) -> Iterator[tuple[str, _Binding]]:
+    """The names one class, function or simple statement binds, with their bindings."""
+    if isinstance(statement, cst.ClassDef | cst.FunctionDef):
+        name = statement.name.value
+        yield name, (f"{module}.{name}", f"def@{id(statement)}")
+        return
+    if not isinstance(statement, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+        return
+    for small in statement.body:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = _dotted(alias.name) or ""
+                if alias.asname is not None:
+                    local = _dotted(alias.asname.name) or dotted  # type: ignore[arg-type]
+                    yield local, (dotted, "")
+                else:
+                    head = dotted.split(".", 1)[0]
+                    yield head, (head, "")
+        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            base = _dotted(small.module) if small.module is not None else ""
+            if small.relative:
+                base = _relative_base(package, len(small.relative), base or "")
+            for alias in small.names:
+                name = alias.name.value  # type: ignore[union-attr]
+                local = _dotted(alias.asname.name) if alias.asname else name  # type: ignore[union-attr]
+                yield local or name, (f"{base}.{name}", "")
+        elif isinstance(small, cst.Assign | cst.AnnAssign):
+            targets = small.targets if isinstance(small, cst.Assign) else [small]
+            value = "" if small.value is None else _code(small.value)
+            for target in targets:
+                if isinstance(target.target, cst.Name):
+                    name = target.target.value
+                    yield name, (f"{module}.{name}", value)
+
+
+def _name_table(body: Sequence[cst.CSTNode], module: str, package: str) -> _NameTable:
+    """Bindings in statement order. The branches of an ``if`` are alternatives: a name
+    they bind alike is bound, one they bind differently is ambiguous (the generator
+    never evaluates a condition). A ``try`` body wins over its ``except`` fallback."""
+    table = _NameTable()
+    for statement in body:
+        if isinstance(statement, cst.If):
+            branches: list[_NameTable] = []
+            branch: cst.If | cst.Else | None = statement
+            while branch is not None:
+                branches.append(_name_table(_block(branch.body), module, package))
+                branch = branch.orelse if isinstance(branch, cst.If) else None
+            merged = _NameTable()
+            for taken in branches:
+                merged.ambiguous.update(taken.ambiguous)
+            for taken in branches:
+                for name, binding in taken.identity.items():
+                    first = merged.identity.get(name)
+                    if first is None:
+                        merged.names[name], merged.identity[name] = binding[0], binding
+                    elif first != binding:
+                        merged.ambiguous[name] = statement
+            table.merge(merged)
+        elif isinstance(statement, cst.Try | cst.TryStar):
+            for handler in statement.handlers:
+                table.merge(_name_table(_block(handler.body), module, package))
+            table.merge(_name_table(_block(statement.body), module, package))
+            for extra in (statement.orelse, statement.finalbody):
+                if extra is not None:
+                    table.merge(_name_table(_block(extra.body), module, package))
+        elif isinstance(statement, cst.With):
+            table.merge(_name_table(_block(statement.body), module, package))
+        else:
+            for name, binding in _bindings(statement, module, package):
+                table.bind(name, binding)
+    return table
+
+
+def _module_names(
+    body: Sequence[cst.CSTNode], module: str, package: str
+) -> tuple[dict[str, str], dict[str, cst.If]]:
+    """What each module-level name means (imports resolved, local definitions qualified),
+    and the names the branches of an ``if`` bind differently.
 
     Annotations are evaluated in module scope, so this table is all name resolution
     needs (libcst's ScopeProvider would also work, at twice the cost of a whole run).
     """
-    names: dict[str, str] = {}
-    for statement in _statements(body):
-        if isinstance(statement, cst.ClassDef | cst.FunctionDef):
-            names[statement.name.value] = f"{module}.{statement.name.value}"
-        elif isinstance(statement, cst.SimpleStatementLine | cst.SimpleStatementSuite):
-            for small in statement.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        dotted = _dotted(alias.name) or ""
-                        if alias.asname is not None:
-                            names[_dotted(alias.asname.name) or dotted] = dotted  # type: ignore[arg-type]
-                        else:
-                            head = dotted.split(".", 1)[0]
-                            names[head] = head
-                elif isinstance(small, cst.ImportFrom) and not isinstance(
-                    small.names, cst.ImportStar
-                ):
-                    base = _dotted(small.module) if small.module is not None else ""
-                    if small.relative:
-                        base = _relative_base(package, len(small.relative), base or "")
-                    for alias in small.names:
-                        name = alias.name.value  # type: ignore[union-attr]
-                        local = _dotted(alias.asname.name) if alias.asname else name  # type: ignore[union-attr]
-                        names[local or name] = f"{base}.{name}"
-                elif isinstance(small, cst.Assign | cst.AnnAssign):
-                    targets = small.targets if isinstance(small, cst.Assign) else [small]
-                    for target in targets:
-                        if isinstance(target.target, cst.Name):
-                            names[target.target.value] = f"{module}.{target.target.value}"
-    return names
+    table = _name_table(body, module, package)
+    return table.names, table.ambiguous
 
 
 def module_of(path: str) -> tuple[str, str]:
@@ -198,9 +310,9 @@ def _ast_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _ast_statements(statement.body)
             yield from _ast_statements(statement.orelse)
         elif isinstance(statement, ast.Try | getattr(ast, "TryStar", ast.Try)):
-            yield from _ast_statements(statement.body)
-            for handler in statement.handlers:
+            for handler in statement.handlers:  # first, so the body's bindings win
                 yield from _ast_statements(handler.body)
+            yield from _ast_statements(statement.body)
             yield from _ast_statements(statement.orelse)
             yield from _ast_statements(statement.finalbody)
         elif isinstance(statement, ast.With):
@@ -218,6 +330,62 @@ def _ast_dotted(node: ast.expr) -> str | None:
     return None
 
 
+def _ast_bindings(statement: ast.stmt) -> Iterator[tuple[str, tuple[object, ...]]]:
+    """The names one statement binds, each with what tells two bindings apart."""
+    if isinstance(statement, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        yield statement.name, ("def", statement.lineno, statement.col_offset)
+    elif isinstance(statement, ast.Import):
+        for alias in statement.names:
+            yield alias.asname or alias.name.split(".", 1)[0], ("import", alias.name)
+    elif isinstance(statement, ast.ImportFrom):
+        for alias in statement.names:
+            if alias.name != "*":
+                where = (statement.level, statement.module, alias.name)
+                yield alias.asname or alias.name, ("from", *where)
+    elif isinstance(statement, ast.Assign | ast.AnnAssign):
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        value = "" if statement.value is None else ast.dump(statement.value)
+        for target in targets:
+            if isinstance(target, ast.Name):
+                yield target.id, ("value", value)
+
+
+def _ast_if_branches(node: ast.If) -> list[list[ast.stmt]]:
+    branches = [node.body]
+    if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+        branches += _ast_if_branches(node.orelse[0])
+    elif node.orelse:
+        branches.append(node.orelse)
+    return branches
+
+
+def _ast_branch_conflicts(body: list[ast.stmt]) -> dict[str, int]:
+    """Module-level names the branches of an ``if`` bind differently -> that ``if``'s line
+    (the generator reads every branch and evaluates no condition)."""
+    conflicts: dict[str, int] = {}
+    for statement in body:
+        if isinstance(statement, ast.If):
+            first: dict[str, tuple[object, ...]] = {}
+            for branch in _ast_if_branches(statement):
+                bound = {n: b for s in _ast_statements(branch) for n, b in _ast_bindings(s)}
+                for name, binding in bound.items():
+                    if first.setdefault(name, binding) != binding:
+                        conflicts[name] = statement.lineno
+                conflicts.update(_ast_branch_conflicts(branch))
+        elif isinstance(statement, ast.Try | getattr(ast, "TryStar", ast.Try) | ast.With):
+            for block in ("body", "orelse", "finalbody"):
+                conflicts.update(_ast_branch_conflicts(getattr(statement, block, [])))
+    return conflicts
+
+
+class _AmbiguousName(Exception):
+    """A name another module binds differently in the branches of an ``if``."""
+
+    def __init__(self, qualname: str, where: str) -> None:
+        super().__init__(qualname)
+        self.qualname, self.where = qualname, where
+
+
 @dataclass(frozen=True)
 class _Definition:
     """What one module-level name of another module is, read with ``ast``.
@@ -225,7 +393,9 @@ class _Definition:
     ``how`` is ``"defined"`` (a class, function or plain variable: the name is
     canonical), ``"enum"`` (a class deriving from an Enum), ``"import"`` (``target``
     is the imported qualified name), ``"ref"`` (``name = some.dotted.Name``: ``target``
-    is the dotted text, resolved in the module) or ``"alias"`` (``Name = <annotation>``).
+    is the dotted text, resolved in the module), ``"alias"`` (``Name = <annotation>``)
+    or ``"ambiguous"`` (bound differently in the branches of an ``if``: ``target`` is
+    ``path:line`` of that ``if``).
     """
 
     how: str
@@ -265,8 +435,8 @@ class _Resolver:
         table: dict[str, _Definition] = {}
         self._tables[module] = table
         try:
-            tree = ast.parse((self._root / path).read_text(encoding="utf-8"), filename=path)
-        except (OSError, SyntaxError, ValueError):
+            tree = ast.parse((self._root / path).read_bytes(), filename=path)
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             return table  # unreadable: its names stay as written
         _, package = module_of(path)
         imports: dict[str, str] = {}
@@ -323,12 +493,13 @@ class _Resolver:
                 if definition.how == "ref":
                     table[name] = _Definition("ref", resolved[0] if resolved else "")
                 else:
-                    how = (
-                        "enum"
-                        if any(self.canonical(b) in _ENUM_BASES for b in resolved)
-                        else "defined"
-                    )
-                    table[name] = _Definition(how)
+                    try:
+                        enum = any(self.canonical(b) in _ENUM_BASES for b in resolved)
+                    except _AmbiguousName:
+                        enum = False
+                    table[name] = _Definition("enum" if enum else "defined")
+        for name, line in _ast_branch_conflicts(tree.body).items():
+            table[name] = _Definition("ambiguous", f"{path}:{line}")
         return table
 
     def _split(self, qualname: str) -> tuple[str, str, list[str]] | None:
@@ -356,7 +527,8 @@ class _Resolver:
         """Follow imports and ``name = other.Name`` to where a name is defined.
 
         Stops at a configured kind name, at a module outside the root and at the
-        reading module itself (``stop_at``: its own tables already resolved it).
+        reading module itself (``stop_at``: its own tables already resolved it). Raises
+        ``_AmbiguousName`` at a name the branches of an ``if`` bind differently.
         """
         seen = set()
         while qualname not in seen:
@@ -366,6 +538,8 @@ class _Resolver:
             if stop_at and qualname.rpartition(".")[0] == stop_at:
                 return qualname
             qualname, definition, module, _ = self._step(qualname)
+            if definition is not None and definition.how == "ambiguous":
+                raise _AmbiguousName(qualname, definition.target)
             if definition is None or definition.how not in ("import", "ref"):
                 return qualname
             rest = qualname[len(module) + 1 :].split(".")[1:]
@@ -385,10 +559,10 @@ class _Resolver:
         if definition is None or definition.how != "alias":
             return None
         if module not in self._files:
-            text = (self._root / path).read_text(encoding="utf-8")
             try:
+                text = decode_source(path, (self._root / path).read_bytes())
                 self._files[module] = _parse_file(path, text, self)
-            except CodegenError:
+            except (CodegenError, OSError):
                 return None
         file = self._files[module]
         node = file.aliases.get(qualname.rpartition(".")[2])
@@ -442,13 +616,15 @@ def _type_expr(
         # A forward reference: libcst does not resolve these, so parse and resolve here.
         text = node.evaluated_value
         try:
+            # Python's parser first: it bounds the nesting libcst would recurse into.
+            ast.parse(text, mode="eval") if isinstance(text, str) else None
             parsed = cst.parse_expression(text) if isinstance(text, str) else None
-        except cst.ParserSyntaxError:
+        except (cst.ParserSyntaxError, SyntaxError, ValueError, RecursionError, MemoryError):
             parsed = None
         if parsed is None:
             raise CodegenError(
                 where,
-                f"cannot parse the string annotation {text!r}",
+                f"cannot parse the string annotation {_shorten(text)!r}",
                 "write the annotation without quotes",
             )
         return _string_type_expr(file, parsed, anchor or node, text)
@@ -472,10 +648,21 @@ def _type_expr(
         if dotted == "None":
             return TypeExpr("None", where)
         if dotted in file.aliases:
+            file.check_unambiguous(dotted, anchor or node)
             return _expand_alias(file, dotted, anchor or node)
         qualname = file.qualify(dotted, anchor or node)
         if file.resolver is not None:
-            qualname = file.resolver.canonical(qualname, stop_at=file.module)
+            try:
+                qualname = file.resolver.canonical(qualname, stop_at=file.module)
+            except _AmbiguousName as exc:
+                raise CodegenError(
+                    where,
+                    f"`{dotted}` is `{exc.qualname}`, which the branches of the module-level "
+                    f"`if` at {exc.where} bind differently; the generator reads source, it "
+                    "does not evaluate conditions",
+                    f"bind `{exc.qualname.rpartition('.')[2]}` once in its module, outside "
+                    "the `if`",
+                ) from None
             if qualname.rpartition(".")[0] != file.module:  # local aliases: expanded above
                 expansion = _expand_foreign_alias(file.resolver, qualname, where)
                 if expansion is not None:
@@ -542,6 +729,11 @@ def _string_type_expr(
         ) from None
 
 
+def _shorten(text: object, limit: int = 80) -> object:
+    """A long text cut for an error message (an annotation can be kilobytes)."""
+    return text if not isinstance(text, str) or len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
@@ -579,9 +771,23 @@ def _read_bundle(file: _File, cls: cst.ClassDef, config: Config, enums: frozense
             "to the generator",
             "declare every field in the bundle class itself",
         )
+    if not is_identifier(name):
+        raise CodegenError(
+            file.loc(cls.name),
+            f"bundle name `{name}` is not an ASCII identifier",
+            "name the bundle with ASCII letters, digits and `_`: generated names are built from it",
+        )
     fields: list[Field] = []
     seen: dict[str, Location] = {}
     for statement in cls.body.body:
+        flow = _CONTROL_FLOW.get(type(statement))
+        if flow is not None:
+            raise CodegenError(
+                file.loc(statement),
+                f"the body of bundle `{name}` holds {flow} statement: the fields it binds "
+                "depend on control flow the generator does not evaluate",
+                "declare every field at the top level of the class body",
+            )
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
@@ -604,6 +810,14 @@ def _read_bundle(file: _File, cls: cst.ClassDef, config: Config, enums: frozense
             f"bundle `{name}` has no fields",
             "a bundle needs at least one annotated field",
         )
+    count = sum(len(f.slots) for f in fields)
+    if count > MAX_SCHEMA_ARGUMENTS:
+        raise CodegenError(
+            file.loc(cls.name),
+            f"bundle `{name}` needs {count} schema arguments; torch's dispatcher allows at "
+            f"most {MAX_SCHEMA_ARGUMENTS} per op (torch 2.11 to 2.14)",
+            "split the bundle, or group values into one field of a configured `value` type",
+        )
     return Bundle(name, f"{file.module}.{name}", tuple(fields), file.loc(cls.name))
 
 
@@ -624,8 +838,16 @@ def _read_field(
     name = node.target.value
     where = file.loc(node.target)
     expr = _type_expr(file, node.annotation.annotation)
-    if expr.name in _CLASSVAR:
-        return None
+    if expr.name in _CLASSVAR or expr.name == _KW_ONLY:
+        return None  # KW_ONLY marks the fields after it keyword-only; unflatten names them
+    if not is_identifier(name):
+        raise CodegenError(
+            where,
+            f"field name `{bundle}.{name}` is not an ASCII identifier",
+            "name fields with ASCII letters, digits and `_` (Python folds some other "
+            "letters into ASCII ones, so two spellings could mean one field)",
+        )
+    _check_init(file, bundle, name, node.value)
     if "__" in name:
         raise CodegenError(
             where,
@@ -652,6 +874,29 @@ def _read_field(
     return Field(name, kinds.render(expr), ftype, slots, where, default)
 
 
+def _check_init(file: _File, bundle: str, name: str, value: cst.BaseExpression | None) -> None:
+    """Refuse ``field(init=...)`` other than ``init=True``.
+
+    An ``init=False`` field is no constructor argument: unflatten (which builds the bundle
+    through its constructor) could not pass it, and a value set after construction would
+    be lost at the op boundary, so it is refused rather than silently reset.
+    """
+    if not isinstance(value, cst.Call):
+        return
+    callee = _dotted(value.func)
+    if callee is None or not file.resolves(callee) or file.qualify(callee, value.func) != _FIELD:
+        return
+    for arg in value.args:
+        if arg.keyword is not None and arg.keyword.value == "init":
+            if not (isinstance(arg.value, cst.Name) and arg.value.value == "True"):
+                raise CodegenError(
+                    file.loc(arg),
+                    f"field `{bundle}.{name}` is declared with `{_code(arg)}`: it is not a "
+                    "constructor argument, so it cannot cross the op boundary",
+                    "drop `init=False` (make it a field), or make it a ClassVar or a property",
+                )
+
+
 class _BundleReader:
     """Reads each bundle class an op names, once; a bundle must be a local @dataclass."""
 
@@ -671,6 +916,7 @@ class _BundleReader:
                 f"`{key}={name}` names no bundle class defined in this file",
                 "define the bundle as a @dataclass in the op module, or fix the name",
             )
+        self._file.check_unambiguous(name, cls.name, f"bundle `{name}`")
         if not _is_dataclass(self._file, cls):
             raise CodegenError(
                 self._file.loc(cls.name),
@@ -873,7 +1119,41 @@ def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenEr
     )
 
 
+def decode_source(path: str, data: bytes) -> str:
+    """A source file's text, decoded as Python decodes it (UTF-8 unless a coding cookie
+    says otherwise); an undecodable byte is an error at its position."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        raise CodegenError(
+            Location(path, 1, 1), f"bad encoding declaration: {exc.msg}", "save it as UTF-8"
+        ) from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        where = Location(path, data.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1)
+        raise CodegenError(
+            where,
+            f"byte 0x{data[exc.start]:02x} is not valid {exc.encoding.upper()}",
+            "save the file as UTF-8 (Python reads source as UTF-8 unless a "
+            "`# -*- coding: ... -*-` line says otherwise)",
+        ) from None
+
+
 def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
+    # Python's parser first: it refuses nesting deeper than it can compile (200 brackets)
+    # with a position, where libcst's recursive tree building overflows the stack.
+    try:
+        ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        raise CodegenError(
+            Location(path, exc.lineno or 1, exc.offset or 1),
+            f"syntax error: {exc.msg}",
+            "fix the Python syntax; the generator reads this file as text",
+        ) from None
+    except (ValueError, RecursionError, MemoryError):
+        pass  # a NUL byte (Python < 3.12), ...: libcst's report below
     try:
         tree = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -891,7 +1171,8 @@ def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
         and isinstance(small.value, cst.Subscript | cst.BinaryOperation)
     }
     module, package = module_of(path)
-    file = _File(path, module, positions, _module_names(body, module, package), aliases)
+    names, ambiguous = _module_names(body, module, package)
+    file = _File(path, module, positions, names, aliases, ambiguous)
     file.resolver = resolver
     file.body = body
     return file
@@ -931,9 +1212,11 @@ def read_source(
         if callee is None or not file.resolves(callee):
             continue
         qualname = file.qualify(callee, value.func)
-        form = reading.form_for(qualname) or reading.form_for(
-            resolver.canonical(qualname, stop_at=file.module)
-        )
+        try:
+            canonical = resolver.canonical(qualname, stop_at=file.module)
+        except _AmbiguousName:
+            canonical = qualname  # not a declaration form: read as written
+        form = reading.form_for(qualname) or reading.form_for(canonical)
         if form is None:
             continue
         if ops:
@@ -960,3 +1243,58 @@ def read_source(
             "declare the op: NAME = OpDeclaration(name=..., forward=..., ...)",
         )
     return SourceModule(path, file.module, text, tuple(ops))
+
+
+def declaration_position(
+    path: str, text: str, config: Config, source_root: Path | None = None
+) -> tuple[int, int] | None:
+    """Where a module declares an op (line, column), or None if it declares none.
+
+    A quick look with Python's ``ast`` (no libcst, no bundle read) that tells op modules
+    from helpers among the files a ``sources`` pattern matches or a source's folder
+    holds: a module-level call of a configured declaration form, or an op the
+    configuration declares for ``path``. Text Python cannot parse counts as an op
+    module, so the full read reports it rather than skipping it.
+    """
+    reading = config.reading
+    if reading.op_for(path) is not None:
+        return (1, 1)
+    if not any(form.short in text for form in reading.forms):
+        return None
+    try:
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return (1, 1)
+    module, package = module_of(path)
+    local: dict[str, str] = {}
+    statements = list(_ast_statements(tree.body))
+    for statement in statements:
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                head = alias.name.split(".", 1)[0]
+                local[alias.asname or head] = alias.name if alias.asname else head
+        elif isinstance(statement, ast.ImportFrom):
+            base = statement.module or ""
+            if statement.level:
+                base = _relative_base(package, statement.level, base)
+            for alias in statement.names:
+                local[alias.asname or alias.name] = f"{base}.{alias.name}"
+    resolver = _Resolver(source_root or reading.source_root or config.root, config)
+    for statement in statements:
+        value = getattr(statement, "value", None)
+        if not isinstance(statement, ast.Assign | ast.AnnAssign | ast.Expr):
+            continue
+        if not isinstance(value, ast.Call):
+            continue
+        dotted = _ast_dotted(value.func)
+        if dotted is None:
+            continue
+        head, _, rest = dotted.partition(".")
+        qualname = local.get(head, f"{module}.{head}") + (f".{rest}" if rest else "")
+        try:
+            canonical = resolver.canonical(qualname)
+        except _AmbiguousName:
+            return (1, 1)  # the full read reports it
+        if reading.form_for(qualname) or reading.form_for(canonical):
+            return (statement.lineno, statement.col_offset + 1)
+    return None

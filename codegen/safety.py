@@ -66,6 +66,12 @@ def check_settings(config: Config, pyproject: Path, table: str) -> None:
         raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
     if not all(isinstance(s, str) for s in config.sources):
         raise fail("sources", list(config.sources), "every entry must be a path string")
+    if not config.sources:
+        raise fail(
+            "sources",
+            [],
+            "lists no op module; with none, every generated file would be removed as stale",
+        )
     problem = output_dir_problem(
         config.root, config.output_dir, config.sources, config.reading.source_root
     )
@@ -106,10 +112,25 @@ def output_dir_problem(
     if not (root / value).resolve().is_relative_to(root.resolve()):
         return "resolves outside the project root"
     out = (root / value).resolve()
+    base = source_root or root
     for source in sorted(sources):
-        if ((source_root or root) / source).resolve().is_relative_to(out):
+        if Path(source).is_absolute():
+            continue  # refused with its position when sources are read
+        if any(c in source for c in "*?["):  # a pattern: its literal folder
+            literal = [p for p in Path(source).parent.parts if not any(c in p for c in "*?[")]
+            folder = base.joinpath(*literal).resolve()
+            found = sorted(
+                p.relative_to(base).as_posix()
+                for p in base.glob(source)
+                if p.name != "__init__.py" and p.is_file()
+            )
+            inside = found and folder.is_relative_to(out)
+            where = f"{found[0]} (matched by {source})" if inside else None
+        else:
+            where = source if (base / source).resolve().is_relative_to(out) else None
+        if where is not None:
             return (
-                f"holds the op module {source}: generating there would overwrite "
+                f"holds the op module {where}: generating there would overwrite "
                 "hand-written code; give the generated code a folder of its own"
             )
     return None

@@ -13,6 +13,8 @@ parent* byte-identical (files, folders and symlinks alike).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import re
 import shutil
@@ -26,6 +28,7 @@ import pytest
 from codegen_support import (
     CORPUS,
     LINEAR,
+    OPS_DIR,
     OUTPUT_DIR,
     REPO_ROOT,
     copy_essentials,
@@ -35,6 +38,8 @@ from codegen_support import (
 
 from codegen.errors import CodegenError
 from codegen.model import SourceModule
+from codegen.pipeline import generate
+from codegen.reader import MAX_SCHEMA_ARGUMENTS, read_source
 from codegen.safety import check_generated_names
 
 EXPECT = re.compile(r"^# expect: (?P<line>\d+):(?P<col>\d+) (?P<fragment>.+)$")
@@ -63,7 +68,7 @@ def _cases() -> list[Case]:
     for path in sorted((REPO_ROOT / CORPUS).glob("*.py")):
         if path.name.startswith("_"):
             continue
-        first = path.read_text(encoding="utf-8").splitlines()[0]
+        first = path.read_bytes().split(b"\n", 1)[0].decode("utf-8")  # a case may be Latin-1
         match = EXPECT.match(first)
         assert match, f"{path.name}: first line must be `# expect: LINE:COL fragment`"
         cases.append(
@@ -166,6 +171,26 @@ def _set(key: str, value: str) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _edit(pattern: str, replacement: str) -> Callable[[Path], list[str]]:
+    """Replace the one match of ``pattern`` (multiline) in pyproject.toml."""
+
+    def setup(root: Path) -> list[str]:
+        path = root / "pyproject.toml"
+        text, n = re.subn(
+            pattern, lambda _: replacement, path.read_text(encoding="utf-8"), flags=re.M | re.S
+        )
+        assert n == 1, pattern
+        path.write_text(text, encoding="utf-8")
+        return []
+
+    return setup
+
+
+_SOURCES_LIST = r"^sources = \[.*?\]$"
+_KINDS_TABLE = r"^\[tool\.transformer_engine_ops\.codegen\.kinds\].*\Z"
+_CODEGEN_TABLES = r"^\[tool\.transformer_engine_ops\.codegen\].*\Z"
+
+
 def _then(*steps: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
     return lambda root: [arg for step in steps for arg in step(root)]
 
@@ -184,6 +209,28 @@ def _symlink(rel: str, target: str) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _plant(rel: str) -> Callable[[Path], list[str]]:
+    """A valid op module copied to ``rel``, not passed on the command line."""
+
+    def setup(root: Path) -> list[str]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / VALID_OP, root / rel)
+        return []
+
+    return setup
+
+
+# The op modules listed one by one, as this project's pyproject.toml did before patterns.
+_LISTED = (
+    "sources = ["
+    + ", ".join(
+        f'"{OPS_DIR}/{name}.py"'
+        for name in ("linear", "layernorm", "layernorm_linear", "layernorm_mlp", "grouped_linear")
+    )
+    + "]"
+)
+
+
 def _source(rel: str) -> Callable[[Path], list[str]]:
     """A valid op module copied to ``rel`` (relative to the root), passed as ``--source``."""
 
@@ -197,7 +244,7 @@ def _source(rel: str) -> Callable[[Path], list[str]]:
     return setup
 
 
-def _setting(key: str, value: str, problem: str) -> str:
+def _setting(key: str, value: object, problem: str) -> str:
     return rf"^error: .*{SETTINGS}{re.escape(key)} = {re.escape(json.dumps(value, ensure_ascii=False))}: {problem}"
 
 
@@ -309,6 +356,72 @@ TREE_CASES = [
         _set("namespace", "téops"),
         2,
         _setting("namespace", "téops", "not an identifier"),
+    ),
+    # Settings of the wrong TOML type: an error naming the key, never a traceback, and
+    # never a string split into characters.
+    TreeCase(
+        "sources_a_string",
+        _edit(_SOURCES_LIST, 'sources = "transformer_engine_ops/ops/linear.py"'),
+        2,
+        r"^error: .*pyproject\.toml: \[tool\.transformer_engine_ops\.codegen\] sources must be "
+        r'a list, got "transformer_engine_ops/ops/linear\.py" \(a string\)',
+    ),
+    TreeCase(
+        "kinds_a_string",
+        _then(
+            _edit(_KINDS_TABLE, ""),
+            _edit(r"^meta_type = .*?$", 'meta_type = "str"\nkinds = "quantizer"'),
+        ),
+        2,
+        r"^error: .*\] kinds must be a table, got \"quantizer\" \(a string\)",
+    ),
+    TreeCase(
+        "kinds_entry_a_number",
+        _edit(r"^quantizer = \[.*?\]$", "quantizer = 5"),
+        2,
+        r"^error: .*\] kinds\.quantizer must be a list, got 5 \(an? integer\)",
+    ),
+    TreeCase(
+        "kinds_entry_a_string",
+        _edit(r"^quantizer = \[.*?\]$", 'quantizer = "pkg.Quantizer"'),
+        2,
+        r'^error: .*\] kinds\.quantizer must be a list, got "pkg\.Quantizer" \(a string\)',
+    ),
+    TreeCase(
+        "codegen_table_a_string",
+        _edit(_CODEGEN_TABLES, '[tool.transformer_engine_ops]\ncodegen = "x"\n'),
+        2,
+        r"^error: .*pyproject\.toml: tool\.transformer_engine_ops\.codegen must be a table "
+        r'\(\[tool\.transformer_engine_ops\.codegen\]\), got "x" \(a string\)',
+    ),
+    # Op modules no entry of `sources` selects: reported, never silently skipped.
+    TreeCase(
+        "op_module_not_listed_in_sources",
+        _then(_edit(_SOURCES_LIST, _LISTED), _plant(f"{OPS_DIR}/new_op.py")),
+        1,
+        rf"^{re.escape(OPS_DIR)}/new_op\.py:23:1: error: this module declares an op, but no "
+        "entry of `sources` selects it",
+    ),
+    TreeCase(
+        "sources_empty",  # would remove every generated file as stale
+        _edit(_SOURCES_LIST, "sources = []"),
+        2,
+        _setting("sources", [], "lists no op module"),
+    ),
+    TreeCase(
+        "source_pattern_selects_no_op_module",
+        _edit(_SOURCES_LIST, 'sources = ["transformer_engine_ops/runtime/*.py"]'),
+        1,
+        _at(
+            "transformer_engine_ops/runtime/*.py",
+            re.escape("this pattern in `sources` matches no module that declares an op"),
+        ),
+    ),
+    TreeCase(
+        "source_pattern_climbs_out",
+        _edit(_SOURCES_LIST, 'sources = ["../*.py"]'),
+        1,
+        _at("../*.py", "a pattern in `sources` must stay inside the project root"),
     ),
     TreeCase(
         "namespace_a_keyword",
@@ -514,3 +627,89 @@ def test_generated_name_check_reports_every_kind_of_clash(code: str, message: st
 def test_generated_name_check_accepts_the_generated_modules() -> None:
     for path in sorted((REPO_ROOT / OUTPUT_DIR).glob("*.py")):
         check_generated_names(_USER, path.read_text(encoding="utf-8"))
+
+
+# --- forms the generator once refused or misread, read right ------------------------------
+
+_ACCEPTED_HEAD = """\
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
+from typing import Optional
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+try:
+    from torch.distributed import ProcessGroup
+except ImportError:  # TE's own form: the body is what runs wherever torch has it
+    ProcessGroup = None
+"""
+
+_ACCEPTED_BODY = """
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+    _: KW_ONLY
+    scale: float = 1.0
+    group: Optional[ProcessGroup] = None
+    tags: int = dataclasses.field(default=0, init=True)
+{wide}
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+
+OP = OpDeclaration(name="{name}", forward=FwdArgs, backward=BwdArgs, grad_fields=("inp",))
+"""
+
+
+def _accepted_source(name: str, wide: int = 0) -> str:
+    extra = "\n".join(f"    w{i}: int = 0" for i in range(wide))
+    return _ACCEPTED_HEAD + _ACCEPTED_BODY.format(wide=extra, name=name)
+
+
+def test_try_import_wins_over_its_except_fallback_and_kw_only_is_no_field(
+    repo_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_: KW_ONLY` adds no field and the fields after it keep their slots; a `try`
+    import resolves to what it imports, not to the `except` fallback (was "unknown type")."""
+    package = "accepted_forms"
+    source = f"{package}/ops.py"
+    (tmp_path / package).mkdir()
+    (tmp_path / source).write_text(_accepted_source("accepted_forms"), encoding="utf-8")
+    config = dataclasses.replace(
+        repo_config, root=tmp_path, sources=(source,), output_dir=f"{package}/generated"
+    )
+    import torch  # only here: the rest of this file never needs it
+
+    generated = generate(config, [source])
+    (bundle,) = [b for m in generated.modules for op in m.ops for b in (op.forward,)]
+    assert [f.name for f in bundle.fields] == ["inp", "scale", "group", "tags"]
+    assert bundle.field("group").type.kind.value == "process group"
+    for rel, text in generated.files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ops = importlib.import_module(f"{package}.ops")
+    glue = importlib.import_module(f"{package}.generated.ops")
+
+    args = ops.FwdArgs(torch.ones(2), scale=5.0, tags=3)
+    back = glue.unflatten_fwd_args(*glue.flatten_fwd_args(args))
+
+    assert (back.scale, back.group, back.tags) == (5.0, None, 3)
+    assert "float scale" in glue.FORWARD_SCHEMA and "str? group" in glue.FORWARD_SCHEMA
+
+
+def test_a_bundle_at_the_dispatcher_limit_is_accepted(repo_config) -> None:
+    """64 schema arguments (inp, scale, group, tags and 60 more) read; 65 are refused in
+    the corpus (too_many_slots.py)."""
+    text = _accepted_source("at_limit", wide=MAX_SCHEMA_ARGUMENTS - 4)
+    module = read_source("pkg/at_limit.py", text, repo_config)
+    slots = sum(len(f.slots) for f in module.ops[0].forward.fields)
+    assert slots == MAX_SCHEMA_ARGUMENTS
+    with pytest.raises(CodegenError, match=f"needs {MAX_SCHEMA_ARGUMENTS + 1} schema arguments"):
+        read_source("pkg/over.py", _accepted_source("over", wide=61), repo_config)

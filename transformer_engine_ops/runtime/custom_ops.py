@@ -123,6 +123,11 @@ def fake_grads(grad_specs: Sequence[Any], device: torch.device | None) -> list[t
 _REGISTRATION_ERRORS: list[str] = []
 
 
+class OpRegistrationError(RuntimeError):
+    """A generated op's schema cannot be defined: its module must not import as if it had
+    been (a silent ``None`` op surfaced only as an opaque error inside a compiled call)."""
+
+
 def registration_error() -> str | None:
     """Why the generated ops could not be registered on this torch (None if they were)."""
     return _REGISTRATION_ERRORS[0] if _REGISTRATION_ERRORS else None
@@ -467,13 +472,21 @@ def define_op(
     ``lowers`` (the declaration's) whether every Inductor compile does.
 
     Ops may run collectives, so an op whose result is unused must still run; FX's
-    side-effect registry keeps it. A failure is recorded, not raised (None returned), so
-    the package still imports and modules fall back to eager with the reason.
+    side-effect registry keeps it. A schema torch refuses (more arguments than its
+    dispatcher takes, a name defined twice) raises :class:`OpRegistrationError`, so the
+    generated module does not import. A torch capability missing after that is recorded,
+    not raised (None returned), so the package still imports and modules fall back to
+    eager with the reason.
     """
+    namespace, name = qualname.split("::")
+    lib = op_library(namespace)
     try:
-        namespace, name = qualname.split("::")
-        lib = op_library(namespace)
         lib.define(name + schema)
+    except RuntimeError as exc:
+        raise OpRegistrationError(
+            f"cannot define the op {qualname} on torch {torch.__version__}: {exc}"
+        ) from None
+    try:
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, lowering.keyed(fake) if lowers else fake, lib=lib)
         op = getattr(getattr(torch.ops, namespace), name).default
