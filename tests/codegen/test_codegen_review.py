@@ -279,6 +279,7 @@ def test_an_added_and_a_removed_op(project: Path) -> None:
         .replace("SCALE", "SHIFT"),
         encoding="utf-8",
     )
+    (project / OP_MODULE).unlink()  # an op module left unlisted is an error of its own
     edit(project, '"demo/scale.py"', '"demo/shift.py"', rel="pyproject.toml")
 
     report = review(project)
