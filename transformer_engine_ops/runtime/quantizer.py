@@ -640,9 +640,13 @@ _aten = torch.ops.aten
 class QuantizedTensor(QuantizedData, torch.Tensor):
     """Wrapper tensor subclass: presents the logical shape and the fake dtype.
 
-    Ops it does not know run on the dequantized value, so ``x + 1`` works; detach,
-    clone, alias, device moves and ``copy_`` keep it quantized, which is what an
-    ``nn.Parameter`` needs.
+    Ops it does not know run on the dequantized value and give plain tensors, so
+    ``x + 1`` works and ``zeros_like(x)`` is a plain tensor of the fake dtype (what an
+    optimizer keeps as its state); detach, clone, alias and device moves keep it
+    quantized. An op that writes into it (``add_``, ``copy_``, ``_foreach_mul_``, an
+    ``out=`` argument, ...) runs on its dequantized value and requantizes the result
+    into its own buffers (:meth:`quantize_`), as TE's quantized tensors do: a quantized
+    parameter trains. An op whose result cannot be requantized raises naming the op.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -680,6 +684,29 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
             return _Dequantize.apply(self, columnwise, dtype or self._dtype)
         return QuantizedData.dequantize_usage(self, columnwise=columnwise, dtype=dtype)
 
+    def quantize_(self, value: torch.Tensor) -> QuantizedTensor:
+        """Quantize ``value`` (a plain tensor of this shape) into this tensor in place:
+        the same object, quantizer and inner buffers (their storage is overwritten, so
+        aliases made by ``detach``/``.data`` see the new value); its version counter
+        counts the write."""
+        if isinstance(value, QuantizedData) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{type(self).__name__}.quantize_ takes a plain tensor, got {type(value).__name__}"
+            )
+        if value.shape != self.shape:
+            raise ValueError(
+                f"{type(self).__name__}.quantize_: value of shape {tuple(value.shape)} "
+                f"for a tensor of shape {tuple(self.shape)}"
+            )
+        value = value.detach().to(self.device, self._dtype)
+        fresh = self._quantizer.with_internal(True).quantize(value)
+        for name in self._present_names:
+            getattr(self, name).copy_(getattr(fresh, name))
+        # Autograd checks saved tensors against it; an op over a list of tensors
+        # (``_foreach_add_``) reaches this tensor without torch counting a write.
+        torch.autograd.graph.increment_version(self)
+        return self
+
     def _map_inner(self, fn: Any, **kwargs: Any) -> QuantizedTensor:
         inner = {n: fn(t) for n, t in self._inner_dict().items()}
         return type(self)(
@@ -696,6 +723,8 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
             result = handler(func, args, kwargs)
             if result is not NotImplemented:
                 return result
+        if func._schema.is_mutable:
+            return _run_writing_op(func, args, kwargs)
 
         def unwrap(x: Any) -> Any:
             if not isinstance(x, QuantizedTensor):
@@ -729,17 +758,17 @@ def _rule_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return src._map_inner(lambda t: t.to(device=device))
 
 
-def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``dst.copy_(src)`` into a quantized dst re-quantizes src with dst's quantizer."""
-    dst, src = args[0], args[1]
-    if not isinstance(dst, QuantizedTensor):
-        return NotImplemented
-    if isinstance(src, QuantizedData):
-        src = QuantizedData.dequantize_usage(src, columnwise=not src.rowwise_usage)
-    fresh = dst._quantizer.with_internal(True).quantize(src.to(dst.device, dst._dtype))
-    for name in dst.inner_names():
-        getattr(dst, name).copy_(getattr(fresh, name))
-    return dst
+def _rule_record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The tensor's memory is its inner buffers: each is recorded on the stream."""
+    for buffer in args[0].inner_tensors():
+        func(buffer, *args[1:], **kwargs)
+
+
+def _rule_set_(func: Any, args: tuple, kwargs: dict) -> Any:
+    raise RuntimeError(
+        f"{func}: a quantized {type(args[0]).__name__} cannot alias another tensor's "
+        "storage; assign a new parameter, or copy_ the value into it"
+    )
 
 
 _DISPATCH_RULES: dict[Any, Any] = {
@@ -747,8 +776,73 @@ _DISPATCH_RULES: dict[Any, Any] = {
     _aten.alias.default: _rule_same,
     _aten.clone.default: _rule_clone,
     _aten._to_copy.default: _rule_to_copy,
-    _aten.copy_.default: _rule_copy_,
+    _aten.record_stream.default: _rule_record_stream,
+    **{
+        overload: _rule_set_
+        for overload in (
+            _aten.set_.source_Tensor,
+            _aten.set_.source_Storage,
+            _aten.set_.source_Storage_storage_offset,
+            _aten.set_.default,
+        )
+    },
 }
+
+
+def _written_arguments(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments ``func`` writes into (``Tensor(a!)`` and ``Tensor(a!)[]`` in its
+    schema), as passed: a tensor or a list of tensors each."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if i < len(args) and not arg.kwarg_only:
+            written.append(args[i])
+        elif arg.name in kwargs:
+            written.append(kwargs[arg.name])
+    return written
+
+
+def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run an op that writes into some of its arguments on the dequantized values of
+    the quantized ones, then requantize each written quantized tensor in place from
+    its written value: ``quantize(op(dequantize(w)))``, the update TE's quantized
+    parameters make. A quantized tensor passed twice is dequantized once, so the op
+    sees the aliasing it was given; results that are the op's written values are
+    returned as the quantized tensors they stand for."""
+    values: dict[int, tuple[QuantizedTensor, torch.Tensor]] = {}
+
+    def unwrap(x: Any) -> Any:
+        if not isinstance(x, QuantizedTensor):
+            return x
+        entry = values.get(id(x))
+        if entry is None:
+            value = QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
+            entry = values[id(x)] = (x, value)
+        return entry[1]
+
+    plain_args, plain_kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
+    result = func(*plain_args, **plain_kwargs)
+    written = [
+        x
+        for x in torch.utils._pytree.tree_leaves(_written_arguments(func, args, kwargs))
+        if isinstance(x, QuantizedTensor)
+    ]
+    for target in written:  # every check before any write: all or nothing
+        value = values[id(target)][1]
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise RuntimeError(
+                f"{func}: cannot requantize a {type(target).__name__} of shape "
+                f"{tuple(target.shape)} and dtype {target.dtype} after an in-place op that "
+                f"made its value {tuple(value.shape)} {value.dtype}; dequantize() it first "
+                "to work on a plain tensor"
+            )
+    for target in {id(t): t for t in written}.values():  # written twice: requantized once
+        target.quantize_(values[id(target)][1])
+    originals = {id(value): target for target, value in values.values()}
+    return torch.utils._pytree.tree_map(
+        lambda x: originals.get(id(x), x) if isinstance(x, torch.Tensor) else x, result
+    )
 
 
 def is_quantized(x: Any) -> bool:
