@@ -207,3 +207,26 @@ def test_quantize_takes_a_plain_tensor_of_its_shape():
         w.quantize_(torch.zeros(64, 32))
     with pytest.raises(TypeError, match="takes a plain tensor, got Float8Tensor"):
         w.quantize_(w.clone())
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_copy_from_a_quantized_tensor_of_the_same_format_copies_its_codes(fmt):
+    """Loading a state dict into quantized parameters round-trips bit for bit."""
+    dst = _quantizer(fmt).quantize(random_input(SHAPE, seed=1))
+    src = _quantizer(fmt).quantize(random_input(SHAPE, seed=2))
+    state = [t.clone() for t in _state(dst.quantizer)]
+    version = dst._version
+    with torch.no_grad():
+        dst.copy_(src)
+    assert_same_buffers(dst, src)
+    assert dst._version > version
+    assert all(torch.equal(a, b) for a, b in zip(_state(dst.quantizer), state, strict=True))
+
+
+def test_copy_from_another_format_requantizes_its_value():
+    dst = FORMATS["fp8_current_e4m3"].quantize(random_input(SHAPE, seed=1))
+    src = FORMATS["mxfp8_e4m3"].quantize(random_input(SHAPE, seed=2))
+    dst.copy_(src)
+    assert_same_buffers(
+        dst, FORMATS["fp8_current_e4m3"].with_internal(True).quantize(src.dequantize())
+    )

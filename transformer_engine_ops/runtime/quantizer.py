@@ -758,6 +758,35 @@ def _rule_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return src._map_inner(lambda t: t.to(device=device))
 
 
+def _same_format(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether ``b``'s buffers are valid as ``a``'s: class, fake dtype, shape and the
+    quantizer's configuration (its fields; a stateful quantizer's state aside)."""
+    qa, qb = a._quantizer, b._quantizer
+    return (
+        type(a) is type(b)
+        and type(qa) is type(qb)
+        and a._dtype == b._dtype
+        and a.shape == b.shape
+        and all(getattr(qa, f.name) == getattr(qb, f.name) for f in dataclasses.fields(qa))
+    )
+
+
+def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``dst.copy_(src)`` from a quantized tensor of dst's format copies its codes (the
+    value exactly, as TE does; loading a state dict round-trips bit for bit); any other
+    copy is an in-place op like the others."""
+    dst, src = args[0], args[1]
+    if not (
+        isinstance(dst, QuantizedTensor)
+        and isinstance(src, QuantizedTensor)
+        and _same_format(dst, src)
+    ):
+        return NotImplemented
+    for name in dst.inner_names():
+        getattr(dst, name).copy_(getattr(src, name), **kwargs)
+    return dst
+
+
 def _rule_record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
     """The tensor's memory is its inner buffers: each is recorded on the stream."""
     for buffer in args[0].inner_tensors():
@@ -776,6 +805,7 @@ _DISPATCH_RULES: dict[Any, Any] = {
     _aten.alias.default: _rule_same,
     _aten.clone.default: _rule_clone,
     _aten._to_copy.default: _rule_to_copy,
+    _aten.copy_.default: _rule_copy_,
     _aten.record_stream.default: _rule_record_stream,
     **{
         overload: _rule_set_
