@@ -94,7 +94,7 @@ def test_in_place_op_stores_the_requantized_result_bitwise(fmt, op, dtype):
     # The rule, on plain tensors: quantize(op(dequantize(w))); a delayed-scaling
     # quantizer from the same state (a snapshot) sees the same quantize calls.
     reference = w.quantizer.snapshot() if fmt == "fp8_delayed" else w.quantizer
-    value = w.dequantize()
+    value = w.dequantize().contiguous()  # as w presents itself (normal_ fills in order)
     IN_PLACE_OPS[op](value, operands)
     want = reference.with_internal(True).quantize(value)
 
@@ -230,3 +230,63 @@ def test_copy_from_another_format_requantizes_its_value():
     assert_same_buffers(
         dst, FORMATS["fp8_current_e4m3"].with_internal(True).quantize(src.dequantize())
     )
+
+
+# ----- views: a write through a view of a quantized tensor reaches it -----
+
+
+def _set_columns(t: torch.Tensor) -> None:
+    t[:, :4] = 1.0
+
+
+# name -> a write into a view of the tensor (quantized, or its plain dequantized copy).
+VIEW_WRITES: dict[str, Callable[[torch.Tensor], Any]] = {
+    "row_zero_": lambda t: t[0].zero_(),
+    "slice_assign": _set_columns,
+    "t_mul_": lambda t: t.t().mul_(2.0),
+    "view_strided_add_": lambda t: t.view(-1)[::3].add_(0.5),
+    "split_copy_": lambda t: t.split(16)[1].copy_(torch.full((16, 64), -0.25)),
+    "view_of_view_fill_": lambda t: t[2:6][1].fill_(3.0),
+}
+
+
+@pytest.mark.parametrize("write", list(VIEW_WRITES))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_write_through_a_view_requantizes_the_whole_tensor(fmt, write):
+    quantizer = _quantizer(fmt)
+    w = quantizer.quantize(random_input(SHAPE, seed=1))
+    reference = w.quantizer.snapshot() if fmt == "fp8_delayed" else w.quantizer
+    value = w.dequantize().contiguous()  # as w presents itself
+    VIEW_WRITES[write](value)
+    want = reference.with_internal(True).quantize(value)
+    version = w._version
+    with torch.no_grad():
+        VIEW_WRITES[write](w)
+    assert_same_buffers(w, want)
+    assert w._version > version
+
+
+def test_a_view_reads_the_current_value_and_other_ops_on_it_are_plain():
+    q = FORMATS["fp8_block_2d"]
+    w = q.quantize(random_input(SHAPE, seed=1))
+    row, cols = w[3], w.t()[:5]
+    w.mul_(0.5)
+    assert torch.equal(row.clone(), w.dequantize()[3])
+    assert torch.equal(cols * 1, w.dequantize().t()[:5])
+    assert type(row + 1) is torch.Tensor and type(torch.cat([row, row])) is torch.Tensor
+    assert repr(row).startswith("QuantizedView(of Float8BlockwiseQTensor")
+
+
+def test_a_view_of_a_parameter_carries_its_gradient():
+    p = torch.nn.Parameter(FORMATS["mxfp8_e4m3"].quantize(random_input(SHAPE, seed=1)))
+    x = random_input((8, 64), seed=2)
+    (x @ p[:16].t()).sum().backward()
+    want = torch.zeros(SHAPE)
+    want[:16] = x.sum(0)
+    assert type(p.grad) is torch.Tensor and torch.equal(p.grad, want)
+
+
+def test_changing_a_views_shape_in_place_raises_naming_the_op():
+    w = FORMATS["nvfp4_1d"].quantize(random_input(SHAPE, seed=1))
+    with pytest.raises(RuntimeError, match=r"aten\.unsqueeze_.*view of a quantized tensor"):
+        w[0].unsqueeze_(0)

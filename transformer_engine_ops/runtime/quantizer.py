@@ -24,6 +24,7 @@ __all__ = [
     "QuantizedData",
     "QuantizedStorage",
     "QuantizedTensor",
+    "QuantizedView",
     "Quantizer",
     "check_bool",
     "check_choice",
@@ -647,6 +648,8 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
     ``out=`` argument, ...) runs on its dequantized value and requantizes the result
     into its own buffers (:meth:`quantize_`), as TE's quantized tensors do: a quantized
     parameter trains. An op whose result cannot be requantized raises naming the op.
+    A view of it (``w[0]``, ``w.t()``) is a :class:`QuantizedView`: writes through the
+    view requantize it too.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -723,16 +726,7 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
             result = handler(func, args, kwargs)
             if result is not NotImplemented:
                 return result
-        if func._schema.is_mutable:
-            return _run_writing_op(func, args, kwargs)
-
-        def unwrap(x: Any) -> Any:
-            if not isinstance(x, QuantizedTensor):
-                return x
-            return QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
-
-        args, kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
-        return func(*args, **kwargs)
+        return _dispatch_on_values(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return self._describe()
@@ -833,33 +827,158 @@ def _written_arguments(func: Any, args: tuple, kwargs: dict) -> list[Any]:
     return written
 
 
-def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run an op that writes into some of its arguments on the dequantized values of
-    the quantized ones, then requantize each written quantized tensor in place from
-    its written value: ``quantize(op(dequantize(w)))``, the update TE's quantized
-    parameters make. A quantized tensor passed twice is dequantized once, so the op
-    sees the aliasing it was given; results that are the op's written values are
-    returned as the quantized tensors they stand for."""
-    values: dict[int, tuple[QuantizedTensor, torch.Tensor]] = {}
+class QuantizedView(torch.Tensor):
+    """A view of a quantized tensor (``w[0]``, ``w.t()``, ``w.view(-1)``), as a view of
+    a plain tensor behaves: reading it reads the quantized tensor's current value through
+    the same view ops, and an op writing into it writes the quantized tensor's
+    dequantized value through them and requantizes the whole tensor (``w[0].zero_()``,
+    ``w[:, :4] = 0``). Not a quantized value itself: other ops give plain tensors."""
 
-    def unwrap(x: Any) -> Any:
-        if not isinstance(x, QuantizedTensor):
-            return x
-        entry = values.get(id(x))
+    _quantized: QuantizedTensor
+    # The view ops from the base, in order: (op, arguments after the tensor, keyword
+    # arguments, which output of a multi-output view such as ``split``, or None).
+    _views: tuple[tuple[Any, tuple, dict, Optional[int]], ...]
+
+    @staticmethod
+    def __new__(
+        cls,
+        base: QuantizedTensor,
+        views: tuple[tuple[Any, tuple, dict, Optional[int]], ...],
+        value: torch.Tensor,
+    ) -> QuantizedView:
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, value.shape, strides=value.stride(), dtype=value.dtype, device=value.device
+        )
+        self._quantized = base
+        self._views = views
+        return self
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def view_of(self, base_value: torch.Tensor) -> torch.Tensor:
+        """This view of ``base_value`` (a dequantized value of the base)."""
+        value = base_value
+        for func, rest, kwargs, index in self._views:
+            value = func(value, *rest, **kwargs)
+            if index is not None:
+                value = value[index]
+        return value
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> Any:
+        return _dispatch_on_values(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        value = self.view_of(_dequantized(self._quantized))
+        return f"QuantizedView(of {type(self._quantized).__name__}, value={value!r})"
+
+
+def _dequantized(q: QuantizedTensor) -> torch.Tensor:
+    """``q``'s value laid out as ``q`` presents itself (contiguous), so that view ops
+    valid on ``q`` are valid on it (a columnwise dequantize is a transpose)."""
+    return QuantizedData.dequantize_usage(q, columnwise=not q.rowwise_usage).contiguous()
+
+
+def _traced(q: QuantizedTensor) -> bool:
+    """Whether ``q`` is being traced (fake buffers): a compiled graph keeps plain views."""
+    return (
+        torch.compiler.is_compiling()
+        or torch._guards.detect_fake_mode(q.inner_tensors()) is not None
+    )
+
+
+def _dispatch_on_values(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Every op a quantized tensor or a view of one meets without a rule of its own:
+    writes requantize (``_run_writing_op``), a view op on one makes a
+    :class:`QuantizedView`, anything else runs on the dequantized values."""
+    if func._schema.is_mutable:
+        return _run_writing_op(func, args, kwargs)
+    if func.is_view and args and isinstance(args[0], (QuantizedTensor, QuantizedView)):
+        view = _view_of(func, args, kwargs)
+        if view is not NotImplemented:
+            return view
+    values = _PlainValues()
+    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
+    return func(*plain_args, **plain_kwargs)
+
+
+def _view_of(func: Any, args: tuple, kwargs: dict) -> Any:
+    source, rest = args[0], args[1:]
+    if isinstance(source, QuantizedTensor):
+        base, views = source, ()
+    else:
+        base, views = source._quantized, source._views
+    if _traced(base) or any(
+        isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((rest, kwargs))
+    ):
+        return NotImplemented  # a plain view of the dequantized value
+    value = func(_PlainValues()(source), *rest, **kwargs)
+    if isinstance(value, torch.Tensor):
+        return QuantizedView(base, (*views, (func, rest, kwargs, None)), value)
+    return [QuantizedView(base, (*views, (func, rest, kwargs, i)), v) for i, v in enumerate(value)]
+
+
+class _PlainValues:
+    """Maps the quantized tensors and views an op call is given to plain values: each
+    quantized tensor dequantized once (so the op sees the aliasing it was given: ``w``
+    and ``w[0]`` in one call share memory), each view that view of its base's value."""
+
+    def __init__(self) -> None:
+        self.bases: dict[int, tuple[QuantizedTensor, torch.Tensor]] = {}
+        # id(plain value) -> (what it stands for, the value), kept alive with it.
+        self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def base_value(self, q: QuantizedTensor) -> torch.Tensor:
+        entry = self.bases.get(id(q))
         if entry is None:
-            value = QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
-            entry = values[id(x)] = (x, value)
+            entry = self.bases[id(q)] = (q, _dequantized(q))
         return entry[1]
 
-    plain_args, plain_kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
+    def __call__(self, x: Any) -> Any:
+        if isinstance(x, QuantizedTensor):
+            value = self.base_value(x)
+        elif isinstance(x, QuantizedView):
+            value = x.view_of(self.base_value(x._quantized))
+        else:
+            return x
+        self.stand_ins[id(value)] = (x, value)
+        return value
+
+    def originals(self, result: Any) -> Any:
+        """``result`` with each value that stands for a quantized tensor or a view
+        replaced by it (an in-place op returns what it wrote into)."""
+
+        def original(x: Any) -> Any:
+            entry = self.stand_ins.get(id(x)) if isinstance(x, torch.Tensor) else None
+            return entry[0] if entry is not None and entry[1] is x else x
+
+        return torch.utils._pytree.tree_map(original, result)
+
+
+def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run an op that writes into some of its arguments on the plain values of the
+    quantized tensors and views it is given, then requantize each quantized tensor
+    written (directly or through a view) in place from its written value:
+    ``quantize(op(dequantize(w)))``, the update TE's quantized parameters make."""
+    written = torch.utils._pytree.tree_leaves(_written_arguments(func, args, kwargs))
+    if torch.Tag.inplace_view in func.tags and any(isinstance(x, QuantizedView) for x in written):
+        raise RuntimeError(
+            f"{func}: changes the shape of a view of a quantized tensor in place; "
+            "make the view with the shape wanted instead"
+        )
+    values = _PlainValues()
+    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
     result = func(*plain_args, **plain_kwargs)
-    written = [
-        x
-        for x in torch.utils._pytree.tree_leaves(_written_arguments(func, args, kwargs))
-        if isinstance(x, QuantizedTensor)
-    ]
-    for target in written:  # every check before any write: all or nothing
-        value = values[id(target)][1]
+    targets: dict[int, QuantizedTensor] = {}
+    for x in written:
+        if isinstance(x, QuantizedTensor):
+            targets[id(x)] = x
+        elif isinstance(x, QuantizedView):
+            targets[id(x._quantized)] = x._quantized
+    for target in targets.values():  # every check before any write: all or nothing
+        value = values.base_value(target)
         if value.shape != target.shape or value.dtype != target.dtype:
             raise RuntimeError(
                 f"{func}: cannot requantize a {type(target).__name__} of shape "
@@ -867,12 +986,9 @@ def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
                 f"made its value {tuple(value.shape)} {value.dtype}; dequantize() it first "
                 "to work on a plain tensor"
             )
-    for target in {id(t): t for t in written}.values():  # written twice: requantized once
-        target.quantize_(values[id(target)][1])
-    originals = {id(value): target for target, value in values.values()}
-    return torch.utils._pytree.tree_map(
-        lambda x: originals.get(id(x), x) if isinstance(x, torch.Tensor) else x, result
-    )
+    for target in targets.values():
+        target.quantize_(values.base_value(target))
+    return values.originals(result)
 
 
 def is_quantized(x: Any) -> bool:
