@@ -290,3 +290,10 @@ def test_changing_a_views_shape_in_place_raises_naming_the_op():
     w = FORMATS["nvfp4_1d"].quantize(random_input(SHAPE, seed=1))
     with pytest.raises(RuntimeError, match=r"aten\.unsqueeze_.*view of a quantized tensor"):
         w[0].unsqueeze_(0)
+
+
+def test_a_compiled_graph_reads_views_of_a_quantized_tensor_as_plain_values():
+    w = FORMATS["fp8_current_e4m3"].quantize(random_input(SHAPE, seed=1))
+    x = random_input((4, 64), seed=2)
+    matmul = torch.compile(lambda x, w: x @ w[:16].t(), backend="aot_eager", fullgraph=True)
+    assert torch.equal(matmul(x, w), x @ w.dequantize()[:16].t())

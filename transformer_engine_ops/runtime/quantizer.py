@@ -881,12 +881,10 @@ def _dequantized(q: QuantizedTensor) -> torch.Tensor:
     return QuantizedData.dequantize_usage(q, columnwise=not q.rowwise_usage).contiguous()
 
 
-def _traced(q: QuantizedTensor) -> bool:
-    """Whether ``q`` is being traced (fake buffers): a compiled graph keeps plain views."""
-    return (
-        torch.compiler.is_compiling()
-        or torch._guards.detect_fake_mode(q.inner_tensors()) is not None
-    )
+def _traced() -> bool:
+    """Whether a compiled graph is being traced (by Dynamo or AOTAutograd, whose
+    dispatch runs on fake buffers): the graph keeps plain views of the dequantized value."""
+    return torch.compiler.is_compiling()
 
 
 def _dispatch_on_values(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -910,7 +908,7 @@ def _view_of(func: Any, args: tuple, kwargs: dict) -> Any:
         base, views = source, ()
     else:
         base, views = source._quantized, source._views
-    if _traced(base) or any(
+    if _traced() or any(
         isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((rest, kwargs))
     ):
         return NotImplemented  # a plain view of the dequantized value
