@@ -63,6 +63,21 @@ def recipe_gemm_fields(quantizers: RecipeQuantizers | None) -> dict[str, Any]:
     }
 
 
+def activation_dtype(owner: str, inp: Any, params_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a module computes in: its input's, or ``params_dtype`` for an input that
+    is not a tensor (a quantized storage; anything else is reported by the bundle's
+    field check). An input of an integer, boolean or complex dtype is refused, as
+    ``torch.nn.Linear`` refuses it, instead of being cast."""
+    if not isinstance(inp, torch.Tensor):
+        return params_dtype
+    if not inp.is_floating_point():
+        raise TypeError(
+            f"{owner}: input of dtype {inp.dtype}; expected a floating-point tensor "
+            "(float32, bfloat16, float16 or float64): cast it first"
+        )
+    return inp.dtype
+
+
 def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:
     """The recipe's ``backward_override`` as the ops' enum (None without a recipe)."""
     return None if quantizers is None else BACKWARD_OVERRIDES[quantizers.backward_override]

@@ -209,4 +209,11 @@ def set_extra_state(module: torch.nn.Module, state: Any) -> None:
             f"{owner}: unrecognised _extra_state {type(state).__name__}; expected None, an "
             f"empty tensor or a dict with format {EXTRA_STATE_FORMAT!r}"
         )
-    module.__dict__[_ATTR] = ScalingState.from_dict(owner, state)
+    loaded = ScalingState.from_dict(owner, state)
+    current: ScalingState | None = module.__dict__.get(_ATTR)
+    if current is not None and current.recipe == loaded.recipe:
+        # Into the quantizers in place: a ``quantized_model_init`` weight holds the
+        # weight role's quantizer and requantizes with its state after every update.
+        current.inherit(loaded)
+    else:
+        module.__dict__[_ATTR] = loaded

@@ -4,8 +4,8 @@ through the generated ``grouped_linear`` op.
 The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 (``weight0``.. ``weight{n-1}``, ``bias0``.. ``bias{n-1}``, plus ``_extra_state``).
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
-``forward(inp, m_splits)`` takes the rows of each GEMM as an int64 tensor or a list of
-ints (zeros allowed). A tensor's values never reach the graph, so one compiled graph
+``forward(inp, m_splits)`` takes the rows of each GEMM as an integer tensor or a list of
+ints (zeros allowed); a float or bool tensor or list element is refused, not truncated. A tensor's values never reach the graph, so one compiled graph
 serves every split; a list's ints do (dynamo guards on them) unless compiled with
 ``dynamic=True``.
 
@@ -37,6 +37,7 @@ own amax.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -56,12 +57,32 @@ from ._base import (
 )
 from ._call import (
     CACHING_REASON,
+    activation_dtype,
     backward_override_of,
     call_op,
     quantizes_weight,
     recipe_gemm_fields,
 )
 from .autocast import STATE
+
+
+def _row_counts(owner: str, m_splits: list[Any] | tuple[Any, ...]) -> list[int]:
+    """``m_splits`` given as a list, as ints; a float or a bool is refused (``torch.tensor``
+    would truncate 2.5 to 2 without a word)."""
+    counts = []
+    for i, s in enumerate(m_splits):
+        if isinstance(s, int) and not isinstance(s, bool):
+            counts.append(s)  # as is: under dynamic=True a symbolic int, not specialized
+            continue
+        try:
+            if isinstance(s, bool):
+                raise TypeError
+            counts.append(operator.index(s))  # a NumPy integer, a 0-d integer tensor
+        except TypeError:
+            raise TypeError(
+                f"{owner}: m_splits[{i}] is {s!r} ({type(s).__name__}); row counts must be ints"
+            ) from None
+    return counts
 
 
 def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
@@ -241,7 +262,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             dgrad_out=(None if dgrad_out is None else "a tensor", None),
         )
         if isinstance(m_splits, (list, tuple)):
-            m_splits = torch.tensor(m_splits, dtype=torch.int64)
+            m_splits = torch.tensor(_row_counts(cls, m_splits), dtype=torch.int64)
         elif not isinstance(m_splits, torch.Tensor):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
         shared = self._forward_recipe(STATE.autocast)
@@ -250,7 +271,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]
         q: Any = shared
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         weights, biases = self._weights(), self._biases()
         args = GroupedLinearFwdArgs(
             inp=inp,

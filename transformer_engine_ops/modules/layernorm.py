@@ -18,7 +18,7 @@ from torch import nn
 from ..generated.layernorm import layernorm_compiled, layernorm_eager
 from ..ops.layernorm import LayerNormFwdArgs
 from ._base import ExtraStateMixin
-from ._call import call_op
+from ._call import activation_dtype, call_op
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -93,6 +93,7 @@ class _Norm(ExtraStateMixin, nn.Module):
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         is_tensor = isinstance(inp, torch.Tensor)
+        activation_dtype(type(self).__name__, inp, self.weight.dtype)  # refuses integers
         bias = self.bias
         args = LayerNormFwdArgs(
             inp=inp,
@@ -116,13 +117,15 @@ class _Norm(ExtraStateMixin, nn.Module):
 
 
 class LayerNorm(_Norm):
-    """``y = (x - mean) / sqrt(var + eps) * gamma + beta`` over the last dim (fp32 math);
+    """``y = (x - mean) / sqrt(var + eps) * gamma + beta`` over the last dim (fp32 math,
+    float64 for float64 data);
     with ``zero_centered_gamma`` the weight stores ``gamma - 1``."""
 
     normalization = "LayerNorm"
 
 
 class RMSNorm(_Norm):
-    """``y = x / sqrt(mean(x^2) + eps) * gamma`` over the last dim (fp32 math)."""
+    """``y = x / sqrt(mean(x^2) + eps) * gamma`` over the last dim (fp32 math, float64
+    for float64 data)."""
 
     normalization = "RMSNorm"

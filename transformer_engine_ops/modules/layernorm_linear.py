@@ -28,6 +28,7 @@ from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..runtime.fallback import run_eagerly
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
+    activation_dtype,
     backward_override_of,
     caches_weight,
     call_op,
@@ -205,7 +206,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         fp8_output: bool,
     ) -> LayerNormLinearFwdArgs:
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
         return LayerNormLinearFwdArgs(

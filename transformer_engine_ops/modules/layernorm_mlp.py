@@ -22,7 +22,13 @@ from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
-from ._call import CACHING_REASON, call_op, recipe_gemm_fields, unsupported_reason
+from ._call import (
+    CACHING_REASON,
+    activation_dtype,
+    call_op,
+    recipe_gemm_fields,
+    unsupported_reason,
+)
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
@@ -187,7 +193,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         q1: Any = self._stateful_quantizers(shared)
         q2: Any = self._stateful_quantizers(shared, "fc2")
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         fc2_bias = None if self.return_bias else self.fc2_bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
         fc1_weight, fc1_bias, fc2_weight = self.fc1_weight, self.fc1_bias, self.fc2_weight

@@ -23,7 +23,13 @@ from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from . import _extra_state
 from ._base import ExtraStateMixin, reject_unimplemented
-from ._call import backward_override_of, caches_weight, gemm_call_reason, recipe_gemm_fields
+from ._call import (
+    activation_dtype,
+    backward_override_of,
+    caches_weight,
+    gemm_call_reason,
+    recipe_gemm_fields,
+)
 from .autocast import STATE, RecipeQuantizers
 
 
@@ -235,7 +241,7 @@ class Linear(ExtraStateMixin, nn.Module):
         grad = torch.is_grad_enabled()
         # A non-tensor input reaches the bundle as is and is reported by its field check.
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = inp.dtype if is_tensor and inp.is_floating_point() else self.params_dtype
+        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         return LinearFwdArgs(
             weight=self.weight,

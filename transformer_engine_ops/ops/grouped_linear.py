@@ -155,6 +155,11 @@ def _check(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs) -> None:
     for i, w in enumerate(args.weights):
         if tuple(w.shape) != (m, k):
             raise ValueError(f"{where}.weights[{i}]: shape {tuple(w.shape)}, expected ({m}, {k})")
+    if args.m_splits.dtype not in _ROW_COUNT_DTYPES:
+        raise TypeError(
+            f"{where}.m_splits: dtype {args.m_splits.dtype}; row counts must be an integer "
+            "tensor (int64), not truncated from another dtype"
+        )
     if tuple(args.m_splits.shape) != (n,):
         raise ValueError(
             f"{where}.m_splits: shape {tuple(args.m_splits.shape)}, expected ({n},) "
@@ -162,6 +167,9 @@ def _check(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs) -> None:
         )
     if args.inp.shape[-1] != k:
         raise ValueError(f"{where}.inp: last dim {args.inp.shape[-1]}, expected {k}")
+
+
+_ROW_COUNT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _splits(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs, rows: int) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
@@ -92,16 +93,18 @@ def check_norm(
 
 
 def norm_stats_specs(
-    normalization: str, rows: Any, device: Any
+    normalization: str, rows: Any, device: Any, dtype: torch.dtype
 ) -> tuple[TensorSpec | None, TensorSpec]:
-    """``(mu, rsigma)`` as specs: fp32, one per row; no mu for RMSNorm."""
-    rsigma = TensorSpec((rows,), torch.float32, device=device)
-    mu = TensorSpec((rows,), torch.float32, device=device) if normalization == "LayerNorm" else None
+    """``(mu, rsigma)`` as specs for an input of ``dtype``: in its math dtype (fp32, or
+    float64 for float64 data), one per row; no mu for RMSNorm."""
+    stats = math_dtype(dtype)
+    rsigma = TensorSpec((rows,), stats, device=device)
+    mu = TensorSpec((rows,), stats, device=device) if normalization == "LayerNorm" else None
     return mu, rsigma
 
 
-def _gamma(weight: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
-    gamma = weight.float()
+def _gamma(weight: torch.Tensor, zero_centered_gamma: bool, dtype: torch.dtype) -> torch.Tensor:
+    gamma = weight.to(dtype)
     return gamma + 1.0 if zero_centered_gamma else gamma
 
 
@@ -114,8 +117,8 @@ def norm_forward(
     zero_centered_gamma: bool,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """``(y, mu, rsigma)`` of the rows of ``x`` (2-D); fp32 math, ``y`` in ``out_dtype``;
-    no ``mu`` for RMSNorm."""
+    """``(y, mu, rsigma)`` of the rows of ``x`` (2-D); fp32 math (float64 for float64
+    ``x``), ``y`` in ``out_dtype``; no ``mu`` for RMSNorm."""
     layernorm = normalization == "LayerNorm"
     y, mu, rsigma = _norm_forward(x, weight, bias, layernorm, eps, zero_centered_gamma, out_dtype)
     return y, (mu if layernorm else None), rsigma
@@ -137,16 +140,16 @@ def _norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`norm_forward` with a 0-element ``mu`` for RMSNorm (an op returns tensors
     only)."""
-    xf = x.float()
+    xf = x.to(math_dtype(x.dtype))
     if layernorm:
         mu = xf.mean(-1)
         centered = xf - mu.unsqueeze(-1)
     else:
         mu, centered = xf.new_empty(0), xf
     rsigma = torch.rsqrt(centered.square().mean(-1) + eps)
-    y = centered * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
+    y = centered * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma, xf.dtype)
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(xf.dtype)
     return y.to(out_dtype), mu, rsigma
 
 
@@ -160,8 +163,9 @@ def norm_backward(
     need_dgrad: bool = True,
     dy_extra: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(dx fp32 or None, dgamma fp32, dbeta fp32)`` for rows ``x`` (2-D), fp32 math;
-    the output gradient is ``dy``, plus ``dy_extra`` when given (summed in fp32)."""
+    """``(dx or None, dgamma, dbeta)`` for rows ``x`` (2-D), all in the math dtype of
+    ``x`` (fp32; float64 for float64 ``x``); the output gradient is ``dy``, plus
+    ``dy_extra`` when given (summed in that dtype)."""
     dx, dgamma, dbeta = _norm_backward(
         dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
     )
@@ -186,15 +190,16 @@ def _norm_backward(
     tensors only). The output gradients are widened here, not by the caller: a 16-bit
     value widened outside would, traced, lose its rounding to older Inductors (which
     fold a narrowing cast followed by a widening one)."""
-    xf = x.float()
-    dyf = dy.float() if dy_extra is None else dy.float() + dy_extra.float()
+    dtype = math_dtype(x.dtype)
+    xf = x.to(dtype)
+    dyf = dy.to(dtype) if dy_extra is None else dy.to(dtype) + dy_extra.to(dtype)
     r = rsigma.unsqueeze(-1)
     xhat = (xf - mu.unsqueeze(-1)) * r if mu is not None else xf * r
     dgamma = (dyf * xhat).sum(0)
     dbeta = dyf.sum(0)
     if not need_dgrad:
         return dyf.new_empty(0), dgamma, dbeta
-    g = dyf * _gamma(weight, zero_centered_gamma)
+    g = dyf * _gamma(weight, zero_centered_gamma, dtype)
     proj = (g * xhat).mean(-1, keepdim=True)
     if mu is not None:
         g = g - g.mean(-1, keepdim=True)
@@ -243,7 +248,7 @@ def layernorm_forward_spec(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tup
     out = TensorSpec(tuple(inp.shape), inp.dtype, device=inp.device)
     if not plan.save_stats:
         return (out,), (None, None)
-    return (out,), norm_stats_specs(args.normalization, plan.rows, inp.device)
+    return (out,), norm_stats_specs(args.normalization, plan.rows, inp.device, inp.dtype)
 
 
 def layernorm_setup_context(args: LayerNormFwdArgs, saved: tuple[Any, ...]) -> LayerNormBwdArgs:

@@ -281,7 +281,7 @@ def layernorm_linear_forward_spec(
         rows = 1
         for d in inp.shape[:-1]:
             rows = rows * d
-        stats = norm_stats_specs(args.normalization, rows, inp.device)
+        stats = norm_stats_specs(args.normalization, rows, inp.device, inp.dtype)
     saved_ln_out = ln_out if plan.save_ln_out else None
     return outputs, (*stats, saved_ln_out, gemm_input, gemm_weight)
 

@@ -45,6 +45,7 @@ from transformer_engine_ops.ops.linear import (
 )
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
@@ -217,7 +218,7 @@ def _unary(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # whole in a lowered graph (runtime/lowering.py).
 @exact("activation_forward(str name, Tensor x, ScalarType out_dtype) -> Tensor")
 def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    xf = x.float()
+    xf = x.to(math_dtype(x.dtype))
     if name in GATED:
         a, b = xf.chunk(2, dim=-1)
         return (_unary(name, a)[0] * b).to(out_dtype)
@@ -228,7 +229,8 @@ def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> to
 def activation_backward(
     name: str, dy: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    xf, dyf = x.float(), dy.float()
+    dtype = math_dtype(x.dtype)
+    xf, dyf = x.to(dtype), dy.to(dtype)
     if name in GATED:
         a, b = xf.chunk(2, dim=-1)
         fa, dfa = _unary(name, a)
@@ -430,7 +432,9 @@ def layernorm_mlp_forward_spec(
     outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
     stats: tuple[Any, ...] = (None, None)
     if plan.save_stats:
-        stats = norm_stats_specs(args.normalization, math.prod(inp.shape[:-1]), inp.device)
+        stats = norm_stats_specs(
+            args.normalization, math.prod(inp.shape[:-1]), inp.device, inp.dtype
+        )
     return outputs, (
         *stats,
         ln_out if plan.save_ln_out else None,

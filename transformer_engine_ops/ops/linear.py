@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformer_engine_ops.quantization.gemm import gemm
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.quantizer import QuantizedData, Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
@@ -445,7 +446,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         # fp32 as the GEMM epilogue does.
         out = _reduce(out, plan.reduce_output, args)
         if bias is not None:
-            out = (out.float() + bias.float()).to(args.activation_dtype)
+            dtype = math_dtype(out.dtype)
+            out = (out.to(dtype) + bias.to(dtype)).to(args.activation_dtype)
     if len(inp.shape) != 2 or plan.gather_input or plan.reduce_output:
         out = out.view(linear_output_shape(args))
     if plan.quantized_output:
@@ -643,7 +645,7 @@ def _bias_grad(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     same bits as the fp32 sum cast, tested on the GPU), which saves a launch a layer."""
     if dy.dtype == dtype and dtype in _CUDA_HALF and dy.is_cuda:
         return dy.sum(0)
-    return dy.sum(0, dtype=torch.float32).to(dtype)
+    return dy.sum(0, dtype=math_dtype(dy.dtype)).to(dtype)
 
 
 def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:

@@ -36,6 +36,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..runtime import lowering
+from ..runtime.precision import math_dtype
 from ..runtime.quantizer import QuantizedData
 from .float8 import _Float8Data
 
@@ -272,11 +273,12 @@ def _fp32_gemm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The general path's fp32 product of 2-D operands: fp32 operands, product, fp32 bias
-    add, cast. Whole in a lowered graph (runtime/lowering.py), where Inductor would fuse
+    add, cast (float64 throughout when an operand is float64). Whole in a lowered graph (runtime/lowering.py), where Inductor would fuse
     the bias add into the GEMM (CUDA), and older Inductors fold the cast of one GEMM's
     output and the widening of the next one's operand into nothing, whatever
     ``emulate_precision_casts`` says."""
-    a, b = a.float(), b.float()
+    dtype = math_dtype(a.dtype, b.dtype)  # float64 operands keep their precision
+    a, b = a.to(dtype), b.to(dtype)
     # ``torch.mm`` is what ``@`` dispatches to (``linear`` without a bias is
     # ``mm(b, a.t())`` without a Python-side transposed view).
     if layout == "TN":
@@ -288,8 +290,8 @@ def _fp32_gemm(
     if bias is not None:
         # Out of place: a lowered graph that traces this piece (``lowering="rounding"``)
         # must be functional.
-        out = out + bias.float()
-    return out if out_dtype is _FP32 else out.to(out_dtype)
+        out = out + bias.to(dtype)
+    return out if out_dtype is dtype else out.to(out_dtype)
 
 
 def gemm(

@@ -24,6 +24,7 @@ __all__ = [
     "QuantizedData",
     "QuantizedStorage",
     "QuantizedTensor",
+    "QuantizedView",
     "Quantizer",
     "check_bool",
     "check_choice",
@@ -640,9 +641,15 @@ _aten = torch.ops.aten
 class QuantizedTensor(QuantizedData, torch.Tensor):
     """Wrapper tensor subclass: presents the logical shape and the fake dtype.
 
-    Ops it does not know run on the dequantized value, so ``x + 1`` works; detach,
-    clone, alias, device moves and ``copy_`` keep it quantized, which is what an
-    ``nn.Parameter`` needs.
+    Ops it does not know run on the dequantized value and give plain tensors, so
+    ``x + 1`` works and ``zeros_like(x)`` is a plain tensor of the fake dtype (what an
+    optimizer keeps as its state); detach, clone, alias and device moves keep it
+    quantized. An op that writes into it (``add_``, ``copy_``, ``_foreach_mul_``, an
+    ``out=`` argument, ...) runs on its dequantized value and requantizes the result
+    into its own buffers (:meth:`quantize_`), as TE's quantized tensors do: a quantized
+    parameter trains. An op whose result cannot be requantized raises naming the op.
+    A view of it (``w[0]``, ``w.t()``) is a :class:`QuantizedView`: writes through the
+    view requantize it too.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -680,6 +687,29 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
             return _Dequantize.apply(self, columnwise, dtype or self._dtype)
         return QuantizedData.dequantize_usage(self, columnwise=columnwise, dtype=dtype)
 
+    def quantize_(self, value: torch.Tensor) -> QuantizedTensor:
+        """Quantize ``value`` (a plain tensor of this shape) into this tensor in place:
+        the same object, quantizer and inner buffers (their storage is overwritten, so
+        aliases made by ``detach``/``.data`` see the new value); its version counter
+        counts the write."""
+        if isinstance(value, QuantizedData) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{type(self).__name__}.quantize_ takes a plain tensor, got {type(value).__name__}"
+            )
+        if value.shape != self.shape:
+            raise ValueError(
+                f"{type(self).__name__}.quantize_: value of shape {tuple(value.shape)} "
+                f"for a tensor of shape {tuple(self.shape)}"
+            )
+        value = value.detach().to(self.device, self._dtype)
+        fresh = self._quantizer.with_internal(True).quantize(value)
+        for name in self._present_names:
+            getattr(self, name).copy_(getattr(fresh, name))
+        # Autograd checks saved tensors against it; an op over a list of tensors
+        # (``_foreach_add_``) reaches this tensor without torch counting a write.
+        torch.autograd.graph.increment_version(self)
+        return self
+
     def _map_inner(self, fn: Any, **kwargs: Any) -> QuantizedTensor:
         inner = {n: fn(t) for n, t in self._inner_dict().items()}
         return type(self)(
@@ -696,14 +726,7 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
             result = handler(func, args, kwargs)
             if result is not NotImplemented:
                 return result
-
-        def unwrap(x: Any) -> Any:
-            if not isinstance(x, QuantizedTensor):
-                return x
-            return QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
-
-        args, kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
-        return func(*args, **kwargs)
+        return _dispatch_on_values(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return self._describe()
@@ -729,17 +752,46 @@ def _rule_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return src._map_inner(lambda t: t.to(device=device))
 
 
+def _same_format(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether ``b``'s buffers are valid as ``a``'s: class, fake dtype, shape and the
+    quantizer's configuration (its fields; a stateful quantizer's state aside)."""
+    qa, qb = a._quantizer, b._quantizer
+    return (
+        type(a) is type(b)
+        and type(qa) is type(qb)
+        and a._dtype == b._dtype
+        and a.shape == b.shape
+        and all(getattr(qa, f.name) == getattr(qb, f.name) for f in dataclasses.fields(qa))
+    )
+
+
 def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``dst.copy_(src)`` into a quantized dst re-quantizes src with dst's quantizer."""
+    """``dst.copy_(src)`` from a quantized tensor of dst's format copies its codes (the
+    value exactly, as TE does; loading a state dict round-trips bit for bit); any other
+    copy is an in-place op like the others."""
     dst, src = args[0], args[1]
-    if not isinstance(dst, QuantizedTensor):
+    if not (
+        isinstance(dst, QuantizedTensor)
+        and isinstance(src, QuantizedTensor)
+        and _same_format(dst, src)
+    ):
         return NotImplemented
-    if isinstance(src, QuantizedData):
-        src = QuantizedData.dequantize_usage(src, columnwise=not src.rowwise_usage)
-    fresh = dst._quantizer.with_internal(True).quantize(src.to(dst.device, dst._dtype))
     for name in dst.inner_names():
-        getattr(dst, name).copy_(getattr(fresh, name))
+        getattr(dst, name).copy_(getattr(src, name), **kwargs)
     return dst
+
+
+def _rule_record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The tensor's memory is its inner buffers: each is recorded on the stream."""
+    for buffer in args[0].inner_tensors():
+        func(buffer, *args[1:], **kwargs)
+
+
+def _rule_set_(func: Any, args: tuple, kwargs: dict) -> Any:
+    raise RuntimeError(
+        f"{func}: a quantized {type(args[0]).__name__} cannot alias another tensor's "
+        "storage; assign a new parameter, or copy_ the value into it"
+    )
 
 
 _DISPATCH_RULES: dict[Any, Any] = {
@@ -748,7 +800,193 @@ _DISPATCH_RULES: dict[Any, Any] = {
     _aten.clone.default: _rule_clone,
     _aten._to_copy.default: _rule_to_copy,
     _aten.copy_.default: _rule_copy_,
+    _aten.record_stream.default: _rule_record_stream,
+    **{
+        overload: _rule_set_
+        for overload in (
+            _aten.set_.source_Tensor,
+            _aten.set_.source_Storage,
+            _aten.set_.source_Storage_storage_offset,
+            _aten.set_.default,
+        )
+    },
 }
+
+
+def _written_arguments(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments ``func`` writes into (``Tensor(a!)`` and ``Tensor(a!)[]`` in its
+    schema), as passed: a tensor or a list of tensors each."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if i < len(args) and not arg.kwarg_only:
+            written.append(args[i])
+        elif arg.name in kwargs:
+            written.append(kwargs[arg.name])
+    return written
+
+
+class QuantizedView(torch.Tensor):
+    """A view of a quantized tensor (``w[0]``, ``w.t()``, ``w.view(-1)``), as a view of
+    a plain tensor behaves: reading it reads the quantized tensor's current value through
+    the same view ops, and an op writing into it writes the quantized tensor's
+    dequantized value through them and requantizes the whole tensor (``w[0].zero_()``,
+    ``w[:, :4] = 0``). Not a quantized value itself: other ops give plain tensors."""
+
+    _quantized: QuantizedTensor
+    # The view ops from the base, in order: (op, arguments after the tensor, keyword
+    # arguments, which output of a multi-output view such as ``split``, or None).
+    _views: tuple[tuple[Any, tuple, dict, Optional[int]], ...]
+
+    @staticmethod
+    def __new__(
+        cls,
+        base: QuantizedTensor,
+        views: tuple[tuple[Any, tuple, dict, Optional[int]], ...],
+        value: torch.Tensor,
+    ) -> QuantizedView:
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, value.shape, strides=value.stride(), dtype=value.dtype, device=value.device
+        )
+        self._quantized = base
+        self._views = views
+        return self
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def view_of(self, base_value: torch.Tensor) -> torch.Tensor:
+        """This view of ``base_value`` (a dequantized value of the base)."""
+        value = base_value
+        for func, rest, kwargs, index in self._views:
+            value = func(value, *rest, **kwargs)
+            if index is not None:
+                value = value[index]
+        return value
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> Any:
+        return _dispatch_on_values(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        value = self.view_of(_dequantized(self._quantized))
+        return f"QuantizedView(of {type(self._quantized).__name__}, value={value!r})"
+
+
+def _dequantized(q: QuantizedTensor) -> torch.Tensor:
+    """``q``'s value laid out as ``q`` presents itself (contiguous), so that view ops
+    valid on ``q`` are valid on it (a columnwise dequantize is a transpose)."""
+    return QuantizedData.dequantize_usage(q, columnwise=not q.rowwise_usage).contiguous()
+
+
+def _traced() -> bool:
+    """Whether a compiled graph is being traced (by Dynamo or AOTAutograd, whose
+    dispatch runs on fake buffers): the graph keeps plain views of the dequantized value."""
+    return torch.compiler.is_compiling()
+
+
+def _dispatch_on_values(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Every op a quantized tensor or a view of one meets without a rule of its own:
+    writes requantize (``_run_writing_op``), a view op on one makes a
+    :class:`QuantizedView`, anything else runs on the dequantized values."""
+    if func._schema.is_mutable:
+        return _run_writing_op(func, args, kwargs)
+    if func.is_view and args and isinstance(args[0], (QuantizedTensor, QuantizedView)):
+        view = _view_of(func, args, kwargs)
+        if view is not NotImplemented:
+            return view
+    values = _PlainValues()
+    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
+    return func(*plain_args, **plain_kwargs)
+
+
+def _view_of(func: Any, args: tuple, kwargs: dict) -> Any:
+    source, rest = args[0], args[1:]
+    if isinstance(source, QuantizedTensor):
+        base, views = source, ()
+    else:
+        base, views = source._quantized, source._views
+    if _traced() or any(
+        isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((rest, kwargs))
+    ):
+        return NotImplemented  # a plain view of the dequantized value
+    value = func(_PlainValues()(source), *rest, **kwargs)
+    if isinstance(value, torch.Tensor):
+        return QuantizedView(base, (*views, (func, rest, kwargs, None)), value)
+    return [QuantizedView(base, (*views, (func, rest, kwargs, i)), v) for i, v in enumerate(value)]
+
+
+class _PlainValues:
+    """Maps the quantized tensors and views an op call is given to plain values: each
+    quantized tensor dequantized once (so the op sees the aliasing it was given: ``w``
+    and ``w[0]`` in one call share memory), each view that view of its base's value."""
+
+    def __init__(self) -> None:
+        self.bases: dict[int, tuple[QuantizedTensor, torch.Tensor]] = {}
+        # id(plain value) -> (what it stands for, the value), kept alive with it.
+        self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def base_value(self, q: QuantizedTensor) -> torch.Tensor:
+        entry = self.bases.get(id(q))
+        if entry is None:
+            entry = self.bases[id(q)] = (q, _dequantized(q))
+        return entry[1]
+
+    def __call__(self, x: Any) -> Any:
+        if isinstance(x, QuantizedTensor):
+            value = self.base_value(x)
+        elif isinstance(x, QuantizedView):
+            value = x.view_of(self.base_value(x._quantized))
+        else:
+            return x
+        self.stand_ins[id(value)] = (x, value)
+        return value
+
+    def originals(self, result: Any) -> Any:
+        """``result`` with each value that stands for a quantized tensor or a view
+        replaced by it (an in-place op returns what it wrote into)."""
+
+        def original(x: Any) -> Any:
+            entry = self.stand_ins.get(id(x)) if isinstance(x, torch.Tensor) else None
+            return entry[0] if entry is not None and entry[1] is x else x
+
+        return torch.utils._pytree.tree_map(original, result)
+
+
+def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run an op that writes into some of its arguments on the plain values of the
+    quantized tensors and views it is given, then requantize each quantized tensor
+    written (directly or through a view) in place from its written value:
+    ``quantize(op(dequantize(w)))``, the update TE's quantized parameters make."""
+    written = torch.utils._pytree.tree_leaves(_written_arguments(func, args, kwargs))
+    if torch.Tag.inplace_view in func.tags and any(isinstance(x, QuantizedView) for x in written):
+        raise RuntimeError(
+            f"{func}: changes the shape of a view of a quantized tensor in place; "
+            "make the view with the shape wanted instead"
+        )
+    values = _PlainValues()
+    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
+    result = func(*plain_args, **plain_kwargs)
+    targets: dict[int, QuantizedTensor] = {}
+    for x in written:
+        if isinstance(x, QuantizedTensor):
+            targets[id(x)] = x
+        elif isinstance(x, QuantizedView):
+            targets[id(x._quantized)] = x._quantized
+    for target in targets.values():  # every check before any write: all or nothing
+        value = values.base_value(target)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise RuntimeError(
+                f"{func}: cannot requantize a {type(target).__name__} of shape "
+                f"{tuple(target.shape)} and dtype {target.dtype} after an in-place op that "
+                f"made its value {tuple(value.shape)} {value.dtype}; dequantize() it first "
+                "to work on a plain tensor"
+            )
+    for target in targets.values():
+        target.quantize_(values.base_value(target))
+    return values.originals(result)
 
 
 def is_quantized(x: Any) -> bool:
