@@ -3,13 +3,20 @@ under different recipes each get their own single-threaded result."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 import torch
 from module_cases import RECIPES, graph_breaks, make_input, make_mlp, run_in_threads, step
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from transformer_engine_ops.modules.autocast import STATE, autocast
-from transformer_engine_ops.quantization import MXFP8BlockScaling
+from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.quantization import Float8CurrentScaling, MXFP8BlockScaling
+from transformer_engine_ops.quantization.float8 import Float8Tensor
 
 THREAD_RECIPES = ["bf16", "fp8_current", "mxfp8", "nvfp4", "fp8_block"]
 
@@ -71,3 +78,95 @@ def test_one_compiled_model_called_from_threads_uses_each_threads_recipe():
         got = run_in_threads(lambda n: step(compiled, x, n), [name])[name]
         _assert_same(got, want)
     assert graph_breaks() == 0
+
+
+# --- what a trace reads comes from the call itself (issue 24) --------------------------
+# A compiled call rebuilds its outputs, and its autograd node its saved values, from the
+# result layout of that very call. With a process-wide "layout the op's kernel wrote
+# last", another thread's kernel finishing between a traced call's fake kernel and the
+# rebuild replaced the layout: a raw uint8 buffer instead of a Float8Tensor, and an
+# unquantized backward baked into the graph. These tests put that other thread's call
+# exactly there, after every fake run of the op on this thread.
+
+
+@contextlib.contextmanager
+def _another_thread_calls_linear_after_each_fake_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[list[int]]:
+    torch.manual_seed(3)
+    other = Linear(64, 32, params_dtype=torch.bfloat16)
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    compiled = torch.compile(other, fullgraph=True, backend="aot_eager")
+    # Compiled alone, on a thread of its own: a thread starts with the default grad mode
+    # and no recipe, so the interleaved calls hit this graph and never compile (Dynamo
+    # compiles one frame at a time; a compile there would wait for ours).
+    run_in_threads(lambda _: compiled(x), ["warm-up"])
+    calls = [0]
+    here = threading.get_ident()
+    dispatch = FakeTensorMode.dispatch
+
+    def dispatch_then_interleave(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        out = dispatch(mode, func, *args, **kwargs)
+        if threading.get_ident() == here and func.name().startswith("teops::linear_fwd"):
+            thread = threading.Thread(target=compiled, args=(x,))
+            thread.start()
+            thread.join()
+            calls[0] += 1
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FakeTensorMode, "dispatch", dispatch_then_interleave)
+        yield calls
+    assert calls[0] > 0
+
+
+def _fp8_linear(seed: int) -> Linear:
+    torch.manual_seed(seed)
+    return Linear(64, 32, params_dtype=torch.bfloat16)
+
+
+def _linear_input() -> torch.Tensor:
+    return torch.randn(16, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+
+
+def _inner(value: Any) -> list[torch.Tensor]:
+    names, _ = value.__tensor_flatten__()
+    return [getattr(value, n) for n in names]
+
+
+def test_fp8_output_compiled_beside_another_thread_is_a_float8_tensor_equal_to_eager(
+    monkeypatch,
+):
+    x = _linear_input()
+    lin = _fp8_linear(0)
+    with torch.no_grad(), autocast(recipe=Float8CurrentScaling()):
+        want = lin(x, fp8_output=True)
+        with _another_thread_calls_linear_after_each_fake_run(monkeypatch):
+            got = torch.compile(lin, fullgraph=True, backend="aot_eager")(x, fp8_output=True)
+    assert type(got) is type(want) is Float8Tensor
+    for a, b in zip(_inner(got), _inner(want), strict=True):
+        assert torch.equal(a, b)
+
+
+def _fp8_training_step(model: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    x = x.clone().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    with autocast(recipe=Float8CurrentScaling()):
+        y = model(x)
+    y.float().square().sum().backward()
+    return y.detach(), x.grad, *(p.grad for p in model.parameters())
+
+
+def test_fp8_training_compiled_beside_another_thread_keeps_its_quantized_backward(
+    monkeypatch,
+):
+    x = _linear_input()
+    lin = _fp8_linear(0)
+    want = _fp8_training_step(lin, x)
+    compiled = torch.compile(lin, fullgraph=True, backend="aot_eager")
+    with _another_thread_calls_linear_after_each_fake_run(monkeypatch):
+        first = _fp8_training_step(compiled, x)
+    later = _fp8_training_step(compiled, x)  # the same graph, no other thread
+    for got in (first, later):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
