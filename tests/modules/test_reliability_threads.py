@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 import torch
-from module_cases import RECIPES, graph_breaks, make_input, make_mlp, run_in_threads, step
+from module_cases import (
+    RECIPES,
+    graph_breaks,
+    make_input,
+    make_mlp,
+    recipe_context,
+    run_in_threads,
+    step,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from transformer_engine_ops.modules.autocast import STATE, autocast
@@ -170,3 +178,67 @@ def test_fp8_training_compiled_beside_another_thread_keeps_its_quantized_backwar
     for got in (first, later):
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
+
+
+# --- stress: many threads, every recipe, eager and compiled, at once ---------------------
+
+
+def _stress_configs() -> list[tuple[str, str, bool, bool]]:
+    """(recipe, mode, grad, fp8_output): training eager and compiled under every recipe,
+    inference compiled, and a quantized output (inference, compiled) under each recipe
+    that quantizes. DelayedScaling is eager-only and keeps per-module history: not here."""
+    configs = []
+    for recipe in THREAD_RECIPES:
+        configs += [(recipe, "eager", True, False), (recipe, "compiled", True, False)]
+        configs += [(recipe, "compiled", False, False)]
+        if recipe != "bf16":
+            configs += [(recipe, "compiled", False, True)]
+    return configs
+
+
+def _flat_result(value: Any) -> list[torch.Tensor]:
+    """A result as plain tensors (a quantized output as its inner buffers, its type first)."""
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+        return [torch.tensor(hash(type(value).__name__) % 997), *_inner(value)]
+    return [value]
+
+
+def _stress_call(model: Any, x: torch.Tensor, recipe: str, grad: bool, fp8_output: bool) -> list:
+    if grad:
+        out, dx, grads = step(model, x, recipe)
+        return [out, dx, *grads]
+    with torch.no_grad(), recipe_context(recipe):
+        return _flat_result(model(x, fp8_output=fp8_output) if fp8_output else model(x))
+
+
+@pytest.mark.slow
+def test_threads_over_every_recipe_eager_and_compiled_each_get_their_single_threaded_bits():
+    configs = _stress_configs()
+    assert len(configs) >= 8
+    x = make_input()
+    models = {}
+    for i, (_, mode, _, _) in enumerate(configs):
+        model = make_mlp()
+        if mode == "compiled":
+            model = torch.compile(model, fullgraph=True, backend="aot_eager")
+        models[i] = model
+
+    def call(i: int) -> list:
+        recipe, _, grad, fp8_output = configs[i]
+        # One compiled model per configuration, each a graph of the same code objects
+        # (Dynamo's settings are per thread).
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _stress_call(models[i], x, recipe, grad, fp8_output)
+
+    # Each configuration compiled and run alone first (torch.compile does not promise
+    # concurrent compiles), on a thread of its own: the bits every thread must get.
+    alone = {i: run_in_threads(lambda _, i=i: call(i), ["alone"])["alone"] for i in models}
+    names = [f"{i}" for i in models]
+    for _ in range(3):
+        together = run_in_threads(lambda n: call(int(n)), names)
+        for n, got in together.items():
+            want = alone[int(n)]
+            assert len(got) == len(want), configs[int(n)]
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), configs[int(n)]
+    assert graph_breaks() == 0
