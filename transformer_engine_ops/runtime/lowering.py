@@ -31,6 +31,7 @@ misses the cache instead of reusing a graph traced from the old one.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -396,15 +397,26 @@ def source_fingerprint() -> str:
 
 
 _TAG_PREFIX = "teops-lowered-"
+# A fingerprint of ours inside a tag: first (with the "+" after it) or after a "+".
+_OUR_TAG = re.compile(
+    r"\Ateops-lowered-[0-9a-f]{16}(?:\+|\Z)|\+teops-lowered-[0-9a-f]{16}(?=\+|\Z)"
+)
+
+
+def tagged(tag: str, fingerprint: str) -> str:
+    """``tag`` with ``teops-lowered-<fingerprint>`` as its last ``+`` part: every
+    character of the user's own tag kept (``team+run++7`` stays that), any earlier
+    fingerprint of ours taken out."""
+    user = _OUR_TAG.sub("", tag)
+    mine = _TAG_PREFIX + fingerprint
+    return f"{user}+{mine}" if user else mine
 
 
 def _tag_cache_key() -> None:
     import torch
 
     config = torch.compiler.config
-    mine = _TAG_PREFIX + source_fingerprint()
-    parts = [p for p in config.cache_key_tag.split("+") if p and not p.startswith(_TAG_PREFIX)]
-    tag = "+".join([*parts, mine])
+    tag = tagged(config.cache_key_tag, source_fingerprint())
     if config.cache_key_tag != tag:
         config.cache_key_tag = tag
 
