@@ -122,9 +122,16 @@ def tracing() -> bool:
 # reads it (Inductor folds a narrowing cast followed by a widening one).
 
 _EXACT_NAMESPACE = "teops_exact"
-_EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
-_EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined when the lowering joins Inductor
+# op name -> (its schema, the function); op names are scoped by the marking module
+_EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}
+_EXACT_OPS: dict[str, Any] = {}  # op name -> its op, defined when the lowering joins Inductor
 _EXACT_LOCK = threading.Lock()
+
+
+def exact_op_name(module: str, name: str) -> str:
+    """The op name of the piece ``name`` marked in ``module``: scoped by the module, so
+    two op modules may each mark a piece of the same name."""
+    return f"{name}__{module.replace('.', '_')}"
 
 
 def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -133,31 +140,33 @@ def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     (``"bias_grad(Tensor dy, ScalarType dtype) -> Tensor"``); the function is pure and
     returns fresh tensors (never an input or a view of one).
     Eagerly the piece is called as it is; traced for Inductor it is recorded as the op
-    ``teops_exact::<name>`` running the same function (its fake: the function itself, on
-    fake tensors)."""
-    name = schema.split("(", 1)[0]
+    ``teops_exact::<name>__<module>`` (:func:`exact_op_name`) running the same function
+    (its fake: the function itself, on fake tensors). Names are per module: one module
+    cannot mark two pieces of one name, two modules can."""
+    name, signature = schema.split("(", 1)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in _EXACT:
-            raise ValueError(f"exact: two pieces named {name!r}")
-        _EXACT[name] = (schema, fn)
+        op_name = exact_op_name(fn.__module__, name)
+        if op_name in _EXACT:
+            raise ValueError(f"exact: two pieces named {name!r} in {fn.__module__}")
+        _EXACT[op_name] = (f"{op_name}({signature}", fn)
 
         @functools.wraps(fn)
         def piece(*args: Any, **kwargs: Any) -> Any:
             if _TRACING.depth == 0 or not _TRACING.keep_exact:
                 return fn(*args, **kwargs)
-            return exact_op(name)(*args, **kwargs)
+            return exact_op(op_name)(*args, **kwargs)
 
-        records(functools.partial(exact_op, name))
+        records(functools.partial(exact_op, op_name))
         return piece
 
     return mark
 
 
-def exact_op(name: str) -> Any:
-    """The op ``teops_exact::<name>`` of the piece ``name`` (defined when the lowering
+def exact_op(op_name: str) -> Any:
+    """The op ``teops_exact::<op_name>`` of a marked piece (defined when the lowering
     joins Inductor, see :func:`records`)."""
-    op = _EXACT_OPS.get(name)
+    op = _EXACT_OPS.get(op_name)
     if op is not None:
         return op
     import torch
@@ -165,21 +174,21 @@ def exact_op(name: str) -> Any:
     from .custom_ops import op_library  # custom_ops imports this module
 
     with _EXACT_LOCK:
-        if name not in _EXACT_OPS:
-            schema, fn = _EXACT[name]
+        if op_name not in _EXACT_OPS:
+            schema, fn = _EXACT[op_name]
             lib = op_library(_EXACT_NAMESPACE)
             lib.define(schema)
             # No autograd layer: the piece runs inside an op call autograd has already
             # differentiated, so Inductor's call of it costs one dispatch.
-            lib.impl(name, fn, "CompositeExplicitAutograd")
-            torch.library.register_fake(f"{_EXACT_NAMESPACE}::{name}", fn, lib=lib)
-            _EXACT_OPS[name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), name).default
-        return _EXACT_OPS[name]
+            lib.impl(op_name, fn, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{_EXACT_NAMESPACE}::{op_name}", fn, lib=lib)
+            _EXACT_OPS[op_name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), op_name).default
+        return _EXACT_OPS[op_name]
 
 
-def exact_pieces() -> tuple[str, ...]:
-    """The names of every piece marked with :func:`exact` (those imported so far)."""
-    return tuple(_EXACT)
+def exact_pieces() -> dict[str, tuple[str, Callable[..., Any]]]:
+    """Every piece marked with :func:`exact` so far: op name -> (schema, function)."""
+    return dict(_EXACT)
 
 
 def register(
