@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import _torch_private as _private
 from . import lowering
 from .boundary import (
     SlotRow,
@@ -305,8 +306,8 @@ def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]
 
 # Dynamo calls both once while it traces a compiled call, and bakes in what they return:
 # the record is opened and read at trace time, around the fake kernel's run.
-torch.compiler.assume_constant_result(begin_call)
-torch.compiler.assume_constant_result(output_layout)
+_private.mark_constant_result(begin_call)
+_private.mark_constant_result(output_layout)
 
 
 # --- the eager path: an autograd.Function straight into the impls -------------------
@@ -437,7 +438,7 @@ class _EagerFunction(torch.autograd.Function):
         ctx: Any, glue: OpGlue, args: Any, made: list[Any], lengths: Any, *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = glue.forward_impl(args)
-        backward = glue.setup_context(args, saved)
+        backward = glue.setup_context(args, tuple(outputs), saved)
         save_values(ctx, [getattr(backward, name) for name in glue.saved_fields])
         for name in glue.saved_fields:
             setattr(backward, name, None)
@@ -465,7 +466,7 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
         inputs, lengths = tuple(grad_values), glue.single_lengths
     else:
         inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
-    if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*inputs)):
+    if not (torch.is_grad_enabled() and _private.any_requires_grad(*inputs)):
         return glue.forward_impl(args)
     made: list[Any] = []
     outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
@@ -484,7 +485,7 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
 # straight away: one conversion of the slots per call.
 
 _LIBRARIES: dict[str, Any] = {}
-_BACKEND_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+_BACKEND_KEYS = _private.BACKEND_KEYS
 
 
 def op_library(namespace: str) -> Any:
@@ -528,14 +529,14 @@ def define_op(
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, lowering.keyed(fake) if lowers else fake, lib=lib)
         op = getattr(getattr(torch.ops, namespace), name).default
-        after_autograd = torch._C._after_autograd_keyset
+        after_autograd = _private.after_autograd_keyset
 
         def no_grad_kernel(keyset: Any, *slots: Any) -> Any:
             # A non-differentiable op (e.g. a backward op): never records a gradient.
             below = keyset & after_autograd
             if _plain_backend(below):
                 return kernel(*slots)
-            with torch._C._AutoDispatchBelowAutograd():
+            with _private.AutoDispatchBelowAutograd():
                 return op.redispatch(below, *slots)
 
         if not differentiable:
@@ -555,7 +556,8 @@ class OpGlue:
     """What the op-generic autograd of a forward op needs of its generated module.
 
     ``unflatten``: forward slots -> forward bundle; ``forward_impl``: bundle ->
-    ``(outputs, saved)``; ``setup_context``: ``(bundle, saved)`` -> backward bundle;
+    ``(outputs, saved)``; ``setup_context``: ``(bundle, outputs, saved)`` -> backward
+    bundle;
     ``backward_impl``: backward bundle -> one gradient per grad field;
     ``flatten_backward``: backward bundle -> backward slots. ``grad_slots``: the forward
     slot of each grad field; ``grad_lists``: whether each is a ``Tensor[]``;
@@ -583,19 +585,19 @@ def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
     """
     if op is None or backward_op is None:
         return
-    namespace, name = op._schema.name.split("::")
-    after_autograd = torch._C._after_autograd_keyset
+    namespace, name = op.name().split("::")
+    after_autograd = _private.after_autograd_keyset
     kernel = glue.kernel
     glue.op, glue.backward_op, glue.qualname = op, backward_op, f"{namespace}::{name}"
 
     def autograd_kernel(keyset: Any, *slots: Any) -> Any:
         below = keyset & after_autograd
-        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*slots):
+        if torch.is_grad_enabled() and _private.any_requires_grad(*slots):
             inputs, lengths = eager_inputs([slots[i] for i in glue.grad_slots], glue.grad_lists)
             return list(_OpFunction.apply(glue, below, slots, lengths, *inputs))
         if _plain_backend(below):
             return kernel(*slots)
-        with torch._C._AutoDispatchBelowAutograd():
+        with _private.AutoDispatchBelowAutograd():
             return op.redispatch(below, *slots)
 
     op_library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
@@ -615,13 +617,13 @@ class _OpFunction(torch.autograd.Function):
             flat = pack_and_record(glue.qualname, outputs, saved)
         else:
             begin_call(glue.qualname)
-            with torch._C._AutoDispatchBelowAutograd():
+            with _private.AutoDispatchBelowAutograd():
                 flat = glue.op.redispatch(below, *slots)
             out_layout, saved_layout = result_layouts(glue.qualname)
             outputs, cursor = _rebuild(out_layout, flat, 0)
             saved, _ = _rebuild(saved_layout, flat, cursor)
             args = glue.unflatten(*slots)
-        backward = glue.setup_context(args, tuple(saved))
+        backward = glue.setup_context(args, tuple(outputs), tuple(saved))
         values = [getattr(backward, f) for f in glue.saved_fields]
         save_values(ctx, values)
         for f in glue.saved_fields:

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _torch_private as _private
 from . import codec
 from .boundary import SlotRow, decode_meta, first_device
 
@@ -208,7 +209,7 @@ def register(
         finally:
             _TRACING.depth -= 1
 
-    decomposition.__name__ = f"lower_{op._schema.name.replace('::', '_')}"
+    decomposition.__name__ = f"lower_{op.name().replace('::', '_')}"
     with _INSTALL_LOCK:
         _DECOMPOSITIONS[op] = decomposition
         _PACKAGES.add(kernel.__module__.split(".", 1)[0])
@@ -225,9 +226,7 @@ def _autotuning_gemms() -> bool:
     """Whether Inductor may pick its own GEMM kernels for this compile (``max-autotune``
     modes): a traced ``mm`` could then become a Triton template rounding differently
     from eager's cuBLAS call, so the calls keep their nodes (their GEMMs run in the op)."""
-    from torch._inductor import config
-
-    return bool(config.max_autotune or config.max_autotune_gemm)
+    return _private.inductor_max_autotune()
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
@@ -246,7 +245,7 @@ _BY_DEFAULT: set[Any] = set()
 _PACKAGES: set[str] = set()  # top-level packages of the registered kernels
 _INSTALL_LOCK = threading.RLock()
 _INSTALLED = False
-_INDUCTOR_LOWERING = "torch._inductor.lowering"  # imported by every Inductor compile
+_INDUCTOR_LOWERING = _private.INDUCTOR_LOWERING_MODULE  # imported by every Inductor compile
 _HOOKED = False  # the import hook is in sys.meta_path (or has fired)
 
 
@@ -356,24 +355,13 @@ def install() -> None:
 
 
 def _install_op(op: Any) -> None:
-    from torch._inductor import decomposition as inductor_decomposition
-    from torch._inductor import lowering as inductor_lowering
-    from torch._library.utils import get_layout_constraint_tag
-
     # A declined call keeps its op node, and Inductor refuses to make its implicit
     # fallback for an op its decomposition table holds. So each op gets, up front, the
     # fallback Inductor would make for it implicitly (the layout constraint of its
     # tags), marked as overriding the decomposition; only then the decomposition.
-    if op not in inductor_lowering.lowerings:
-        tag = get_layout_constraint_tag(op, with_default=True)
-        inductor_lowering.make_fallback(
-            op,
-            layout_constraint=inductor_lowering.tag_to_layout_constraint(tag),
-            warn=False,
-            override_decomp=True,
-        )
+    _private.inductor_install_fallback(op)
     if op in _BY_DEFAULT:
-        inductor_decomposition.decompositions[op] = _table_entry(op)
+        _private.inductor_decompositions()[op] = _table_entry(op)
 
 
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
@@ -457,18 +445,14 @@ def inductor_backend(
             f"inductor_backend: lowering={lowering!r}; expected one of {', '.join(_LOWERINGS)}"
         )
     import torch
-    import torch._functorch.config as functorch_config
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.decomposition import select_decomp_table
 
-    patches = {**list_mode_options(mode or "default"), **(options or {})}
+    patches = {**_private.inductor_mode_options(mode or "default"), **(options or {})}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         install()
         if lowering == "bitwise":
-            return compile_fx(gm, example_inputs, config_patches=patches)
-        table = select_decomp_table()
+            return _private.inductor_compile(gm, example_inputs, patches)
+        table = _private.inductor_default_table()
         if lowering == "rounding":
             table = {**table, **{op: _table_entry(op) for op in _DECOMPOSITIONS}}
         else:
@@ -476,8 +460,8 @@ def inductor_backend(
         keep_exact = _TRACING.keep_exact
         _TRACING.keep_exact = lowering != "rounding"  # read by the pieces as they trace
         try:
-            with functorch_config.patch(enable_autograd_cache=False):
-                return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
+            with _private.autograd_cache_off():
+                return _private.inductor_compile(gm, example_inputs, patches, table)
         finally:
             _TRACING.keep_exact = keep_exact
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
+from . import _torch_private as _private
 from . import codec
 
 __all__ = [
@@ -662,13 +663,13 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
     ) -> QuantizedTensor:
         size = torch.Size(shape) if shape is not None else cls._logical_shape(inner)
         device = next(t.device for t in inner.values() if t is not None)
-        self = torch.Tensor._make_wrapper_subclass(
+        self = _private.make_wrapper_subclass(
             cls, size, dtype=dtype, device=device, requires_grad=requires_grad
         )
         self._init_quantized(inner, quantizer, dtype)
         return self
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = _private.disabled_torch_function_impl
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:  # type: ignore[override]
         return self.dequantize_usage(columnwise=not self.rowwise_usage, dtype=dtype)
@@ -702,7 +703,7 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
                 return x
             return QuantizedData.dequantize_usage(x, columnwise=not x.rowwise_usage)
 
-        args, kwargs = torch.utils._pytree.tree_map(unwrap, (args, kwargs))
+        args, kwargs = _private.tree_map(unwrap, (args, kwargs))
         return func(*args, **kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
