@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _torch_private as _private
-from . import codec
+from . import codec, source_digest
 from .boundary import SlotRow, decode_meta, first_device
 
 # op -> its decomposition (registered by define_op for every generated op)
@@ -368,29 +368,15 @@ _FINGERPRINTS: dict[tuple[str, ...], str] = {}
 
 
 def source_fingerprint() -> str:
-    """A digest of the Python source of each package whose kernels are lowered (every
-    ``.py`` file under it, as it is on disk; a top-level module's own file): whatever a
-    decomposition traces, including modules a kernel imports only as it runs."""
-    import hashlib
-    import sys
-    from pathlib import Path
-
+    """A digest of everything the lowered kernels can execute
+    (:func:`.source_digest.fingerprint`): every ``.py`` file of their packages, on disk
+    (modules a kernel imports only as it runs included), and of the packages those
+    import, transitively; an installed distribution by its version."""
     roots = tuple(sorted(_PACKAGES))
     cached = _FINGERPRINTS.get(roots)
-    if cached is not None:
-        return cached
-    digest = hashlib.sha256()
-    for root in roots:
-        module = sys.modules.get(root)
-        folders = [Path(f) for f in getattr(module, "__path__", None) or ()]
-        single = getattr(module, "__file__", None) if not folders else None  # a lone module
-        files = [(f, p) for f in folders for p in sorted(f.rglob("*.py"))]
-        files += [(Path(single).parent, Path(single))] if single else []
-        for folder, path in files:
-            digest.update(f"{root}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
-            digest.update(path.read_bytes())
-    fingerprint = _FINGERPRINTS[roots] = digest.hexdigest()[:16]
-    return fingerprint
+    if cached is None:
+        cached = _FINGERPRINTS[roots] = source_digest.fingerprint(roots)
+    return cached
 
 
 _TAG_PREFIX = "teops-lowered-"
