@@ -252,7 +252,7 @@ def bwd_spec(args):
     raise NotImplementedError
 
 
-def setup(args, saved):
+def setup(args, outputs, saved):
     raise NotImplementedError
 
 

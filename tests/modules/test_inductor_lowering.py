@@ -113,7 +113,8 @@ def test_rounding_lets_inductor_regenerate_the_kept_pieces(lowering_, lowered_ca
         "teops::layernorm_linear_bwd": 1,
     }
     if lowering_ == "bitwise":
-        assert {"bias_grad", "fp32_gemm", "norm_forward", "norm_backward"} <= set(recorded)
+        pieces = {name.split("__", 1)[0] for name in recorded}
+        assert {"bias_grad", "fp32_gemm", "norm_forward", "norm_backward"} <= pieces
         assert_bitwise(got, eager)
     else:
         assert recorded == []

@@ -3,13 +3,28 @@ under different recipes each get their own single-threaded result."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 import torch
-from module_cases import RECIPES, graph_breaks, make_input, make_mlp, run_in_threads, step
+from module_cases import (
+    RECIPES,
+    graph_breaks,
+    make_input,
+    make_mlp,
+    recipe_context,
+    run_in_threads,
+    step,
+)
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from transformer_engine_ops.modules.autocast import STATE, autocast
-from transformer_engine_ops.quantization import MXFP8BlockScaling
+from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.quantization import Float8CurrentScaling, MXFP8BlockScaling
+from transformer_engine_ops.quantization.float8 import Float8Tensor
 
 THREAD_RECIPES = ["bf16", "fp8_current", "mxfp8", "nvfp4", "fp8_block"]
 
@@ -70,4 +85,160 @@ def test_one_compiled_model_called_from_threads_uses_each_threads_recipe():
         want = step(model, x, name)
         got = run_in_threads(lambda n: step(compiled, x, n), [name])[name]
         _assert_same(got, want)
+    assert graph_breaks() == 0
+
+
+# --- what a trace reads comes from the call itself (issue 24) --------------------------
+# A compiled call rebuilds its outputs, and its autograd node its saved values, from the
+# result layout of that very call. With a process-wide "layout the op's kernel wrote
+# last", another thread's kernel finishing between a traced call's fake kernel and the
+# rebuild replaced the layout: a raw uint8 buffer instead of a Float8Tensor, and an
+# unquantized backward baked into the graph. These tests put that other thread's call
+# exactly there, after every fake run of the op on this thread.
+
+
+@contextlib.contextmanager
+def _another_thread_calls_linear_after_each_fake_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[list[int]]:
+    torch.manual_seed(3)
+    other = Linear(64, 32, params_dtype=torch.bfloat16)
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    compiled = torch.compile(other, fullgraph=True, backend="aot_eager")
+    # Compiled alone, on a thread of its own: a thread starts with the default grad mode
+    # and no recipe, so the interleaved calls hit this graph and never compile (Dynamo
+    # compiles one frame at a time; a compile there would wait for ours).
+    run_in_threads(lambda _: compiled(x), ["warm-up"])
+    calls = [0]
+    here = threading.get_ident()
+    dispatch = FakeTensorMode.dispatch
+
+    def dispatch_then_interleave(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        out = dispatch(mode, func, *args, **kwargs)
+        if threading.get_ident() == here and func.name().startswith("teops::linear_fwd"):
+            thread = threading.Thread(target=compiled, args=(x,))
+            thread.start()
+            thread.join()
+            calls[0] += 1
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FakeTensorMode, "dispatch", dispatch_then_interleave)
+        yield calls
+    assert calls[0] > 0
+
+
+def _fp8_linear(seed: int) -> Linear:
+    torch.manual_seed(seed)
+    return Linear(64, 32, params_dtype=torch.bfloat16)
+
+
+def _linear_input() -> torch.Tensor:
+    return torch.randn(16, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+
+
+def _inner(value: Any) -> list[torch.Tensor]:
+    names, _ = value.__tensor_flatten__()
+    return [getattr(value, n) for n in names]
+
+
+def test_fp8_output_compiled_beside_another_thread_is_a_float8_tensor_equal_to_eager(
+    monkeypatch,
+):
+    x = _linear_input()
+    lin = _fp8_linear(0)
+    with torch.no_grad(), autocast(recipe=Float8CurrentScaling()):
+        want = lin(x, fp8_output=True)
+        with _another_thread_calls_linear_after_each_fake_run(monkeypatch):
+            got = torch.compile(lin, fullgraph=True, backend="aot_eager")(x, fp8_output=True)
+    assert type(got) is type(want) is Float8Tensor
+    for a, b in zip(_inner(got), _inner(want), strict=True):
+        assert torch.equal(a, b)
+
+
+def _fp8_training_step(model: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    x = x.clone().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    with autocast(recipe=Float8CurrentScaling()):
+        y = model(x)
+    y.float().square().sum().backward()
+    return y.detach(), x.grad, *(p.grad for p in model.parameters())
+
+
+def test_fp8_training_compiled_beside_another_thread_keeps_its_quantized_backward(
+    monkeypatch,
+):
+    x = _linear_input()
+    lin = _fp8_linear(0)
+    want = _fp8_training_step(lin, x)
+    compiled = torch.compile(lin, fullgraph=True, backend="aot_eager")
+    with _another_thread_calls_linear_after_each_fake_run(monkeypatch):
+        first = _fp8_training_step(compiled, x)
+    later = _fp8_training_step(compiled, x)  # the same graph, no other thread
+    for got in (first, later):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+# --- stress: many threads, every recipe, eager and compiled, at once ---------------------
+
+
+def _stress_configs() -> list[tuple[str, str, bool, bool]]:
+    """(recipe, mode, grad, fp8_output): training eager and compiled under every recipe,
+    inference compiled, and a quantized output (inference, compiled) under each recipe
+    that quantizes. DelayedScaling is eager-only and keeps per-module history: not here."""
+    configs = []
+    for recipe in THREAD_RECIPES:
+        configs += [(recipe, "eager", True, False), (recipe, "compiled", True, False)]
+        configs += [(recipe, "compiled", False, False)]
+        if recipe != "bf16":
+            configs += [(recipe, "compiled", False, True)]
+    return configs
+
+
+def _flat_result(value: Any) -> list[torch.Tensor]:
+    """A result as plain tensors (a quantized output as its inner buffers, its type first)."""
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+        return [torch.tensor(hash(type(value).__name__) % 997), *_inner(value)]
+    return [value]
+
+
+def _stress_call(model: Any, x: torch.Tensor, recipe: str, grad: bool, fp8_output: bool) -> list:
+    if grad:
+        out, dx, grads = step(model, x, recipe)
+        return [out, dx, *grads]
+    with torch.no_grad(), recipe_context(recipe):
+        return _flat_result(model(x, fp8_output=fp8_output) if fp8_output else model(x))
+
+
+@pytest.mark.slow
+def test_threads_over_every_recipe_eager_and_compiled_each_get_their_single_threaded_bits():
+    configs = _stress_configs()
+    assert len(configs) >= 8
+    x = make_input()
+    models = {}
+    for i, (_, mode, _, _) in enumerate(configs):
+        model = make_mlp()
+        if mode == "compiled":
+            model = torch.compile(model, fullgraph=True, backend="aot_eager")
+        models[i] = model
+
+    def call(i: int) -> list:
+        recipe, _, grad, fp8_output = configs[i]
+        # One compiled model per configuration, each a graph of the same code objects
+        # (Dynamo's settings are per thread).
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _stress_call(models[i], x, recipe, grad, fp8_output)
+
+    # Each configuration compiled and run alone first (torch.compile does not promise
+    # concurrent compiles), on a thread of its own: the bits every thread must get.
+    alone = {i: run_in_threads(lambda _, i=i: call(i), ["alone"])["alone"] for i in models}
+    names = [f"{i}" for i in models]
+    for _ in range(3):
+        together = run_in_threads(lambda n: call(int(n)), names)
+        for n, got in together.items():
+            want = alone[int(n)]
+            assert len(got) == len(want), configs[int(n)]
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), configs[int(n)]
     assert graph_breaks() == 0

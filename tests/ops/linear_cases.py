@@ -109,7 +109,7 @@ def make_bwd_args(fwd: LinearFwdArgs, seed: int = 1) -> Any:
     """The backward bundle a forward run of ``fwd`` leads to, with a random output grad."""
     with torch.no_grad():
         (out,), saved = linear_forward(fwd)
-    bwd = linear_setup_context(fwd, saved)
+    bwd = linear_setup_context(fwd, (out,), saved)
     # The backward op runs inside autograd's backward (no graph of its own): detached.
     for field in ("inputmat", "weight_fp8"):
         value = getattr(bwd, field)

@@ -3,7 +3,7 @@
 An eager call of ``teops::linear_fwd`` with real tensors runs the impls directly (its
 autograd node keeps the backward bundle; no spec function, no flatten of the backward
 bundle); under fake tensors the op re-dispatches to its fake kernel, and the autograd
-node splits the result by the layout that fake kernel recorded.
+node splits the result by the layout that fake kernel described for the call.
 """
 
 from __future__ import annotations
@@ -70,12 +70,13 @@ def test_fake_op_autograd_splits_by_the_fake_kernels_layout(recipe):
         return [fake(t) for t in v] if isinstance(v, list) else v
 
     fake_slots = [fake(v) for v in slots]
+    custom_ops.begin_call(g.FORWARD_OP)
     with mode:
         flat = g.linear_fwd(*fake_slots)
         out = flat[0]
         assert out.requires_grad and out.shape == (*args.inp.shape[:-1], args.weight.shape[0])
         out.sum().backward()
-    outs, saved = custom_ops._RESULT_LAYOUTS[g.FORWARD_OP]
+    outs, saved = custom_ops.result_layouts(g.FORWARD_OP)
     assert outs == (("tensor",),)
     assert [s[0] for s in saved] == (["storage", "storage"] if recipe != "bf16" else ["none"] * 2)
     assert fake_slots[3].grad is not None and fake_slots[3].grad.shape == args.inp.shape

@@ -1,6 +1,7 @@
 """The kernel pieces a lowered graph keeps whole (``lowering.exact``): each is an op
 whose schema, fake and kernel agree (``opcheck``), computing what the function computes
-eagerly; defining one is safe from several threads; two pieces cannot share a name."""
+eagerly; defining one is safe from several threads; names are scoped by the marking
+module (one module cannot mark two pieces of one name, two modules can)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ def _cases() -> list[tuple[str, tuple[Any, ...]]]:
     ]
 
 
+def _op_name(name: str) -> str:
+    """The op name of the piece ``name`` the package marks (exactly one)."""
+    (op_name,) = [
+        n
+        for n in lowering.exact_pieces()
+        if n.split("__", 1)[0] == name and n.split("__", 1)[1].startswith("transformer_engine_ops_")
+    ]
+    return op_name
+
+
 def _on(device: str, value: Any) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
@@ -63,27 +74,28 @@ _DEVICE_CASES = [("cpu", name, args) for name, args in _cases()] + [
 )
 def test_each_piece_is_an_op_that_computes_its_functions_bits(device, name, args):
     args = tuple(_on(device, a) for a in args)
-    op = lowering.exact_op(name)
+    op = lowering.exact_op(_op_name(name))
     torch.library.opcheck(op, args)
-    _, fn = lowering._EXACT[name]
+    _, fn = lowering.exact_pieces()[_op_name(name)]
     want, got = fn(*args), op(*args)
     for w, g in zip(*(v if isinstance(v, tuple) else (v,) for v in (want, got)), strict=True):
         assert torch.equal(w, g)
 
 
 def test_every_marked_piece_is_covered_here():
-    assert set(lowering.exact_pieces()) >= {name for name, _ in _cases()}
-    assert {name for name, _ in _cases()} >= {
-        n for n in lowering.exact_pieces() if not n.startswith("test_")
+    package = {
+        name
+        for name, module in (n.split("__", 1) for n in lowering.exact_pieces())
+        if module.startswith("transformer_engine_ops_")
     }
+    assert package == {name for name, _ in _cases()}
 
 
 def test_each_schema_names_its_functions_parameters_in_order():
     """Keyword calls reach the op by the schema's names: they must be the function's."""
     import inspect
 
-    for name in lowering.exact_pieces():
-        schema, fn = lowering._EXACT[name]
+    for name, (_, fn) in lowering.exact_pieces().items():
         op = lowering.exact_op(name)
         in_schema = [a.name for a in op._schema.arguments]
         assert in_schema == list(inspect.signature(fn).parameters), name
@@ -95,7 +107,7 @@ def test_a_piece_takes_keyword_arguments_eagerly_and_traced():
     dy = _t(4, 8)
     want = _bias_grad(dy, torch.bfloat16)
     assert torch.equal(_bias_grad(dy=dy, dtype=torch.bfloat16), want)
-    assert torch.equal(lowering.exact_op("bias_grad")(dy=dy, dtype=torch.bfloat16), want)
+    assert torch.equal(lowering.exact_op(_op_name("bias_grad"))(dy=dy, dtype=torch.bfloat16), want)
 
 
 def test_eagerly_a_piece_is_its_function_without_an_op():
@@ -106,14 +118,35 @@ def test_eagerly_a_piece_is_its_function_without_an_op():
     assert not lowering.tracing()
 
 
-def test_two_pieces_cannot_share_a_name():
-    with pytest.raises(ValueError, match="two pieces named 'bias_grad'"):
-        lowering.exact("bias_grad(Tensor dy, ScalarType dtype) -> Tensor")(lambda dy, d: dy)
+def test_one_module_cannot_mark_two_pieces_of_one_name():
+    def twice(dy, dtype):
+        return dy.sum(0).to(dtype)
+
+    lowering.exact("test_twice(Tensor dy, ScalarType dtype) -> Tensor")(twice)
+    with pytest.raises(ValueError, match=f"two pieces named 'test_twice' in {__name__}"):
+        lowering.exact("test_twice(Tensor dy, ScalarType dtype) -> Tensor")(twice)
+
+
+def test_two_modules_mark_pieces_of_one_name_each_its_own_op():
+    """This module marks a ``bias_grad`` as ``ops/linear.py`` does: both import, and each
+    piece's op runs its own function."""
+
+    def doubled(dy, dtype):
+        return (dy.sum(0) * 2).to(dtype)
+
+    piece = lowering.exact("bias_grad(Tensor dy, ScalarType dtype) -> Tensor")(doubled)
+    ours = lowering.exact_op(lowering.exact_op_name(__name__, "bias_grad"))
+    linear = lowering.exact_op(_op_name("bias_grad"))
+    assert ours is not linear
+    dy = _t(4, 8)
+    assert torch.equal(ours(dy, torch.float32), doubled(dy, torch.float32))
+    assert torch.equal(piece(dy, torch.float32), doubled(dy, torch.float32))
+    assert torch.equal(linear(dy, torch.float32), dy.float().sum(0))
 
 
 def test_threads_tracing_at_once_define_a_piece_once():
-    name = "test_threaded_piece"
-    lowering.exact(f"{name}(Tensor x) -> Tensor")(lambda x: x * 2)
+    lowering.exact("test_threaded_piece(Tensor x) -> Tensor")(lambda x: x * 2)
+    name = lowering.exact_op_name(__name__, "test_threaded_piece")
     ops: list[Any] = []
     barrier = threading.Barrier(8)
 

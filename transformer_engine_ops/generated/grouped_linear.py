@@ -392,8 +392,11 @@ def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], t
 
 def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::grouped_linear_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = grouped_linear_fwd(*flatten_grouped_linear_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_grouped_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = grouped_linear_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

@@ -257,8 +257,11 @@ def layernorm_eager(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tuple[Any,
 
 def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::layernorm_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = layernorm_fwd(*flatten_layer_norm_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_layer_norm_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

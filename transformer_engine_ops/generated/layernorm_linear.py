@@ -513,8 +513,11 @@ def layernorm_linear_eager(args: LayerNormLinearFwdArgs) -> tuple[tuple[Any, ...
 
 def layernorm_linear_compiled(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::layernorm_linear_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = layernorm_linear_fwd(*flatten_layer_norm_linear_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_layer_norm_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_linear_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

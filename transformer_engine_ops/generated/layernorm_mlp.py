@@ -690,8 +690,11 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
 
 def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::layernorm_mlp_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = layernorm_mlp_fwd(*flatten_layer_norm_mlp_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_layer_norm_mlp_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_mlp_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

@@ -441,8 +441,11 @@ def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]
 
 def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::linear_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = linear_fwd(*flatten_linear_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = linear_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..runtime._torch_private import current_graph_task_id
 from . import _extra_state
 from .autocast import RecipeQuantizers
 
@@ -70,7 +71,7 @@ class ExtraStateMixin:
         graph constants, so nothing is recorded there."""
         if torch.compiler.is_compiling():
             return active
-        if active is None and torch._C._current_graph_task_id() != -1:
+        if active is None and current_graph_task_id() != -1:
             return self.__dict__.get("_teops_forward_recipe")
         self.__dict__["_teops_forward_recipe"] = active
         return active

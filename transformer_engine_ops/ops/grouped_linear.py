@@ -305,7 +305,7 @@ def grouped_linear_forward_spec(
 
 
 def grouped_linear_setup_context(
-    args: GroupedLinearFwdArgs, saved: tuple[Any, ...]
+    args: GroupedLinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
 ) -> GroupedLinearBwdArgs:
     grad = args.is_grad_enabled
     # The quantized weight each dgrad reads: the one the forward made, or the workspace
@@ -377,7 +377,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
         # re-quantize.
         high_precision = args.backward_override is BackwardOverride.HIGH_PRECISION
         saved = (None, None) if high_precision else quantized_for_backward(stage)
-        backward = linear_setup_context(stage, saved)
+        backward = linear_setup_context(stage, (), saved)
         backward.grad_outputs = [dy_i]
         dgrad, wgrads[i], bgrads[i] = linear_backward(backward)
         dgrads.append(dgrad)

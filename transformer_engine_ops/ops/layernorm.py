@@ -251,7 +251,9 @@ def layernorm_forward_spec(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tup
     return (out,), norm_stats_specs(args.normalization, plan.rows, inp.device, inp.dtype)
 
 
-def layernorm_setup_context(args: LayerNormFwdArgs, saved: tuple[Any, ...]) -> LayerNormBwdArgs:
+def layernorm_setup_context(
+    args: LayerNormFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
+) -> LayerNormBwdArgs:
     mu, rsigma = saved
     return LayerNormBwdArgs(
         grad_outputs=[],

@@ -259,11 +259,10 @@ def layernorm_linear_forward(
     plan = _forward_plan(args)
     ln_out, mu, rsigma = norm_stage_forward(args, args.activation_dtype)
     (out,), (gemm_input, gemm_weight) = linear_forward(_gemm_args(args, ln_out))
-    saved_ln_out = ln_out if plan.save_ln_out else None
-    outputs: tuple[Any, ...] = (out,)
-    if plan.return_ln_out:
-        # A returned tensor must not alias a saved one: the saved copy is separate.
-        outputs = (out, ln_out.clone() if plan.save_ln_out else ln_out)
+    # A returned norm output is not saved again (a custom op's results must not alias
+    # each other): setup_context takes it from the outputs.
+    saved_ln_out = ln_out if plan.save_ln_out and not plan.return_ln_out else None
+    outputs: tuple[Any, ...] = (out, ln_out) if plan.return_ln_out else (out,)
     stats = (mu, rsigma) if plan.save_stats else (None, None)
     return outputs, (*stats, saved_ln_out, gemm_input, gemm_weight)
 
@@ -282,18 +281,22 @@ def layernorm_linear_forward_spec(
         for d in inp.shape[:-1]:
             rows = rows * d
         stats = norm_stats_specs(args.normalization, rows, inp.device, inp.dtype)
-    saved_ln_out = ln_out if plan.save_ln_out else None
+    saved_ln_out = ln_out if plan.save_ln_out and not plan.return_ln_out else None
     return outputs, (*stats, saved_ln_out, gemm_input, gemm_weight)
 
 
 def layernorm_linear_setup_context(
-    args: LayerNormLinearFwdArgs, saved: tuple[Any, ...]
+    args: LayerNormLinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
 ) -> LayerNormLinearBwdArgs:
     mu, rsigma, ln_out, gemm_input, gemm_weight = saved
+    if args.return_layernorm_output and _forward_plan(args).save_ln_out:
+        ln_out = outputs[1]  # returned, so not saved a second time
     # Without a saved norm output the GEMM backward does not read its input: the
     # forward input (same shape) stands in for the shape only.
     gemm = linear_setup_context(
-        _gemm_args(args, ln_out if ln_out is not None else args.inp), (gemm_input, gemm_weight)
+        _gemm_args(args, ln_out if ln_out is not None else args.inp),
+        (),
+        (gemm_input, gemm_weight),
     )
     grad = args.is_grad_enabled
     return LayerNormLinearBwdArgs(

@@ -404,14 +404,13 @@ def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], t
     (fc1_out,), (fc1_input, fc1_weight) = linear_forward(fc1)
     act_out = activation_forward(args.activation, fc1_out, dtype)
     (out,), (fc2_input, fc2_weight) = linear_forward(_fc2_args(args, act_out, fc1))
-    outputs: tuple[Any, ...] = (out,)
-    if args.return_layernorm_output:
-        # A returned tensor must not alias a saved one: the saved copy is separate.
-        outputs = (out, ln_out.clone() if plan.save_ln_out else ln_out)
+    outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
     stats = (mu, rsigma) if plan.save_stats else (None, None)
+    # A returned norm output is not saved again (a custom op's results must not alias
+    # each other): setup_context takes it from the outputs.
     return outputs, (
         *stats,
-        ln_out if plan.save_ln_out else None,
+        ln_out if plan.save_ln_out and not args.return_layernorm_output else None,
         fc1_out if plan.save_fc1_out else None,
         act_out if plan.save_act_out else None,
         fc1_input,
@@ -437,7 +436,7 @@ def layernorm_mlp_forward_spec(
         )
     return outputs, (
         *stats,
-        ln_out if plan.save_ln_out else None,
+        ln_out if plan.save_ln_out and not args.return_layernorm_output else None,
         plan.fc1_out if plan.save_fc1_out else None,
         plan.fc2.inp if plan.save_act_out else None,
         fc1_input,
@@ -448,17 +447,22 @@ def layernorm_mlp_forward_spec(
 
 
 def layernorm_mlp_setup_context(
-    args: LayerNormMLPFwdArgs, saved: tuple[Any, ...]
+    args: LayerNormMLPFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
 ) -> LayerNormMLPBwdArgs:
     mu, rsigma, ln_out, fc1_out, act_out, fc1_input, fc1_weight, fc2_input, fc2_weight = saved
     plan = _forward_plan(args)
+    if args.return_layernorm_output and plan.save_ln_out:
+        ln_out = outputs[1]  # returned, so not saved a second time
     # Where an intermediate was not kept, its stage's backward does not read it: a
     # spec-shaped stand-in is only asked for its shape.
     fc1 = linear_setup_context(
-        _fc1_args(args, ln_out if ln_out is not None else args.inp), (fc1_input, fc1_weight)
+        _fc1_args(args, ln_out if ln_out is not None else args.inp),
+        (),
+        (fc1_input, fc1_weight),
     )
     fc2 = linear_setup_context(
         _fc2_args(args, act_out if act_out is not None else plan.fc2.inp, plan.fc1),
+        (),
         (fc2_input, fc2_weight),
     )
     grad = args.is_grad_enabled

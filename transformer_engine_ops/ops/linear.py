@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.quantization.gemm import gemm
+from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
 from transformer_engine_ops.runtime.precision import math_dtype
@@ -497,8 +498,11 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     return (out,), (saved_input, saved_weight)
 
 
-def linear_setup_context(args: LinearFwdArgs, saved: tuple[Any, ...]) -> LinearBwdArgs:
-    """The backward bundle: what the forward kept, and the backward's configuration."""
+def linear_setup_context(
+    args: LinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
+) -> LinearBwdArgs:
+    """The backward bundle: what the forward kept, and the backward's configuration
+    (the backward reads no output)."""
     saved_input, saved_weight = saved
     needs_wgrad = args.is_grad_enabled and args.weight_requires_grad
     needs_dgrad = args.is_grad_enabled and args.input_requires_grad
@@ -564,7 +568,7 @@ def _check_no_double_backward(args: LinearBwdArgs) -> None:
     than return a gradient silently detached from the graph."""
     # Grad mode inside a backward the autograd engine runs means create_graph=True (a
     # direct call of the op, e.g. by opcheck, is not inside a graph task).
-    in_backward = torch._C._current_graph_task_id() != -1
+    in_backward = current_graph_task_id() != -1
     if args.fp8 and torch.is_grad_enabled() and in_backward:
         raise RuntimeError(
             "Linear: backward with create_graph=True (double backward) is not supported "

@@ -11,12 +11,14 @@ ops from dead-code elimination.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from . import _torch_private as _private
 from . import lowering
 from .boundary import (
     SlotRow,
@@ -181,15 +183,63 @@ def _shape_of(value: Any) -> Any:
 
 # --- user outputs of a compiled call ----------------------------------------------
 # A forward op returns one flat ``Tensor[]``: user outputs, then saved values, a
-# quantized value spread over its inner buffers. Which buffers form which output is
-# what the kernel that ran last for the op described: the fake kernel when dynamo
-# traces the call (so the compiled graph rebuilds outputs exactly as the fake, that is
-# the op's spec function, describes them), the real kernel otherwise. Each entry is
-# shape-free and hashable, a graph constant: ``("none",)``, ``("tensor",)`` or
-# ``(tag, class, inner names, flatten context)`` with tag ``storage`` or ``wrapper``.
-_OUTPUT_LAYOUTS: dict[str, tuple[tuple[Any, ...], ...]] = {}
-# (user-output layouts, saved-value layouts) of the forward kernel that ran last, per op.
-_RESULT_LAYOUTS: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+# quantized value spread over its inner buffers. Which buffers form which value is the
+# call's *result layout*: per value ``("none",)``, ``("tensor",)`` or
+# ``(tag, class, inner names, flatten context)`` with tag ``storage`` or ``wrapper``;
+# shape-free and hashable, so a graph constant.
+#
+# A ``Tensor[]`` return carries no such description, so the kernel that served a call
+# (the real one, or the fake one while the call is traced: the op's spec on the call's
+# own inputs) hands it to its caller through this thread's *call record*: the caller
+# opens the record (:func:`begin_call`), calls the op, and reads what that call's kernel
+# wrote (:func:`result_layouts`). The record is thread-local and opened per call, so
+# neither another thread's call nor an earlier one can be read in its place (issue 24:
+# a process-wide "last layout per op" let one thread's kernel rewrite what another
+# thread's trace read). Under Dynamo both functions run once, at trace time
+# (``assume_constant_result``): the layout becomes a constant of the graph.
+
+
+class _CallRecord(threading.local):
+    """This thread's open op calls: qualname -> the result layout its kernel described
+    (None until the kernel has run)."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]] | None] = {}
+
+
+_CALL_RECORD = _CallRecord()
+
+
+def begin_call(qualname: str) -> None:
+    """Open this thread's record for one call of ``qualname`` (forgetting any earlier
+    call's layout): the op's kernel fills it, :func:`result_layouts` reads it."""
+    _CALL_RECORD.layouts[qualname] = None
+
+
+def result_layouts(qualname: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(user-output layouts, saved-value layouts) of the ``qualname`` call this thread
+    opened with :func:`begin_call`, as its kernel described them."""
+    layouts = _CALL_RECORD.layouts.get(qualname)
+    if layouts is None:
+        raise RuntimeError(
+            f"{qualname}: its kernel described no result layout for this call on this "
+            "thread (begin_call, then one call of the op, then result_layouts)"
+        )
+    return layouts
+
+
+def output_layout(qualname: str) -> tuple[tuple[Any, ...], ...]:
+    """The user-output layout of the ``qualname`` call this thread just made (a constant
+    while tracing)."""
+    return result_layouts(qualname)[0]
+
+
+def _record(qualname: str, out: tuple[Any, ...], saved: tuple[Any, ...]) -> None:
+    # Only a call opened on this thread is recorded; a kernel run by a compiled graph
+    # (whose layout is a constant of the graph) has nothing to tell.
+    layouts = _CALL_RECORD.layouts
+    if qualname in layouts:
+        layouts[qualname] = (out, saved)
 
 
 def _value_layout(value: Any) -> tuple[Any, ...]:
@@ -213,7 +263,8 @@ def _spec_layout(s: TensorSpec | None) -> tuple[Any, ...]:
 
 
 def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any]) -> list[Any]:
-    """Pack a real kernel's ``(outputs, saved)`` into its flat result and record its layout, in one pass."""
+    """Pack a real kernel's ``(outputs, saved)`` into its flat result; describe its
+    layout to the call that opened a record on this thread."""
     flat: list[torch.Tensor] = []
     layouts: list[tuple[Any, ...]] = []
     device = None
@@ -230,8 +281,7 @@ def pack_and_record(qualname: str, outputs: Sequence[Any], saved: Sequence[Any])
             layouts.append(_value_layout(value))
             device = device or value.device
     n = len(outputs)
-    _OUTPUT_LAYOUTS[qualname] = out = tuple(layouts[:n])
-    _RESULT_LAYOUTS[qualname] = (out, tuple(layouts[n:]))
+    _record(qualname, tuple(layouts[:n]), tuple(layouts[n:]))
     return [none_sentinel(device) if t is None else t for t in flat]
 
 
@@ -244,23 +294,25 @@ def record_output_specs(
     out_specs: Sequence[TensorSpec | None],
     saved_specs: Sequence[TensorSpec | None] = (),
 ) -> None:
-    """Remember how the fake kernel's user outputs (and saved values) sit in its flat result."""
-    _OUTPUT_LAYOUTS[qualname] = out = tuple(_spec_layout(s) for s in out_specs)
-    _RESULT_LAYOUTS[qualname] = (out, tuple(_spec_layout(s) for s in saved_specs))
-    # Dynamo reads the layout as a constant. Marked here (a fake runs before dynamo
-    # traces :func:`user_outputs`), not at import: importing torch._dynamo there would
-    # cost every import of a generated module.
-    torch.compiler.assume_constant_result(output_layout)
-
-
-def output_layout(qualname: str) -> tuple[tuple[Any, ...], ...]:
-    """The user-output layout of the op call that just ran (a constant while tracing)."""
-    return _OUTPUT_LAYOUTS[qualname]
+    """Describe the fake kernel's result layout (the op's spec on this call's inputs) to
+    the call that opened a record on this thread."""
+    _record(
+        qualname,
+        tuple(_spec_layout(s) for s in out_specs),
+        tuple(_spec_layout(s) for s in saved_specs),
+    )
 
 
 def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """The user outputs of a forward op's flat result, quantized ones rebuilt."""
+    """The user outputs of a forward op's flat result, quantized ones rebuilt, by the
+    layout of the call this thread just made (see :func:`begin_call`)."""
     return tuple(_rebuild(output_layout(qualname), flat, 0)[0])
+
+
+# Dynamo calls both once while it traces a compiled call, and bakes in what they return:
+# the record is opened and read at trace time, around the fake kernel's run.
+_private.mark_constant_result(begin_call)
+_private.mark_constant_result(output_layout)
 
 
 # --- the eager path: an autograd.Function straight into the impls -------------------
@@ -391,7 +443,7 @@ class _EagerFunction(torch.autograd.Function):
         ctx: Any, glue: OpGlue, args: Any, made: list[Any], lengths: Any, *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = glue.forward_impl(args)
-        backward = glue.setup_context(args, saved)
+        backward = glue.setup_context(args, tuple(outputs), saved)
         save_values(ctx, [getattr(backward, name) for name in glue.saved_fields])
         for name in glue.saved_fields:
             setattr(backward, name, None)
@@ -419,7 +471,7 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
         inputs, lengths = tuple(grad_values), glue.single_lengths
     else:
         inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
-    if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*inputs)):
+    if not (torch.is_grad_enabled() and _private.any_requires_grad(*inputs)):
         return glue.forward_impl(args)
     made: list[Any] = []
     outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
@@ -438,7 +490,7 @@ def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any,
 # straight away: one conversion of the slots per call.
 
 _LIBRARIES: dict[str, Any] = {}
-_BACKEND_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+_BACKEND_KEYS = _private.BACKEND_KEYS
 
 
 def op_library(namespace: str) -> Any:
@@ -490,14 +542,14 @@ def define_op(
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, lowering.keyed(fake) if lowers else fake, lib=lib)
         op = getattr(getattr(torch.ops, namespace), name).default
-        after_autograd = torch._C._after_autograd_keyset
+        after_autograd = _private.after_autograd_keyset
 
         def no_grad_kernel(keyset: Any, *slots: Any) -> Any:
             # A non-differentiable op (e.g. a backward op): never records a gradient.
             below = keyset & after_autograd
             if _plain_backend(below):
                 return kernel(*slots)
-            with torch._C._AutoDispatchBelowAutograd():
+            with _private.AutoDispatchBelowAutograd():
                 return op.redispatch(below, *slots)
 
         if not differentiable:
@@ -517,7 +569,8 @@ class OpGlue:
     """What the op-generic autograd of a forward op needs of its generated module.
 
     ``unflatten``: forward slots -> forward bundle; ``forward_impl``: bundle ->
-    ``(outputs, saved)``; ``setup_context``: ``(bundle, saved)`` -> backward bundle;
+    ``(outputs, saved)``; ``setup_context``: ``(bundle, outputs, saved)`` -> backward
+    bundle;
     ``backward_impl``: backward bundle -> one gradient per grad field;
     ``flatten_backward``: backward bundle -> backward slots. ``grad_slots``: the forward
     slot of each grad field; ``grad_lists``: whether each is a ``Tensor[]``;
@@ -545,19 +598,19 @@ def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
     """
     if op is None or backward_op is None:
         return
-    namespace, name = op._schema.name.split("::")
-    after_autograd = torch._C._after_autograd_keyset
+    namespace, name = op.name().split("::")
+    after_autograd = _private.after_autograd_keyset
     kernel = glue.kernel
     glue.op, glue.backward_op, glue.qualname = op, backward_op, f"{namespace}::{name}"
 
     def autograd_kernel(keyset: Any, *slots: Any) -> Any:
         below = keyset & after_autograd
-        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*slots):
+        if torch.is_grad_enabled() and _private.any_requires_grad(*slots):
             inputs, lengths = eager_inputs([slots[i] for i in glue.grad_slots], glue.grad_lists)
             return list(_OpFunction.apply(glue, below, slots, lengths, *inputs))
         if _plain_backend(below):
             return kernel(*slots)
-        with torch._C._AutoDispatchBelowAutograd():
+        with _private.AutoDispatchBelowAutograd():
             return op.redispatch(below, *slots)
 
     op_library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
@@ -576,13 +629,14 @@ class _OpFunction(torch.autograd.Function):
             outputs, saved = glue.forward_impl(args)
             flat = pack_and_record(glue.qualname, outputs, saved)
         else:
-            with torch._C._AutoDispatchBelowAutograd():
+            begin_call(glue.qualname)
+            with _private.AutoDispatchBelowAutograd():
                 flat = glue.op.redispatch(below, *slots)
-            out_layout, saved_layout = _RESULT_LAYOUTS[glue.qualname]
+            out_layout, saved_layout = result_layouts(glue.qualname)
             outputs, cursor = _rebuild(out_layout, flat, 0)
             saved, _ = _rebuild(saved_layout, flat, cursor)
             args = glue.unflatten(*slots)
-        backward = glue.setup_context(args, tuple(saved))
+        backward = glue.setup_context(args, tuple(outputs), tuple(saved))
         values = [getattr(backward, f) for f in glue.saved_fields]
         save_values(ctx, values)
         for f in glue.saved_fields:

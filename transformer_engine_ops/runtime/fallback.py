@@ -1,6 +1,6 @@
 """Eager fallback: a configuration the op path cannot serve runs eagerly, with a reason.
 
-Under ``torch.compile`` the eager call sits behind ``torch._dynamo.disable`` with the
+Under ``torch.compile`` the eager call sits behind ``torch.compiler.disable`` with the
 reason attached, so dynamo breaks the graph there (and ``fullgraph=True`` raises,
 quoting the reason); the first such call per reason warns. The warning is issued
 from the disabled (eager) function itself: a ``warnings.warn`` traced by dynamo
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._dynamo.comptime import comptime
+
+from ._torch_private import comptime
 
 _WARNED: set[str] = set()
 _RUNNERS: dict[str, Callable[..., Any]] = {}
@@ -38,7 +39,7 @@ def _runner(reason: str) -> Callable[..., Any]:
                 )
             return fn(*args)
 
-        runner = torch._dynamo.disable(
+        runner = torch.compiler.disable(
             run_eagerly, reason=f"transformer_engine_ops eager fallback: {reason}"
         )
         _RUNNERS[reason] = runner
@@ -48,7 +49,7 @@ def _runner(reason: str) -> Callable[..., Any]:
 def _make_runner_at_trace_time(ctx: Any) -> None:
     # Runs in dynamo's own frame (via comptime), not traced: creating the disabled
     # runner inside the traced region would make dynamo break on
-    # ``torch._dynamo.disable`` itself, and fullgraph's error would not name the reason.
+    # ``torch.compiler.disable`` itself, and fullgraph's error would not name the reason.
     _runner(ctx.get_local("reason").as_python_constant())
 
 

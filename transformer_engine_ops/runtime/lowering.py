@@ -31,11 +31,13 @@ misses the cache instead of reusing a graph traced from the old one.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import codec
+from . import _torch_private as _private
+from . import codec, source_digest
 from .boundary import SlotRow, decode_meta, first_device
 
 # op -> its decomposition (registered by define_op for every generated op)
@@ -121,9 +123,16 @@ def tracing() -> bool:
 # reads it (Inductor folds a narrowing cast followed by a widening one).
 
 _EXACT_NAMESPACE = "teops_exact"
-_EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}  # name -> (schema, function)
-_EXACT_OPS: dict[str, Any] = {}  # name -> its op, defined when the lowering joins Inductor
+# op name -> (its schema, the function); op names are scoped by the marking module
+_EXACT: dict[str, tuple[str, Callable[..., Any]]] = {}
+_EXACT_OPS: dict[str, Any] = {}  # op name -> its op, defined when the lowering joins Inductor
 _EXACT_LOCK = threading.Lock()
+
+
+def exact_op_name(module: str, name: str) -> str:
+    """The op name of the piece ``name`` marked in ``module``: scoped by the module, so
+    two op modules may each mark a piece of the same name."""
+    return f"{name}__{module.replace('.', '_')}"
 
 
 def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -132,31 +141,33 @@ def exact(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     (``"bias_grad(Tensor dy, ScalarType dtype) -> Tensor"``); the function is pure and
     returns fresh tensors (never an input or a view of one).
     Eagerly the piece is called as it is; traced for Inductor it is recorded as the op
-    ``teops_exact::<name>`` running the same function (its fake: the function itself, on
-    fake tensors)."""
-    name = schema.split("(", 1)[0]
+    ``teops_exact::<name>__<module>`` (:func:`exact_op_name`) running the same function
+    (its fake: the function itself, on fake tensors). Names are per module: one module
+    cannot mark two pieces of one name, two modules can."""
+    name, signature = schema.split("(", 1)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in _EXACT:
-            raise ValueError(f"exact: two pieces named {name!r}")
-        _EXACT[name] = (schema, fn)
+        op_name = exact_op_name(fn.__module__, name)
+        if op_name in _EXACT:
+            raise ValueError(f"exact: two pieces named {name!r} in {fn.__module__}")
+        _EXACT[op_name] = (f"{op_name}({signature}", fn)
 
         @functools.wraps(fn)
         def piece(*args: Any, **kwargs: Any) -> Any:
             if _TRACING.depth == 0 or not _TRACING.keep_exact:
                 return fn(*args, **kwargs)
-            return exact_op(name)(*args, **kwargs)
+            return exact_op(op_name)(*args, **kwargs)
 
-        records(functools.partial(exact_op, name))
+        records(functools.partial(exact_op, op_name))
         return piece
 
     return mark
 
 
-def exact_op(name: str) -> Any:
-    """The op ``teops_exact::<name>`` of the piece ``name`` (defined when the lowering
+def exact_op(op_name: str) -> Any:
+    """The op ``teops_exact::<op_name>`` of a marked piece (defined when the lowering
     joins Inductor, see :func:`records`)."""
-    op = _EXACT_OPS.get(name)
+    op = _EXACT_OPS.get(op_name)
     if op is not None:
         return op
     import torch
@@ -164,21 +175,21 @@ def exact_op(name: str) -> Any:
     from .custom_ops import op_library  # custom_ops imports this module
 
     with _EXACT_LOCK:
-        if name not in _EXACT_OPS:
-            schema, fn = _EXACT[name]
+        if op_name not in _EXACT_OPS:
+            schema, fn = _EXACT[op_name]
             lib = op_library(_EXACT_NAMESPACE)
             lib.define(schema)
             # No autograd layer: the piece runs inside an op call autograd has already
             # differentiated, so Inductor's call of it costs one dispatch.
-            lib.impl(name, fn, "CompositeExplicitAutograd")
-            torch.library.register_fake(f"{_EXACT_NAMESPACE}::{name}", fn, lib=lib)
-            _EXACT_OPS[name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), name).default
-        return _EXACT_OPS[name]
+            lib.impl(op_name, fn, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{_EXACT_NAMESPACE}::{op_name}", fn, lib=lib)
+            _EXACT_OPS[op_name] = getattr(getattr(torch.ops, _EXACT_NAMESPACE), op_name).default
+        return _EXACT_OPS[op_name]
 
 
-def exact_pieces() -> tuple[str, ...]:
-    """The names of every piece marked with :func:`exact` (those imported so far)."""
-    return tuple(_EXACT)
+def exact_pieces() -> dict[str, tuple[str, Callable[..., Any]]]:
+    """Every piece marked with :func:`exact` so far: op name -> (schema, function)."""
+    return dict(_EXACT)
 
 
 def register(
@@ -198,7 +209,7 @@ def register(
         finally:
             _TRACING.depth -= 1
 
-    decomposition.__name__ = f"lower_{op._schema.name.replace('::', '_')}"
+    decomposition.__name__ = f"lower_{op.name().replace('::', '_')}"
     with _INSTALL_LOCK:
         _DECOMPOSITIONS[op] = decomposition
         _PACKAGES.add(kernel.__module__.split(".", 1)[0])
@@ -215,9 +226,7 @@ def _autotuning_gemms() -> bool:
     """Whether Inductor may pick its own GEMM kernels for this compile (``max-autotune``
     modes): a traced ``mm`` could then become a Triton template rounding differently
     from eager's cuBLAS call, so the calls keep their nodes (their GEMMs run in the op)."""
-    from torch._inductor import config
-
-    return bool(config.max_autotune or config.max_autotune_gemm)
+    return _private.inductor_max_autotune()
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
@@ -236,7 +245,7 @@ _BY_DEFAULT: set[Any] = set()
 _PACKAGES: set[str] = set()  # top-level packages of the registered kernels
 _INSTALL_LOCK = threading.RLock()
 _INSTALLED = False
-_INDUCTOR_LOWERING = "torch._inductor.lowering"  # imported by every Inductor compile
+_INDUCTOR_LOWERING = _private.INDUCTOR_LOWERING_MODULE  # imported by every Inductor compile
 _HOOKED = False  # the import hook is in sys.meta_path (or has fired)
 
 
@@ -346,65 +355,51 @@ def install() -> None:
 
 
 def _install_op(op: Any) -> None:
-    from torch._inductor import decomposition as inductor_decomposition
-    from torch._inductor import lowering as inductor_lowering
-    from torch._library.utils import get_layout_constraint_tag
-
     # A declined call keeps its op node, and Inductor refuses to make its implicit
     # fallback for an op its decomposition table holds. So each op gets, up front, the
     # fallback Inductor would make for it implicitly (the layout constraint of its
     # tags), marked as overriding the decomposition; only then the decomposition.
-    if op not in inductor_lowering.lowerings:
-        tag = get_layout_constraint_tag(op, with_default=True)
-        inductor_lowering.make_fallback(
-            op,
-            layout_constraint=inductor_lowering.tag_to_layout_constraint(tag),
-            warn=False,
-            override_decomp=True,
-        )
+    _private.inductor_install_fallback(op)
     if op in _BY_DEFAULT:
-        inductor_decomposition.decompositions[op] = _table_entry(op)
+        _private.inductor_decompositions()[op] = _table_entry(op)
 
 
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
 
 
 def source_fingerprint() -> str:
-    """A digest of the Python source of each package whose kernels are lowered (every
-    ``.py`` file under it, as it is on disk; a top-level module's own file): whatever a
-    decomposition traces, including modules a kernel imports only as it runs."""
-    import hashlib
-    import sys
-    from pathlib import Path
-
+    """A digest of everything the lowered kernels can execute
+    (:func:`.source_digest.fingerprint`): every ``.py`` file of their packages, on disk
+    (modules a kernel imports only as it runs included), and of the packages those
+    import, transitively; an installed distribution by its version."""
     roots = tuple(sorted(_PACKAGES))
     cached = _FINGERPRINTS.get(roots)
-    if cached is not None:
-        return cached
-    digest = hashlib.sha256()
-    for root in roots:
-        module = sys.modules.get(root)
-        folders = [Path(f) for f in getattr(module, "__path__", None) or ()]
-        single = getattr(module, "__file__", None) if not folders else None  # a lone module
-        files = [(f, p) for f in folders for p in sorted(f.rglob("*.py"))]
-        files += [(Path(single).parent, Path(single))] if single else []
-        for folder, path in files:
-            digest.update(f"{root}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
-            digest.update(path.read_bytes())
-    fingerprint = _FINGERPRINTS[roots] = digest.hexdigest()[:16]
-    return fingerprint
+    if cached is None:
+        cached = _FINGERPRINTS[roots] = source_digest.fingerprint(roots)
+    return cached
 
 
 _TAG_PREFIX = "teops-lowered-"
+# A fingerprint of ours inside a tag: first (with the "+" after it) or after a "+".
+_OUR_TAG = re.compile(
+    r"\Ateops-lowered-[0-9a-f]{16}(?:\+|\Z)|\+teops-lowered-[0-9a-f]{16}(?=\+|\Z)"
+)
+
+
+def tagged(tag: str, fingerprint: str) -> str:
+    """``tag`` with ``teops-lowered-<fingerprint>`` as its last ``+`` part: every
+    character of the user's own tag kept (``team+run++7`` stays that), any earlier
+    fingerprint of ours taken out."""
+    user = _OUR_TAG.sub("", tag)
+    mine = _TAG_PREFIX + fingerprint
+    return f"{user}+{mine}" if user else mine
 
 
 def _tag_cache_key() -> None:
     import torch
 
     config = torch.compiler.config
-    mine = _TAG_PREFIX + source_fingerprint()
-    parts = [p for p in config.cache_key_tag.split("+") if p and not p.startswith(_TAG_PREFIX)]
-    tag = "+".join([*parts, mine])
+    tag = tagged(config.cache_key_tag, source_fingerprint())
     if config.cache_key_tag != tag:
         config.cache_key_tag = tag
 
@@ -436,18 +431,14 @@ def inductor_backend(
             f"inductor_backend: lowering={lowering!r}; expected one of {', '.join(_LOWERINGS)}"
         )
     import torch
-    import torch._functorch.config as functorch_config
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.decomposition import select_decomp_table
 
-    patches = {**list_mode_options(mode or "default"), **(options or {})}
+    patches = {**_private.inductor_mode_options(mode or "default"), **(options or {})}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         install()
         if lowering == "bitwise":
-            return compile_fx(gm, example_inputs, config_patches=patches)
-        table = select_decomp_table()
+            return _private.inductor_compile(gm, example_inputs, patches)
+        table = _private.inductor_default_table()
         if lowering == "rounding":
             table = {**table, **{op: _table_entry(op) for op in _DECOMPOSITIONS}}
         else:
@@ -455,8 +446,8 @@ def inductor_backend(
         keep_exact = _TRACING.keep_exact
         _TRACING.keep_exact = lowering != "rounding"  # read by the pieces as they trace
         try:
-            with functorch_config.patch(enable_autograd_cache=False):
-                return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
+            with _private.autograd_cache_off():
+                return _private.inductor_compile(gm, example_inputs, patches, table)
         finally:
             _TRACING.keep_exact = keep_exact
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
+from . import _torch_private as _private
 from . import codec
 
 __all__ = [
@@ -669,13 +670,13 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
     ) -> QuantizedTensor:
         size = torch.Size(shape) if shape is not None else cls._logical_shape(inner)
         device = next(t.device for t in inner.values() if t is not None)
-        self = torch.Tensor._make_wrapper_subclass(
+        self = _private.make_wrapper_subclass(
             cls, size, dtype=dtype, device=device, requires_grad=requires_grad
         )
         self._init_quantized(inner, quantizer, dtype)
         return self
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = _private.disabled_torch_function_impl
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:  # type: ignore[override]
         return self.dequantize_usage(columnwise=not self.rowwise_usage, dtype=dtype)
@@ -846,14 +847,14 @@ class QuantizedView(torch.Tensor):
         views: tuple[tuple[Any, tuple, dict, Optional[int]], ...],
         value: torch.Tensor,
     ) -> QuantizedView:
-        self = torch.Tensor._make_wrapper_subclass(
+        self = _private.make_wrapper_subclass(
             cls, value.shape, strides=value.stride(), dtype=value.dtype, device=value.device
         )
         self._quantized = base
         self._views = views
         return self
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = _private.disabled_torch_function_impl
 
     def view_of(self, base_value: torch.Tensor) -> torch.Tensor:
         """This view of ``base_value`` (a dequantized value of the base)."""
@@ -898,7 +899,7 @@ def _dispatch_on_values(func: Any, args: tuple, kwargs: dict) -> Any:
         if view is not NotImplemented:
             return view
     values = _PlainValues()
-    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
+    plain_args, plain_kwargs = _private.tree_map(values, (args, kwargs))
     return func(*plain_args, **plain_kwargs)
 
 
@@ -908,9 +909,7 @@ def _view_of(func: Any, args: tuple, kwargs: dict) -> Any:
         base, views = source, ()
     else:
         base, views = source._quantized, source._views
-    if _traced() or any(
-        isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((rest, kwargs))
-    ):
+    if _traced() or any(isinstance(x, torch.Tensor) for x in _private.tree_leaves((rest, kwargs))):
         return NotImplemented  # a plain view of the dequantized value
     value = func(_PlainValues()(source), *rest, **kwargs)
     if isinstance(value, torch.Tensor):
@@ -952,7 +951,7 @@ class _PlainValues:
             entry = self.stand_ins.get(id(x)) if isinstance(x, torch.Tensor) else None
             return entry[0] if entry is not None and entry[1] is x else x
 
-        return torch.utils._pytree.tree_map(original, result)
+        return _private.tree_map(original, result)
 
 
 def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -960,14 +959,14 @@ def _run_writing_op(func: Any, args: tuple, kwargs: dict) -> Any:
     quantized tensors and views it is given, then requantize each quantized tensor
     written (directly or through a view) in place from its written value:
     ``quantize(op(dequantize(w)))``, the update TE's quantized parameters make."""
-    written = torch.utils._pytree.tree_leaves(_written_arguments(func, args, kwargs))
+    written = _private.tree_leaves(_written_arguments(func, args, kwargs))
     if torch.Tag.inplace_view in func.tags and any(isinstance(x, QuantizedView) for x in written):
         raise RuntimeError(
             f"{func}: changes the shape of a view of a quantized tensor in place; "
             "make the view with the shape wanted instead"
         )
     values = _PlainValues()
-    plain_args, plain_kwargs = torch.utils._pytree.tree_map(values, (args, kwargs))
+    plain_args, plain_kwargs = _private.tree_map(values, (args, kwargs))
     result = func(*plain_args, **plain_kwargs)
     targets: dict[int, QuantizedTensor] = {}
     for x in written:

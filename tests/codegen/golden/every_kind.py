@@ -400,8 +400,11 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
 
 def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     """The user outputs of `teops::every_kind_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as the fake kernel describes them)."""
-    flat = every_kind_fwd(*flatten_every_kind_fwd_args(args))
+    as their class, as this call's kernel describes them: under Dynamo its fake, the
+    op's spec on this call's inputs)."""
+    slots = flatten_every_kind_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = every_kind_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat)
 
 

@@ -1,0 +1,178 @@
+"""Every private torch API the runtime, the ops and the modules use, in one place.
+
+Each entry names the symbol, why no public API serves, and the torch versions it was
+run on: 2.11 (the H200), 2.13 (the CPU machines) and 2.14 for the entries that predate
+issue 24, whose suites ran on all three (README, ``make test-torch-versions``); 2.13
+for the rest. A torch upgrade that moves one breaks here, not at its users. Public API
+is used wherever one exists (``torch.is_grad_enabled``,
+``torch.compiler.disable(reason=)``, ``OpOverload.name()``,
+``torch.compiler.assume_constant_result``). Inductor is imported only by the functions
+that need it: importing it costs over a second, and a program that never compiles with
+Inductor should not pay that. ``tests/runtime/test_private_torch_api.py`` keeps every
+other module free of private torch names (its allow-list says what remains and why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.utils._pytree
+
+__all__ = [
+    "AutoDispatchBelowAutograd",
+    "BACKEND_KEYS",
+    "INDUCTOR_LOWERING_MODULE",
+    "after_autograd_keyset",
+    "any_requires_grad",
+    "autograd_cache_off",
+    "current_graph_task_id",
+    "disabled_torch_function_impl",
+    "inductor_compile",
+    "inductor_decompositions",
+    "inductor_default_table",
+    "inductor_install_fallback",
+    "inductor_max_autotune",
+    "inductor_mode_options",
+    "make_wrapper_subclass",
+    "mark_constant_result",
+    "tree_leaves",
+    "tree_map",
+]
+
+# --- the ops' own Autograd kernels (runtime/custom_ops.py) -----------------------------
+# torch.library's ``register_autograd`` re-enters the dispatcher even when nothing is
+# recorded (every slot converted twice, ~36 slots an op); our Autograd kernel calls the
+# backend kernel straight away when the next key is the plain backend, and otherwise
+# re-dispatches below autograd, as torch's own custom-op autograd does internally.
+
+# The keys left once Autograd is handled (``keyset & after_autograd_keyset``).
+after_autograd_keyset = torch._C._after_autograd_keyset
+# Context: dispatch below the Autograd key (``OpOverload.redispatch`` under it).
+AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+# The backend keys a call with nothing in between goes straight to.
+BACKEND_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+# Whether any argument (a tensor, or a list of them) requires grad, in C: the public
+# spelling is a Python loop over ~36 slots on every op call.
+any_requires_grad = torch._C._any_requires_grad
+
+# --- autograd's engine (ops/linear.py, modules/_base.py) --------------------------------
+# The id of the backward the autograd engine is running on this thread, -1 outside one:
+# the only way to tell a forward recomputed by a backward (checkpointing) or a backward
+# run with ``create_graph=True`` from a plain call.
+current_graph_task_id = torch._C._current_graph_task_id
+
+# --- quantized tensor subclasses (runtime/quantizer.py) --------------------------------
+# The wrapper-subclass constructor and the "no __torch_function__" marker: what every
+# ``__torch_dispatch__`` subclass in torch's own documentation and in torchao uses.
+make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
+disabled_torch_function_impl = torch._C._disabled_torch_function_impl
+# Maps a function over nested args/kwargs (a fallback dequantizes every quantized
+# argument): torch has no public pytree module (``torch.utils.pytree`` is absent in 2.13).
+tree_map = torch.utils._pytree.tree_map
+# The tensors among nested args/kwargs (an in-place op's written arguments, issue 25).
+tree_leaves = torch.utils._pytree.tree_leaves
+
+# --- Dynamo, without importing it (runtime/custom_ops.py, runtime/fallback.py) ----------
+# Importing torch._dynamo costs ~0.9 s, which importing a generated op module does not
+# pay (it did not before issue 24 either).
+
+
+def mark_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.assume_constant_result(fn)`` without importing Dynamo: that
+    function only sets the attribute Dynamo reads (checked on 2.13), and a compiled
+    call's ``begin_call`` must be marked before Dynamo first traces it."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+def __getattr__(name: str) -> Any:
+    # ``comptime`` (runtime/fallback.py) runs a function in Dynamo's own frame while it
+    # traces, where a ``torch.compiler.disable``d runner can be created without Dynamo
+    # breaking the graph on the creation itself. Imported on first use: Dynamo knows it
+    # by identity, so the real function is handed out, not a wrapper.
+    if name == "comptime":
+        from torch._dynamo.comptime import comptime
+
+        return comptime
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- joining Inductor (runtime/lowering.py) --------------------------------------------
+# Inductor has no public API for a backend's decomposition table, its fallbacks or its
+# configuration; a lowering needs all three.
+
+# The module every Inductor compile imports (the import hook waits for it).
+INDUCTOR_LOWERING_MODULE = "torch._inductor.lowering"
+
+
+def inductor_max_autotune() -> bool:
+    """Whether this compile lets Inductor choose its own GEMM kernels."""
+    from torch._inductor import config
+
+    return bool(config.max_autotune or config.max_autotune_gemm)
+
+
+def inductor_install_fallback(op: Any) -> None:
+    """Give ``op`` the fallback Inductor would make for it implicitly (the layout
+    constraint of its tags), marked as overriding a decomposition of it."""
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    if op not in lowering.lowerings:
+        tag = get_layout_constraint_tag(op, with_default=True)
+        lowering.make_fallback(
+            op,
+            layout_constraint=lowering.tag_to_layout_constraint(tag),
+            warn=False,
+            override_decomp=True,
+        )
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's default decomposition table (the live dict: entries added join it)."""
+    from torch._inductor import decomposition
+
+    return decomposition.decompositions
+
+
+def inductor_mode_options(mode: str) -> dict[str, Any]:
+    """The Inductor settings a ``torch.compile`` mode stands for."""
+    from torch._inductor import list_mode_options
+
+    return list_mode_options(mode)
+
+
+def inductor_compile(
+    gm: Any,
+    example_inputs: Sequence[Any],
+    config_patches: dict[str, Any],
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+) -> Any:
+    """Inductor's compile of ``gm``; ``decompositions`` (if given) in place of its
+    default table (:func:`inductor_default_table`)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    if decompositions is None:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    return compile_fx(
+        gm, example_inputs, config_patches=config_patches, decompositions=decompositions
+    )
+
+
+def inductor_default_table() -> dict[Any, Callable[..., Any]]:
+    """The decomposition table Inductor compiles with by default (a fresh dict)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return dict(select_decomp_table())
+
+
+@contextmanager
+def autograd_cache_off() -> Iterator[None]:
+    """AOTAutograd's compile cache off for what runs inside."""
+    import torch._functorch.config as functorch_config
+
+    with functorch_config.patch(enable_autograd_cache=False):
+        yield
