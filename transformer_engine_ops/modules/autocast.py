@@ -1,21 +1,22 @@
 """``autocast`` and ``quantized_model_init``: TE's user-facing recipe contexts.
 
 The active recipe is per thread, as ``torch.autocast``'s state and grad mode are: each
-context saves the calling thread's value on entry and restores it on exit (a stack kept
-in the context objects), so a context entered on one thread is invisible to the others.
-Modules read it from :data:`STATE`.
+context kind is a thread-local stack that a context pushes on entry and pops on exit, so
+a context entered on one thread is invisible to the others. Modules read its top from
+:data:`STATE`.
 
-Entering a context makes the recipe's six quantizers. Eagerly, the quantizers of a recipe
-whose quantizers are stateless values are made once per recipe value and shared (a small
-LRU memo), so the quantizers derived from them (``Quantizer._derived``) are reused too.
+Entering a context makes the recipe's six quantizers. The quantizers of a recipe whose
+quantizers are stateless values are made once per recipe value and shared (a small LRU
+memo), so the quantizers derived from them (``Quantizer._derived``) are reused too.
 
 Inside a compiled function Dynamo traces the context: it reads the recipe's fields
-(:func:`recipe_key`, plain attribute reads, so the graph is guarded on each of them and a
-changed recipe recompiles), then gets the quantizers of that value from
-:func:`_quantizers_at_trace_time`, which Dynamo runs for real once and keeps as a graph
-constant (``assume_constant_result``). Nothing on the traced path takes a lock, calls
-``repr`` or reads a thread id; entering, nesting and leaving a context adds no graph
-break. A stateful recipe (delayed scaling) is refused there with its reason.
+(:func:`recipe_key`, so the graph is guarded on each of them and a changed recipe
+recompiles), then fetches the quantizers of that value through
+:func:`_traced_quantizers_name`, which Dynamo runs for real while tracing
+(``assume_constant_result``). Nothing on the traced path takes a lock, calls ``repr`` or
+reads a thread id; entering, nesting and leaving a context adds no graph break. A
+stateful recipe (delayed scaling), or one that is not a value, runs its region eagerly
+behind a graph break naming why (``fullgraph=True`` raises it).
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ class RecipeQuantizers:
         )
 
 
-# The memo of shared quantizers: recipe_key(recipe) -> the quantizers of that value,
-# least recently used first. Keys are values (nested tuples of constants), so an entry
-# keeps no recipe object of the caller's alive and outlives none.
+# The memo of shared quantizers: recipe_key(recipe) -> the quantizers of that value
+# (holding the first frozen recipe of that value they were made from), least recently
+# used first. Keys are values (nested tuples of constants): equal recipes share.
 _MEMO: OrderedDict[tuple[Any, ...], RecipeQuantizers] = OrderedDict()
 _MEMO_LOCK = threading.Lock()
 _MEMO_SIZE = 16
