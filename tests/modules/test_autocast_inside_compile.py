@@ -96,7 +96,7 @@ def test_autocast_inside_compiles_without_graph_break_bitwise_equal_to_eager(kin
         assert_bitwise(run(compiled, module, x), expected)
     assert counter.frame_count == 1
     assert graph_breaks() == 0
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 @pytest.mark.slow
@@ -172,8 +172,19 @@ def test_an_outer_eager_autocast_is_restored_after_a_compiled_inner_one():
         before = STATE.autocast
         compiled(x)
         assert STATE.autocast is before
-        assert STATE.autocast_stack == [None, before]
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast is None
+
+
+def test_a_graph_is_reused_at_any_nesting_depth_of_autocast():
+    module, x = make("linear"), make_input()
+    counter = CompileCounter()
+    compiled = torch.compile(module, fullgraph=True, backend=counter)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        compiled(x)
+        with te.autocast(recipe=RECIPES["mxfp8"]()):
+            with te.autocast(recipe=Float8CurrentScaling()):
+                compiled(x)
+    assert counter.frame_count == 1
 
 
 def test_a_changed_recipe_field_recompiles_and_an_equal_recipe_object_does_not():
@@ -219,7 +230,7 @@ def test_threads_entering_autocast_inside_one_compiled_function_each_get_their_r
     for name in RECIPE_NAMES:
         assert torch.equal(got[name], expected[name]), name
     assert graph_breaks() == 0
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 def test_eager_code_after_a_graph_break_inside_the_region_sees_the_recipe():
@@ -239,7 +250,7 @@ def test_eager_code_after_a_graph_break_inside_the_region_sees_the_recipe():
     with torch.no_grad():
         assert torch.equal(got.dequantize(), expected.dequantize())
     assert graph_breaks() >= 1
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 @pytest.mark.parametrize("kind", MODULES)
@@ -248,7 +259,7 @@ def test_delayed_scaling_inside_fullgraph_raises_naming_it(kind):
     fn = under(DelayedScaling(), module)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="DelayedScaling"):
         torch.compile(fn, fullgraph=True, backend=AOT)(x)
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 @pytest.mark.slow
@@ -273,7 +284,7 @@ def test_delayed_scaling_inside_a_compiled_function_runs_eagerly_step_after_step
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(got[key], value), key
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +303,7 @@ def test_a_recipe_that_is_not_a_value_runs_eagerly_inside_compile_naming_the_fie
     with pytest.warns(EagerFallbackWarning, match=r"_TaggedRecipe\.tags is a list"):
         got = run(torch.compile(fn, backend=AOT), module, x)
     assert_bitwise(got, run(fn, module, x))
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap"])
@@ -307,4 +318,4 @@ def test_autocast_under_a_torch_func_transform_is_refused_naming_it(transform):
     arg = x if transform == "grad" else x.view(2, 64, 64)
     with pytest.raises(RuntimeError, match=r"te\.autocast inside a torch\.func transform"):
         fn(arg)
-    assert STATE.autocast_stack == [None]
+    assert STATE.autocast_cell == [None]

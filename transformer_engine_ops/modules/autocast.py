@@ -1,9 +1,9 @@
 """``autocast`` and ``quantized_model_init``: TE's user-facing recipe contexts.
 
 The active recipe is per thread, as ``torch.autocast``'s state and grad mode are: each
-context kind is a thread-local stack that a context pushes on entry and pops on exit, so
-a context entered on one thread is invisible to the others. Modules read its top from
-:data:`STATE`.
+context replaces the calling thread's active quantizers on entry and restores the
+previous ones on exit, so a context entered on one thread is invisible to the others.
+Modules read them from :data:`STATE`.
 
 Entering a context makes the recipe's six quantizers. The quantizers of a recipe whose
 quantizers are stateless values are made once per recipe value and shared (a small LRU
@@ -259,52 +259,57 @@ class _State(threading.local):
     """The active recipes of the calling thread, as ``torch.autocast``'s state and grad
     mode are per thread: a context entered on one thread is invisible to the others.
 
-    Each context kind is a stack (its bottom None: no recipe) that a context pushes on
-    entry and pops on exit; ``autocast``/``model_init`` read (and replace) its top.
-    Stacks, not attributes set and restored, because of how Dynamo traces them: it
-    replays the mutations of a list it traced onto the real list after the graph and
-    before a graph break (so eager code after a break sees the recipe), where a traced
-    attribute store on a ``threading.local`` is dropped. Guards and replays evaluate
-    ``STATE.<stack>`` on the calling thread, so a compiled graph follows that thread's
+    Each context kind keeps its active quantizers in a one-element list (``[None]``: no
+    recipe), which a context replaces on entry and restores on exit (the stack of earlier
+    values lives in the context objects); ``autocast``/``model_init`` read and replace
+    that element. A list, not an attribute, because of how Dynamo traces it: it replays a
+    traced list mutation onto the real list after the graph and before a graph break (so
+    eager code after a break sees the recipe), where a traced attribute store on a
+    ``threading.local`` is dropped. One element, not a growing stack: a graph guards on
+    ``STATE.autocast_cell[0]`` whatever the nesting depth (a stack's top is read by
+    position, and its guards would tie a graph to one depth). Guards and replays evaluate
+    ``STATE.<cell>`` on the calling thread, so a compiled graph follows that thread's
     recipe.
     """
 
     def __init__(self) -> None:
-        self.autocast_stack: list[RecipeQuantizers | None] = [None]
-        self.model_init_stack: list[RecipeQuantizers | None] = [None]
+        self.autocast_cell: list[RecipeQuantizers | None] = [None]
+        self.model_init_cell: list[RecipeQuantizers | None] = [None]
 
     @property
     def autocast(self) -> RecipeQuantizers | None:
         """The quantizers of the innermost ``autocast`` (None outside any)."""
-        return self.autocast_stack[-1]
+        return self.autocast_cell[0]
 
     @autocast.setter
     def autocast(self, quantizers: RecipeQuantizers | None) -> None:
-        self.autocast_stack[-1] = quantizers
+        self.autocast_cell[0] = quantizers
 
     @property
     def model_init(self) -> RecipeQuantizers | None:
         """The quantizers of the innermost ``quantized_model_init`` (None outside any)."""
-        return self.model_init_stack[-1]
+        return self.model_init_cell[0]
 
     @model_init.setter
     def model_init(self, quantizers: RecipeQuantizers | None) -> None:
-        self.model_init_stack[-1] = quantizers
+        self.model_init_cell[0] = quantizers
 
 
 STATE = _State()
 
 
 class _RecipeScope:
-    """Pushes a recipe's quantizers (None if disabled) on the calling thread's stack
-    ``STATE.<stack>`` inside and pops them on exit. A class with ``__enter__`` and
-    ``__exit__`` (not a generator) so that Dynamo inlines both into the graph's frame."""
+    """Makes a recipe's quantizers (None if disabled) the calling thread's active ones
+    (``STATE.<cell>``) inside, and restores the previous ones on exit. A class with
+    ``__enter__`` and ``__exit__`` (not a generator) so that Dynamo inlines both into the
+    graph's frame."""
 
-    def __init__(self, stack: str, enabled: bool, recipe: Recipe | None, deferred: bool) -> None:
-        self.stack = stack
+    def __init__(self, cell: str, enabled: bool, recipe: Recipe | None, deferred: bool) -> None:
+        self.cell = cell
         self.enabled = enabled
         self.recipe = recipe
         self.deferred = deferred  # defer delayed-scaling updates to the outermost exit
+        self.previous: RecipeQuantizers | None = None
         self.deferring: contextlib.AbstractContextManager[None] | None = None
         # Set while a region entered eagerly is open: its exit runs eagerly too (the
         # reason of that eager exit under torch.compile, should the exit be traced).
@@ -321,7 +326,7 @@ class _RecipeScope:
             # (fullgraph=True raises, quoting the reason).
             run_eagerly(quantizers, self._enter_eagerly)
             return
-        getattr(STATE, self.stack).append(quantizers)
+        self._activate(quantizers)
 
     def __exit__(
         self,
@@ -330,16 +335,21 @@ class _RecipeScope:
         traceback: TracebackType | None,
     ) -> None:
         if self.eager_reason is None:
-            getattr(STATE, self.stack).pop()
+            getattr(STATE, self.cell)[0] = self.previous
         elif torch.compiler.is_compiling():
             run_eagerly(self.eager_reason, self._exit_eagerly, kind, error, traceback)
         else:
             self._exit_eagerly(kind, error, traceback)
 
+    def _activate(self, quantizers: RecipeQuantizers | None) -> None:
+        cell = getattr(STATE, self.cell)
+        self.previous = cell[0]
+        cell[0] = quantizers
+
     def _enter_eagerly(self) -> None:
         quantizers = None
         if self.enabled:
-            _refuse_under_functorch(self.stack)
+            _refuse_under_functorch(self.cell)
             recipe = Float8CurrentScaling() if self.recipe is None else self.recipe
             quantizers = RecipeQuantizers.from_recipe(recipe)
         if self.deferred:
@@ -350,7 +360,7 @@ class _RecipeScope:
             if quantizers is None or quantizers.compile_blocker is None
             else quantizers.compile_blocker
         )
-        getattr(STATE, self.stack).append(quantizers)
+        self._activate(quantizers)
 
     def _exit_eagerly(
         self,
@@ -358,18 +368,18 @@ class _RecipeScope:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        getattr(STATE, self.stack).pop()
+        getattr(STATE, self.cell)[0] = self.previous
         self.eager_reason = None
         if self.deferring is not None:
             deferring, self.deferring = self.deferring, None
             deferring.__exit__(kind, error, traceback)
 
 
-def _refuse_under_functorch(stack: str) -> None:
+def _refuse_under_functorch(cell: str) -> None:
     """Raise when a torch.func transform (grad, vmap, jacrev, ...) is active: the modules'
     autograd Functions do not define ``setup_context``, which those transforms need."""
     if torch._C._functorch.peek_interpreter_stack() is not None:
-        name = "autocast" if stack == "autocast_stack" else "quantized_model_init"
+        name = "autocast" if cell == "autocast_cell" else "quantized_model_init"
         raise RuntimeError(
             f"te.{name} inside a torch.func transform (grad, vmap, jacrev, jvp, ...) is not "
             "supported: the modules' autograd Functions do not define setup_context, which "
@@ -390,14 +400,14 @@ def autocast(
     each backward pass. Inside a compiled function it is refused (an eager fallback,
     which ``fullgraph=True`` turns into an error naming it).
     """
-    return _RecipeScope("autocast_stack", enabled, recipe, deferred=True)
+    return _RecipeScope("autocast_cell", enabled, recipe, deferred=True)
 
 
 def quantized_model_init(
     enabled: bool = True, recipe: Recipe | None = None
 ) -> contextlib.AbstractContextManager[None]:
     """Create module weights inside as quantized parameters of ``recipe``."""
-    return _RecipeScope("model_init_stack", enabled, recipe, deferred=False)
+    return _RecipeScope("model_init_cell", enabled, recipe, deferred=False)
 
 
 def checkpoint(
@@ -417,11 +427,12 @@ def checkpoint(
     recorded = STATE.autocast
 
     def under_recorded_recipe(*inner_args: Any, **inner_kwargs: Any) -> Any:
-        STATE.autocast_stack.append(recorded)
+        previous = STATE.autocast
+        STATE.autocast = recorded
         try:
             return function(*inner_args, **inner_kwargs)
         finally:
-            STATE.autocast_stack.pop()
+            STATE.autocast = previous
 
     return torch.utils.checkpoint.checkpoint(
         under_recorded_recipe, *args, use_reentrant=use_reentrant, **kwargs
