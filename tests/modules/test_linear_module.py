@@ -231,7 +231,8 @@ def test_changing_the_recipe_recompiles_naming_the_quantizer_field(recompile_log
     assert unique_graphs() == 2
     assert len(recompile_log.messages) == 1
     reason = recompile_log.messages[0]
-    assert "STATE.autocast.input._teops_code ==" in reason  # the quantizer's boundary text
+    # the quantizer's boundary text, read from the thread's active-recipe cell
+    assert "STATE.autocast_cell[0].input._teops_code ==" in reason
     assert "Float8CurrentScalingQuantizer" in reason
     assert '"force_pow_2_scales":false' in reason  # the guarded field's old value
     step(compiled, x, "fp8_current")  # back to the first recipe: cached, no recompile

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..runtime._torch_private import current_graph_task_id
+from ..runtime.fallback import run_eagerly
 from . import _extra_state
 from .autocast import RecipeQuantizers
 
@@ -83,6 +84,13 @@ class ExtraStateMixin:
         module's ``gemm`` under delayed scaling (such a recipe runs eagerly)."""
         if shared is None or shared.compile_blocker is None:
             return shared
+        if torch.compiler.is_compiling():
+            # The state lives on the module, outside any graph: made or fetched eagerly
+            # (behind a graph break), as the op call that uses it runs eagerly too.
+            return run_eagerly(shared.compile_blocker, self._own_quantizers, shared, gemm)
+        return self._own_quantizers(shared, gemm)
+
+    def _own_quantizers(self, shared: RecipeQuantizers, gemm: str | None) -> RecipeQuantizers:
         return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
 
     def _recipe_quantizers(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:

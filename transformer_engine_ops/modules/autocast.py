@@ -1,28 +1,43 @@
 """``autocast`` and ``quantized_model_init``: TE's user-facing recipe contexts.
 
-Entering ``autocast`` makes the recipe's six quantizers once, outside any compiled
-region; modules read them from here. Quantizers are value-opaque, so a compiled
-graph guards on their equality: the same recipe re-entered reuses the graph, a
-changed recipe recompiles.
+The active recipe is per thread, as ``torch.autocast``'s state and grad mode are: each
+context replaces the calling thread's active quantizers on entry and restores the
+previous ones on exit, so a context entered on one thread is invisible to the others.
+Modules read them from :data:`STATE`.
 
-Entering it every step is cheap: the quantizers of a recipe whose quantizers are
-stateless values are made once per recipe value and shared (a small LRU memo), so the
-quantizers derived from them (``Quantizer._derived``) are reused too.
+Entering a context makes the recipe's six quantizers. The quantizers of a recipe whose
+quantizers are stateless values are made once per recipe value and shared (a small LRU
+memo), so the quantizers derived from them (``Quantizer._derived``) are reused too.
+
+Inside a compiled function Dynamo traces the context: it reads the recipe's fields
+(:func:`recipe_key`, so the graph is guarded on each of them and a changed recipe
+recompiles), then fetches the quantizers of that value through
+:func:`_traced_quantizers_name`, which Dynamo runs for real while tracing
+(``assume_constant_result``). Nothing on the traced path takes a lock, calls ``repr`` or
+reads a thread id; entering, nesting and leaving a context adds no graph break. A
+stateful recipe (delayed scaling), or one that is not a value, runs its region eagerly
+behind a graph break naming why (``fullgraph=True`` raises it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
+import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch.utils.checkpoint
 
 from ..quantization.float8 import deferred_scale_updates
 from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
+from ..runtime._torch_private import functorch_transform_active
+from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import Quantizer, value_opaque_reason
 from ..runtime.values import GemmConfig
 
@@ -53,24 +68,14 @@ class RecipeQuantizers:
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         """The quantizers of ``recipe``: shared by every equal recipe while the memo holds
-        them, when the recipe is a hashable frozen dataclass and its quantizers are
-        stateless values (no ``compile_blocker``); made afresh otherwise (delayed
-        scaling's quantizers keep state and are never shared)."""
-        key = _memo_key(recipe)
-        if key is None:
+        them, when the recipe is a frozen dataclass of values (:func:`recipe_key`) and its
+        quantizers are stateless values (no ``compile_blocker``); made afresh otherwise
+        (delayed scaling's quantizers keep state and are never shared)."""
+        key = recipe_key(recipe)
+        params = getattr(type(recipe), "__dataclass_params__", None)
+        if key is None or params is None or not params.frozen:  # mutable: may change
             return cls._make(recipe)
-        with _MEMO_LOCK:
-            made = _MEMO.get(key)
-            if made is not None:
-                _MEMO.move_to_end(key)
-                return made
-        made = cls._make(recipe)
-        if made.compile_blocker is None:
-            with _MEMO_LOCK:
-                _MEMO[key] = made
-                if len(_MEMO) > _MEMO_SIZE:
-                    _MEMO.popitem(last=False)
-        return made
+        return _shared_quantizers(key, recipe)
 
     @classmethod
     def _make(cls, recipe: Recipe) -> RecipeQuantizers:
@@ -96,83 +101,314 @@ class RecipeQuantizers:
         )
 
 
-# RecipeQuantizers.from_recipe's memo: (recipe, repr(recipe)) -> the shared quantizers,
-# least recently used first. The key holds the recipe, so an object its repr names by
-# address stays alive and the address is never reused while the entry exists; the repr
-# tells apart the one kind of equal recipes whose quantizers differ (a -0.0 float field
-# is == 0.0 but encodes, and so guards, as "-0.0").
-_MEMO: OrderedDict[tuple[Recipe, str], RecipeQuantizers] = OrderedDict()
+# The memo of shared quantizers: recipe_key(recipe) -> the quantizers of that value
+# (holding the first frozen recipe of that value they were made from), least recently
+# used first. Keys are values (nested tuples of constants): equal recipes share.
+_MEMO: OrderedDict[tuple[Any, ...], RecipeQuantizers] = OrderedDict()
 _MEMO_LOCK = threading.Lock()
 _MEMO_SIZE = 16
 
 
-def _memo_key(recipe: Recipe) -> tuple[Recipe, str] | None:
-    """The memo key of ``recipe``, or None when it may not be memoized: only a frozen
-    dataclass (a value: a mutable recipe could change after its quantizers were made)
-    whose fields all hash."""
-    params = getattr(type(recipe), "__dataclass_params__", None)
-    if params is None or not params.frozen:
+def _shared_quantizers(key: tuple[Any, ...], recipe: Recipe) -> RecipeQuantizers:
+    """The memo's quantizers for ``key`` (``recipe``'s value), made from ``recipe`` and
+    kept when they are missing and stateless."""
+    with _MEMO_LOCK:
+        made = _MEMO.get(key)
+        if made is not None:
+            _MEMO.move_to_end(key)
+            return made
+    made = RecipeQuantizers._make(recipe)
+    if made.compile_blocker is None:
+        with _MEMO_LOCK:
+            _MEMO[key] = made
+            if len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+    return made
+
+
+# --- a recipe as a value -------------------------------------------------------------
+
+# The largest magnitude up to which every int is exactly a float (a key holds ints as
+# floats, below).
+_EXACT_INT = 2**53
+
+
+def recipe_key(recipe: Any) -> tuple[Any, ...] | None:
+    """``recipe``'s value as nested tuples of constants: ``(class, ((field, key), ...))``
+    for a dataclass, each field's value keyed the same way: ``(type, value)`` for None,
+    a bool, a str or an Enum member; ``(int, float(value))`` for an int (up to 2**53);
+    ``(float, value, sign)`` for a float (-0.0 == 0.0, but the two encode differently);
+    ``(tuple, keys)`` for a tuple. None when some value is anything else (a list, a
+    callable, an arbitrary object), or the recipe is not a dataclass.
+
+    Dynamo traces it, guarding the graph on every field it reads. A number read from an
+    argument may reach it symbolic (Dynamo makes a number that changed between calls
+    dynamic): ``float.__float__`` must return a Python float, which makes Dynamo
+    specialize the number, and guard on it, where ``int``'s conversions do not."""
+    kind = type(recipe)
+    if recipe is None or kind is bool or kind is str or isinstance(recipe, enum.Enum):
+        return (kind, recipe)
+    if kind is int:
+        if not -_EXACT_INT <= recipe <= _EXACT_INT:
+            return None
+        return (int, float(recipe).__float__())
+    if kind is float:
+        value = recipe.__float__()
+        return (float, value, math.copysign(1.0, value))
+    if kind is tuple:
+        items = []
+        for item in recipe:
+            key = recipe_key(item)
+            if key is None:
+                return None
+            items.append(key)
+        return (tuple, tuple(items))
+    if not dataclasses.is_dataclass(recipe) or isinstance(recipe, type):
         return None
-    key = (recipe, repr(recipe))
-    try:
-        hash(key)
-    except TypeError:  # an unhashable field value (a list, say)
-        return None
-    return key
+    fields = []
+    for field in dataclasses.fields(recipe):
+        key = recipe_key(getattr(recipe, field.name))
+        if key is None:
+            return None
+        fields.append((field.name, key))
+    return (kind, tuple(fields))
+
+
+def _unkeyable_part(recipe: Any, path: str) -> str:
+    """Where ``recipe`` holds what :func:`recipe_key` cannot key, in words (only asked
+    after it returned None)."""
+    if not dataclasses.is_dataclass(recipe) or isinstance(recipe, type):
+        return f"{path} is a {type(recipe).__name__}"
+    for field in dataclasses.fields(recipe):
+        value = getattr(recipe, field.name)
+        if recipe_key(value) is None:
+            return _unkeyable_part(value, f"{path}.{field.name}")
+    return path
+
+
+def _value_of_key(key: tuple[Any, ...]) -> Any:
+    """The value :func:`recipe_key` made ``key`` of (a new, equal object)."""
+    kind = key[0]
+    if kind is tuple:
+        return tuple(_value_of_key(item) for item in key[1])
+    if kind is int:
+        return int(key[1])
+    if not dataclasses.is_dataclass(kind):
+        return key[1]
+    values = {name: _value_of_key(item) for name, item in key[1]}
+    init = {f.name for f in dataclasses.fields(kind) if f.init}
+    made = kind(**{name: value for name, value in values.items() if name in init})
+    for name, value in values.items():
+        if name not in init:
+            object.__setattr__(made, name, value)
+    return made
+
+
+class _TracedQuantizers:
+    """The quantizers compiled graphs were traced with, one attribute per recipe value
+    (``q0``, ``q1``, ...): a traced ``autocast`` reads its quantizers from here, through a
+    source Dynamo guards like any global (a constant returned by
+    ``assume_constant_result`` has none, and Dynamo cannot guard attribute reads on it).
+    Written only while tracing, under :data:`_MEMO_LOCK`; keyed by value, so two traces
+    of one value read the same entry and of two values never collide."""
+
+
+_TRACED = _TracedQuantizers()
+_TRACED_NAMES: dict[tuple[Any, ...], str] = {}
+
+
+@torch.compiler.assume_constant_result
+def _traced_quantizers_name(key: tuple[Any, ...] | None) -> str:
+    """The attribute of :data:`_TRACED` holding the quantizers of the recipe whose value
+    is ``key`` (None: the default recipe). Dynamo runs it for real while tracing and
+    keeps the name as a constant; the graph is guarded on the recipe's fields that made
+    ``key``."""
+    if key is None:
+        recipe: Recipe = Float8CurrentScaling()
+        key = recipe_key(recipe)
+        assert key is not None
+    else:
+        recipe = _value_of_key(key)
+    made = _shared_quantizers(key, recipe)
+    with _MEMO_LOCK:
+        name = _TRACED_NAMES.get(key)
+        if name is None:
+            name = _TRACED_NAMES[key] = f"q{len(_TRACED_NAMES)}"
+        setattr(_TRACED, name, made)
+    return name
+
+
+def _quantizers_while_compiling(recipe: Recipe | None) -> RecipeQuantizers | str:
+    """``from_recipe`` for code Dynamo traces (None: the default recipe, which traced
+    code does not construct: Dynamo cannot build its ``GemmConfig`` defaults), or why
+    the recipe cannot be a graph constant."""
+    key = None
+    if recipe is not None:
+        key = recipe_key(recipe)
+        if key is None:
+            return (
+                "te.autocast inside torch.compile takes a recipe that is a dataclass of "
+                "values (None, bool, int, float, str, Enum members, tuples and dataclasses "
+                "of these), which the compiled graph is guarded on; "
+                f"{_unkeyable_part(recipe, type(recipe).__name__)}"
+            )
+    quantizers = getattr(_TRACED, _traced_quantizers_name(key))
+    return quantizers if quantizers.compile_blocker is None else quantizers.compile_blocker
 
 
 class _State(threading.local):
-    """The active recipes of the calling thread, as ``torch.autocast``'s state is per
-    thread: a context entered on one thread is invisible to the others.
+    """The active recipes of the calling thread, as ``torch.autocast``'s state and grad
+    mode are per thread: a context entered on one thread is invisible to the others.
 
-    torch.compile reads it like any global (it evaluates attributes of a
-    ``threading.local``), so a compiled graph guards on the calling thread's value.
+    Each context kind keeps its active quantizers in a one-element list (``[None]``: no
+    recipe), which a context replaces on entry and restores on exit (the stack of earlier
+    values lives in the context objects); ``autocast``/``model_init`` read and replace
+    that element. A list, not an attribute, because of how Dynamo traces it: it replays a
+    traced list mutation onto the real list after the graph and before a graph break (so
+    eager code after a break sees the recipe), where a traced attribute store on a
+    ``threading.local`` is dropped. One element, not a growing stack: a graph guards on
+    ``STATE.autocast_cell[0]`` whatever the nesting depth (a stack's top is read by
+    position, and its guards would tie a graph to one depth). Guards and replays evaluate
+    ``STATE.<cell>`` on the calling thread, so a compiled graph follows that thread's
+    recipe.
     """
 
     def __init__(self) -> None:
-        self.autocast: RecipeQuantizers | None = None
-        self.model_init: RecipeQuantizers | None = None
+        self.autocast_cell: list[RecipeQuantizers | None] = [None]
+        self.model_init_cell: list[RecipeQuantizers | None] = [None]
+
+    @property
+    def autocast(self) -> RecipeQuantizers | None:
+        """The quantizers of the innermost ``autocast`` (None outside any)."""
+        return self.autocast_cell[0]
+
+    @autocast.setter
+    def autocast(self, quantizers: RecipeQuantizers | None) -> None:
+        self.autocast_cell[0] = quantizers
+
+    @property
+    def model_init(self) -> RecipeQuantizers | None:
+        """The quantizers of the innermost ``quantized_model_init`` (None outside any)."""
+        return self.model_init_cell[0]
+
+    @model_init.setter
+    def model_init(self, quantizers: RecipeQuantizers | None) -> None:
+        self.model_init_cell[0] = quantizers
 
 
 STATE = _State()
 
 
-@contextlib.contextmanager
-def _recipe_scope(field: str, enabled: bool, recipe: Recipe | None) -> Iterator[None]:
-    """Set ``STATE.<field>`` to the recipe's quantizers (None if disabled) inside."""
-    previous = getattr(STATE, field)
-    quantizers = RecipeQuantizers.from_recipe(recipe or Float8CurrentScaling()) if enabled else None
-    setattr(STATE, field, quantizers)
-    try:
-        yield
-    finally:
-        setattr(STATE, field, previous)
+class _RecipeScope:
+    """Makes a recipe's quantizers (None if disabled) the calling thread's active ones
+    (``STATE.<cell>``) inside, and restores the previous ones on exit. A class with
+    ``__enter__`` and ``__exit__`` (not a generator) so that Dynamo inlines both into the
+    graph's frame."""
+
+    def __init__(self, cell: str, enabled: bool, recipe: Recipe | None, deferred: bool) -> None:
+        self.cell = cell
+        self.enabled = enabled
+        self.recipe = recipe
+        self.deferred = deferred  # defer delayed-scaling updates to the outermost exit
+        self.previous: RecipeQuantizers | None = None
+        self.deferring: contextlib.AbstractContextManager[None] | None = None
+        # Set while a region entered eagerly is open: its exit runs eagerly too (the
+        # reason of that eager exit under torch.compile, should the exit be traced).
+        self.eager_reason: str | None = None
+
+    def __enter__(self) -> None:
+        if not torch.compiler.is_compiling():
+            self._enter_eagerly()
+            return
+        quantizers = _quantizers_while_compiling(self.recipe) if self.enabled else None
+        if isinstance(quantizers, str):
+            # A stateful recipe (its scales live outside any graph) or one that is not
+            # a value: the region runs eagerly, entered here behind a graph break
+            # (fullgraph=True raises, quoting the reason).
+            run_eagerly(quantizers, self._enter_eagerly)
+            return
+        self._activate(quantizers)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.eager_reason is None:
+            getattr(STATE, self.cell)[0] = self.previous
+        elif torch.compiler.is_compiling():
+            run_eagerly(self.eager_reason, self._exit_eagerly, kind, error, traceback)
+        else:
+            self._exit_eagerly(kind, error, traceback)
+
+    def _activate(self, quantizers: RecipeQuantizers | None) -> None:
+        cell = getattr(STATE, self.cell)
+        self.previous = cell[0]
+        cell[0] = quantizers
+
+    def _enter_eagerly(self) -> None:
+        quantizers = None
+        if self.enabled:
+            _refuse_under_functorch(self.cell)
+            recipe = Float8CurrentScaling() if self.recipe is None else self.recipe
+            quantizers = RecipeQuantizers.from_recipe(recipe)
+        if self.deferred:
+            self.deferring = deferred_scale_updates()
+            self.deferring.__enter__()
+        self.eager_reason = (
+            "leaving a te.autocast region entered outside the graph"
+            if quantizers is None or quantizers.compile_blocker is None
+            else quantizers.compile_blocker
+        )
+        self._activate(quantizers)
+
+    def _exit_eagerly(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        getattr(STATE, self.cell)[0] = self.previous
+        self.eager_reason = None
+        if self.deferring is not None:
+            deferring, self.deferring = self.deferring, None
+            deferring.__exit__(kind, error, traceback)
+
+
+def _refuse_under_functorch(cell: str) -> None:
+    """Raise when a torch.func transform (grad, vmap, jacrev, ...) is active: the modules'
+    autograd Functions do not define ``setup_context``, which those transforms need."""
+    if functorch_transform_active():
+        name = "autocast" if cell == "autocast_cell" else "quantized_model_init"
+        raise RuntimeError(
+            f"te.{name} inside a torch.func transform (grad, vmap, jacrev, jvp, ...) is not "
+            "supported: the modules' autograd Functions do not define setup_context, which "
+            "torch.func needs; differentiate with torch.autograd (loss.backward(), "
+            "torch.autograd.grad) instead"
+        )
 
 
 def autocast(
     enabled: bool = True, recipe: Recipe | None = None
 ) -> contextlib.AbstractContextManager[None]:
-    """Run the modules inside with ``recipe`` (default FP8 current scaling).
+    """Run the modules inside with ``recipe`` (default FP8 current scaling); also inside
+    a compiled function, where the graph is guarded on the recipe's fields.
 
     Delayed scaling: each module keeps its own scaling state per tensor role; the
     forward scales update from the amax history when the outermost region exits (TE's
     ``reduce_and_update_fp8_tensors(forward=True)``), the gradient scales at the end of
-    each backward pass.
+    each backward pass. Inside a compiled function it is refused (an eager fallback,
+    which ``fullgraph=True`` turns into an error naming it).
     """
-    return _autocast_scope(enabled, recipe)
-
-
-@contextlib.contextmanager
-def _autocast_scope(enabled: bool, recipe: Recipe | None) -> Iterator[None]:
-    with deferred_scale_updates(), _recipe_scope("autocast", enabled, recipe):
-        yield
+    return _RecipeScope("autocast_cell", enabled, recipe, deferred=True)
 
 
 def quantized_model_init(
     enabled: bool = True, recipe: Recipe | None = None
 ) -> contextlib.AbstractContextManager[None]:
     """Create module weights inside as quantized parameters of ``recipe``."""
-    return _recipe_scope("model_init", enabled, recipe)
+    return _RecipeScope("model_init_cell", enabled, recipe, deferred=False)
 
 
 def checkpoint(

@@ -30,6 +30,7 @@ __all__ = [
     "autograd_cache_off",
     "current_graph_task_id",
     "disabled_torch_function_impl",
+    "functorch_transform_active",
     "inductor_compile",
     "inductor_decompositions",
     "inductor_default_table",
@@ -63,6 +64,15 @@ any_requires_grad = torch._C._any_requires_grad
 # the only way to tell a forward recomputed by a backward (checkpointing) or a backward
 # run with ``create_graph=True`` from a plain call.
 current_graph_task_id = torch._C._current_graph_task_id
+
+
+# --- torch.func (modules/autocast.py) --------------------------------------------------
+def functorch_transform_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jacrev, ...) is running: te.autocast
+    refuses it by name, since the modules' autograd Functions define no setup_context.
+    torch has no public query for the functorch interpreter stack."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
 
 # --- quantized tensor subclasses (runtime/quantizer.py) --------------------------------
 # The wrapper-subclass constructor and the "no __torch_function__" marker: what every
