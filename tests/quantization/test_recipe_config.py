@@ -123,8 +123,7 @@ def test_te_keywords_reach_the_quantizers():
         (lambda: Float8BlockScaling(fp8_mha=True), "fp8_mha=True"),
         (lambda: MXFP8BlockScaling(enable_2d_quantization=True), "enable_2d_quantization"),
         (lambda: MXFP8BlockScaling(margin=2), "margin=2"),
-        (lambda: NVFP4BlockScaling(), "disable_rht=False"),
-        (lambda: NVFP4BlockScaling(disable_rht=True), "disable_stochastic_rounding=False"),
+        (lambda: NVFP4BlockScaling(row_scaled_activation=True), "row_scaled_activation=True"),
         (
             lambda: NVFP4BlockScaling(
                 disable_rht=True, disable_stochastic_rounding=True, nvfp4_4over6="all"

@@ -39,6 +39,7 @@ __all__ = [
     "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
+    "QParams",
     "Recipe",
 ]
 
@@ -52,6 +53,32 @@ _NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
 # TE's MMParams: how one GEMM runs (``use_split_accumulator``). One type with the
 # GemmConfig value that crosses the op boundary, so a recipe's choice reaches the op.
 MMParams = GemmConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """TE's per-role quantization parameters of the NVFP4 recipe (``recipe.QParams``):
+    which of TE's NVFP4 techniques a tensor role gets. ``power_2_scale`` and
+    ``amax_epsilon`` are TE's fields for other formats; NVFP4 does not read them."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in (
+            "power_2_scale",
+            "random_hadamard_transform",
+            "stochastic_rounding",
+            "fp4_2d_quantization",
+        ):
+            check_bool(owner, name, getattr(self, name))
+        object.__setattr__(
+            self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
+        )
 
 
 def _env_flag(name: str, default: str = "0") -> bool:
@@ -341,13 +368,17 @@ class Float8BlockScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class NVFP4BlockScaling(Recipe):
-    """NVFP4 everywhere; weights use 16x16 (2-D) blocks unless disabled.
+    """NVFP4 everywhere, configured per tensor role as TE 2.20.2 does by default:
 
-    TE's defaults ask for random Hadamard transforms and stochastic rounding of
-    gradients, which this library does not implement: pass ``disable_rht=True`` and
-    ``disable_stochastic_rounding=True`` (or set ``NVTE_NVFP4_DISABLE_RHT=1`` and
-    ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1``), else construction raises
-    ``NotImplementedError`` naming them.
+    * weights: 16x16 (2-D) blocks (``disable_2d_quantization`` turns them off);
+    * inputs (and outputs): the random Hadamard transform on their columnwise data, the
+      weight-gradient GEMM's operand (``disable_rht``);
+    * gradients: the same transform, and stochastic rounding (``disable_rht``,
+      ``disable_stochastic_rounding``), its bits drawn from a (seed, offset) pair each
+      module call takes from torch's default generator (docs/quantization.md).
+
+    The three roles' parameters are TE's ``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``
+    and ``fp4_quant_bwd_grad`` (:class:`QParams`), derived from the flags.
     """
 
     disable_rht: bool = _env_flag("NVTE_NVFP4_DISABLE_RHT")
@@ -383,10 +414,6 @@ class NVFP4BlockScaling(Recipe):
         )
         self._check_common()
         unimplemented = {
-            "disable_rht=False (random Hadamard transforms)": not self.disable_rht,
-            "disable_stochastic_rounding=False (stochastic rounding of gradients)": (
-                not self.disable_stochastic_rounding
-            ),
             "row_scaled_activation=True": self.row_scaled_activation,
             f"nvfp4_4over6={self.nvfp4_4over6!r} (4over6 block scaling)": (
                 self.nvfp4_4over6 != "none"
@@ -395,10 +422,35 @@ class NVFP4BlockScaling(Recipe):
         missing = [what for what, asked in unimplemented.items() if asked]
         if missing:
             raise NotImplementedError(
-                f"{owner}: not implemented by this library: {', '.join(missing)}; construct "
-                "NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)"
+                f"{owner}: not implemented by this library: {', '.join(missing)}"
             )
+        # TE applies the transform to columnwise data only, for the wgrad GEMM.
+        self._set("fp4_quant_fwd_inp", QParams(random_hadamard_transform=not self.disable_rht))
+        self._set(
+            "fp4_quant_fwd_weight", QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        )
+        self._set(
+            "fp4_quant_bwd_grad",
+            QParams(
+                random_hadamard_transform=not self.disable_rht,
+                stochastic_rounding=not self.disable_stochastic_rounding,
+            ),
+        )
+
+    def qparams(self, role: str) -> QParams:
+        """The role's parameters, as TE's recipe state picks them: the weight's, the
+        gradients' (every backward role) or the input's (input and output)."""
+        if _check_role(role) == "weight":
+            return self.fp4_quant_fwd_weight
+        if role in BACKWARD_ROLES:
+            return self.fp4_quant_bwd_grad
+        return self.fp4_quant_fwd_inp
 
     def make_quantizer(self, role: str) -> Quantizer:
-        two_d = _check_role(role) == "weight" and not self.disable_2d_quantization
-        return NVFP4Quantizer(with_2d_quantization=two_d)
+        qp = self.qparams(role)
+        return NVFP4Quantizer(
+            with_2d_quantization=qp.fp4_2d_quantization,
+            with_rht=qp.random_hadamard_transform,
+            with_post_rht_amax=qp.random_hadamard_transform,
+            stochastic_rounding=qp.stochastic_rounding,
+        )
