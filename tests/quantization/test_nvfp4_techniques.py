@@ -335,3 +335,14 @@ def test_quantizer_refuses_non_bool_options(kwargs, match):
 def test_qparams_validates_its_fields():
     with pytest.raises(TypeError, match="QParams: stochastic_rounding must be a bool"):
         QParams(stochastic_rounding=None)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stochastic_rounding_round_trip_stays_within_its_documented_bound(seed):
+    """A whole grid step instead of half: ``abs(x) / 2 + 0.092 * A`` (docs)."""
+    x = random_input((64, 96), seed=seed)
+    a = float(x.abs().max())
+    v = SR.quantize(x, rng(seed, 1))
+    for columnwise in (False, True):
+        err = (v.dequantize_usage(columnwise=columnwise) - x).abs()
+        assert bool((err <= x.abs() / 2 + 0.092 * a).all())
