@@ -196,3 +196,23 @@ def test_token_counts_off_the_hadamard_size_are_refused_naming_the_shape():
             module(x)
     with te.autocast(recipe=te.recipe.NVFP4BlockScaling(disable_rht=True)):
         module(x).sum().backward()
+
+
+VARIANTS = {
+    "4over6_weights": lambda: te.recipe.NVFP4BlockScaling(nvfp4_4over6="weights"),
+    "4over6_all": lambda: te.recipe.NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all"),
+    "row_scaled": lambda: te.recipe.NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True),
+}
+
+
+@pytest.mark.parametrize("kind", ["linear", "layernorm_mlp"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_te_nvfp4_variants_compile_bitwise_equal_to_eager(variant, kind):
+    """TE's compile tests' other NVFP4 recipes: 4over6 and row-scaled activations."""
+    module, x = make(kind), make_input()
+    eager = step(module, x, recipe=VARIANTS[variant]())
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    assert_bitwise(step(compiled, x, recipe=VARIANTS[variant]()), eager)
+    assert graph_breaks() == 0
+    plain = step(module, x, recipe=te.recipe.NVFP4BlockScaling())
+    assert not torch.equal(plain[0], eager[0])  # the variant changes the forward

@@ -4,6 +4,8 @@ algorithm: the random Hadamard transform, stochastic rounding (Philox bits from 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from quant_cases import random_input
@@ -346,3 +348,127 @@ def test_stochastic_rounding_round_trip_stays_within_its_documented_bound(seed):
     for columnwise in (False, True):
         err = (v.dequantize_usage(columnwise=columnwise) - x).abs()
         assert bool((err <= x.abs() / 2 + 0.092 * a).all())
+
+
+# ----- 4over6 and row-scaled data -----
+
+
+def e4m3_round(t: torch.Tensor) -> torch.Tensor:
+    return t.float().clamp(0, 448).to(torch.float8_e4m3fn).double()
+
+
+def e2m1_round(t: torch.Tensor) -> torch.Tensor:
+    """Nearest E2M1 value, ties to the even code (float64 reference)."""
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    a = t.abs().clamp(max=6.0).unsqueeze(-1)
+    dist = (grid - a).abs()
+    best = dist.min(-1, keepdim=True).values
+    tied = dist == best
+    codes = torch.arange(8)
+    even_first = torch.where(tied, codes % 2, 9).argmin(-1)  # even code among ties
+    return grid[even_first] * torch.sign(t)
+
+
+def four_over_six_reference(x: torch.Tensor, mse: bool, bound: int) -> tuple[Any, Any, Any]:
+    """TE's 4over6 on 1x16 blocks in float64 (only the E4M3 and E2M1 roundings are
+    those formats'): (chosen dequantized values, map4 chosen per block, error gap)."""
+    x = x.double()
+    m, k = x.shape
+    amax = x.abs().max()
+    s = bound * 6 / amax
+    blocks = x.reshape(m, k // 16, 16)
+    base = blocks.abs().amax(-1, keepdim=True) / 6 * s
+    out, errs = [], []
+    for factor in (1.5, 1.0):
+        sf = e4m3_round(base * factor)
+        q = e2m1_round(blocks * s / sf)
+        deq = q * sf / s
+        err = (deq - blocks) ** 2 if mse else (deq - blocks).abs()
+        out.append(deq)
+        errs.append(err.sum(-1))
+    pick4 = errs[0] < errs[1]
+    chosen = torch.where(pick4[..., None], out[0], out[1]).reshape(m, k)
+    return chosen, pick4, (errs[0] - errs[1]).abs() / errs[1].clamp(min=1e-30)
+
+
+@pytest.mark.parametrize("mode", ["MAE", "MSE"])
+@pytest.mark.parametrize("bound", [448, 256])
+def test_4over6_picks_the_candidate_te_picks(mode, bound):
+    x = random_input((32, 128), seed=11) * torch.logspace(-1, 1, 128)
+    q = NVFP4Quantizer(
+        nvfp4_use_4over6=True, nvfp4_e4m3_max=bound, nvfp4_4over6_err_mode=mode
+    ).with_usage(columnwise=False)
+    got = q.quantize(x).dequantize().double()
+    ref, pick4, gap = four_over_six_reference(x, mode == "MSE", bound)
+    assert 0 < int(pick4.sum()) < pick4.numel()  # both candidates occur
+    clear = (gap > 1e-4).repeat_interleave(16, dim=1).reshape(32, 128)  # no near-tie
+    assert float(clear.float().mean()) > 0.9
+    assert torch.allclose(got[clear], ref[clear], rtol=1e-6, atol=1e-12)
+
+
+def test_4over6_is_no_worse_than_map_to_6_per_block():
+    x = random_input((64, 64), seed=12)
+    plain = NVFP4Quantizer().quantize(x).dequantize()
+    four = NVFP4Quantizer(nvfp4_use_4over6=True).quantize(x).dequantize()
+    e_plain = (plain - x).abs().reshape(64, 4, 16).sum(-1)
+    e_four = (four - x).abs().reshape(64, 4, 16).sum(-1)
+    assert bool((e_four <= e_plain * (1 + 1e-5) + 1e-6).all())
+    assert float(e_four.sum()) < float(e_plain.sum())
+
+
+def test_4over6_2d_blocks_choose_one_scale_per_16x16_tile():
+    x = random_input((32, 64), seed=13)
+    v = NVFP4Quantizer(nvfp4_use_4over6=True, with_2d_quantization=True).quantize(x)
+    scales = v._rowwise_scale_inv[:32, :4].reshape(2, 16, 4)
+    assert torch.equal(scales, scales[:, :1, :].expand(2, 16, 4))
+
+
+def test_row_scaled_rows_are_quantized_as_tensors_of_their_own():
+    x = random_input((16, 64), seed=14) * torch.logspace(-3, 2, 16)[:, None]
+    v = NVFP4Quantizer(row_scaled_nvfp4=True).quantize(x)
+    assert torch.equal(v._amax_rowwise, x.abs().amax(dim=1))
+    assert torch.equal(v._amax_columnwise, x.abs().amax(dim=0))
+    plain = NVFP4Quantizer(columnwise_usage=False)
+    for i in (0, 7, 15):
+        row = plain.quantize(x[i : i + 1])
+        assert torch.equal(v._rowwise_data[i], row._rowwise_data[0])
+        assert torch.equal(v._rowwise_scale_inv[i, :4], row._rowwise_scale_inv[0, :4])
+    col = plain.quantize(x[:, 5:6].T.contiguous())
+    assert torch.equal(v._columnwise_data[5], col._rowwise_data[0])
+    err = (v.dequantize() - x).abs()
+    assert bool((err <= x.abs() / 4 + 0.046 * x.abs().amax(dim=1, keepdim=True)).all())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(row_scaled_nvfp4=True, with_rht=True), "row_scaled_nvfp4=True with with_rht"),
+        (dict(row_scaled_nvfp4=True, with_2d_quantization=True), "with_2d_quantization"),
+        (dict(nvfp4_use_4over6=True, stochastic_rounding=True), "nvfp4_use_4over6=True with"),
+        (dict(nvfp4_e4m3_max=256), "needs nvfp4_use_4over6=True"),
+        (dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=300), "448 or 256, got 300"),
+        (dict(nvfp4_4over6_err_mode="L1"), "nvfp4_4over6_err_mode must be one of"),
+    ],
+)
+def test_combinations_te_refuses_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NVFP4Quantizer(**kwargs)
+
+
+def test_row_scaled_needs_the_last_dim_multiple_of_16():
+    with pytest.raises(ValueError, match=r"row_scaled_nvfp4\) needs the last dim .* \(4, 24\)"):
+        NVFP4Quantizer(row_scaled_nvfp4=True).quantize(torch.randn(4, 24))
+
+
+def test_recipe_4over6_and_row_scaled_roles_follow_te():
+    r = NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all", row_scaled_activation=True)
+    inp, weight, grad = (r.make_quantizer(x) for x in ("input", "weight", "grad_output"))
+    assert inp.nvfp4_use_4over6 and inp.row_scaled_nvfp4 and inp.nvfp4_e4m3_max == 256
+    assert weight.nvfp4_use_4over6 and not weight.row_scaled_nvfp4 and weight.with_2d_quantization
+    assert not grad.nvfp4_use_4over6 and grad.stochastic_rounding and grad.nvfp4_e4m3_max == 448
+    w = NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_e4m3_use_256="activations")
+    assert w.make_quantizer("weight").nvfp4_use_4over6
+    assert w.make_quantizer("weight").nvfp4_e4m3_max == 448
+    assert not w.make_quantizer("input").nvfp4_use_4over6
+    mse = NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_err_mode="MSE")
+    assert mse.make_quantizer("weight").nvfp4_4over6_err_mode == "MSE"

@@ -38,11 +38,13 @@ from ..runtime.quantizer import (
     QuantizedTensor,
     Quantizer,
     check_bool,
+    check_choice,
+    check_int,
 )
 from .encoding import (
     E2M1_MAX,
-    E4M3_MAX,
     E4M3_NAN,
+    FP32_MAX,
     apply_block_scale,
     block_amax,
     ceil_div,
@@ -50,6 +52,7 @@ from .encoding import (
     encode_e2m1,
     encode_e2m1_stochastic,
     encode_e4m3,
+    finite_abs,
     fp8_to_float,
     from_blocks,
     matrix_dims,
@@ -69,9 +72,10 @@ __all__ = ["NVFP4Quantizer", "NVFP4Tensor", "NVFP4TensorStorage", "nvfp4_global_
 NVFP4_BLOCK = 16
 
 
-def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
-    """Per-tensor encode scale ``448 * 6 / amax`` (1 when amax is 0, FP32_MAX if Inf)."""
-    return scale_from_amax(amax, E4M3_MAX * E2M1_MAX)
+def nvfp4_global_scale(amax: torch.Tensor, e4m3_max: int = 448) -> torch.Tensor:
+    """Per-tensor (or, row-scaled, per-row) encode scale ``e4m3_max * 6 / amax`` (1 when
+    amax is 0, FP32_MAX if Inf); ``e4m3_max`` is 448, or 256 for TE's 4over6 tensors."""
+    return scale_from_amax(amax, e4m3_max * E2M1_MAX)
 
 
 def _scale_inv_shape(rows: Any, cols: Any) -> tuple[Any, Any]:
@@ -105,13 +109,73 @@ def _quantize_matrix(
     return pack_e2m1(codes), pad_2d(row_scales, *_scale_inv_shape(r, c))
 
 
+def _quantize_matrix_4over6(
+    x2d: torch.Tensor,
+    amax: torch.Tensor,
+    global_scale: torch.Tensor,
+    q: NVFP4Quantizer,
+    block_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE's 4over6 (``_quantize_blockwise_4over6_reference``): each block is quantized
+    twice, its amax mapped to 6 (the standard scale) and to 4 (the scale times 1.5),
+    and keeps the candidate whose dequantized values are closer to ``x2d`` (summed
+    absolute or squared error over the block; a tie keeps map-to-6)."""
+    r, c = x2d.shape
+    blocks = to_blocks(x2d, block_rows, NVFP4_BLOCK)
+    has_nan = (~torch.isfinite(blocks)).any(dim=3).any(dim=1)
+    base = block_amax(blocks) / E2M1_MAX * global_scale
+    decode_global = torch.ones_like(global_scale) / global_scale
+    denominator = float(E2M1_MAX * q.nvfp4_e4m3_max)
+    candidates = []
+    for factor in (1.5, 1.0):  # map to 4, map to 6
+        scale_codes = encode_e4m3(base * factor)
+        scale_codes = torch.where(has_nan, torch.full_like(scale_codes, E4M3_NAN), scale_codes)
+        block_scale = fp8_to_float(scale_codes, torch.float8_e4m3fn)
+        encode = torch.where(
+            block_scale > 0,
+            torch.clamp(torch.ones_like(block_scale) / (block_scale * decode_global), max=FP32_MAX),
+            torch.zeros_like(block_scale),
+        )
+        scaled = apply_block_scale(x2d, encode, block_rows, NVFP4_BLOCK)
+        codes = encode_e2m1(torch.nan_to_num(torch.clamp(scaled, -6.0, 6.0), nan=0.0))
+        value = apply_block_scale(e2m1_to_float(codes), block_scale, block_rows, NVFP4_BLOCK)
+        diff = value * amax / denominator - x2d
+        err = diff * diff if q.nvfp4_4over6_err_mode == "MSE" else diff.abs()
+        per_row = to_blocks(err, 1, NVFP4_BLOCK)  # (R, 1, Cb, 16): summed in index order
+        total = per_row[..., 0]
+        for i in range(1, NVFP4_BLOCK):
+            total = total + per_row[..., i]
+        block_err = to_blocks(total.reshape(r, -1), block_rows, 1).sum(dim=(1, 3))
+        candidates.append((codes, scale_codes, block_err))
+    (codes4, scales4, err4), (codes6, scales6, err6) = candidates
+    pick4 = err4 < err6  # (Rb, Cb)
+    pick4_elements = from_blocks(
+        pick4[:, None, :, None].expand(-1, block_rows, -1, NVFP4_BLOCK), r, c
+    )
+    codes = torch.where(pick4_elements, codes4, codes6)
+    scale_codes = torch.where(pick4, scales4, scales6)
+    row_scales = scale_codes.repeat_interleave(block_rows, dim=0)[:r]
+    return pack_e2m1(codes), pad_2d(row_scales, *_scale_inv_shape(r, c))
+
+
 def _dequantize_matrix(
-    packed: torch.Tensor, scale_codes: torch.Tensor, amax: torch.Tensor, r: Any, c: Any
+    packed: torch.Tensor,
+    scale_codes: torch.Tensor,
+    amax: torch.Tensor,
+    r: Any,
+    c: Any,
+    e4m3_max: int,
 ) -> torch.Tensor:
+    """(R, C) fp32 from packed codes, scale codes and the amax ((1,), or (R,) per row)."""
     values = e2m1_to_float(unpack_e2m1(packed.reshape(r, c // 2)))
     block_scale = fp8_to_float(scale_codes[:r, : ceil_div(c, NVFP4_BLOCK)], torch.float8_e4m3fn)
     blocks = to_blocks(values, 1, NVFP4_BLOCK) * block_scale[:, None, :, None]
-    return from_blocks(blocks, r, c) / nvfp4_global_scale(amax)
+    return from_blocks(blocks, r, c) / nvfp4_global_scale(amax.reshape(-1, 1), e4m3_max)
+
+
+def _row_amax(x2d: torch.Tensor) -> torch.Tensor:
+    """Finite amax of each row, (R,) fp32 (0 for an empty row)."""
+    return torch.cat([finite_abs(x2d), x2d.new_zeros(x2d.shape[0], 1)], dim=1).amax(dim=1)
 
 
 class _NVFP4Data(QuantizedData):
@@ -144,13 +208,19 @@ class _NVFP4Data(QuantizedData):
 
     def _dequantize_fp32(self, columnwise: bool) -> torch.Tensor:
         m, k = matrix_dims(self.shape)
+        e4m3_max = self._quantizer.nvfp4_e4m3_max
         if not columnwise:
             x2d = _dequantize_matrix(
-                self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise, m, k
+                self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise, m, k, e4m3_max
             )
         else:
             xt = _dequantize_matrix(
-                self._columnwise_data, self._columnwise_scale_inv, self._amax_columnwise, k, m
+                self._columnwise_data,
+                self._columnwise_scale_inv,
+                self._amax_columnwise,
+                k,
+                m,
+                e4m3_max,
             )
             if self._quantizer.with_rht:  # back from the transformed domain
                 xt = undo_rht(xt)
@@ -179,24 +249,59 @@ class NVFP4Quantizer(Quantizer):
       without ``with_rht`` there is no transform and it changes nothing (as in TE);
     * ``stochastic_rounding``: elements round stochastically (TE's choice for
       gradients); :meth:`quantize` then needs ``rng_state``, an int64 (seed, offset)
-      tensor of shape (2,).
+      tensor of shape (2,);
+    * ``row_scaled_nvfp4``: every row of the stored matrix has its own fp32 amax and
+      global scale (``_amax_rowwise`` (M,), ``_amax_columnwise`` (K,)); the last dim must
+      be a multiple of 16 (TE's row-scaled activations);
+    * ``nvfp4_use_4over6``: each block keeps the better of its amax mapped to 6 and to
+      4 (``nvfp4_4over6_err_mode``: "MAE" or "MSE"), with the global scale's E4M3 bound
+      ``nvfp4_e4m3_max`` (448, or 256).
+
+    TE's kernels refuse the transform, stochastic rounding and 2-D blocks with
+    row-scaled data, and the transform and stochastic rounding with 4over6: so does
+    construction (ValueError).
     """
 
     with_2d_quantization: bool = False
     with_rht: bool = False
     with_post_rht_amax: bool = False
     stochastic_rounding: bool = False
+    row_scaled_nvfp4: bool = False
+    nvfp4_use_4over6: bool = False
+    nvfp4_e4m3_max: int = 448
+    nvfp4_4over6_err_mode: str = "MAE"
 
     def _init_fields(self) -> None:
         super()._init_fields()
         owner = type(self).__name__
-        for name in (
+        flags = (
             "with_2d_quantization",
             "with_rht",
             "with_post_rht_amax",
             "stochastic_rounding",
-        ):
+            "row_scaled_nvfp4",
+            "nvfp4_use_4over6",
+        )
+        for name in flags:
             check_bool(owner, name, getattr(self, name))
+        e4m3_max = check_int(owner, "nvfp4_e4m3_max", self.nvfp4_e4m3_max, 256, 448)
+        object.__setattr__(self, "nvfp4_e4m3_max", e4m3_max)
+        if e4m3_max not in (448, 256):
+            raise ValueError(f"{owner}: nvfp4_e4m3_max must be 448 or 256, got {e4m3_max}")
+        check_choice(owner, "nvfp4_4over6_err_mode", self.nvfp4_4over6_err_mode, ("MAE", "MSE"))
+        if e4m3_max != 448 and not self.nvfp4_use_4over6:
+            raise ValueError(f"{owner}: nvfp4_e4m3_max={e4m3_max} needs nvfp4_use_4over6=True")
+        refused = {
+            "row_scaled_nvfp4": ("with_rht", "stochastic_rounding", "with_2d_quantization"),
+            "nvfp4_use_4over6": ("with_rht", "stochastic_rounding"),
+        }
+        for mode, others in refused.items():
+            for other in others:
+                if getattr(self, mode) and getattr(self, other):
+                    raise ValueError(
+                        f"{owner}: {mode}=True with {other}=True: TE's NVFP4 kernels do not "
+                        "combine them"
+                    )
 
     storage_cls: ClassVar[type] = NVFP4TensorStorage
     wrapper_cls: ClassVar[type] = NVFP4Tensor
@@ -214,6 +319,11 @@ class NVFP4Quantizer(Quantizer):
             raise ValueError(
                 "NVFP4 columnwise usage packs two values per byte along M, so the product of "
                 f"the leading dims must be even, got shape {tuple(shape)}"
+            )
+        if self.row_scaled_nvfp4 and k % NVFP4_BLOCK != 0:
+            raise ValueError(
+                f"NVFP4 row-scaled data (row_scaled_nvfp4) needs the last dim to be a "
+                f"multiple of {NVFP4_BLOCK}, got shape {tuple(shape)}"
             )
         if self.columnwise_usage and self.with_rht and m % HADAMARD_SIZE != 0:
             raise ValueError(
@@ -233,10 +343,11 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             layout.append(("_columnwise_data", (k, m // 2), torch.uint8))
             layout.append(("_columnwise_scale_inv", _scale_inv_shape(k, m), torch.uint8))
+        rows = self.row_scaled_nvfp4
         if self.rowwise_usage:
-            layout.append(("_amax_rowwise", (1,), torch.float32))
+            layout.append(("_amax_rowwise", (m,) if rows else (1,), torch.float32))
         if self.columnwise_usage:
-            layout.append(("_amax_columnwise", (1,), torch.float32))
+            layout.append(("_amax_columnwise", (k,) if rows else (1,), torch.float32))
         return tuple(layout)
 
     # ----- quantize -----
@@ -277,8 +388,6 @@ class NVFP4Quantizer(Quantizer):
         self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
     ) -> dict[str, Optional[torch.Tensor]]:
         x2d = x.float().reshape(matrix_dims(x.shape))
-        amax = tensor_amax(x2d)
-        global_scale = nvfp4_global_scale(amax)
         block_rows = NVFP4_BLOCK if self.with_2d_quantization else 1
 
         def bits(shape: tuple[Any, Any], stream: int) -> Optional[torch.Tensor]:
@@ -286,23 +395,34 @@ class NVFP4Quantizer(Quantizer):
                 return None
             return uniform(rng_state, shape[0] * shape[1], stream).to(x2d.device).reshape(shape)
 
+        def encode(matrix: torch.Tensor, stream: int, amax: torch.Tensor) -> tuple[Any, Any]:
+            """(packed codes, scale codes) of one stored matrix with its amax."""
+            as_column = amax.reshape(-1, 1) if self.row_scaled_nvfp4 else amax
+            global_scale = nvfp4_global_scale(as_column, self.nvfp4_e4m3_max)
+            if self.nvfp4_use_4over6:
+                return _quantize_matrix_4over6(matrix, as_column, global_scale, self, block_rows)
+            return _quantize_matrix(matrix, global_scale, block_rows, bits(matrix.shape, stream))
+
+        def amax_of(matrix: torch.Tensor) -> torch.Tensor:
+            return _row_amax(matrix) if self.row_scaled_nvfp4 else tensor_amax(matrix)
+
         inner: dict[str, Optional[torch.Tensor]] = {}
         if self.rowwise_usage:
-            data, scales = _quantize_matrix(x2d, global_scale, block_rows, bits(x2d.shape, 0))
+            amax = amax_of(x2d)
+            data, scales = encode(x2d, 0, amax)
             inner["_rowwise_data"] = data.reshape(*x.shape[:-1], x.shape[-1] // 2)
             inner["_rowwise_scale_inv"] = scales
-            inner["_amax_rowwise"] = amax.reshape(1)
+            inner["_amax_rowwise"] = amax.reshape(-1)
         if self.columnwise_usage:
             xt = x2d.t()
-            col_amax, col_scale = amax, global_scale
+            amax = amax_of(xt)
             if self.with_rht:
                 xt = apply_rht(xt)
                 if self.with_post_rht_amax:
-                    col_amax = tensor_amax(xt)
-                    col_scale = nvfp4_global_scale(col_amax)
-            data, scales = _quantize_matrix(xt, col_scale, block_rows, bits(xt.shape, 1))
+                    amax = tensor_amax(xt)
+            data, scales = encode(xt, 1, amax)
             # Contiguous like every buffer a fake kernel describes (torch.empty layout).
             inner["_columnwise_data"] = data.contiguous()
             inner["_columnwise_scale_inv"] = scales.contiguous()
-            inner["_amax_columnwise"] = col_amax.reshape(1).clone()
+            inner["_amax_columnwise"] = amax.reshape(-1).clone()
         return inner

@@ -375,7 +375,12 @@ class NVFP4BlockScaling(Recipe):
       weight-gradient GEMM's operand (``disable_rht``);
     * gradients: the same transform, and stochastic rounding (``disable_rht``,
       ``disable_stochastic_rounding``), its bits drawn from a (seed, offset) pair each
-      module call takes from torch's default generator (docs/quantization.md).
+      module call takes from torch's default generator (docs/quantization.md);
+    * ``row_scaled_activation``: the input and output get one amax per row;
+    * ``nvfp4_4over6``: the weight and/or activation roles pick map-to-4 or map-to-6 per
+      block (``nvfp4_4over6_err_mode``), with the global E4M3 bound 256 where
+      ``nvfp4_4over6_e4m3_use_256`` selects them. Both need ``disable_rht=True`` where
+      they meet the transform (TE's kernels do not combine them).
 
     The three roles' parameters are TE's ``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``
     and ``fp4_quant_bwd_grad`` (:class:`QParams`), derived from the flags.
@@ -413,17 +418,6 @@ class NVFP4BlockScaling(Recipe):
             owner, "nvfp4_4over6_err_mode", self.nvfp4_4over6_err_mode, _NVFP4_4OVER6_ERR_MODES
         )
         self._check_common()
-        unimplemented = {
-            "row_scaled_activation=True": self.row_scaled_activation,
-            f"nvfp4_4over6={self.nvfp4_4over6!r} (4over6 block scaling)": (
-                self.nvfp4_4over6 != "none"
-            ),
-        }
-        missing = [what for what, asked in unimplemented.items() if asked]
-        if missing:
-            raise NotImplementedError(
-                f"{owner}: not implemented by this library: {', '.join(missing)}"
-            )
         # TE applies the transform to columnwise data only, for the wgrad GEMM.
         self._set("fp4_quant_fwd_inp", QParams(random_hadamard_transform=not self.disable_rht))
         self._set(
@@ -436,6 +430,37 @@ class NVFP4BlockScaling(Recipe):
                 stochastic_rounding=not self.disable_stochastic_rounding,
             ),
         )
+        # Fail here, naming the arguments, rather than at the first quantize: the roles
+        # TE's kernels cannot serve (row-scaled or 4over6 data with the transform).
+        for role in ("input", "weight"):
+            qp = self.qparams(role)
+            if qp.random_hadamard_transform and (self._row_scaled(role) or self._uses_4over6(role)):
+                what = (
+                    "row_scaled_activation=True"
+                    if self._row_scaled(role)
+                    else f"nvfp4_4over6={self.nvfp4_4over6!r}"
+                )
+                raise ValueError(
+                    f"{owner}: {what} with the random Hadamard transform of the {role}: TE's "
+                    "NVFP4 kernels do not combine them; pass disable_rht=True"
+                )
+
+    def _row_scaled(self, role: str) -> bool:
+        """TE: forward activation (non-weight) roles, with ``row_scaled_activation``."""
+        return self.row_scaled_activation and role in ("input", "output")
+
+    def _uses_4over6(self, role: str) -> bool:
+        """TE: the non-gradient roles ``nvfp4_4over6`` selects."""
+        if role in BACKWARD_ROLES:
+            return False
+        scope = "weights" if role == "weight" else "activations"
+        return self.nvfp4_4over6 in (scope, "all")
+
+    def _e4m3_max(self, role: str) -> int:
+        """256 for the 4over6 roles ``nvfp4_4over6_e4m3_use_256`` selects, else 448."""
+        scope = "weights" if role == "weight" else "activations"
+        wide = self.nvfp4_4over6_e4m3_use_256 in (scope, "all")
+        return 256 if self._uses_4over6(role) and wide else 448
 
     def qparams(self, role: str) -> QParams:
         """The role's parameters, as TE's recipe state picks them: the weight's, the
@@ -453,4 +478,8 @@ class NVFP4BlockScaling(Recipe):
             with_rht=qp.random_hadamard_transform,
             with_post_rht_amax=qp.random_hadamard_transform,
             stochastic_rounding=qp.stochastic_rounding,
+            row_scaled_nvfp4=self._row_scaled(role),
+            nvfp4_use_4over6=self._uses_4over6(role),
+            nvfp4_e4m3_max=self._e4m3_max(role),
+            nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
         )
