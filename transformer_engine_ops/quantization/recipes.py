@@ -285,7 +285,8 @@ class Float8CurrentScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class MXFP8BlockScaling(Recipe):
-    """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default."""
+    """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default; 32x32
+    weight tiles with ``enable_2d_quantization``."""
 
     margin: int = 0
     fp8_format: Format = Format.E4M3
@@ -301,13 +302,13 @@ class MXFP8BlockScaling(Recipe):
             raise NotImplementedError(f"{owner}: margin={self.margin} is not implemented; use 0")
         self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
         self._check_common()
-        if check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization):
-            raise NotImplementedError(
-                f"{owner}: enable_2d_quantization=True (2-D MXFP8 weight blocks) is not implemented"
-            )
+        check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization)
 
     def make_quantizer(self, role: str) -> Quantizer:
-        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role))
+        """With ``enable_2d_quantization`` the weight gets 32x32 tiles (as TE's recipe
+        state gives its Linear and GroupedLinear weights)."""
+        two_d = self.enable_2d_quantization and role == "weight"
+        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role), with_2d_quantization=two_d)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,8 @@ _DRAW_HIGH = 2**62
 @torch.library.custom_op(
     "teops_rng::draw_rng_state",
     mutates_args=(),
+    # Written out: importing generated code derives no schema (tests/codegen).
+    schema="(Tensor after, Tensor nonce) -> Tensor",
     tags=(torch.Tag.nondeterministic_seeded,),
 )
 def _draw_rng_state_op(after: torch.Tensor, nonce: torch.Tensor) -> torch.Tensor:

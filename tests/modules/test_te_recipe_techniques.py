@@ -1,8 +1,10 @@
-"""``NVFP4BlockScaling()`` with TE's defaults (random Hadamard transform, stochastic
-rounding of gradients, 2-D weight blocks) trains every Linear-family module, eagerly and
-compiled, bit for bit: each module call draws its stochastic-rounding (seed, offset)
-from torch's default generator through one op call that a compiled graph keeps, so
-both paths read the same pair from the same generator state."""
+"""TE's recipe techniques in the modules. ``NVFP4BlockScaling()`` with TE's defaults
+(random Hadamard transform, stochastic rounding of gradients, 2-D weight blocks) trains
+every Linear-family module, eagerly and compiled, bit for bit: each module call draws
+its stochastic-rounding (seed, offset) from torch's default generator through one op
+call that a compiled graph keeps, so both paths read the same pair from the same
+generator state. Also TE's other NVFP4 variants (4over6, row-scaled activations) and
+MXFP8's 2-D weight tiles."""
 
 from __future__ import annotations
 
@@ -216,3 +218,19 @@ def test_te_nvfp4_variants_compile_bitwise_equal_to_eager(variant, kind):
     assert graph_breaks() == 0
     plain = step(module, x, recipe=te.recipe.NVFP4BlockScaling())
     assert not torch.equal(plain[0], eager[0])  # the variant changes the forward
+
+
+@pytest.mark.parametrize("kind", ["linear", "grouped_linear"])
+def test_mxfp8_2d_weights_compile_bitwise_equal_to_eager(kind):
+    recipe = te.recipe.MXFP8BlockScaling(enable_2d_quantization=True)
+    module, x = make(kind), make_input()
+    with torch.no_grad():  # rows of other magnitudes, so tiles and 1x32 blocks differ
+        for p in module.parameters():
+            if p.dim() == 2:
+                p.mul_(torch.logspace(-2, 1, p.shape[0])[:, None].to(p.dtype))
+    eager = step(module, x, recipe=recipe)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    assert_bitwise(step(compiled, x, recipe=recipe), eager)
+    assert graph_breaks() == 0
+    one_d = step(module, x, recipe=te.recipe.MXFP8BlockScaling())
+    assert not torch.equal(one_d[0], eager[0])  # the weight's tiles change the forward
