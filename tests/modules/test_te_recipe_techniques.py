@@ -234,3 +234,21 @@ def test_mxfp8_2d_weights_compile_bitwise_equal_to_eager(kind):
     assert graph_breaks() == 0
     one_d = step(module, x, recipe=te.recipe.MXFP8BlockScaling())
     assert not torch.equal(one_d[0], eager[0])  # the weight's tiles change the forward
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_redraws_the_same_pair(use_reentrant):
+    """``torch.utils.checkpoint`` restores the CPU generator before the recomputation,
+    so the recomputed forward draws the pair the first forward drew."""
+    module, x = make("linear"), make_input()
+    plain = step(module, x)
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, t: torch.Tensor) -> Any:
+            return torch.utils.checkpoint.checkpoint(self.inner, t, use_reentrant=use_reentrant)
+
+    assert_bitwise(step(Checkpointed(), x), plain)

@@ -51,7 +51,9 @@ def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
     """``x2d`` (R, C) with every 16-element run of each row multiplied by ``T`` (fp32)."""
     _check_blocks(x2d)
     r, c = x2d.shape
-    blocks = x2d.float().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
+    # Contiguous first: a transposed input would reshape to a view whose runs of 16 are
+    # strided, which the matmul takes ~60x slower (a columnwise quantize passes x.T).
+    blocks = x2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
     return (blocks @ rht_matrix(device=x2d.device)).reshape(r, c)
 
 
@@ -59,5 +61,5 @@ def undo_rht(y2d: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`apply_rht`: every 16-element run multiplied by ``T.T`` (fp32)."""
     _check_blocks(y2d)
     r, c = y2d.shape
-    blocks = y2d.float().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
+    blocks = y2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
     return (blocks @ rht_matrix(device=y2d.device).t()).reshape(r, c)

@@ -6,9 +6,10 @@ depend on when the op runs, which a compiled graph, a partitioner's recomputatio
 replay does not keep. Here the pair is drawn once per module call, on the calling
 side, by :func:`draw_rng_state`: one ``teops_rng::draw_rng_state`` op call that reads
 torch's default (CPU) generator in its kernel, so an eager call and a compiled graph
-(which keeps the call as a node, tagged ``nondeterministic_seeded``: never merged with
-another draw, never recomputed in the backward) consume the generator alike and
-receive the same pair. The pair crosses the op boundary as a plain int64 tensor field
+consume the generator alike and receive the same pair. The graph keeps the call as a
+node: tagged ``nondeterministic_seeded``, the partitioner never recomputes it in the
+backward; reading a fresh empty tensor of its own, no pass merges it with another
+draw; reading the module's input, it runs after the draws that input depends on. The pair crosses the op boundary as a plain int64 tensor field
 (``sr_rng_state``) of the forward bundle, which the backward bundle takes over; each
 stochastic quantize in the backward turns it into bits through Philox
 (``philox.py``), so the bits are a pure function of the pair. A call with several
