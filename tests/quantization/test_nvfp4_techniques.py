@@ -221,7 +221,7 @@ def test_stochastic_rounding_is_unbiased_over_seeds():
         True: torch.zeros(x.shape, dtype=torch.float64),
     }
     for seed in range(n):
-        v = SR.quantize(x, rng(seed, 11))
+        v = SR.quantize_stochastic(x, rng(seed, 11))
         for columnwise in (False, True):
             total[columnwise] += v.dequantize_usage(columnwise=columnwise).double()
     sigma = step_of(x, scale) / 2 / n**0.5  # the largest per-draw std is step / 2
@@ -235,10 +235,10 @@ def test_stochastic_rounding_is_unbiased_over_seeds():
 
 def test_stochastic_rounding_is_bitwise_reproducible_from_seed_and_offset():
     x = random_input((32, 64), seed=4)
-    a, b = SR.quantize(x, rng(5, 9)), SR.quantize(x.clone(), rng(5, 9))
+    a, b = SR.quantize_stochastic(x, rng(5, 9)), SR.quantize_stochastic(x.clone(), rng(5, 9))
     for name in a.inner_names():
         assert torch.equal(getattr(a, name), getattr(b, name))
-    c = SR.quantize(x, rng(5, 10))
+    c = SR.quantize_stochastic(x, rng(5, 10))
     assert not torch.equal(a._rowwise_data, c._rowwise_data)
     assert not torch.equal(a._rowwise_data.T, a._columnwise_data)  # own stream per usage
 
@@ -246,7 +246,7 @@ def test_stochastic_rounding_is_bitwise_reproducible_from_seed_and_offset():
 def test_stochastic_rounding_codes_are_one_of_the_two_neighbours():
     x = random_input((32, 64), seed=6)
     near = NVFP4Quantizer().quantize(x)
-    v = SR.quantize(x, rng(1, 2))
+    v = SR.quantize_stochastic(x, rng(1, 2))
     assert torch.equal(v._rowwise_scale_inv, near._rowwise_scale_inv)
     a = e2m1_to_float(unpack_e2m1(v._rowwise_data)).abs()
     b = e2m1_to_float(unpack_e2m1(near._rowwise_data)).abs()
@@ -258,17 +258,17 @@ def test_stochastic_rounding_codes_are_one_of_the_two_neighbours():
 
 def test_stochastic_rounding_needs_its_rng_state_and_only_then():
     x = torch.randn(16, 32)
-    with pytest.raises(TypeError, match=r"rng_state, an int64 tensor .* got NoneType"):
+    with pytest.raises(TypeError, match=r"quantize_stochastic\): .* rng_state, .* NoneType"):
         SR.quantize(x)
     with pytest.raises(TypeError, match=r"got a torch.int32 tensor of shape \(2,\)"):
-        SR.quantize(x, torch.tensor([1, 2], dtype=torch.int32))
+        SR.quantize_stochastic(x, torch.tensor([1, 2], dtype=torch.int32))
     with pytest.raises(TypeError, match="rng_state"):
         SR.quantize_with_bias_grad(x)
     with pytest.raises(ValueError, match="without stochastic_rounding"):
-        NVFP4Quantizer().quantize(x, rng(1))
-    q, bias = SR.quantize_with_bias_grad(x, rng(1))
+        NVFP4Quantizer().quantize_stochastic(x, rng(1))
+    q, bias = SR.quantize_stochastic(x, rng(1), with_bias_grad=True)
     assert torch.equal(bias, x.sum(0, dtype=torch.float32))
-    assert torch.equal(q._rowwise_data, SR.quantize(x, rng(1))._rowwise_data)
+    assert torch.equal(q._rowwise_data, SR.quantize_stochastic(x, rng(1))._rowwise_data)
 
 
 # ----- 2-D blocks -----
@@ -344,7 +344,7 @@ def test_stochastic_rounding_round_trip_stays_within_its_documented_bound(seed):
     """A whole grid step instead of half: ``abs(x) / 2 + 0.092 * A`` (docs)."""
     x = random_input((64, 96), seed=seed)
     a = float(x.abs().max())
-    v = SR.quantize(x, rng(seed, 1))
+    v = SR.quantize_stochastic(x, rng(seed, 1))
     for columnwise in (False, True):
         err = (v.dequantize_usage(columnwise=columnwise) - x).abs()
         assert bool((err <= x.abs() / 2 + 0.092 * a).all())

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional
 
 import torch
 
@@ -248,8 +248,8 @@ class NVFP4Quantizer(Quantizer):
       transform (TE sets it with ``with_rht``), so no transformed element saturates;
       without ``with_rht`` there is no transform and it changes nothing (as in TE);
     * ``stochastic_rounding``: elements round stochastically (TE's choice for
-      gradients); :meth:`quantize` then needs ``rng_state``, an int64 (seed, offset)
-      tensor of shape (2,);
+      gradients); quantize with :meth:`quantize_stochastic`, which takes ``rng_state``,
+      an int64 (seed, offset) tensor of shape (2,);
     * ``row_scaled_nvfp4``: every row of the stored matrix has its own fp32 amax and
       global scale (``_amax_rowwise`` (M,), ``_amax_columnwise`` (K,)); the last dim must
       be a multiple of 16 (TE's row-scaled activations);
@@ -352,36 +352,31 @@ class NVFP4Quantizer(Quantizer):
 
     # ----- quantize -----
 
-    def quantize(
-        self, t: torch.Tensor, rng_state: Optional[torch.Tensor] = None
-    ) -> Union[QuantizedStorage, QuantizedTensor]:
-        """Quantize ``t``; ``rng_state`` (int64 (seed, offset), shape (2,)) is required
-        with ``stochastic_rounding`` and refused without it."""
+    def quantize_stochastic(
+        self, t: torch.Tensor, rng_state: torch.Tensor, *, with_bias_grad: bool = False
+    ) -> Any:
+        """``quantize(t)`` rounding stochastically with the bits of ``rng_state`` (int64
+        (seed, offset), shape (2,)); with ``with_bias_grad`` also ``t.sum(0)`` in fp32,
+        as ``quantize_with_bias_grad``. ``quantize`` itself refuses a quantizer with
+        ``stochastic_rounding``: its bits must come from somewhere."""
         self.check_input(t)
-        self._check_rng_state(rng_state)
-        x = t.detach() if t.requires_grad else t
-        return self._quantized_value(self._quantize_nvfp4(x, rng_state), t)
-
-    def quantize_with_bias_grad(
-        self, t: torch.Tensor, rng_state: Optional[torch.Tensor] = None
-    ) -> tuple[Union[QuantizedStorage, QuantizedTensor], torch.Tensor]:
-        """``(quantize(t, rng_state), t.sum(0) in fp32)`` of a 2-D ``t``."""
-        if len(t.shape) != 2:
+        if not self.stochastic_rounding:
+            raise ValueError(
+                f"{type(self).__name__}: rng_state given to a quantizer without stochastic_rounding"
+            )
+        check_rng_state(type(self).__name__, rng_state)
+        if with_bias_grad and len(t.shape) != 2:
             raise ValueError(
                 f"NVFP4 ({type(self).__name__}): the bias gradient is taken of a 2-D tensor, "
                 f"got shape {tuple(t.shape)}"
             )
-        return self.quantize(t, rng_state), t.sum(0, dtype=torch.float32)
-
-    def _check_rng_state(self, rng_state: Optional[torch.Tensor]) -> None:
-        owner = type(self).__name__
-        if self.stochastic_rounding:
-            check_rng_state(owner, rng_state)
-        elif rng_state is not None:
-            raise ValueError(f"{owner}: rng_state given to a quantizer without stochastic_rounding")
+        x = t.detach() if t.requires_grad else t
+        value = self._quantized_value(self._quantize_nvfp4(x, rng_state), t)
+        return (value, t.sum(0, dtype=torch.float32)) if with_bias_grad else value
 
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
-        self._check_rng_state(None)  # the base class's quantize passes no random bits
+        if self.stochastic_rounding:  # ``quantize`` has no random bits to give
+            check_rng_state(f"{type(self).__name__}.quantize (use quantize_stochastic)", None)
         return self._quantize_nvfp4(x, None)
 
     def _quantize_nvfp4(

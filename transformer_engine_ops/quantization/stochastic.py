@@ -112,7 +112,6 @@ def quantize_gradient(
             "transformer_engine_ops.quantization.stochastic.draw_rng_state)"
         )
     check_rng_state(field, rng_state)
-    nvfp4 = cast(NVFP4Quantizer, quantizer)
-    if with_bias_grad:
-        return nvfp4.quantize_with_bias_grad(t, rng_state)
-    return nvfp4.quantize(t, rng_state)
+    return cast(NVFP4Quantizer, quantizer).quantize_stochastic(
+        t, rng_state, with_bias_grad=with_bias_grad
+    )
