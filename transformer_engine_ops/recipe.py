@@ -8,6 +8,7 @@ from .quantization.recipes import (
     MMParams,
     MXFP8BlockScaling,
     NVFP4BlockScaling,
+    QParams,
     Recipe,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
+    "QParams",
     "Recipe",
 ]

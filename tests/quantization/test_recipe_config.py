@@ -121,16 +121,7 @@ def test_te_keywords_reach_the_quantizers():
         (lambda: DelayedScaling(scaling_factor_compute_algo=lambda *a: 1.0), "scaling_factor"),
         (lambda: Float8CurrentScaling(fp8_dpa=True), "fp8_dpa=True"),
         (lambda: Float8BlockScaling(fp8_mha=True), "fp8_mha=True"),
-        (lambda: MXFP8BlockScaling(enable_2d_quantization=True), "enable_2d_quantization"),
         (lambda: MXFP8BlockScaling(margin=2), "margin=2"),
-        (lambda: NVFP4BlockScaling(), "disable_rht=False"),
-        (lambda: NVFP4BlockScaling(disable_rht=True), "disable_stochastic_rounding=False"),
-        (
-            lambda: NVFP4BlockScaling(
-                disable_rht=True, disable_stochastic_rounding=True, nvfp4_4over6="all"
-            ),
-            "4over6",
-        ),
     ],
 )
 def test_unimplemented_te_values_raise_not_implemented_naming_them(make, match):
@@ -151,6 +142,14 @@ def test_unimplemented_te_values_raise_not_implemented_naming_them(make, match):
         ),
         (lambda: NVFP4BlockScaling(fp8_format=Format.HYBRID), "fp8_format"),
         (lambda: NVFP4BlockScaling(nvfp4_4over6_err_mode="L1"), "nvfp4_4over6_err_mode"),
+        (
+            lambda: NVFP4BlockScaling(row_scaled_activation=True),
+            "row_scaled_activation=True with the random Hadamard transform of the input",
+        ),
+        (
+            lambda: NVFP4BlockScaling(nvfp4_4over6="activations"),
+            "nvfp4_4over6='activations' with the random Hadamard transform of the input",
+        ),
     ],
 )
 def test_values_te_refuses_raise_value_error(make, match):

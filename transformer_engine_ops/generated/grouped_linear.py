@@ -74,6 +74,7 @@ FORWARD_SCHEMA = (
     ", bool? is_first_microbatch"
     ", bool cache_weight"
     ", bool is_grad_enabled"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -106,6 +107,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("is_first_microbatch", "scalar", "is_first_microbatch", "bool?"),
     _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -135,6 +137,7 @@ BACKWARD_SCHEMA = (
     ", SymInt num_gemms"
     ", SymInt in_features"
     ", SymInt out_features"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -165,6 +168,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("num_gemms", "scalar", "num_gemms", "SymInt"),
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 
@@ -202,6 +206,7 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         ),
         _b.check(args.cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
         _b.check(args.is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
     )
 
 
@@ -232,6 +237,7 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         is_first_microbatch=slot(),
         cache_weight=slot(),
         is_grad_enabled=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -265,6 +271,7 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         _b.check(args.num_gemms, _b.INT, "GroupedLinearBwdArgs.num_gemms"),
         _b.check(args.in_features, _b.INT, "GroupedLinearBwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "GroupedLinearBwdArgs.out_features"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
     )
 
 
@@ -293,6 +300,7 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
         num_gemms=slot(),
         in_features=slot(),
         out_features=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -307,6 +315,7 @@ def spec_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
     args.biases = _r.specs(args.biases)
     args.weight_workspaces = _r.specs(args.weight_workspaces)
     args.m_splits = _r.spec(args.m_splits)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -318,6 +327,7 @@ def spec_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
     args.weights = _r.specs(args.weights)
     args.m_splits = _r.spec(args.m_splits)
     args.weight_workspaces = _r.specs(args.weight_workspaces)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -366,7 +376,7 @@ _GLUE = _r.OpGlue(
     flatten_backward=flatten_grouped_linear_bwd_args,
     grad_slots=FORWARD_GRAD_SLOTS,
     grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inp", "weights", "m_splits", "weight_workspaces"),
+    saved_fields=("inp", "weights", "m_splits", "weight_workspaces", "sr_rng_state"),
     grad_outputs_field="grad_outputs",
     grad_output_only=False,
 )

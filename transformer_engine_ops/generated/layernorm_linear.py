@@ -88,6 +88,7 @@ FORWARD_SCHEMA = (
     ", SymInt in_features"
     ", SymInt out_features"
     ", bool is_grad_enabled"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -132,6 +133,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -171,6 +173,7 @@ BACKWARD_SCHEMA = (
     ", str? tp_group"
     ", SymInt tp_size"
     ", bool sequence_parallel"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -209,6 +212,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
     _b.SlotRow("sequence_parallel", "scalar", "sequence_parallel", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 
@@ -274,6 +278,7 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.check(args.in_features, _b.INT, "LayerNormLinearFwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
         _b.check(args.is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
     )
 
 
@@ -318,6 +323,7 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         in_features=slot(),
         out_features=slot(),
         is_grad_enabled=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -371,6 +377,7 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         _b.optional_group_name(args.tp_group, "LayerNormLinearBwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
         _b.check(args.sequence_parallel, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
     )
 
 
@@ -409,6 +416,7 @@ def unflatten_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
         tp_group=_b.resolve_group(slot(), "LayerNormLinearBwdArgs.tp_group"),
         tp_size=slot(),
         sequence_parallel=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -424,6 +432,7 @@ def spec_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
     args.weight = _r.spec(args.weight)
     args.bias = _r.spec(args.bias)
     args.weight_workspace = _r.spec(args.weight_workspace)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -437,6 +446,7 @@ def spec_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
     args.rsigma = _r.spec(args.rsigma)
     args.inputmat = _r.spec(args.inputmat)
     args.weight_fp8 = _r.spec(args.weight_fp8)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -485,7 +495,7 @@ _GLUE = _r.OpGlue(
     flatten_backward=flatten_layer_norm_linear_bwd_args,
     grad_slots=FORWARD_GRAD_SLOTS,
     grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inp", "ln_weight", "mu", "rsigma", "inputmat", "weight_fp8"),
+    saved_fields=("inp", "ln_weight", "mu", "rsigma", "inputmat", "weight_fp8", "sr_rng_state"),
     grad_outputs_field="grad_outputs",
     grad_output_only=False,
 )

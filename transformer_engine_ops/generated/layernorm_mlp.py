@@ -101,6 +101,7 @@ FORWARD_SCHEMA = (
     ", SymInt hidden_size"
     ", SymInt ffn_hidden_size"
     ", bool is_grad_enabled"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -163,6 +164,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("hidden_size", "scalar", "hidden_size", "SymInt"),
     _b.SlotRow("ffn_hidden_size", "scalar", "ffn_hidden_size", "SymInt"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -218,6 +220,7 @@ BACKWARD_SCHEMA = (
     ", str? tp_group"
     ", SymInt tp_size"
     ", bool sequence_parallel"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -272,6 +275,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("tp_group", "process group", "tp_group", "str?"),
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
     _b.SlotRow("sequence_parallel", "scalar", "sequence_parallel", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 
@@ -373,6 +377,7 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         _b.check(args.hidden_size, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
         _b.check(args.ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
         _b.check(args.is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
     )
 
 
@@ -427,6 +432,7 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         hidden_size=slot(),
         ffn_hidden_size=slot(),
         is_grad_enabled=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -510,6 +516,7 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         _b.optional_group_name(args.tp_group, "LayerNormMLPBwdArgs.tp_group"),
         _b.check(args.tp_size, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
         _b.check(args.sequence_parallel, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
     )
 
 
@@ -560,6 +567,7 @@ def unflatten_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
         tp_group=_b.resolve_group(slot(), "LayerNormMLPBwdArgs.tp_group"),
         tp_size=slot(),
         sequence_parallel=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -578,6 +586,7 @@ def spec_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
     args.fc2_bias = _r.spec(args.fc2_bias)
     args.fc1_weight_workspace = _r.spec(args.fc1_weight_workspace)
     args.fc2_weight_workspace = _r.spec(args.fc2_weight_workspace)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -594,6 +603,7 @@ def spec_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
     args.fc1_out = _r.spec(args.fc1_out)
     args.fc2_inputmat = _r.spec(args.fc2_inputmat)
     args.fc2_weight_fp8 = _r.spec(args.fc2_weight_fp8)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -652,6 +662,7 @@ _GLUE = _r.OpGlue(
         "fc1_out",
         "fc2_inputmat",
         "fc2_weight_fp8",
+        "sr_rng_state",
     ),
     grad_outputs_field="grad_outputs",
     grad_output_only=False,

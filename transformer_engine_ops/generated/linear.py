@@ -83,6 +83,7 @@ FORWARD_SCHEMA = (
     ", bool ub_overlap_rs_fprop"
     ", str? ub_name"
     ", bool is_grad_enabled"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -122,6 +123,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("ub_overlap_rs_fprop", "scalar", "ub_overlap_rs_fprop", "bool"),
     _b.SlotRow("ub_name", "scalar", "ub_name", "str?"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -154,6 +156,7 @@ BACKWARD_SCHEMA = (
     ", bool ub_overlap_ag_dgrad"
     ", bool ub_overlap_rs_dgrad"
     ", bool ub_bulk_wgrad"
+    ", Tensor? sr_rng_state"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -185,6 +188,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("ub_overlap_ag_dgrad", "scalar", "ub_overlap_ag_dgrad", "bool"),
     _b.SlotRow("ub_overlap_rs_dgrad", "scalar", "ub_overlap_rs_dgrad", "bool"),
     _b.SlotRow("ub_bulk_wgrad", "scalar", "ub_bulk_wgrad", "bool"),
+    _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
 )
 
 
@@ -232,6 +236,7 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.check_optional(args.ub_name, str, "LinearFwdArgs.ub_name"),
         *_b.unsupported(args.wgrad_store, "LinearFwdArgs.wgrad_store"),
         _b.check(args.is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
     )
 
 
@@ -272,6 +277,7 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         ub_name=slot(),
         wgrad_store=None,
         is_grad_enabled=slot(),
+        sr_rng_state=slot(),
     )
 
 
@@ -312,6 +318,7 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.check(args.ub_bulk_wgrad, bool, "LinearBwdArgs.ub_bulk_wgrad"),
         *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
         *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
+        _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
     )
 
 
@@ -345,6 +352,7 @@ def unflatten_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
         ub_bulk_wgrad=slot(),
         wgrad_store=None,
         main_grad_func=None,
+        sr_rng_state=slot(),
     )
 
 
@@ -358,6 +366,7 @@ def spec_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
     args.inp = _r.spec(args.inp)
     args.bias = _r.spec(args.bias)
     args.weight_workspace = _r.spec(args.weight_workspace)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -367,6 +376,7 @@ def spec_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
     args.grad_outputs = _r.specs(args.grad_outputs)
     args.inputmat = _r.spec(args.inputmat)
     args.weight_fp8 = _r.spec(args.weight_fp8)
+    args.sr_rng_state = _r.spec(args.sr_rng_state)
     return args
 
 
@@ -415,7 +425,7 @@ _GLUE = _r.OpGlue(
     flatten_backward=flatten_linear_bwd_args,
     grad_slots=FORWARD_GRAD_SLOTS,
     grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inputmat", "weight_fp8"),
+    saved_fields=("inputmat", "weight_fp8", "sr_rng_state"),
     grad_outputs_field="grad_outputs",
     grad_output_only=False,
 )

@@ -46,6 +46,7 @@ from torch import nn
 
 from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
 from ..ops.grouped_linear import GroupedLinearFwdArgs
+from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ._base import (
@@ -294,6 +295,12 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
             is_grad_enabled=torch.is_grad_enabled(),
+            sr_rng_state=rng_state_for(
+                [qi and qi.grad_output for qi in qs],
+                inp,
+                weights[0].device,
+                torch.is_grad_enabled() and backward_override_of(q) is None,
+            ),
         )
         if is_first_microbatch is None or not any(
             quantizes_weight(wq, w)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
+from ..quantization.stochastic import rng_state_for
 from ..runtime.fallback import run_eagerly
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
@@ -244,6 +245,12 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             in_features=self.in_features,
             out_features=self.out_features,
             is_grad_enabled=torch.is_grad_enabled(),
+            sr_rng_state=rng_state_for(
+                (q and q.grad_output,),
+                inp,
+                self.weight.device,
+                torch.is_grad_enabled() and backward_override_of(q) is None,
+            ),
         )
 
     @staticmethod

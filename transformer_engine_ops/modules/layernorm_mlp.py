@@ -19,6 +19,7 @@ from torch import nn
 
 from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
 from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_columnwise
+from ..quantization.stochastic import rng_state_for
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
@@ -251,6 +252,12 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             hidden_size=self.hidden_size,
             ffn_hidden_size=self.ffn_hidden_size,
             is_grad_enabled=torch.is_grad_enabled(),
+            sr_rng_state=rng_state_for(
+                (q1 and q1.grad_output, q2 and q2.grad_output),
+                inp,
+                fc1_weight.device,
+                torch.is_grad_enabled(),
+            ),
         )
 
     def _eager_cached(self, args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ from torch import nn
 from ..generated.linear import linear_compiled, linear_eager
 from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
 from ..quantization.gemm import gemm, half_product
+from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from . import _extra_state
@@ -243,6 +244,7 @@ class Linear(ExtraStateMixin, nn.Module):
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
+        override = backward_override_of(q)
         return LinearFwdArgs(
             weight=self.weight,
             inp=inp,
@@ -259,7 +261,7 @@ class Linear(ExtraStateMixin, nn.Module):
             grad_output_quantizer=q and q.grad_output,
             activation_dtype=dtype,
             fp8_output=fp8_output,
-            backward_override=backward_override_of(q),
+            backward_override=override,
             **recipe_gemm_fields(q),
             is_first_microbatch=is_first_microbatch,
             cache_weight=is_first_microbatch is not None,
@@ -274,6 +276,9 @@ class Linear(ExtraStateMixin, nn.Module):
             ub_name=None,
             wgrad_store=None,
             is_grad_enabled=grad,
+            sr_rng_state=rng_state_for(
+                (q and q.grad_output,), inp, self.weight.device, grad and override is None
+            ),
         )
 
     def forward(

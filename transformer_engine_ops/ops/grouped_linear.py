@@ -39,6 +39,7 @@ from transformer_engine_ops.ops.linear import (
     linear_forward,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -95,6 +96,10 @@ class GroupedLinearFwdArgs:
     # --- Autograd state ---
     is_grad_enabled: bool
 
+    # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,); GEMM i
+    # draws its bits at offset + i ---
+    sr_rng_state: Optional[torch.Tensor] = None
+
 
 @dataclass
 class GroupedLinearBwdArgs:
@@ -130,6 +135,10 @@ class GroupedLinearBwdArgs:
     num_gemms: int
     in_features: int
     out_features: int
+
+    # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,); GEMM i
+    # draws its bits at offset + i ---
+    sr_rng_state: Optional[torch.Tensor] = None
 
 
 # --- The plan: what the real and fake kernels share ----------------------------------
@@ -345,6 +354,7 @@ def grouped_linear_setup_context(
         num_gemms=args.num_gemms,
         in_features=args.in_features,
         out_features=args.out_features,
+        sr_rng_state=args.sr_rng_state,
     )
 
 
@@ -379,6 +389,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
         saved = (None, None) if high_precision else quantized_for_backward(stage)
         backward = linear_setup_context(stage, (), saved)
         backward.grad_outputs = [dy_i]
+        backward.sr_rng_state = stage_rng_state(args.sr_rng_state, i)
         dgrad, wgrads[i], bgrads[i] = linear_backward(backward)
         dgrads.append(dgrad)
     dgrad = None

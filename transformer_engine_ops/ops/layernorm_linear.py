@@ -114,6 +114,9 @@ class LayerNormLinearFwdArgs:
     # --- Autograd state ---
     is_grad_enabled: bool
 
+    # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
+
 
 @dataclass
 class LayerNormLinearBwdArgs:
@@ -164,6 +167,9 @@ class LayerNormLinearBwdArgs:
     tp_group: Optional[ProcessGroup]
     tp_size: int
     sequence_parallel: bool
+
+    # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
 
 
 # --- The plan: every decision real kernels and spec fakes share ---------------------
@@ -331,6 +337,7 @@ def layernorm_linear_setup_context(
         tp_group=args.tp_group,
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
+        sr_rng_state=args.sr_rng_state,
     )
 
 
@@ -356,6 +363,7 @@ def _gemm_backward_args(args: LayerNormLinearBwdArgs) -> Any:
         sequence_parallel=args.sequence_parallel,
     )
     gemm.backward_override = args.backward_override
+    gemm.sr_rng_state = args.sr_rng_state
     return gemm
 
 

@@ -43,6 +43,7 @@ from transformer_engine_ops.ops.linear import (
     linear_forward_spec,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
 from transformer_engine_ops.runtime.precision import math_dtype
@@ -124,6 +125,9 @@ class LayerNormMLPFwdArgs:
     # --- Autograd state ---
     is_grad_enabled: bool
 
+    # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
+
 
 @dataclass
 class LayerNormMLPBwdArgs:
@@ -186,6 +190,9 @@ class LayerNormMLPBwdArgs:
     tp_group: Optional[ProcessGroup]
     tp_size: int
     sequence_parallel: bool
+
+    # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
 
 
 # --- Activations (fp32 math) ---------------------------------------------------------
@@ -510,6 +517,7 @@ def layernorm_mlp_setup_context(
         tp_group=args.tp_group,
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
+        sr_rng_state=args.sr_rng_state,
     )
 
 
@@ -519,7 +527,7 @@ def layernorm_mlp_setup_context(
 def _fc_backward_args(args: LayerNormMLPBwdArgs, fc: int, grad_output: Any) -> Any:
     parallel = args.set_parallel_mode
     first = fc == 1
-    return linear_backward_stage(
+    stage = linear_backward_stage(
         grad_output=grad_output,
         inputmat=args.fc1_inputmat if first else args.fc2_inputmat,
         weight_fp8=args.fc1_weight_fp8 if first else args.fc2_weight_fp8,
@@ -536,6 +544,8 @@ def _fc_backward_args(args: LayerNormMLPBwdArgs, fc: int, grad_output: Any) -> A
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
     )
+    stage.sr_rng_state = args.sr_rng_state  # fc1's own offset: layernorm_mlp_backward
+    return stage
 
 
 def _fc1_grad_output_spec(args: LayerNormMLPBwdArgs) -> TensorSpec:
@@ -551,7 +561,9 @@ def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | No
     dgrad = dgamma = dbeta = fc1_wgrad = fc1_bgrad = None
     if args.fc2_requires_dgrad:
         d_fc1 = activation_backward(args.activation, d_act, args.fc1_out, dtype)
-        dln, fc1_wgrad, fc1_bgrad = linear_backward(_fc_backward_args(args, 1, d_fc1))
+        fc1 = _fc_backward_args(args, 1, d_fc1)
+        fc1.sr_rng_state = stage_rng_state(args.sr_rng_state, 1)  # bits of its own
+        dln, fc1_wgrad, fc1_bgrad = linear_backward(fc1)
         if args.fc1_requires_dgrad:
             dgrad, dgamma, dbeta = norm_stage_backward(args, dln)
     return dgrad, dgamma, dbeta, fc1_wgrad, fc1_bgrad, fc2_wgrad, fc2_bgrad

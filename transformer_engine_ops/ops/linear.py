@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.quantization.gemm import gemm
+from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact
@@ -96,6 +97,9 @@ class LinearFwdArgs:
     # --- Autograd state ---
     is_grad_enabled: bool
 
+    # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
+
 
 @dataclass
 class LinearBwdArgs:
@@ -142,6 +146,9 @@ class LinearBwdArgs:
     # --- Not supported across the op boundary: must be None ---
     wgrad_store: Optional[Any]
     main_grad_func: Optional[Callable[[], torch.Tensor]]
+
+    # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
+    sr_rng_state: Optional[torch.Tensor] = None
 
 
 # --- The plan: every decision real kernels and spec fakes share --------------------
@@ -546,6 +553,7 @@ def linear_setup_context(
         ub_bulk_wgrad=False,
         wgrad_store=None,
         main_grad_func=None,
+        sr_rng_state=args.sr_rng_state,
     )
 
 
@@ -601,10 +609,18 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         if usage.rowwise or usage.columnwise:
             quantizer = _internal(args.grad_output_quantizer, usage)
-            if args.use_bias:  # the bias gradient from the pass that quantizes dy
-                dy_gemm, bgrad = quantizer.quantize_with_bias_grad(dy)
+            # With a bias, its gradient comes from the pass that quantizes dy.
+            quantized_dy = quantize_gradient(
+                quantizer,
+                dy,
+                args.sr_rng_state,
+                "LinearBwdArgs.sr_rng_state",
+                with_bias_grad=args.use_bias,
+            )
+            if args.use_bias:
+                dy_gemm, bgrad = quantized_dy
             else:
-                dy_gemm = quantizer.quantize(dy)
+                dy_gemm = quantized_dy
     dgrad = wgrad = None
     if args.requires_dgrad:
         weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)

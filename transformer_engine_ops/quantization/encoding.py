@@ -179,6 +179,24 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     return code | sign
 
 
+def encode_e2m1_stochastic(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """fp32 in [-6, 6] -> E2M1 codes rounded stochastically: ``|x|`` between neighbouring
+    values ``lo <= |x| < hi`` becomes ``hi`` with probability ``(|x| - lo) / (hi - lo)``
+    (``u`` < that, ``u`` uniform in [0, 1) and of ``x``'s shape), else ``lo``; so the
+    expected value is ``x``. A representable ``|x|`` is kept. NaN removed by the caller."""
+    a = x.abs()
+    lower = torch.zeros_like(a, dtype=torch.uint8)  # code of the largest value <= |x|
+    for value in E2M1_VALUES[1:]:
+        lower += (a >= value).to(torch.uint8)
+    lo = e2m1_to_float(lower)
+    hi = e2m1_to_float(torch.clamp(lower + 1, max=7))
+    gap = hi - lo
+    p_up = torch.where(gap > 0, (a - lo) / torch.where(gap > 0, gap, 1.0), 0.0)
+    code = lower + (u < p_up).to(torch.uint8)
+    sign = (torch.signbit(x) & (code != 0)).to(torch.uint8) << 3
+    return code | sign
+
+
 def e2m1_to_float(code: torch.Tensor) -> torch.Tensor:
     """4-bit E2M1 codes -> fp32, computed from the bits (exact: 0, 0.5, 1, 1.5, 2, 3, 4, 6).
 

@@ -5,6 +5,10 @@ keep the logical shape. Scale-inverses are E8M0 codes stored as uint8 and zero-p
 rowwise (ru(M, 128), ru(K/32, 4)) indexed [m, k // 32], columnwise
 (ru(M/32, 4), ru(K, 128)) indexed [m // 32, k]. Hence K % 32 == 0 for rowwise and
 M % 32 == 0 for columnwise usage.
+
+With ``with_2d_quantization`` (TE's 2-D MXFP8 weights) one scale covers a 32x32 tile
+(the tile's amax): both usages then hold the same codes and the tile's scale in every
+row (rowwise) or column (columnwise) entry the tile spans.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..runtime.quantizer import (
     QuantizedTensor,
     Quantizer,
     RowwiseColumnwisePairs,
+    check_bool,
 )
 from .encoding import (
     E8M0_BIAS,
@@ -75,9 +80,11 @@ class MXFP8Tensor(_MXFP8Data, QuantizedTensor):
 
 @dataclasses.dataclass(frozen=True)
 class MXFP8Quantizer(Quantizer):
-    """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales."""
+    """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales; 32x32 tiles
+    with ``with_2d_quantization`` (TE's option for weights)."""
 
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
+    with_2d_quantization: bool = False
 
     storage_cls: ClassVar[type] = MXFP8TensorStorage
     wrapper_cls: ClassVar[type] = MXFP8Tensor
@@ -86,6 +93,7 @@ class MXFP8Quantizer(Quantizer):
     def _init_fields(self) -> None:
         super()._init_fields()
         require_fp8_dtype("MXFP8Quantizer", self.fp8_dtype)
+        check_bool("MXFP8Quantizer", "with_2d_quantization", self.with_2d_quantization)
 
     def check_shape(self, shape: Sequence[Any]) -> None:
         super().check_shape(shape)
@@ -116,7 +124,9 @@ class MXFP8Quantizer(Quantizer):
         return tuple(layout)
 
     def _quantize_usage(self, x2d: torch.Tensor, columnwise: bool) -> tuple[torch.Tensor, ...]:
-        rows, cols = _block_shape(columnwise)
+        rows, cols = (
+            (MXFP8_BLOCK, MXFP8_BLOCK) if self.with_2d_quantization else (_block_shape(columnwise))
+        )
         fmax = FP8_MAX[self.fp8_dtype]
         blocks = to_blocks(x2d, rows, cols)
         codes = e8m0_scale_inv_code(block_amax(blocks), fmax)
@@ -125,6 +135,11 @@ class MXFP8Quantizer(Quantizer):
         # A block holding an Inf: saturated codes, the NaN scale code (dequantizes NaN).
         codes = torch.where(block_has_inf(blocks), torch.full_like(codes, E8M0_NAN), codes)
         m, k = x2d.shape
+        if self.with_2d_quantization:  # the tile's code in every entry of its 1-D blocks
+            if columnwise:
+                codes = codes.repeat_interleave(MXFP8_BLOCK, dim=1)[:, :k]
+            else:
+                codes = codes.repeat_interleave(MXFP8_BLOCK, dim=0)[:m]
         if columnwise:
             padded = pad_2d(codes, round_up(m // MXFP8_BLOCK, 4), round_up(k, 128))
         else:

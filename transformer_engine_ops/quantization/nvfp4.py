@@ -13,8 +13,14 @@ is (M, K) unless the caller passes it), ``_columnwise_scale_inv``
 (ru(K,128), ru(ceil(M/16),4)), ``_amax_rowwise`` and ``_amax_columnwise`` (fp32 (1,)).
 Packing needs K even (rowwise) and M even (columnwise). Partial blocks are zero-padded.
 NaN and Inf: E2M1 has neither, so a block holding one gets the E4M3 NaN scale code and
-dequantizes to NaN as a whole. Random Hadamard transforms and stochastic rounding,
-which TE applies to some NVFP4 tensors, are not part of this reference.
+dequantizes to NaN as a whole.
+
+TE's default recipe adds two options per quantizer (docs/quantization.md): ``with_rht``
+transforms the columnwise data by the random Hadamard transform (``hadamard.py``)
+before quantizing (its amax taken after the transform with ``with_post_rht_amax``), and
+``stochastic_rounding`` rounds elements to one of their two neighbouring E2M1 values at
+random, with bits drawn from the ``(seed, offset)`` pair the quantize call receives
+(``philox.py``): rowwise data from stream 0, columnwise data from stream 1.
 """
 
 from __future__ import annotations
@@ -32,17 +38,21 @@ from ..runtime.quantizer import (
     QuantizedTensor,
     Quantizer,
     check_bool,
+    check_choice,
+    check_int,
 )
 from .encoding import (
     E2M1_MAX,
-    E4M3_MAX,
     E4M3_NAN,
+    FP32_MAX,
     apply_block_scale,
     block_amax,
     ceil_div,
     e2m1_to_float,
     encode_e2m1,
+    encode_e2m1_stochastic,
     encode_e4m3,
+    finite_abs,
     fp8_to_float,
     from_blocks,
     matrix_dims,
@@ -54,15 +64,18 @@ from .encoding import (
     to_blocks,
     unpack_e2m1,
 )
+from .hadamard import HADAMARD_SIZE, apply_rht, undo_rht
+from .philox import check_rng_state, uniform
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor", "NVFP4TensorStorage", "nvfp4_global_scale"]
 
 NVFP4_BLOCK = 16
 
 
-def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
-    """Per-tensor encode scale ``448 * 6 / amax`` (1 when amax is 0, FP32_MAX if Inf)."""
-    return scale_from_amax(amax, E4M3_MAX * E2M1_MAX)
+def nvfp4_global_scale(amax: torch.Tensor, e4m3_max: int = 448) -> torch.Tensor:
+    """Per-tensor (or, row-scaled, per-row) encode scale ``e4m3_max * 6 / amax`` (1 when
+    amax is 0, FP32_MAX if Inf); ``e4m3_max`` is 448, or 256 for TE's 4over6 tensors."""
+    return scale_from_amax(amax, e4m3_max * E2M1_MAX)
 
 
 def _scale_inv_shape(rows: Any, cols: Any) -> tuple[Any, Any]:
@@ -71,9 +84,13 @@ def _scale_inv_shape(rows: Any, cols: Any) -> tuple[Any, Any]:
 
 
 def _quantize_matrix(
-    x2d: torch.Tensor, global_scale: torch.Tensor, block_rows: int
+    x2d: torch.Tensor,
+    global_scale: torch.Tensor,
+    block_rows: int,
+    u: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, C) fp32 -> (packed (R, C/2), padded E4M3 scale codes) with 1x16 or 16x16 blocks."""
+    """(R, C) fp32 -> (packed (R, C/2), padded E4M3 scale codes) with 1x16 or 16x16 blocks;
+    elements rounded to nearest, or stochastically with ``u`` (uniform, shape (R, C))."""
     r, c = x2d.shape
     blocks = to_blocks(x2d, block_rows, NVFP4_BLOCK)
     # NaN or Inf (E2M1 has neither): the block gets the NaN scale code and dequantizes
@@ -86,18 +103,79 @@ def _quantize_matrix(
         block_scale > 0, global_scale / block_scale, torch.zeros_like(block_scale)
     )  # NaN and zero scales encode everything as 0
     scaled = torch.clamp(apply_block_scale(x2d, encode, block_rows, NVFP4_BLOCK), -6.0, 6.0)
-    codes = encode_e2m1(torch.nan_to_num(scaled, nan=0.0))
+    scaled = torch.nan_to_num(scaled, nan=0.0)
+    codes = encode_e2m1(scaled) if u is None else encode_e2m1_stochastic(scaled, u)
+    row_scales = scale_codes.repeat_interleave(block_rows, dim=0)[:r]
+    return pack_e2m1(codes), pad_2d(row_scales, *_scale_inv_shape(r, c))
+
+
+def _quantize_matrix_4over6(
+    x2d: torch.Tensor,
+    amax: torch.Tensor,
+    global_scale: torch.Tensor,
+    q: NVFP4Quantizer,
+    block_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE's 4over6 (``_quantize_blockwise_4over6_reference``): each block is quantized
+    twice, its amax mapped to 6 (the standard scale) and to 4 (the scale times 1.5),
+    and keeps the candidate whose dequantized values are closer to ``x2d`` (summed
+    absolute or squared error over the block; a tie keeps map-to-6)."""
+    r, c = x2d.shape
+    blocks = to_blocks(x2d, block_rows, NVFP4_BLOCK)
+    has_nan = (~torch.isfinite(blocks)).any(dim=3).any(dim=1)
+    base = block_amax(blocks) / E2M1_MAX * global_scale
+    decode_global = torch.ones_like(global_scale) / global_scale
+    denominator = float(E2M1_MAX * q.nvfp4_e4m3_max)
+    candidates = []
+    for factor in (1.5, 1.0):  # map to 4, map to 6
+        scale_codes = encode_e4m3(base * factor)
+        scale_codes = torch.where(has_nan, torch.full_like(scale_codes, E4M3_NAN), scale_codes)
+        block_scale = fp8_to_float(scale_codes, torch.float8_e4m3fn)
+        encode = torch.where(
+            block_scale > 0,
+            torch.clamp(torch.ones_like(block_scale) / (block_scale * decode_global), max=FP32_MAX),
+            torch.zeros_like(block_scale),
+        )
+        scaled = apply_block_scale(x2d, encode, block_rows, NVFP4_BLOCK)
+        codes = encode_e2m1(torch.nan_to_num(torch.clamp(scaled, -6.0, 6.0), nan=0.0))
+        value = apply_block_scale(e2m1_to_float(codes), block_scale, block_rows, NVFP4_BLOCK)
+        diff = value * amax / denominator - x2d
+        err = diff * diff if q.nvfp4_4over6_err_mode == "MSE" else diff.abs()
+        per_row = to_blocks(err, 1, NVFP4_BLOCK)  # (R, 1, Cb, 16): summed in index order
+        total = per_row[..., 0]
+        for i in range(1, NVFP4_BLOCK):
+            total = total + per_row[..., i]
+        block_err = to_blocks(total.reshape(r, -1), block_rows, 1).sum(dim=(1, 3))
+        candidates.append((codes, scale_codes, block_err))
+    (codes4, scales4, err4), (codes6, scales6, err6) = candidates
+    pick4 = err4 < err6  # (Rb, Cb)
+    pick4_elements = from_blocks(
+        pick4[:, None, :, None].expand(-1, block_rows, -1, NVFP4_BLOCK), r, c
+    )
+    codes = torch.where(pick4_elements, codes4, codes6)
+    scale_codes = torch.where(pick4, scales4, scales6)
     row_scales = scale_codes.repeat_interleave(block_rows, dim=0)[:r]
     return pack_e2m1(codes), pad_2d(row_scales, *_scale_inv_shape(r, c))
 
 
 def _dequantize_matrix(
-    packed: torch.Tensor, scale_codes: torch.Tensor, amax: torch.Tensor, r: Any, c: Any
+    packed: torch.Tensor,
+    scale_codes: torch.Tensor,
+    amax: torch.Tensor,
+    r: Any,
+    c: Any,
+    e4m3_max: int,
 ) -> torch.Tensor:
+    """(R, C) fp32 from packed codes, scale codes and the amax ((1,), or (R,) per row)."""
     values = e2m1_to_float(unpack_e2m1(packed.reshape(r, c // 2)))
     block_scale = fp8_to_float(scale_codes[:r, : ceil_div(c, NVFP4_BLOCK)], torch.float8_e4m3fn)
     blocks = to_blocks(values, 1, NVFP4_BLOCK) * block_scale[:, None, :, None]
-    return from_blocks(blocks, r, c) / nvfp4_global_scale(amax)
+    return from_blocks(blocks, r, c) / nvfp4_global_scale(amax.reshape(-1, 1), e4m3_max)
+
+
+def _row_amax(x2d: torch.Tensor) -> torch.Tensor:
+    """Finite amax of each row, (R,) fp32 (0 for an empty row)."""
+    return torch.cat([finite_abs(x2d), x2d.new_zeros(x2d.shape[0], 1)], dim=1).amax(dim=1)
 
 
 class _NVFP4Data(QuantizedData):
@@ -130,14 +208,23 @@ class _NVFP4Data(QuantizedData):
 
     def _dequantize_fp32(self, columnwise: bool) -> torch.Tensor:
         m, k = matrix_dims(self.shape)
+        e4m3_max = self._quantizer.nvfp4_e4m3_max
         if not columnwise:
             x2d = _dequantize_matrix(
-                self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise, m, k
+                self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise, m, k, e4m3_max
             )
         else:
-            x2d = _dequantize_matrix(
-                self._columnwise_data, self._columnwise_scale_inv, self._amax_columnwise, k, m
-            ).t()
+            xt = _dequantize_matrix(
+                self._columnwise_data,
+                self._columnwise_scale_inv,
+                self._amax_columnwise,
+                k,
+                m,
+                e4m3_max,
+            )
+            if self._quantizer.with_rht:  # back from the transformed domain
+                xt = undo_rht(xt)
+            x2d = xt.t()
         return x2d.reshape(self.shape)
 
 
@@ -151,13 +238,70 @@ class NVFP4Tensor(_NVFP4Data, QuantizedTensor):
 
 @dataclasses.dataclass(frozen=True)
 class NVFP4Quantizer(Quantizer):
-    """NVFP4 quantizer; ``with_2d_quantization`` uses 16x16 blocks (TE's choice for weights)."""
+    """NVFP4 quantizer with TE's options (TE 2.20.2's ``NVFP4Quantizer`` fields):
+
+    * ``with_2d_quantization``: 16x16 blocks (TE's choice for weights);
+    * ``with_rht``: the columnwise data is the random Hadamard transform of the tensor
+      along M (TE's choice for the input and the output gradient, whose columnwise data
+      only the weight-gradient GEMM reads); needs M to be a multiple of 16;
+    * ``with_post_rht_amax``: the columnwise per-tensor amax is taken after the
+      transform (TE sets it with ``with_rht``), so no transformed element saturates;
+      without ``with_rht`` there is no transform and it changes nothing (as in TE);
+    * ``stochastic_rounding``: elements round stochastically (TE's choice for
+      gradients); quantize with :meth:`quantize_stochastic`, which takes ``rng_state``,
+      an int64 (seed, offset) tensor of shape (2,);
+    * ``row_scaled_nvfp4``: every row of the stored matrix has its own fp32 amax and
+      global scale (``_amax_rowwise`` (M,), ``_amax_columnwise`` (K,)); the last dim must
+      be a multiple of 16 (TE's row-scaled activations);
+    * ``nvfp4_use_4over6``: each block keeps the better of its amax mapped to 6 and to
+      4 (``nvfp4_4over6_err_mode``: "MAE" or "MSE"), with the global scale's E4M3 bound
+      ``nvfp4_e4m3_max`` (448, or 256).
+
+    TE's kernels refuse the transform, stochastic rounding and 2-D blocks with
+    row-scaled data, and the transform and stochastic rounding with 4over6: so does
+    construction (ValueError).
+    """
 
     with_2d_quantization: bool = False
+    with_rht: bool = False
+    with_post_rht_amax: bool = False
+    stochastic_rounding: bool = False
+    row_scaled_nvfp4: bool = False
+    nvfp4_use_4over6: bool = False
+    nvfp4_e4m3_max: int = 448
+    nvfp4_4over6_err_mode: str = "MAE"
 
     def _init_fields(self) -> None:
         super()._init_fields()
-        check_bool(type(self).__name__, "with_2d_quantization", self.with_2d_quantization)
+        owner = type(self).__name__
+        flags = (
+            "with_2d_quantization",
+            "with_rht",
+            "with_post_rht_amax",
+            "stochastic_rounding",
+            "row_scaled_nvfp4",
+            "nvfp4_use_4over6",
+        )
+        for name in flags:
+            check_bool(owner, name, getattr(self, name))
+        e4m3_max = check_int(owner, "nvfp4_e4m3_max", self.nvfp4_e4m3_max, 256, 448)
+        object.__setattr__(self, "nvfp4_e4m3_max", e4m3_max)
+        if e4m3_max not in (448, 256):
+            raise ValueError(f"{owner}: nvfp4_e4m3_max must be 448 or 256, got {e4m3_max}")
+        check_choice(owner, "nvfp4_4over6_err_mode", self.nvfp4_4over6_err_mode, ("MAE", "MSE"))
+        if e4m3_max != 448 and not self.nvfp4_use_4over6:
+            raise ValueError(f"{owner}: nvfp4_e4m3_max={e4m3_max} needs nvfp4_use_4over6=True")
+        refused = {
+            "row_scaled_nvfp4": ("with_rht", "stochastic_rounding", "with_2d_quantization"),
+            "nvfp4_use_4over6": ("with_rht", "stochastic_rounding"),
+        }
+        for mode, others in refused.items():
+            for other in others:
+                if getattr(self, mode) and getattr(self, other):
+                    raise ValueError(
+                        f"{owner}: {mode}=True with {other}=True: TE's NVFP4 kernels do not "
+                        "combine them"
+                    )
 
     storage_cls: ClassVar[type] = NVFP4TensorStorage
     wrapper_cls: ClassVar[type] = NVFP4Tensor
@@ -176,6 +320,18 @@ class NVFP4Quantizer(Quantizer):
                 "NVFP4 columnwise usage packs two values per byte along M, so the product of "
                 f"the leading dims must be even, got shape {tuple(shape)}"
             )
+        if self.row_scaled_nvfp4 and k % NVFP4_BLOCK != 0:
+            raise ValueError(
+                f"NVFP4 row-scaled data (row_scaled_nvfp4) needs the last dim to be a "
+                f"multiple of {NVFP4_BLOCK}, got shape {tuple(shape)}"
+            )
+        if self.columnwise_usage and self.with_rht and m % HADAMARD_SIZE != 0:
+            raise ValueError(
+                "NVFP4 columnwise usage with the random Hadamard transform (with_rht) "
+                f"transforms runs of {HADAMARD_SIZE} along M, so the product of the leading "
+                f"dims must be a multiple of {HADAMARD_SIZE}, got shape {tuple(shape)} "
+                "(or construct the recipe with disable_rht=True)"
+            )
 
     def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
         self.check_shape(shape)
@@ -187,27 +343,81 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             layout.append(("_columnwise_data", (k, m // 2), torch.uint8))
             layout.append(("_columnwise_scale_inv", _scale_inv_shape(k, m), torch.uint8))
+        rows = self.row_scaled_nvfp4
         if self.rowwise_usage:
-            layout.append(("_amax_rowwise", (1,), torch.float32))
+            layout.append(("_amax_rowwise", (m,) if rows else (1,), torch.float32))
         if self.columnwise_usage:
-            layout.append(("_amax_columnwise", (1,), torch.float32))
+            layout.append(("_amax_columnwise", (k,) if rows else (1,), torch.float32))
         return tuple(layout)
 
+    # ----- quantize -----
+
+    def quantize_stochastic(
+        self, t: torch.Tensor, rng_state: torch.Tensor, *, with_bias_grad: bool = False
+    ) -> Any:
+        """``quantize(t)`` rounding stochastically with the bits of ``rng_state`` (int64
+        (seed, offset), shape (2,)); with ``with_bias_grad`` also ``t.sum(0)`` in fp32,
+        as ``quantize_with_bias_grad``. ``quantize`` itself refuses a quantizer with
+        ``stochastic_rounding``: its bits must come from somewhere."""
+        self.check_input(t)
+        if not self.stochastic_rounding:
+            raise ValueError(
+                f"{type(self).__name__}: rng_state given to a quantizer without stochastic_rounding"
+            )
+        check_rng_state(type(self).__name__, rng_state)
+        if with_bias_grad and len(t.shape) != 2:
+            raise ValueError(
+                f"NVFP4 ({type(self).__name__}): the bias gradient is taken of a 2-D tensor, "
+                f"got shape {tuple(t.shape)}"
+            )
+        x = t.detach() if t.requires_grad else t
+        value = self._quantized_value(self._quantize_nvfp4(x, rng_state), t)
+        return (value, t.sum(0, dtype=torch.float32)) if with_bias_grad else value
+
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        if self.stochastic_rounding:  # ``quantize`` has no random bits to give
+            check_rng_state(f"{type(self).__name__}.quantize (use quantize_stochastic)", None)
+        return self._quantize_nvfp4(x, None)
+
+    def _quantize_nvfp4(
+        self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+    ) -> dict[str, Optional[torch.Tensor]]:
         x2d = x.float().reshape(matrix_dims(x.shape))
-        amax = tensor_amax(x2d)
-        global_scale = nvfp4_global_scale(amax)
         block_rows = NVFP4_BLOCK if self.with_2d_quantization else 1
+
+        def bits(shape: tuple[Any, Any], stream: int) -> Optional[torch.Tensor]:
+            if rng_state is None:
+                return None
+            return uniform(rng_state, shape[0] * shape[1], stream).to(x2d.device).reshape(shape)
+
+        def encode(matrix: torch.Tensor, stream: int, amax: torch.Tensor) -> tuple[Any, Any]:
+            """(packed codes, scale codes) of one stored matrix with its amax."""
+            as_column = amax.reshape(-1, 1) if self.row_scaled_nvfp4 else amax
+            global_scale = nvfp4_global_scale(as_column, self.nvfp4_e4m3_max)
+            if self.nvfp4_use_4over6:
+                return _quantize_matrix_4over6(matrix, as_column, global_scale, self, block_rows)
+            return _quantize_matrix(matrix, global_scale, block_rows, bits(matrix.shape, stream))
+
+        def amax_of(matrix: torch.Tensor) -> torch.Tensor:
+            return _row_amax(matrix) if self.row_scaled_nvfp4 else tensor_amax(matrix)
+
         inner: dict[str, Optional[torch.Tensor]] = {}
         if self.rowwise_usage:
-            data, scales = _quantize_matrix(x2d, global_scale, block_rows)
+            amax = amax_of(x2d)
+            data, scales = encode(x2d, 0, amax)
             inner["_rowwise_data"] = data.reshape(*x.shape[:-1], x.shape[-1] // 2)
             inner["_rowwise_scale_inv"] = scales
-            inner["_amax_rowwise"] = amax.reshape(1)
+            inner["_amax_rowwise"] = amax.reshape(-1)
         if self.columnwise_usage:
-            data, scales = _quantize_matrix(x2d.t(), global_scale, block_rows)
+            xt = x2d.t()
+            amax = amax_of(xt)
+            if self.with_rht:
+                xt = apply_rht(xt)
+                if self.with_post_rht_amax:
+                    amax = tensor_amax(xt)
+            data, scales = encode(xt, 1, amax)
             # Contiguous like every buffer a fake kernel describes (torch.empty layout).
             inner["_columnwise_data"] = data.contiguous()
             inner["_columnwise_scale_inv"] = scales.contiguous()
-            inner["_amax_columnwise"] = amax.reshape(1).clone()
+            inner["_amax_columnwise"] = amax.reshape(-1).clone()
         return inner

@@ -39,6 +39,7 @@ __all__ = [
     "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
+    "QParams",
     "Recipe",
 ]
 
@@ -52,6 +53,32 @@ _NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
 # TE's MMParams: how one GEMM runs (``use_split_accumulator``). One type with the
 # GemmConfig value that crosses the op boundary, so a recipe's choice reaches the op.
 MMParams = GemmConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """TE's per-role quantization parameters of the NVFP4 recipe (``recipe.QParams``):
+    which of TE's NVFP4 techniques a tensor role gets. ``power_2_scale`` and
+    ``amax_epsilon`` are TE's fields for other formats; NVFP4 does not read them."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in (
+            "power_2_scale",
+            "random_hadamard_transform",
+            "stochastic_rounding",
+            "fp4_2d_quantization",
+        ):
+            check_bool(owner, name, getattr(self, name))
+        object.__setattr__(
+            self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
+        )
 
 
 def _env_flag(name: str, default: str = "0") -> bool:
@@ -258,7 +285,8 @@ class Float8CurrentScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class MXFP8BlockScaling(Recipe):
-    """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default."""
+    """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default; 32x32
+    weight tiles with ``enable_2d_quantization``."""
 
     margin: int = 0
     fp8_format: Format = Format.E4M3
@@ -274,13 +302,13 @@ class MXFP8BlockScaling(Recipe):
             raise NotImplementedError(f"{owner}: margin={self.margin} is not implemented; use 0")
         self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
         self._check_common()
-        if check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization):
-            raise NotImplementedError(
-                f"{owner}: enable_2d_quantization=True (2-D MXFP8 weight blocks) is not implemented"
-            )
+        check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization)
 
     def make_quantizer(self, role: str) -> Quantizer:
-        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role))
+        """With ``enable_2d_quantization`` the weight gets 32x32 tiles (as TE's recipe
+        state gives its Linear and GroupedLinear weights)."""
+        two_d = self.enable_2d_quantization and role == "weight"
+        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role), with_2d_quantization=two_d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,13 +369,22 @@ class Float8BlockScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class NVFP4BlockScaling(Recipe):
-    """NVFP4 everywhere; weights use 16x16 (2-D) blocks unless disabled.
+    """NVFP4 everywhere, configured per tensor role as TE 2.20.2 does by default:
 
-    TE's defaults ask for random Hadamard transforms and stochastic rounding of
-    gradients, which this library does not implement: pass ``disable_rht=True`` and
-    ``disable_stochastic_rounding=True`` (or set ``NVTE_NVFP4_DISABLE_RHT=1`` and
-    ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1``), else construction raises
-    ``NotImplementedError`` naming them.
+    * weights: 16x16 (2-D) blocks (``disable_2d_quantization`` turns them off);
+    * inputs (and outputs): the random Hadamard transform on their columnwise data, the
+      weight-gradient GEMM's operand (``disable_rht``);
+    * gradients: the same transform, and stochastic rounding (``disable_rht``,
+      ``disable_stochastic_rounding``), its bits drawn from a (seed, offset) pair each
+      module call takes from torch's default generator (docs/quantization.md);
+    * ``row_scaled_activation``: the input and output get one amax per row;
+    * ``nvfp4_4over6``: the weight and/or activation roles pick map-to-4 or map-to-6 per
+      block (``nvfp4_4over6_err_mode``), with the global E4M3 bound 256 where
+      ``nvfp4_4over6_e4m3_use_256`` selects them. Both need ``disable_rht=True`` where
+      they meet the transform (TE's kernels do not combine them).
+
+    The three roles' parameters are TE's ``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``
+    and ``fp4_quant_bwd_grad`` (:class:`QParams`), derived from the flags.
     """
 
     disable_rht: bool = _env_flag("NVTE_NVFP4_DISABLE_RHT")
@@ -382,23 +419,68 @@ class NVFP4BlockScaling(Recipe):
             owner, "nvfp4_4over6_err_mode", self.nvfp4_4over6_err_mode, _NVFP4_4OVER6_ERR_MODES
         )
         self._check_common()
-        unimplemented = {
-            "disable_rht=False (random Hadamard transforms)": not self.disable_rht,
-            "disable_stochastic_rounding=False (stochastic rounding of gradients)": (
-                not self.disable_stochastic_rounding
+        # TE applies the transform to columnwise data only, for the wgrad GEMM.
+        self._set("fp4_quant_fwd_inp", QParams(random_hadamard_transform=not self.disable_rht))
+        self._set(
+            "fp4_quant_fwd_weight", QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        )
+        self._set(
+            "fp4_quant_bwd_grad",
+            QParams(
+                random_hadamard_transform=not self.disable_rht,
+                stochastic_rounding=not self.disable_stochastic_rounding,
             ),
-            "row_scaled_activation=True": self.row_scaled_activation,
-            f"nvfp4_4over6={self.nvfp4_4over6!r} (4over6 block scaling)": (
-                self.nvfp4_4over6 != "none"
-            ),
-        }
-        missing = [what for what, asked in unimplemented.items() if asked]
-        if missing:
-            raise NotImplementedError(
-                f"{owner}: not implemented by this library: {', '.join(missing)}; construct "
-                "NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)"
-            )
+        )
+        # Fail here, naming the arguments, rather than at the first quantize: the roles
+        # TE's kernels cannot serve (row-scaled or 4over6 data with the transform).
+        for role in ("input", "weight"):
+            qp = self.qparams(role)
+            if qp.random_hadamard_transform and (self._row_scaled(role) or self._uses_4over6(role)):
+                what = (
+                    "row_scaled_activation=True"
+                    if self._row_scaled(role)
+                    else f"nvfp4_4over6={self.nvfp4_4over6!r}"
+                )
+                raise ValueError(
+                    f"{owner}: {what} with the random Hadamard transform of the {role}: TE's "
+                    "NVFP4 kernels do not combine them; pass disable_rht=True"
+                )
+
+    def _row_scaled(self, role: str) -> bool:
+        """TE: forward activation (non-weight) roles, with ``row_scaled_activation``."""
+        return self.row_scaled_activation and role in ("input", "output")
+
+    def _uses_4over6(self, role: str) -> bool:
+        """TE: the non-gradient roles ``nvfp4_4over6`` selects."""
+        if role in BACKWARD_ROLES:
+            return False
+        scope = "weights" if role == "weight" else "activations"
+        return self.nvfp4_4over6 in (scope, "all")
+
+    def _e4m3_max(self, role: str) -> int:
+        """256 for the 4over6 roles ``nvfp4_4over6_e4m3_use_256`` selects, else 448."""
+        scope = "weights" if role == "weight" else "activations"
+        wide = self.nvfp4_4over6_e4m3_use_256 in (scope, "all")
+        return 256 if self._uses_4over6(role) and wide else 448
+
+    def qparams(self, role: str) -> QParams:
+        """The role's parameters, as TE's recipe state picks them: the weight's, the
+        gradients' (every backward role) or the input's (input and output)."""
+        if _check_role(role) == "weight":
+            return self.fp4_quant_fwd_weight
+        if role in BACKWARD_ROLES:
+            return self.fp4_quant_bwd_grad
+        return self.fp4_quant_fwd_inp
 
     def make_quantizer(self, role: str) -> Quantizer:
-        two_d = _check_role(role) == "weight" and not self.disable_2d_quantization
-        return NVFP4Quantizer(with_2d_quantization=two_d)
+        qp = self.qparams(role)
+        return NVFP4Quantizer(
+            with_2d_quantization=qp.fp4_2d_quantization,
+            with_rht=qp.random_hadamard_transform,
+            with_post_rht_amax=qp.random_hadamard_transform,
+            stochastic_rounding=qp.stochastic_rounding,
+            row_scaled_nvfp4=self._row_scaled(role),
+            nvfp4_use_4over6=self._uses_4over6(role),
+            nvfp4_e4m3_max=self._e4m3_max(role),
+            nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
+        )

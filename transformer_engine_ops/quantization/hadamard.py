@@ -1,0 +1,65 @@
+"""TE's random Hadamard transform (RHT) for NVFP4: each run of 16 contiguous elements is
+multiplied by ``T = diag(signs) @ H16 / 4``, ``H16`` the Sylvester Hadamard matrix and
+``signs`` TE's fixed "random" sign vector.
+
+``T`` is orthogonal (``T @ T.T = I``), so a GEMM whose two operands are both transformed
+along their shared dimension is unchanged in exact arithmetic: TE transforms the
+columnwise data of the input and of the output gradient, which the weight-gradient GEMM
+contracts over the token dimension, spreading outliers over 16 elements before their
+FP4 rounding. Our dequantize applies ``T.T`` back, so a transformed value dequantizes to
+(an approximation of) the original tensor and any GEMM on it stays correct.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["HADAMARD_SIZE", "RHT_SIGNS", "apply_rht", "rht_matrix", "undo_rht"]
+
+HADAMARD_SIZE = 16
+# TE 2.20.2's hard-coded signs (``get_wgrad_sign_vector``), the diagonal of diag(signs).
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+
+def _sylvester(size: int) -> list[list[int]]:
+    h = [[1]]
+    while len(h) < size:
+        h = [row + row for row in h] + [row + [-v for v in row] for row in h]
+    return h
+
+
+def rht_matrix(dtype: torch.dtype = torch.float32, device: object = None) -> torch.Tensor:
+    """``diag(RHT_SIGNS) @ H16 / 4`` (entries +-1/4, exact in every float dtype).
+
+    Built from Python constants by ``torch.tensor``; not cached, so a trace never
+    captures a tensor made by an earlier call."""
+    h = _sylvester(HADAMARD_SIZE)
+    rows = [[s * v / 4 for v in row] for s, row in zip(RHT_SIGNS, h, strict=True)]
+    return torch.tensor(rows, dtype=dtype, device=device)
+
+
+def _check_blocks(x2d: torch.Tensor) -> None:
+    if x2d.shape[-1] % HADAMARD_SIZE != 0:
+        raise ValueError(
+            f"the random Hadamard transform runs on blocks of {HADAMARD_SIZE} along the "
+            f"last dim, which must be a multiple of {HADAMARD_SIZE}; got shape "
+            f"{tuple(x2d.shape)}"
+        )
+
+
+def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
+    """``x2d`` (R, C) with every 16-element run of each row multiplied by ``T`` (fp32)."""
+    _check_blocks(x2d)
+    r, c = x2d.shape
+    # Contiguous first: a transposed input would reshape to a view whose runs of 16 are
+    # strided, which the matmul takes ~60x slower (a columnwise quantize passes x.T).
+    blocks = x2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
+    return (blocks @ rht_matrix(device=x2d.device)).reshape(r, c)
+
+
+def undo_rht(y2d: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`apply_rht`: every 16-element run multiplied by ``T.T`` (fp32)."""
+    _check_blocks(y2d)
+    r, c = y2d.shape
+    blocks = y2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
+    return (blocks @ rht_matrix(device=y2d.device).t()).reshape(r, c)
