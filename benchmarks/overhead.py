@@ -75,8 +75,8 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
         return run
 
     def kernel_step() -> None:
-        (out,), saved = linear_forward(args_g)
-        bwd = linear_setup_context(args_g, saved)
+        outputs, saved = linear_forward(args_g)
+        bwd = linear_setup_context(args_g, outputs, saved)
         bwd.grad_outputs = [dy]
         linear_backward(bwd)
 

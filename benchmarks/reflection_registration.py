@@ -245,8 +245,8 @@ def register(decl: Any = LINEAR, namespace: str = NAMESPACE) -> tuple[Any, Any]:
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
         out_specs, saved_specs = decl.forward_spec(spec_args(fwd_plan, fwd_tensors, inputs))
-        _, saved = split_result(out_specs, saved_specs, output)
-        backward = decl.setup_context(fwd_plan.unflatten(*inputs), tuple(saved))
+        outputs, saved = split_result(out_specs, saved_specs, output)
+        backward = decl.setup_context(fwd_plan.unflatten(*inputs), tuple(outputs), tuple(saved))
         save_backward_slots(ctx, bwd_plan.flatten(backward))
         ctx.out_specs = out_specs
         ctx.grad_layout = grad_layout(inputs, grad_slots)
