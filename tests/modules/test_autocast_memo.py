@@ -93,7 +93,7 @@ def test_delayed_scaling_quantizers_are_never_shared():
     assert autocast_module._MEMO == {}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _TaggedRecipe(Float8CurrentScaling):
     tags: list = dataclasses.field(default_factory=list)  # unhashable field value
 

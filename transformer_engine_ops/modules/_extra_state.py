@@ -31,6 +31,7 @@ state dict of a stateless module): the module's state is left as it is.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -66,10 +67,13 @@ _ATTR = "_teops_scaling_state"
 
 
 class ScalingState:
-    """One module's delayed-scaling quantizers, one per tensor role."""
+    """One module's delayed-scaling quantizers, one per tensor role, and a copy of the
+    recipe they were made from: recipes are mutable, so the module compares the
+    autocast's recipe with this copy by value (never by identity) and rebuilds the
+    state when a field changed, in place or not."""
 
     def __init__(self, recipe: DelayedScaling) -> None:
-        self.recipe = recipe
+        self.recipe = copy.deepcopy(recipe)
         self.quantizers: dict[str, Float8Quantizer] = {
             role: recipe.make_quantizer(role)  # type: ignore[misc]
             for role in ROLES

@@ -5,9 +5,13 @@ context replaces the calling thread's active quantizers on entry and restores th
 previous ones on exit, so a context entered on one thread is invisible to the others.
 Modules read them from :data:`STATE`.
 
-Entering a context makes the recipe's six quantizers. The quantizers of a recipe whose
-quantizers are stateless values are made once per recipe value and shared (a small LRU
-memo), so the quantizers derived from them (``Quantizer._derived``) are reused too.
+Entering a context makes the recipe's six quantizers. Recipes are mutable, as TE's
+are, so each entry takes a snapshot of the recipe's field values (:func:`recipe_key`)
+and makes the quantizers from a new recipe of that value, never from the caller's
+object: a change made between two entries reaches the next entry, and nothing made
+earlier changes with it. The quantizers of a recipe whose quantizers are stateless
+values are made once per snapshot value and shared (a small LRU memo), so the
+quantizers derived from them (``Quantizer._derived``) are reused too.
 
 Inside a compiled function Dynamo traces the context: it reads the recipe's fields
 (:func:`recipe_key`, so the graph is guarded on each of them and a changed recipe
@@ -67,15 +71,16 @@ class RecipeQuantizers:
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
-        """The quantizers of ``recipe``: shared by every equal recipe while the memo holds
-        them, when the recipe is a frozen dataclass of values (:func:`recipe_key`) and its
-        quantizers are stateless values (no ``compile_blocker``); made afresh otherwise
-        (delayed scaling's quantizers keep state and are never shared)."""
+        """The quantizers of ``recipe``'s current value. A dataclass of values
+        (:func:`recipe_key`) is snapshotted: the quantizers, and their ``recipe``, are
+        made from a new recipe of that value (constructing it checks the values again,
+        also those assigned since), and shared by every equal value while the memo holds
+        them if they are stateless (no ``compile_blocker``; delayed scaling's keep state
+        and are never shared). Any other recipe is read as it is, afresh each time."""
         key = recipe_key(recipe)
-        params = getattr(type(recipe), "__dataclass_params__", None)
-        if key is None or params is None or not params.frozen:  # mutable: may change
+        if key is None:
             return cls._make(recipe)
-        return _shared_quantizers(key, recipe)
+        return _shared_quantizers(key)
 
     @classmethod
     def _make(cls, recipe: Recipe) -> RecipeQuantizers:
@@ -102,22 +107,23 @@ class RecipeQuantizers:
 
 
 # The memo of shared quantizers: recipe_key(recipe) -> the quantizers of that value
-# (holding the first frozen recipe of that value they were made from), least recently
-# used first. Keys are values (nested tuples of constants): equal recipes share.
+# (holding a snapshot recipe of that value, which no caller holds), least recently used
+# first. Keys are values (nested tuples of constants): equal recipes share, and a recipe
+# changed in place has another key.
 _MEMO: OrderedDict[tuple[Any, ...], RecipeQuantizers] = OrderedDict()
 _MEMO_LOCK = threading.Lock()
 _MEMO_SIZE = 16
 
 
-def _shared_quantizers(key: tuple[Any, ...], recipe: Recipe) -> RecipeQuantizers:
-    """The memo's quantizers for ``key`` (``recipe``'s value), made from ``recipe`` and
-    kept when they are missing and stateless."""
+def _shared_quantizers(key: tuple[Any, ...]) -> RecipeQuantizers:
+    """The memo's quantizers for the recipe value ``key``, made from a snapshot recipe
+    of that value and kept when they are missing and stateless."""
     with _MEMO_LOCK:
         made = _MEMO.get(key)
         if made is not None:
             _MEMO.move_to_end(key)
             return made
-    made = RecipeQuantizers._make(recipe)
+    made = RecipeQuantizers._make(_value_of_key(key))
     if made.compile_blocker is None:
         with _MEMO_LOCK:
             _MEMO[key] = made
@@ -195,11 +201,18 @@ def _value_of_key(key: tuple[Any, ...]) -> Any:
         return int(key[1])
     if not dataclasses.is_dataclass(kind):
         return key[1]
-    values = {name: _value_of_key(item) for name, item in key[1]}
+    values = {}
+    for name, item in key[1]:
+        try:
+            values[name] = _value_of_key(item)
+        except (TypeError, ValueError, NotImplementedError) as error:
+            # A nested recipe value (a QParams) that holds a value assigned since and
+            # refused on construction: name the field that holds it.
+            raise type(error)(f"{kind.__name__}.{name}: {error}") from None
     init = {f.name for f in dataclasses.fields(kind) if f.init}
     made = kind(**{name: value for name, value in values.items() if name in init})
     for name, value in values.items():
-        if name not in init:
+        if name not in init:  # derived on construction, perhaps replaced since
             object.__setattr__(made, name, value)
     return made
 
@@ -224,12 +237,9 @@ def _traced_quantizers_name(key: tuple[Any, ...] | None) -> str:
     keeps the name as a constant; the graph is guarded on the recipe's fields that made
     ``key``."""
     if key is None:
-        recipe: Recipe = Float8CurrentScaling()
-        key = recipe_key(recipe)
+        key = recipe_key(Float8CurrentScaling())
         assert key is not None
-    else:
-        recipe = _value_of_key(key)
-    made = _shared_quantizers(key, recipe)
+    made = _shared_quantizers(key)
     with _MEMO_LOCK:
         name = _TRACED_NAMES.get(key)
         if name is None:

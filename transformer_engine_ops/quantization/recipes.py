@@ -1,9 +1,12 @@
 """Recipes, named, ordered and defaulted as in Transformer Engine 2.20.2, each making its
 quantizers.
 
-A recipe is a frozen configuration; ``make_quantizer(role)`` returns the quantizer TE
-would use for a tensor in that role of a Linear: forward roles ``input``, ``weight``,
-``output`` and backward roles ``grad_output``, ``grad_input``, ``grad_weight``.
+A recipe is a plain, mutable dataclass, as TE's are (``recipe.margin = 1`` and
+``recipe.fp4_quant_fwd_inp = QParams()`` work); ``make_quantizer(role)`` returns the
+quantizer TE would use for a tensor in that role of a Linear: forward roles ``input``,
+``weight``, ``output`` and backward roles ``grad_output``, ``grad_input``,
+``grad_weight``. ``te.autocast`` snapshots the recipe's field values at each entry
+(modules/autocast.py), so a change between two entries takes effect at the next one.
 
 Every argument TE's recipe takes is accepted under TE's name, in TE's position, with
 TE's default (TE reads a few defaults from ``NVTE_*`` environment variables when the
@@ -55,11 +58,12 @@ _NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
 MMParams = GemmConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class QParams:
     """TE's per-role quantization parameters of the NVFP4 recipe (``recipe.QParams``):
     which of TE's NVFP4 techniques a tensor role gets. ``power_2_scale`` and
-    ``amax_epsilon`` are TE's fields for other formats; NVFP4 does not read them."""
+    ``amax_epsilon`` are TE's fields for other formats; NVFP4 does not read them.
+    Mutable as TE's; the values are checked again whenever a recipe reads them."""
 
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
@@ -68,7 +72,12 @@ class QParams:
     fp4_2d_quantization: bool = False
 
     def __post_init__(self) -> None:
-        owner = type(self).__name__
+        self.check(type(self).__name__)
+        self.amax_epsilon = float(self.amax_epsilon)
+
+    def check(self, owner: str) -> None:
+        """Raise naming ``owner.<field>`` for a field that holds a wrong value (also one
+        assigned after construction)."""
         for name in (
             "power_2_scale",
             "random_hadamard_transform",
@@ -76,9 +85,7 @@ class QParams:
             "fp4_2d_quantization",
         ):
             check_bool(owner, name, getattr(self, name))
-        object.__setattr__(
-            self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
-        )
+        check_float(owner, "amax_epsilon", self.amax_epsilon)
 
 
 def _env_flag(name: str, default: str = "0") -> bool:
@@ -198,10 +205,10 @@ class Recipe:
                 )
 
     def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
+        setattr(self, name, value)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class DelayedScaling(Recipe):
     """Per-tensor FP8 with scales from an amax history: stateful, so never value-opaque.
 
@@ -252,7 +259,7 @@ class DelayedScaling(Recipe):
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Float8CurrentScaling(Recipe):
     """Per-tensor FP8 with the scale from each tensor's own amax."""
 
@@ -283,7 +290,7 @@ class Float8CurrentScaling(Recipe):
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class MXFP8BlockScaling(Recipe):
     """MXFP8: 32-element blocks with E8M0 scales; E4M3 everywhere by default; 32x32
     weight tiles with ``enable_2d_quantization``."""
@@ -311,7 +318,7 @@ class MXFP8BlockScaling(Recipe):
         return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role), with_2d_quantization=two_d)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Float8BlockScaling(Recipe):
     """FP8 block scaling: 128x128 blocks for weights, 1x128 for activations and grads."""
 
@@ -367,7 +374,7 @@ class Float8BlockScaling(Recipe):
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class NVFP4BlockScaling(Recipe):
     """NVFP4 everywhere, configured per tensor role as TE 2.20.2 does by default:
 
@@ -384,7 +391,9 @@ class NVFP4BlockScaling(Recipe):
       they meet the transform (TE's kernels do not combine them).
 
     The three roles' parameters are TE's ``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``
-    and ``fp4_quant_bwd_grad`` (:class:`QParams`), derived from the flags.
+    and ``fp4_quant_bwd_grad`` (:class:`QParams`), derived from the flags on
+    construction; as in TE, a user may replace them afterwards (TE's tests do). They
+    are fields (not constructor arguments), so a recipe's value includes them.
     """
 
     disable_rht: bool = _env_flag("NVTE_NVFP4_DISABLE_RHT")
@@ -399,6 +408,9 @@ class NVFP4BlockScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    fp4_quant_fwd_inp: QParams = dataclasses.field(init=False)
+    fp4_quant_fwd_weight: QParams = dataclasses.field(init=False)
+    fp4_quant_bwd_grad: QParams = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         owner = self._owner()
@@ -431,20 +443,25 @@ class NVFP4BlockScaling(Recipe):
                 stochastic_rounding=not self.disable_stochastic_rounding,
             ),
         )
-        # Fail here, naming the arguments, rather than at the first quantize: the roles
-        # TE's kernels cannot serve (row-scaled or 4over6 data with the transform).
+        # Fail here, naming the arguments, rather than at the first quantize.
         for role in ("input", "weight"):
-            qp = self.qparams(role)
-            if qp.random_hadamard_transform and (self._row_scaled(role) or self._uses_4over6(role)):
-                what = (
-                    "row_scaled_activation=True"
-                    if self._row_scaled(role)
-                    else f"nvfp4_4over6={self.nvfp4_4over6!r}"
-                )
-                raise ValueError(
-                    f"{owner}: {what} with the random Hadamard transform of the {role}: TE's "
-                    "NVFP4 kernels do not combine them; pass disable_rht=True"
-                )
+            self._check_combination(role)
+
+    def _check_combination(self, role: str) -> None:
+        """Refuse what TE's kernels cannot serve: row-scaled or 4over6 data with the
+        transform (checked on construction and again by ``make_quantizer``, as the role
+        parameters may have been replaced since)."""
+        qp = self.qparams(role)
+        if qp.random_hadamard_transform and (self._row_scaled(role) or self._uses_4over6(role)):
+            what = (
+                "row_scaled_activation=True"
+                if self._row_scaled(role)
+                else f"nvfp4_4over6={self.nvfp4_4over6!r}"
+            )
+            raise ValueError(
+                f"{self._owner()}: {what} with the random Hadamard transform of the {role}: "
+                "TE's NVFP4 kernels do not combine them; pass disable_rht=True"
+            )
 
     def _row_scaled(self, role: str) -> bool:
         """TE: forward activation (non-weight) roles, with ``row_scaled_activation``."""
@@ -467,12 +484,20 @@ class NVFP4BlockScaling(Recipe):
         """The role's parameters, as TE's recipe state picks them: the weight's, the
         gradients' (every backward role) or the input's (input and output)."""
         if _check_role(role) == "weight":
-            return self.fp4_quant_fwd_weight
-        if role in BACKWARD_ROLES:
-            return self.fp4_quant_bwd_grad
-        return self.fp4_quant_fwd_inp
+            name = "fp4_quant_fwd_weight"
+        elif role in BACKWARD_ROLES:
+            name = "fp4_quant_bwd_grad"
+        else:
+            name = "fp4_quant_fwd_inp"
+        qp = getattr(self, name)
+        owner = f"{self._owner()}.{name}"
+        if not isinstance(qp, QParams):
+            raise TypeError(f"{owner} must be a QParams, got {qp!r} ({type(qp).__name__})")
+        qp.check(owner)
+        return qp
 
     def make_quantizer(self, role: str) -> Quantizer:
+        self._check_combination(role)
         qp = self.qparams(role)
         return NVFP4Quantizer(
             with_2d_quantization=qp.fp4_2d_quantization,
