@@ -5,8 +5,12 @@ quantize, inside its C++ kernel launch. Inside a custom op that would make the b
 depend on when the op runs, which a compiled graph, a partitioner's recomputation or a
 replay does not keep. Here the pair is drawn once per module call, on the calling
 side, by :func:`draw_rng_state`: one ``teops_rng::draw_rng_state`` op call that reads
-torch's default (CPU) generator in its kernel, so an eager call and a compiled graph
-consume the generator alike and receive the same pair. The graph keeps the call as a
+one generator in its kernel (the CUDA device's own when the module's tensors are on
+CUDA, else torch's default CPU generator), so an eager call and a compiled graph
+consume the generator alike and receive the same pair. On CUDA the pair never leaves
+the device: CUDA's Philox generator is graph-safe, so a CUDA-graph replay
+(``mode="reduce-overhead"``) draws a fresh pair each time, where a copy from the CPU
+could not even be captured. The graph keeps the call as a
 node: tagged ``nondeterministic_seeded``, the partitioner never recomputes it in the
 backward; reading a fresh empty tensor of its own, no pass merges it with another
 draw; reading the module's input, it runs after the draws that input depends on. The pair crosses the op boundary as a plain int64 tensor field
@@ -47,6 +51,8 @@ _DRAW_HIGH = 2**62
     tags=(torch.Tag.nondeterministic_seeded,),
 )
 def _draw_rng_state_op(after: torch.Tensor, nonce: torch.Tensor) -> torch.Tensor:
+    if nonce.device.type == "cuda":  # that device's generator, capturable in a CUDA graph
+        return torch.randint(0, _DRAW_HIGH, (2,), dtype=RNG_STATE_DTYPE, device=nonce.device)
     return torch.randint(0, _DRAW_HIGH, (2,), dtype=RNG_STATE_DTYPE).to(nonce.device)
 
 
@@ -56,8 +62,11 @@ def _draw_rng_state_fake(after: torch.Tensor, nonce: torch.Tensor) -> torch.Tens
 
 
 def draw_rng_state(after: Any, device: Any) -> torch.Tensor:
-    """A fresh (seed, offset) pair from torch's default CPU generator, on ``device``
-    (int64, shape (2,)); ``torch.manual_seed`` makes the sequence reproducible.
+    """A fresh (seed, offset) pair on ``device`` (int64, shape (2,)), drawn from that
+    CUDA device's generator when ``device`` is a CUDA device, else from torch's default
+    CPU generator; ``torch.manual_seed`` makes either sequence reproducible, and
+    ``torch.utils.checkpoint`` (``preserve_rng_state``, which restores the CPU state and
+    that of the CUDA devices of its tensor arguments) redraws the same pair.
 
     In a graph the draw reads ``after`` (the module's input, when a plain tensor), so it
     runs after every draw that input depends on, in eager's order; and a fresh empty
