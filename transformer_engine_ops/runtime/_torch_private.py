@@ -35,6 +35,7 @@ __all__ = [
     "cuda_current_raw_stream",
     "current_dispatch_mode",
     "current_graph_task_id",
+    "graph_caches_off",
     "disabled_torch_function_impl",
     "functorch_transform_active",
     "inductor_compile",
@@ -179,11 +180,18 @@ def inductor_install_fallback(op: Any) -> None:
         )
 
 
-def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's default decomposition table (the live dict: entries added join it)."""
+def inductor_decompositions() -> tuple[dict[Any, Callable[..., Any]], ...]:
+    """Inductor's default decomposition tables (the live dicts: entries added join
+    them): its table, and the copy of it that default compiles read, once made
+    (``fast_random_decomps``, cached on first use: an op added after Inductor's first
+    compile of the process is missing from it otherwise). 2.13."""
     from torch._inductor import decomposition
 
-    return decomposition.decompositions
+    tables = [decomposition.decompositions]
+    fast = getattr(decomposition, "fast_random_decomps", None)
+    if fast is not None and fast.cache_info().currsize:
+        tables.append(fast())
+    return tuple(tables)
 
 
 def inductor_mode_options(mode: str) -> dict[str, Any]:
@@ -215,6 +223,21 @@ def inductor_default_table() -> dict[Any, Callable[..., Any]]:
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
+
+
+@contextmanager
+def graph_caches_off() -> Iterator[None]:
+    """Inductor's FX-graph cache and AOTAutograd's cache off for what runs inside
+    (runtime/lowering_check.py: a cached graph is loaded, not traced, and the lowering it
+    checks would not run); the compiled-kernel cache stays, so no kernel is rebuilt. 2.13."""
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config
+
+    with (
+        config.patch(fx_graph_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 @contextmanager
