@@ -134,3 +134,16 @@ def test_examples_that_never_lower_are_reported(monkeypatch):
     monkeypatch.setattr(lowering, "_autotuning_gemms", lambda: True)  # declines every call
     problems = lowering_check.check(module.__name__)
     assert len(problems) == 2 and all("no example call was lowered" in p for p in problems)
+
+
+def test_an_example_the_op_refuses_is_reported_with_its_op_and_recipe(monkeypatch):
+    module = sys.modules[_fixture("marked_reduction_op")]
+    bundle = typing.get_type_hints(module._GLUE.unflatten)["return"]
+
+    def broken(recipe, device):
+        return [] if recipe else [bundle(x=torch.ones(4, 3), w=torch.ones(2))]
+
+    monkeypatch.setitem(lowering._EXAMPLES, bundle, broken)
+    problems = lowering_check.check(module.__name__)
+    assert problems[0].startswith("teops::marked_reduction_fwd (no recipe): failed: RuntimeError")
+    assert "no example call was lowered" in problems[1]

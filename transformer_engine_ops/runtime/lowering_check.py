@@ -53,7 +53,8 @@ def check(
     included); one function calling the op on each is compiled (``fullgraph``, past the
     graph caches) and run forward and backward with the same output gradients as
     eager. Also reported: no example hook, and an op neither of whose calls lowered on
-    any example (the check would have compared op nodes, not the lowering)."""
+    any example (the check would have compared op nodes, not the lowering). Each compile
+    starts with ``torch.compiler.reset()``: run the check apart from compiled models."""
     g = importlib.import_module(module_name)
     forward = typing.get_type_hints(g._GLUE.unflatten)["return"]
     hook = lowering.examples_of(forward)
@@ -78,7 +79,8 @@ def check(
                 torch.compiler.reset()
                 got = _run(call, compiled, compile_=True)
         except Exception as exc:  # noqa: BLE001 - reported with the op and recipe
-            problems.append(f"{where}: failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            first_line = (str(exc).splitlines() or [""])[0]
+            problems.append(f"{where}: failed: {type(exc).__name__}: {first_line}")
             continue
         lowered |= set(traced)
         problems += _differences(where, expected, got)
