@@ -9,7 +9,7 @@ is used wherever one exists (``torch.is_grad_enabled``,
 ``torch.compiler.assume_constant_result``). Inductor is imported only by the functions
 that need it: importing it costs over a second, and a program that never compiles with
 Inductor should not pay that. ``tests/runtime/test_private_torch_api.py`` keeps every
-other module free of private torch names (its allow-list says what remains and why).
+other module of the package free of private torch names (its allow-list is empty).
 """
 
 from __future__ import annotations
