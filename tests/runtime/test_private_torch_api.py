@@ -15,41 +15,9 @@ import transformer_engine_ops
 PACKAGE = Path(transformer_engine_ops.__file__).parent
 HOME = "runtime/_torch_private.py"
 
-# (file, dotted name) -> why it stays outside runtime/_torch_private.py.
-ALLOWED = {
-    ("quantization/gemm.py", "torch._scaled_mm"): (
-        "the FP8 GEMM itself; no public spelling on torch 2.11 (the H200's); quantization/ "
-        "is being changed in parallel (issue 24 leaves it to that branch)"
-    ),
-    ("quantization/gemm.py", "torch._subclasses.fake_tensor"): (
-        "isinstance checks for fake tensors; quantization/ is being changed in parallel"
-    ),
-    ("quantization/cuda_kernels.py", "torch._subclasses.fake_tensor"): (
-        "isinstance checks for fake tensors; quantization/ is being changed in parallel"
-    ),
-    ("quantization/cuda_kernels.py", "torch._C._cuda_getDevice"): (
-        "the current device without torch.cuda's lazy-init check per kernel launch; "
-        "quantization/ is being changed in parallel"
-    ),
-    ("quantization/_triton_launch.py", "torch._C._cuda_getDevice"): (
-        "as above, on the launch path of every Triton kernel"
-    ),
-    ("quantization/_triton_launch.py", "torch._C._cuda_getCurrentRawStream"): (
-        "the raw stream handle a Triton launch takes, without a Stream object per launch"
-    ),
-    ("quantization/cuda_kernels.py", "torch.utils._python_dispatch"): (
-        "whether a dispatch mode is active (fake or functional tracing) before a launch; "
-        "quantization/ is being changed in parallel"
-    ),
-    ("quantization/float8.py", "torch.autograd.Variable._execution_engine"): (
-        "queues delayed scaling's amax update to run when the backward ends; no public "
-        "hook; quantization/ tensor classes are being changed in parallel"
-    ),
-    ("quantization/float8.py", "torch._C._current_graph_task_id"): (
-        "delayed scaling defers amax updates made inside a backward; quantization/ tensor "
-        "classes are being changed in parallel"
-    ),
-}
+# (file, dotted name) -> why it stays outside runtime/_torch_private.py. Empty: every
+# use is there, with its reason and the torch versions it ran on.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _dotted(node: ast.AST) -> str | None:

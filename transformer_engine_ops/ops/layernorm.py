@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, Optional
 import torch
 
 from transformer_engine_ops.runtime.declaration import OpDeclaration
-from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 
@@ -314,3 +314,38 @@ LAYERNORM = OpDeclaration(
     setup_context=layernorm_setup_context,
     lowers=True,
 )
+
+
+@examples(LayerNormFwdArgs)
+def layernorm_examples(recipe: Any, device: torch.device) -> list[LayerNormFwdArgs]:
+    """Bundles the lowering is checked on (``runtime/lowering_check.py``): LayerNorm
+    (zero-centered gamma too) and RMSNorm, in bf16 and fp32. No quantizer field: the op
+    takes no recipe."""
+    if recipe is not None:
+        return []
+    from transformer_engine_ops.ops import _examples
+
+    bundles = []
+    for seed, dtype in enumerate(_examples.DTYPES):
+        make = _examples.random_tensors(seed, dtype, device)
+        for normalization, zero_centered in (
+            ("LayerNorm", False),
+            ("LayerNorm", True),
+            ("RMSNorm", False),
+        ):
+            bias = make(64) if normalization == "LayerNorm" else None
+            bundles.append(
+                LayerNormFwdArgs(
+                    inp=make(4, 16, 64),
+                    weight=make(64),
+                    bias=bias,
+                    input_requires_grad=True,
+                    weight_requires_grad=True,
+                    bias_requires_grad=bias is not None,
+                    normalization=normalization,
+                    eps=1e-5,
+                    zero_centered_gamma=zero_centered,
+                    is_grad_enabled=True,
+                )
+            )
+    return bundles

@@ -44,6 +44,7 @@ from transformer_engine_ops.ops.linear import (
     linear_setup_context,
 )
 from transformer_engine_ops.runtime.declaration import OpDeclaration
+from transformer_engine_ops.runtime.lowering import examples
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
@@ -399,3 +400,53 @@ LAYERNORM_LINEAR = OpDeclaration(
     setup_context=layernorm_linear_setup_context,
     lowers=True,
 )
+
+
+@examples(LayerNormLinearFwdArgs)
+def layernorm_linear_examples(recipe: Any, device: torch.device) -> list[LayerNormLinearFwdArgs]:
+    """Bundles the lowering is checked on (``runtime/lowering_check.py``): LayerNorm with
+    a bias and its output returned, RMSNorm without, in bf16 and fp32."""
+    from transformer_engine_ops.ops import _examples
+
+    bundles = []
+    for seed, dtype in enumerate(_examples.DTYPES):
+        make = _examples.random_tensors(seed, dtype, device)
+        quantizers = _examples.quantizer_fields(recipe)
+        for normalization in ("LayerNorm", "RMSNorm"):
+            layernorm = normalization == "LayerNorm"
+            ln_bias, bias = (make(64), make(32)) if layernorm else (None, None)
+            bundles.append(
+                LayerNormLinearFwdArgs(
+                    inp=make(4, 16, 64),
+                    ln_weight=make(64),
+                    ln_bias=ln_bias,
+                    weight=make(32, 64),
+                    bias=bias,
+                    weight_workspace=None,
+                    input_requires_grad=True,
+                    ln_weight_requires_grad=True,
+                    ln_bias_requires_grad=layernorm,
+                    weight_requires_grad=True,
+                    bias_requires_grad=layernorm,
+                    normalization=normalization,
+                    eps=1e-5,
+                    zero_centered_gamma=False,
+                    return_layernorm_output=layernorm,
+                    **quantizers,
+                    activation_dtype=dtype,
+                    fp8_output=False,
+                    backward_override=None,
+                    **_examples.gemm_fields(recipe),
+                    is_first_microbatch=None,
+                    cache_weight=False,
+                    parallel_mode=None,
+                    tp_group=None,
+                    tp_size=1,
+                    sequence_parallel=False,
+                    in_features=64,
+                    out_features=32,
+                    is_grad_enabled=True,
+                    sr_rng_state=_examples.rng_state(quantizers, device),
+                )
+            )
+    return bundles

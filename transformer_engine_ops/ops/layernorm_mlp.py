@@ -45,7 +45,7 @@ from transformer_engine_ops.ops.linear import (
 )
 from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
-from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -606,3 +606,66 @@ LAYERNORM_MLP = OpDeclaration(
     setup_context=layernorm_mlp_setup_context,
     lowers=True,
 )
+
+
+@examples(LayerNormMLPFwdArgs)
+def layernorm_mlp_examples(recipe: Any, device: torch.device) -> list[LayerNormMLPFwdArgs]:
+    """Bundles the lowering is checked on (``runtime/lowering_check.py``): one per
+    activation, taking turns at bf16 and fp32 and at LayerNorm with biases (its output
+    returned) and RMSNorm without."""
+    import typing
+
+    from transformer_engine_ops.ops import _examples
+
+    bundles = []
+    for i, activation in enumerate(typing.get_args(Activation)):
+        dtype = _examples.DTYPES[i % len(_examples.DTYPES)]
+        make = _examples.random_tensors(i, dtype, device)
+        layernorm = i // 2 % 2 == 0
+        quantizers = {
+            **_examples.quantizer_fields(recipe, "fc1_"),
+            **_examples.quantizer_fields(recipe, "fc2_"),
+        }
+        fc1_rows = 128 if activation in GATED else 64
+        ln_bias, fc1_bias, fc2_bias = (
+            (make(64), make(fc1_rows), make(64)) if layernorm else (None, None, None)
+        )
+        bundles.append(
+            LayerNormMLPFwdArgs(
+                inp=make(4, 16, 64),
+                ln_weight=make(64),
+                ln_bias=ln_bias,
+                fc1_weight=make(fc1_rows, 64),
+                fc1_bias=fc1_bias,
+                fc2_weight=make(64, 64),
+                fc2_bias=fc2_bias,
+                fc1_weight_workspace=None,
+                fc2_weight_workspace=None,
+                is_first_microbatch=None,
+                cache_weight=False,
+                input_requires_grad=True,
+                ln_weight_requires_grad=True,
+                ln_bias_requires_grad=layernorm,
+                fc1_weight_requires_grad=True,
+                fc1_bias_requires_grad=layernorm,
+                fc2_weight_requires_grad=True,
+                fc2_bias_requires_grad=layernorm,
+                normalization="LayerNorm" if layernorm else "RMSNorm",
+                eps=1e-5,
+                zero_centered_gamma=False,
+                return_layernorm_output=layernorm,
+                activation=activation,
+                **quantizers,
+                activation_dtype=dtype,
+                **_examples.gemm_fields(recipe),
+                set_parallel_mode=False,
+                tp_group=None,
+                tp_size=1,
+                sequence_parallel=False,
+                hidden_size=64,
+                ffn_hidden_size=64,
+                is_grad_enabled=True,
+                sr_rng_state=_examples.rng_state(quantizers, device),
+            )
+        )
+    return bundles

@@ -21,7 +21,7 @@ from transformer_engine_ops.quantization.gemm import gemm
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
-from transformer_engine_ops.runtime.lowering import exact
+from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.quantizer import QuantizedData, Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -695,3 +695,47 @@ LINEAR = OpDeclaration(
     setup_context=linear_setup_context,
     lowers=True,
 )
+
+
+@examples(LinearFwdArgs)
+def linear_examples(recipe: Any, device: torch.device) -> list[LinearFwdArgs]:
+    """Bundles the lowering is checked on (``runtime/lowering_check.py``): a 3-D input,
+    with and without a bias, in bf16 and fp32."""
+    from transformer_engine_ops.ops import _examples
+
+    bundles = []
+    for seed, dtype in enumerate(_examples.DTYPES):
+        make = _examples.random_tensors(seed, dtype, device)
+        quantizers = _examples.quantizer_fields(recipe)
+        for bias in (make(32), None):
+            bundles.append(
+                LinearFwdArgs(
+                    weight=make(32, 64),
+                    inp=make(4, 16, 64),
+                    bias=bias,
+                    weight_workspace=None,
+                    input_requires_grad=True,
+                    weight_requires_grad=True,
+                    bias_requires_grad=bias is not None,
+                    **quantizers,
+                    activation_dtype=dtype,
+                    fp8_output=False,
+                    backward_override=None,
+                    **_examples.gemm_fields(recipe),
+                    is_first_microbatch=None,
+                    cache_weight=False,
+                    parallel_mode=None,
+                    tp_group=None,
+                    tp_size=1,
+                    sequence_parallel=False,
+                    in_features=64,
+                    out_features=32,
+                    ub_overlap_ag_fprop=False,
+                    ub_overlap_rs_fprop=False,
+                    ub_name=None,
+                    wgrad_store=None,
+                    is_grad_enabled=True,
+                    sr_rng_state=_examples.rng_state(quantizers, device),
+                )
+            )
+    return bundles

@@ -23,6 +23,12 @@ from typing import Any
 import torch
 import triton
 
+from ..runtime import _torch_private as _private
+
+# Per launch: one C call each (runtime/_torch_private.py says why they are private).
+_current_device = _private.cuda_current_device
+_current_raw_stream = _private.cuda_current_raw_stream
+
 # Triton 3.6 (torch 2.11) and 3.8 (torch 2.14): the same specialization rules (tests
 # compare them) and the same launcher call in JITFunction.run; 3.7 lies between.
 VERIFIED = ("3.6.", "3.7.", "3.8.")
@@ -105,7 +111,7 @@ class CachedLauncher:
         ):
             self._triton_launch(grid, args, constexprs, num_warps)
             return
-        device = torch._C._cuda_getDevice()
+        device = _current_device()
         items = constexprs if type(constexprs) is tuple else tuple(constexprs.items())
         key = (
             device,
@@ -124,7 +130,7 @@ class CachedLauncher:
             self._compiled[key] = (self._triton_launch(grid, args, items, num_warps), tail)
             return
         compiled, tail = entry
-        stream = torch._C._cuda_getCurrentRawStream(device)
+        stream = _current_raw_stream(device)
         try:
             compiled.run(
                 grid[0],

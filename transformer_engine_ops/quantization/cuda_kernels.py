@@ -43,9 +43,8 @@ import os
 from typing import Any, Optional
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ..runtime import _torch_private as _private
 from ..runtime import lowering
 from ..runtime.custom_ops import op_library
 from .encoding import FP8_MAX, transposed_shape
@@ -113,12 +112,14 @@ def eligible(x: torch.Tensor) -> bool:
     if kind is not torch.Tensor and kind is not torch.nn.Parameter:
         # Fake: an op call being lowered into Inductor's graph records the fused kernels
         # as one op (runtime/lowering.py); any other tracing takes the reference ops.
-        return lowering.tracing() and isinstance(x, FakeTensor) and x.is_cuda and available()
+        return (
+            lowering.tracing() and isinstance(x, _private.FakeTensor) and x.is_cuda and available()
+        )
     if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
         return False
     if torch.compiler.is_compiling():
         return False
-    return _get_current_dispatch_mode() is None and available()
+    return _private.current_dispatch_mode() is None and available()
 
 
 @functools.cache
@@ -254,9 +255,9 @@ def fused_quantize(
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
-    if isinstance(x, FakeTensor):  # traced for a lowered op call (see eligible)
+    if isinstance(x, _private.FakeTensor):  # traced for a lowered op call (see eligible)
         return _recorded(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad)
-    if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
+    if device.type == "cuda" and device.index != _private.cuda_current_device():
         # Triton launches on the current device: make it the tensor's.
         with torch.cuda.device(device):
             return fused_quantize(

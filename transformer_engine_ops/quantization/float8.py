@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from ..runtime import _torch_private as _private
 from ..runtime.quantizer import (
     InnerLayout,
     QuantizedData,
@@ -251,7 +252,7 @@ def deferred_scale_updates() -> Iterator[None]:
 
 
 def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+    return _private.current_graph_task_id() != -1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -350,7 +351,7 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
         slot = self.amax_history[0]
         slot.copy_(torch.maximum(slot, amax.reshape(())))
         if _in_backward():
-            task = torch._C._current_graph_task_id()
+            task = _private.current_graph_task_id()
             if self._queued_task[0] != task:
                 self._queued_task[0] = task
 
@@ -358,7 +359,7 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
                     self._queued_task[0] = None
                     self.update_scale()
 
-                torch.autograd.Variable._execution_engine.queue_callback(update)
+                _private.queue_backward_callback(update)
         elif _DEFERRED.depth > 0:
             _DEFERRED.pending[id(self._state)] = self
         else:

@@ -33,8 +33,8 @@ import math
 from typing import Any, Optional, Union
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
+from ..runtime import _torch_private as _private
 from ..runtime import lowering
 from ..runtime.precision import math_dtype
 from ..runtime.quantizer import QuantizedData
@@ -198,7 +198,7 @@ def _traced_plain(A: Any, B: Any) -> bool:
     standing for plain tensors: they take :func:`_plain_gemm` as the real ones do, so the
     trace records the same calls (a quantized value reaches it as its storage, not a
     tensor)."""
-    return type(A) is FakeTensor and type(B) is FakeTensor and lowering.tracing()
+    return type(A) is _private.FakeTensor and type(B) is _private.FakeTensor and lowering.tracing()
 
 
 def _plain_gemm(
@@ -315,7 +315,7 @@ def gemm(
         a, b, scale_a, scale_b = fp8
         if out_dtype in _HALF and (bias is None or bias.dtype == out_dtype):
             # The epilogue rounds (and adds the bias) in fp32, then writes out_dtype.
-            out = torch._scaled_mm(
+            out = _private.scaled_mm(
                 a,
                 b,
                 scale_a=scale_a,
@@ -325,7 +325,7 @@ def gemm(
                 use_fast_accum=not use_split_accumulator,
             )
             return _shaped(out, out_shape)
-        out = torch._scaled_mm(
+        out = _private.scaled_mm(
             a,
             b,
             scale_a=scale_a,

@@ -9,7 +9,7 @@ is used wherever one exists (``torch.is_grad_enabled``,
 ``torch.compiler.assume_constant_result``). Inductor is imported only by the functions
 that need it: importing it costs over a second, and a program that never compiles with
 Inductor should not pay that. ``tests/runtime/test_private_torch_api.py`` keeps every
-other module free of private torch names (its allow-list says what remains and why).
+other module of the package free of private torch names (its allow-list is empty).
 """
 
 from __future__ import annotations
@@ -20,15 +20,22 @@ from typing import Any
 
 import torch
 import torch.utils._pytree
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "AutoDispatchBelowAutograd",
     "BACKEND_KEYS",
+    "FakeTensor",
     "INDUCTOR_LOWERING_MODULE",
     "after_autograd_keyset",
     "any_requires_grad",
     "autograd_cache_off",
+    "cuda_current_device",
+    "cuda_current_raw_stream",
+    "current_dispatch_mode",
     "current_graph_task_id",
+    "graph_caches_off",
     "disabled_torch_function_impl",
     "functorch_transform_active",
     "inductor_compile",
@@ -39,6 +46,8 @@ __all__ = [
     "inductor_mode_options",
     "make_wrapper_subclass",
     "mark_constant_result",
+    "queue_backward_callback",
+    "scaled_mm",
     "tree_leaves",
     "tree_map",
 ]
@@ -64,6 +73,10 @@ any_requires_grad = torch._C._any_requires_grad
 # the only way to tell a forward recomputed by a backward (checkpointing) or a backward
 # run with ``create_graph=True`` from a plain call.
 current_graph_task_id = torch._C._current_graph_task_id
+# Runs a callback when the backward the engine is running ends (quantization/float8.py:
+# delayed scaling updates its scale once per backward, after every quantize in it, as
+# TE does); no public hook runs at the end of the whole backward. 2.11 (H200), 2.13.
+queue_backward_callback = torch.autograd.Variable._execution_engine.queue_callback
 
 
 # --- torch.func (modules/autocast.py) --------------------------------------------------
@@ -84,6 +97,32 @@ disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 tree_map = torch.utils._pytree.tree_map
 # The tensors among nested args/kwargs (an in-place op's written arguments, issue 25).
 tree_leaves = torch.utils._pytree.tree_leaves
+
+# --- quantized kernels (quantization/) ------------------------------------------------
+# The FP8 GEMM (quantization/gemm.py): ``torch._scaled_mm`` has no public spelling on
+# 2.11 (the H200's), 2.13 or 2.14. Run on 2.11 (H200) and 2.13.
+scaled_mm = torch._scaled_mm
+# ``FakeTensor`` (imported above; torch imports its module at start-up, so no cost):
+# quantization/gemm.py and quantization/cuda_kernels.py tell a kernel traced for a
+# lowered op call by its fake tensors, and record their fused kernels as one op only
+# then; torch has no public "is this tensor fake" query. 2.11 (H200), 2.13.
+# Whether a torch_dispatch mode (fake or functional tracing) is active before a Triton
+# launch (quantization/cuda_kernels.py): no public query. 2.11 (H200), 2.13.
+current_dispatch_mode = _get_current_dispatch_mode
+
+
+def _built_without_cuda(*args: Any) -> Any:
+    raise RuntimeError("transformer_engine_ops: this torch was built without CUDA")
+
+
+# The current CUDA device and its raw stream handle, on the launch path of every Triton
+# kernel (quantization/_triton_launch.py, quantization/cuda_kernels.py): the public
+# ``torch.cuda.current_device()`` runs the lazy-init check, and
+# ``torch.cuda.current_stream()`` builds a Stream object, per launch. Module-level
+# aliases, so a launch pays one C call for each, as before. Absent from CPU-only builds,
+# where no launch reaches them. 2.11 (H200), 2.13.
+cuda_current_device = getattr(torch._C, "_cuda_getDevice", _built_without_cuda)
+cuda_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _built_without_cuda)
 
 # --- Dynamo, without importing it (runtime/custom_ops.py, runtime/fallback.py) ----------
 # Importing torch._dynamo costs ~0.9 s, which importing a generated op module does not
@@ -141,11 +180,18 @@ def inductor_install_fallback(op: Any) -> None:
         )
 
 
-def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's default decomposition table (the live dict: entries added join it)."""
+def inductor_decompositions() -> tuple[dict[Any, Callable[..., Any]], ...]:
+    """Inductor's default decomposition tables (the live dicts: entries added join
+    them): its table, and the copy of it that default compiles read, once made
+    (``fast_random_decomps``, cached on first use: an op added after Inductor's first
+    compile of the process is missing from it otherwise). 2.13."""
     from torch._inductor import decomposition
 
-    return decomposition.decompositions
+    tables = [decomposition.decompositions]
+    fast = getattr(decomposition, "fast_random_decomps", None)
+    if fast is not None and fast.cache_info().currsize:
+        tables.append(fast())
+    return tuple(tables)
 
 
 def inductor_mode_options(mode: str) -> dict[str, Any]:
@@ -177,6 +223,21 @@ def inductor_default_table() -> dict[Any, Callable[..., Any]]:
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
+
+
+@contextmanager
+def graph_caches_off() -> Iterator[None]:
+    """Inductor's FX-graph cache and AOTAutograd's cache off for what runs inside
+    (runtime/lowering_check.py: a cached graph is loaded, not traced, and the lowering it
+    checks would not run); the compiled-kernel cache stays, so no kernel is rebuilt. 2.13."""
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config
+
+    with (
+        config.patch(fx_graph_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 @contextmanager

@@ -23,7 +23,9 @@ class OpDeclaration:
     backward op returns, in the order the backward returns them. ``lowers=True`` lets
     every Inductor compile trace the impls in place of the ops (``runtime/lowering.py``):
     declare it once the impls mark, with ``lowering.exact``, every piece Inductor would
-    compute differently from eager (reductions, fused activations, bias GEMMs).
+    compute differently from eager (reductions, fused activations, bias GEMMs), and
+    declare example bundles with ``lowering.examples`` (``runtime/lowering_check.py``
+    checks the lowering on them, bit for bit).
     """
 
     name: str

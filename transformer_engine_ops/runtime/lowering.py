@@ -30,10 +30,11 @@ misses the cache instead of reusing a graph traced from the old one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import _torch_private as _private
@@ -101,6 +102,7 @@ class Lowerable:
 class _Tracing(threading.local):
     depth = 0
     keep_exact = True  # False while an ``inductor_backend(lowering="rounding")`` compiles
+    traced: list[str] | None = None  # the ops lowered while :func:`recording` runs
 
 
 _TRACING = _Tracing()
@@ -192,6 +194,45 @@ def exact_pieces() -> dict[str, tuple[str, Callable[..., Any]]]:
     return dict(_EXACT)
 
 
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """The names of the ops (``teops::linear_fwd``) this thread lowers while inside, one
+    entry per traced call (a declined call keeps its node and is not listed): what
+    tells a check that its compile lowered anything."""
+    outer, _TRACING.traced = _TRACING.traced, []
+    try:
+        yield _TRACING.traced
+    finally:
+        _TRACING.traced = outer
+
+
+# --- example bundles: what runtime/lowering_check.py compiles -------------------------
+# forward bundle class -> its op module's example hook
+_EXAMPLES: dict[type, Callable[..., list[Any]]] = {}
+
+
+def examples(forward: type) -> Callable[[Callable[..., list[Any]]], Callable[..., list[Any]]]:
+    """Declare, next to an op, the forward bundles its lowering is checked on
+    (``runtime/lowering_check.py``): the marked function takes ``(recipe, device)`` (a
+    ``quantization`` recipe or None) and returns fresh bundles of ``forward`` for it
+    (the same values on every call, so an eager and a compiled run each get their own),
+    or ``[]`` where the op takes no such recipe. An op declared ``lowers=True`` without
+    examples fails the check."""
+
+    def mark(fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        with _INSTALL_LOCK:
+            if _EXAMPLES.setdefault(forward, fn) is not fn:
+                raise ValueError(f"examples: two example hooks for {forward.__qualname__}")
+        return fn
+
+    return mark
+
+
+def examples_of(forward: type) -> Callable[..., list[Any]] | None:
+    """The example hook declared for the forward bundle class ``forward`` (or None)."""
+    return _EXAMPLES.get(forward)
+
+
 def register(
     op: Any, kernel: Callable[..., Any], rows: Sequence[SlotRow], *, by_default: bool
 ) -> None:
@@ -203,6 +244,8 @@ def register(
     def decomposition(*slots: Any) -> Any:
         if _autotuning_gemms() or not lowerable(slots):
             return NotImplemented  # keep the op node
+        if _TRACING.traced is not None:
+            _TRACING.traced.append(op.name())
         _TRACING.depth += 1
         try:
             return kernel(*slots)
@@ -212,6 +255,7 @@ def register(
     decomposition.__name__ = f"lower_{op.name().replace('::', '_')}"
     with _INSTALL_LOCK:
         _DECOMPOSITIONS[op] = decomposition
+        _MODULES[op] = kernel.__module__
         _PACKAGES.add(kernel.__module__.split(".", 1)[0])
         if by_default:
             _BY_DEFAULT.add(op)
@@ -239,9 +283,16 @@ def lowered_by_default() -> frozenset[Any]:
     return frozenset(_BY_DEFAULT)
 
 
+def lowered_modules() -> tuple[str, ...]:
+    """The generated modules (by name) whose ops every Inductor compile lowers: what
+    ``runtime/lowering_check.py`` checks."""
+    return tuple(sorted({_MODULES[op] for op in _BY_DEFAULT}))
+
+
 # --- joining Inductor: its decomposition table, its fallbacks, its cache key ----------
 
 _BY_DEFAULT: set[Any] = set()
+_MODULES: dict[Any, str] = {}  # op -> the generated module that defined it
 _PACKAGES: set[str] = set()  # top-level packages of the registered kernels
 _INSTALL_LOCK = threading.RLock()
 _INSTALLED = False
@@ -361,7 +412,9 @@ def _install_op(op: Any) -> None:
     # tags), marked as overriding the decomposition; only then the decomposition.
     _private.inductor_install_fallback(op)
     if op in _BY_DEFAULT:
-        _private.inductor_decompositions()[op] = _table_entry(op)
+        entry = _table_entry(op)
+        for table in _private.inductor_decompositions():
+            table[op] = entry
 
 
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
