@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
+from ..ops._wgrad import backward_dw
 from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
 from ..quantization.gemm import gemm, half_product
 from ..quantization.stochastic import rng_state_for
@@ -30,6 +31,7 @@ from ._call import (
     caches_weight,
     gemm_call_reason,
     recipe_gemm_fields,
+    routes_wgrad,
 )
 from .autocast import STATE, RecipeQuantizers
 
@@ -173,7 +175,6 @@ class Linear(ExtraStateMixin, nn.Module):
         super().__init__()
         reject_unimplemented(
             "Linear",
-            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
             parameters_split=(parameters_split, None),
@@ -183,11 +184,14 @@ class Linear(ExtraStateMixin, nn.Module):
             ub_bulk_dgrad=(ub_bulk_dgrad, False),
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             ub_name=(ub_name, None),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
             save_original_input=(save_original_input, False),
         )
         self.name = name
+        # As in TE: the weight gradient goes into ``weight.main_grad`` (fused), and/or its
+        # GEMM waits for ``backward_dw()`` (delayed); such calls run eagerly under compile.
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         # As in TE: the bias is returned unapplied (the caller adds it, e.g. after a
         # row-parallel reduction) and still receives its gradient through that use.
         self.return_bias = bool(return_bias)
@@ -245,6 +249,7 @@ class Linear(ExtraStateMixin, nn.Module):
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         override = backward_override_of(q)
+        fuse, delay = routes_wgrad(self, self.weight)
         return LinearFwdArgs(
             weight=self.weight,
             inp=inp,
@@ -279,6 +284,8 @@ class Linear(ExtraStateMixin, nn.Module):
             sr_rng_state=rng_state_for(
                 (q and q.grad_output,), inp, self.weight.device, grad and override is None
             ),
+            fuse_wgrad_accumulation=fuse,
+            delay_wgrad_compute=delay,
         )
 
     def forward(
@@ -288,7 +295,7 @@ class Linear(ExtraStateMixin, nn.Module):
         compiling = torch.compiler.is_compiling()
         if not compiling:
             quantizers = self._recipe_of_this_forward(quantizers)
-            if quantizers is None and is_first_microbatch is None:
+            if quantizers is None and is_first_microbatch is None and not self.routes_wgrad:
                 out = self._plain_eager(inp)
                 if out is not None:
                     if self.return_bias:  # as below: the bias, in the output's dtype
@@ -306,6 +313,18 @@ class Linear(ExtraStateMixin, nn.Module):
             bias = self.bias
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
+
+    @property
+    def routes_wgrad(self) -> bool:
+        """Whether the weight gradient leaves autograd's path (main_grad, backward_dw)."""
+        return self.fuse_wgrad_accumulation or self.delay_wgrad_compute
+
+    def backward_dw(self) -> None:
+        """Run the oldest wgrad GEMM the backward deferred (``delay_wgrad_compute``), as
+        TE's ``backward_dw``: into ``weight.main_grad`` when fused, else added to
+        ``weight.grad``. The bias gradient was not deferred (the backward computed it)."""
+        if self.delay_wgrad_compute:
+            backward_dw(self.weight)
 
     def _plain_eager(self, inp: Any) -> torch.Tensor | None:
         """The output of :class:`_PlainLinear` when this call is the plain case its
