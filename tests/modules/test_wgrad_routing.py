@@ -18,9 +18,22 @@ FUSE_REASON = "fused wgrad accumulation into main_grad"
 DELAY_REASON = "delayed wgrad compute"
 
 
-def _linear(dtype: torch.dtype, **kwargs: object) -> te.Linear:
+KINDS = ["linear", "layernorm_linear"]
+
+
+def _module(kind: str, dtype: torch.dtype, **kwargs: object) -> torch.nn.Module:
     torch.manual_seed(0)
-    return te.Linear(64, 32, params_dtype=dtype, **kwargs)
+    if kind == "linear":
+        return te.Linear(64, 32, params_dtype=dtype, **kwargs)
+    module = te.LayerNormLinear(64, 32, params_dtype=dtype, **kwargs)
+    with torch.no_grad():  # a norm that is not the identity
+        module.layer_norm_weight.uniform_(0.5, 1.5)
+        module.layer_norm_bias.uniform_(-0.5, 0.5)
+    return module
+
+
+def _linear(dtype: torch.dtype, **kwargs: object) -> te.Linear:
+    return _module("linear", dtype, **kwargs)
 
 
 def _input(dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -28,25 +41,29 @@ def _input(dtype: torch.dtype, seed: int) -> torch.Tensor:
     return torch.randn(2, 16, 64, generator=gen).to(dtype).requires_grad_()
 
 
-def _backward(module: te.Linear, recipe: str, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+def _backward(
+    module: torch.nn.Module, recipe: str, x: torch.Tensor, **kwargs: object
+) -> torch.Tensor:
     with recipe_context(recipe):
         out = module(x, **kwargs)
     out.float().pow(2).sum().backward()
     return out
 
 
-def _with_main_grad(module: te.Linear) -> te.Linear:
+def _with_main_grad(module: torch.nn.Module) -> torch.nn.Module:
     module.weight.main_grad = torch.zeros(module.weight.shape, dtype=torch.float32)
     return module
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_fused_main_grad_accumulates_the_plain_gradient(recipe: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_main_grad_accumulates_the_plain_gradient(kind: str, recipe: str) -> None:
     """fp32: two microbatches' gradients land in main_grad, bitwise the plain path's
     accumulated ``weight.grad``; ``weight.grad`` stays None; input and bias gradients
     are the plain path's."""
     dtype = torch.float32
-    plain, fused = _linear(dtype), _with_main_grad(_linear(dtype, fuse_wgrad_accumulation=True))
+    plain = _module(kind, dtype)
+    fused = _with_main_grad(_module(kind, dtype, fuse_wgrad_accumulation=True))
     for seed in (1, 2):
         xp, xf = _input(dtype, seed), _input(dtype, seed)
         torch.testing.assert_close(
@@ -59,11 +76,13 @@ def test_fused_main_grad_accumulates_the_plain_gradient(recipe: str) -> None:
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_fused_bf16_gradient_is_the_unrounded_gemm(recipe: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_bf16_gradient_is_the_unrounded_gemm(kind: str, recipe: str) -> None:
     """bf16 activations: the wgrad GEMM writes main_grad's fp32 (as TE's GEMM does), which
     rounds to the plain path's bf16 gradient."""
     dtype = torch.bfloat16
-    plain, fused = _linear(dtype), _with_main_grad(_linear(dtype, fuse_wgrad_accumulation=True))
+    plain = _module(kind, dtype)
+    fused = _with_main_grad(_module(kind, dtype, fuse_wgrad_accumulation=True))
     _backward(plain, recipe, _input(dtype, 1))
     _backward(fused, recipe, _input(dtype, 1))
     main_grad = fused.weight.main_grad
@@ -105,13 +124,14 @@ def test_missing_main_grad_is_named() -> None:
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["delay", "delay_fused"])
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_delayed_wgrad_runs_in_backward_dw(recipe: str, fuse: bool) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_delayed_wgrad_runs_in_backward_dw(kind: str, recipe: str, fuse: bool) -> None:
     """The backward computes dgrad (and the bias gradient) only; each ``backward_dw()``
     runs one deferred GEMM, oldest first: two microbatches end bitwise on the plain
     path's gradients."""
     dtype = torch.float32
-    plain = _linear(dtype)
-    delayed = _linear(dtype, delay_wgrad_compute=True, fuse_wgrad_accumulation=fuse)
+    plain = _module(kind, dtype)
+    delayed = _module(kind, dtype, delay_wgrad_compute=True, fuse_wgrad_accumulation=fuse)
     if fuse:
         _with_main_grad(delayed)
     for seed in (1, 2):
@@ -144,12 +164,13 @@ def test_backward_dw_without_delay_does_nothing() -> None:
     ],
     ids=["fuse", "delay"],
 )
-def test_compiled_call_runs_eagerly_with_the_reason(kwargs, reason) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_call_runs_eagerly_with_the_reason(kind: str, kwargs, reason) -> None:
     """Under torch.compile the call runs eagerly (one warning naming the reason, eager's
     numbers); ``fullgraph=True`` raises naming it; under ``no_grad`` it compiles."""
     dtype = torch.float32
-    eager = _with_main_grad(_linear(dtype, **kwargs))
-    compiled_module = _with_main_grad(_linear(dtype, **kwargs))
+    eager = _with_main_grad(_module(kind, dtype, **kwargs))
+    compiled_module = _with_main_grad(_module(kind, dtype, **kwargs))
 
     fp8_recipe = te.recipe.Float8CurrentScaling()
 

@@ -48,15 +48,6 @@ def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | 
     return None
 
 
-def routes_wgrad(module: Any, weight: Any) -> tuple[bool, bool]:
-    """The bundle's ``(fuse_wgrad_accumulation, delay_wgrad_compute)`` for ``weight``:
-    the module's settings where this call computes the weight's gradient, else off (a
-    call under ``no_grad``, or of a frozen weight, compiles)."""
-    if not (torch.is_grad_enabled() and weight.requires_grad):
-        return False, False
-    return module.fuse_wgrad_accumulation, module.delay_wgrad_compute
-
-
 # A recipe's backward_override string -> the ops' enum.
 BACKWARD_OVERRIDES = {
     None: None,

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from ..generated.linear import linear_compiled, linear_eager
-from ..ops._wgrad import backward_dw
 from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
 from ..quantization.gemm import gemm, half_product
 from ..quantization.stochastic import rng_state_for
@@ -31,8 +30,8 @@ from ._call import (
     caches_weight,
     gemm_call_reason,
     recipe_gemm_fields,
-    routes_wgrad,
 )
+from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 
 
@@ -138,7 +137,7 @@ def _check_parallelism(
     return tp_size
 
 
-class Linear(ExtraStateMixin, nn.Module):
+class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
 
     def __init__(
@@ -190,8 +189,7 @@ class Linear(ExtraStateMixin, nn.Module):
         self.name = name
         # As in TE: the weight gradient goes into ``weight.main_grad`` (fused), and/or its
         # GEMM waits for ``backward_dw()`` (delayed); such calls run eagerly under compile.
-        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
-        self.delay_wgrad_compute = bool(delay_wgrad_compute)
+        self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
         # As in TE: the bias is returned unapplied (the caller adds it, e.g. after a
         # row-parallel reduction) and still receives its gradient through that use.
         self.return_bias = bool(return_bias)
@@ -249,7 +247,6 @@ class Linear(ExtraStateMixin, nn.Module):
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         override = backward_override_of(q)
-        fuse, delay = routes_wgrad(self, self.weight)
         return LinearFwdArgs(
             weight=self.weight,
             inp=inp,
@@ -284,8 +281,7 @@ class Linear(ExtraStateMixin, nn.Module):
             sr_rng_state=rng_state_for(
                 (q and q.grad_output,), inp, self.weight.device, grad and override is None
             ),
-            fuse_wgrad_accumulation=fuse,
-            delay_wgrad_compute=delay,
+            **self._wgrad_flags(self.weight),
         )
 
     def forward(
@@ -314,17 +310,8 @@ class Linear(ExtraStateMixin, nn.Module):
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
 
-    @property
-    def routes_wgrad(self) -> bool:
-        """Whether the weight gradient leaves autograd's path (main_grad, backward_dw)."""
-        return self.fuse_wgrad_accumulation or self.delay_wgrad_compute
-
-    def backward_dw(self) -> None:
-        """Run the oldest wgrad GEMM the backward deferred (``delay_wgrad_compute``), as
-        TE's ``backward_dw``: into ``weight.main_grad`` when fused, else added to
-        ``weight.grad``. The bias gradient was not deferred (the backward computed it)."""
-        if self.delay_wgrad_compute:
-            backward_dw(self.weight)
+    def _wgrad_weights(self) -> tuple[Any, ...]:
+        return (self.weight,)
 
     def _plain_eager(self, inp: Any) -> torch.Tensor | None:
         """The output of :class:`_PlainLinear` when this call is the plain case its
