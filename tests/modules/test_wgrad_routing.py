@@ -18,18 +18,38 @@ FUSE_REASON = "fused wgrad accumulation into main_grad"
 DELAY_REASON = "delayed wgrad compute"
 
 
-KINDS = ["linear", "layernorm_linear"]
+KINDS = ["linear", "layernorm_linear", "layernorm_mlp"]
 
 
 def _module(kind: str, dtype: torch.dtype, **kwargs: object) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "linear":
         return te.Linear(64, 32, params_dtype=dtype, **kwargs)
-    module = te.LayerNormLinear(64, 32, params_dtype=dtype, **kwargs)
+    if kind == "layernorm_linear":
+        module = te.LayerNormLinear(64, 32, params_dtype=dtype, **kwargs)
+    else:
+        module = te.LayerNormMLP(64, 128, params_dtype=dtype, **kwargs)
     with torch.no_grad():  # a norm that is not the identity
         module.layer_norm_weight.uniform_(0.5, 1.5)
         module.layer_norm_bias.uniform_(-0.5, 0.5)
     return module
+
+
+def _weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The GEMM weights (their gradients are routed), then the biases (never routed)."""
+    names = ("fc1_weight", "fc2_weight") if hasattr(module, "fc1_weight") else ("weight",)
+    return [getattr(module, name) for name in names]
+
+
+def _biases(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    names = ("fc1_bias", "fc2_bias") if hasattr(module, "fc1_bias") else ("bias",)
+    return [getattr(module, name) for name in names]
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> None:
+    assert (a is None) == (b is None)
+    if a is not None:
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def _linear(dtype: torch.dtype, **kwargs: object) -> te.Linear:
@@ -51,7 +71,8 @@ def _backward(
 
 
 def _with_main_grad(module: torch.nn.Module) -> torch.nn.Module:
-    module.weight.main_grad = torch.zeros(module.weight.shape, dtype=torch.float32)
+    for weight in _weights(module):
+        weight.main_grad = torch.zeros(weight.shape, dtype=torch.float32)
     return module
 
 
@@ -70,9 +91,11 @@ def test_fused_main_grad_accumulates_the_plain_gradient(kind: str, recipe: str) 
             _backward(fused, recipe, xf), _backward(plain, recipe, xp), atol=0, rtol=0
         )
         torch.testing.assert_close(xf.grad, xp.grad, atol=0, rtol=0)
-    assert fused.weight.grad is None
-    torch.testing.assert_close(fused.weight.main_grad, plain.weight.grad, atol=0, rtol=0)
-    torch.testing.assert_close(fused.bias.grad, plain.bias.grad, atol=0, rtol=0)
+    for f, p in zip(_weights(fused), _weights(plain), strict=True):
+        assert f.grad is None
+        _same(f.main_grad, p.grad)
+    for f, p in zip(_biases(fused), _biases(plain), strict=True):
+        _same(f.grad, p.grad)
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -85,9 +108,9 @@ def test_fused_bf16_gradient_is_the_unrounded_gemm(kind: str, recipe: str) -> No
     fused = _with_main_grad(_module(kind, dtype, fuse_wgrad_accumulation=True))
     _backward(plain, recipe, _input(dtype, 1))
     _backward(fused, recipe, _input(dtype, 1))
-    main_grad = fused.weight.main_grad
-    assert main_grad.dtype == torch.float32
-    torch.testing.assert_close(main_grad.to(dtype), plain.weight.grad, atol=0, rtol=0)
+    for f, p in zip(_weights(fused), _weights(plain), strict=True):
+        assert f.main_grad.dtype == torch.float32
+        _same(f.main_grad.to(dtype), p.grad)
 
 
 def test_grad_added_to_main_grad_gets_a_dummy_gradient() -> None:
@@ -139,15 +162,17 @@ def test_delayed_wgrad_runs_in_backward_dw(kind: str, recipe: str, fuse: bool) -
         _backward(plain, recipe, xp)
         _backward(delayed, recipe, xd)
         torch.testing.assert_close(xd.grad, xp.grad, atol=0, rtol=0)
-    assert delayed.weight.grad is None
-    if fuse:
-        assert not delayed.weight.main_grad.any()
+    for weight in _weights(delayed):
+        assert weight.grad is None
+        if fuse:
+            assert not weight.main_grad.any()
+    for d, p in zip(_biases(delayed), _biases(plain), strict=True):
+        _same(d.grad, p.grad)
     delayed.backward_dw()
     delayed.backward_dw()
     delayed.backward_dw()  # nothing left: nothing runs
-    got = delayed.weight.main_grad if fuse else delayed.weight.grad
-    torch.testing.assert_close(got, plain.weight.grad, atol=0, rtol=0)
-    torch.testing.assert_close(delayed.bias.grad, plain.bias.grad, atol=0, rtol=0)
+    for d, p in zip(_weights(delayed), _weights(plain), strict=True):
+        _same(d.main_grad if fuse else d.grad, p.grad)
 
 
 def test_backward_dw_without_delay_does_nothing() -> None:
@@ -192,11 +217,10 @@ def test_compiled_call_runs_eagerly_with_the_reason(kind: str, kwargs, reason) -
     got.sum().backward()
     compiled_module.backward_dw()
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
-    for a, b in ((compiled_module, eager),):
-        torch.testing.assert_close(a.weight.main_grad, b.weight.main_grad, atol=0, rtol=0)
-        assert (a.weight.grad is None) == (b.weight.grad is None)
-        if a.weight.grad is not None:
-            torch.testing.assert_close(a.weight.grad, b.weight.grad, atol=0, rtol=0)
+    for a, b in zip(compiled_module.parameters(), eager.parameters(), strict=True):
+        _same(a.grad, b.grad)
+    for a, b in zip(_weights(compiled_module), _weights(eager), strict=True):
+        _same(a.main_grad, b.main_grad)
 
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match=reason):

@@ -34,11 +34,15 @@ class WgradScheduling:
         """Whether a weight gradient leaves autograd's path (main_grad, backward_dw)."""
         return self.fuse_wgrad_accumulation or self.delay_wgrad_compute
 
-    def _wgrad_flags(self, weight: Any) -> dict[str, bool]:
-        """The bundle's flags for ``weight``: the module's settings where this call
-        computes its gradient, else off (a call under ``no_grad``, or of a frozen
-        weight, compiles)."""
-        on = self.routes_wgrad and torch.is_grad_enabled() and weight.requires_grad
+    def _wgrad_flags(self, *weights: Any) -> dict[str, bool]:
+        """The bundle's flags: the module's settings where this call computes a gradient
+        of one of ``weights``, else off (a call under ``no_grad``, or of frozen weights,
+        compiles)."""
+        on = (
+            self.routes_wgrad
+            and torch.is_grad_enabled()
+            and any(weight.requires_grad for weight in weights)
+        )
         return {
             "fuse_wgrad_accumulation": on and self.fuse_wgrad_accumulation,
             "delay_wgrad_compute": on and self.delay_wgrad_compute,
