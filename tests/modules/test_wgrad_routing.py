@@ -18,13 +18,16 @@ FUSE_REASON = "fused wgrad accumulation into main_grad"
 DELAY_REASON = "delayed wgrad compute"
 
 
-KINDS = ["linear", "layernorm_linear", "layernorm_mlp"]
+KINDS = ["linear", "layernorm_linear", "layernorm_mlp", "grouped_linear"]
+SPLITS = [32, 0, 32]  # GroupedLinear's rows per GEMM (one empty)
 
 
 def _module(kind: str, dtype: torch.dtype, **kwargs: object) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "linear":
         return te.Linear(64, 32, params_dtype=dtype, **kwargs)
+    if kind == "grouped_linear":
+        return te.GroupedLinear(3, 64, 32, params_dtype=dtype, **kwargs)
     if kind == "layernorm_linear":
         module = te.LayerNormLinear(64, 32, params_dtype=dtype, **kwargs)
     else:
@@ -37,11 +40,15 @@ def _module(kind: str, dtype: torch.dtype, **kwargs: object) -> torch.nn.Module:
 
 def _weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The GEMM weights (their gradients are routed), then the biases (never routed)."""
+    if isinstance(module, te.GroupedLinear):
+        return module._weights()
     names = ("fc1_weight", "fc2_weight") if hasattr(module, "fc1_weight") else ("weight",)
     return [getattr(module, name) for name in names]
 
 
 def _biases(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    if isinstance(module, te.GroupedLinear):
+        return module._biases()
     names = ("fc1_bias", "fc2_bias") if hasattr(module, "fc1_bias") else ("bias",)
     return [getattr(module, name) for name in names]
 
@@ -58,14 +65,20 @@ def _linear(dtype: torch.dtype, **kwargs: object) -> te.Linear:
 
 def _input(dtype: torch.dtype, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 16, 64, generator=gen).to(dtype).requires_grad_()
+    return torch.randn(2, 32, 64, generator=gen).to(dtype).requires_grad_()
+
+
+def _call(module: torch.nn.Module, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+    if isinstance(module, te.GroupedLinear):
+        return module(x, SPLITS, **kwargs)
+    return module(x, **kwargs)
 
 
 def _backward(
     module: torch.nn.Module, recipe: str, x: torch.Tensor, **kwargs: object
 ) -> torch.Tensor:
     with recipe_context(recipe):
-        out = module(x, **kwargs)
+        out = _call(module, x, **kwargs)
     out.float().pow(2).sum().backward()
     return out
 
@@ -201,7 +214,7 @@ def test_compiled_call_runs_eagerly_with_the_reason(kind: str, kwargs, reason) -
 
     def fn(module, x):
         with te.autocast(recipe=fp8_recipe):
-            return module(x)
+            return _call(module, x)
 
     expected = fn(eager, _input(dtype, 1))
     expected.sum().backward()
