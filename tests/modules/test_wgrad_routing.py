@@ -245,3 +245,21 @@ def test_compiled_call_runs_eagerly_with_the_reason(kind: str, kwargs, reason) -
             compiled_module, _input(dtype, 1)
         )
         torch.testing.assert_close(out, fn(eager, _input(dtype, 1)), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("flag", ["fuse_wgrad_accumulation", "delay_wgrad_compute"])
+def test_the_ops_fake_refuses_a_wgrad_side_effect(flag: str) -> None:
+    """The fake kernel (what a trace runs) refuses the flags, so a traced op call can
+    never drop the main_grad write or the deferred GEMM."""
+    from transformer_engine_ops.generated.linear import (
+        flatten_linear_fwd_args,
+        spec_linear_fwd_args,
+    )
+    from transformer_engine_ops.ops.linear import linear_forward_spec
+
+    module = _linear(torch.float32, **{flag: True})
+    args = module._fwd_args(_input(torch.float32, 1), None, None, False)
+    assert getattr(args, flag)
+    spec_args = spec_linear_fwd_args(*flatten_linear_fwd_args(args))
+    with pytest.raises(ValueError, match=f"LinearFwdArgs.{flag}: .* cannot be traced"):
+        linear_forward_spec(spec_args)
