@@ -376,7 +376,9 @@ def grouped_linear_setup_context(
             )
             for weight in args.weights
         ]
-        if grad and args.weights_requires_grad
+        if grad
+        and args.weights_requires_grad
+        and (args.fuse_wgrad_accumulation or args.delay_wgrad_compute)
         else None,
     )
 
