@@ -166,10 +166,8 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
     "kwargs",
     [
         dict(parameters_split=("a", "b")),
-        dict(fuse_wgrad_accumulation=True),
         dict(ub_overlap_ag=True),
         dict(return_layernorm_output_gathered=True),
-        dict(delay_wgrad_compute=True),
     ],
     ids=lambda kw: next(iter(kw)),
 )

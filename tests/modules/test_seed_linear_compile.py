@@ -379,11 +379,6 @@ _EAGER_FALLBACK_CASES = [
         "fused wgrad accumulation",
         {"fuse_wgrad_accumulation": True},
         id="fuse_wgrad_accumulation",
-        marks=pytest.mark.xfail(
-            raises=NotImplementedError,
-            strict=True,
-            reason="fuse_wgrad_accumulation (accumulating wgrad into main_grad)",
-        ),
     ),
 ]
 

@@ -75,6 +75,8 @@ FORWARD_SCHEMA = (
     ", bool cache_weight"
     ", bool is_grad_enabled"
     ", Tensor? sr_rng_state"
+    ", bool fuse_wgrad_accumulation"
+    ", bool delay_wgrad_compute"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -108,6 +110,8 @@ FORWARD_SLOTS = (
     _b.SlotRow("cache_weight", "scalar", "cache_weight", "bool"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
+    _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -207,6 +211,10 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         _b.check(args.cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
         _b.check(args.is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
+        _b.check(
+            args.fuse_wgrad_accumulation, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"
+        ),
+        _b.check(args.delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -238,6 +246,8 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         cache_weight=slot(),
         is_grad_enabled=slot(),
         sr_rng_state=slot(),
+        fuse_wgrad_accumulation=slot(),
+        delay_wgrad_compute=slot(),
     )
 
 
@@ -272,6 +282,7 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         _b.check(args.in_features, _b.INT, "GroupedLinearBwdArgs.in_features"),
         _b.check(args.out_features, _b.INT, "GroupedLinearBwdArgs.out_features"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
+        *_b.unsupported(args.wgrad_routes, "GroupedLinearBwdArgs.wgrad_routes"),
     )
 
 
@@ -301,6 +312,7 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
         in_features=slot(),
         out_features=slot(),
         sr_rng_state=slot(),
+        wgrad_routes=None,
     )
 
 

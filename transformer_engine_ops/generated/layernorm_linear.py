@@ -89,6 +89,8 @@ FORWARD_SCHEMA = (
     ", SymInt out_features"
     ", bool is_grad_enabled"
     ", Tensor? sr_rng_state"
+    ", bool fuse_wgrad_accumulation"
+    ", bool delay_wgrad_compute"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -134,6 +136,8 @@ FORWARD_SLOTS = (
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
+    _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -279,6 +283,10 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.check(args.out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
         _b.check(args.is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
+        _b.check(
+            args.fuse_wgrad_accumulation, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"
+        ),
+        _b.check(args.delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -324,6 +332,8 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         out_features=slot(),
         is_grad_enabled=slot(),
         sr_rng_state=slot(),
+        fuse_wgrad_accumulation=slot(),
+        delay_wgrad_compute=slot(),
     )
 
 
@@ -378,6 +388,7 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         _b.check(args.tp_size, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
         _b.check(args.sequence_parallel, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
+        *_b.unsupported(args.wgrad_route, "LayerNormLinearBwdArgs.wgrad_route"),
     )
 
 
@@ -417,6 +428,7 @@ def unflatten_layer_norm_linear_bwd_args(*slots: Any) -> LayerNormLinearBwdArgs:
         tp_size=slot(),
         sequence_parallel=slot(),
         sr_rng_state=slot(),
+        wgrad_route=None,
     )
 
 

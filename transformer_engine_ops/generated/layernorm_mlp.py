@@ -102,6 +102,8 @@ FORWARD_SCHEMA = (
     ", SymInt ffn_hidden_size"
     ", bool is_grad_enabled"
     ", Tensor? sr_rng_state"
+    ", bool fuse_wgrad_accumulation"
+    ", bool delay_wgrad_compute"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -165,6 +167,8 @@ FORWARD_SLOTS = (
     _b.SlotRow("ffn_hidden_size", "scalar", "ffn_hidden_size", "SymInt"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
+    _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -378,6 +382,8 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         _b.check(args.ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
         _b.check(args.is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
+        _b.check(args.fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
+        _b.check(args.delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -433,6 +439,8 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         ffn_hidden_size=slot(),
         is_grad_enabled=slot(),
         sr_rng_state=slot(),
+        fuse_wgrad_accumulation=slot(),
+        delay_wgrad_compute=slot(),
     )
 
 
@@ -517,6 +525,8 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         _b.check(args.tp_size, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
         _b.check(args.sequence_parallel, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
+        *_b.unsupported(args.fc1_wgrad_route, "LayerNormMLPBwdArgs.fc1_wgrad_route"),
+        *_b.unsupported(args.fc2_wgrad_route, "LayerNormMLPBwdArgs.fc2_wgrad_route"),
     )
 
 
@@ -568,6 +578,8 @@ def unflatten_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
         tp_size=slot(),
         sequence_parallel=slot(),
         sr_rng_state=slot(),
+        fc1_wgrad_route=None,
+        fc2_wgrad_route=None,
     )
 
 

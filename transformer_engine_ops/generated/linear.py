@@ -84,6 +84,8 @@ FORWARD_SCHEMA = (
     ", str? ub_name"
     ", bool is_grad_enabled"
     ", Tensor? sr_rng_state"
+    ", bool fuse_wgrad_accumulation"
+    ", bool delay_wgrad_compute"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -124,6 +126,8 @@ FORWARD_SLOTS = (
     _b.SlotRow("ub_name", "scalar", "ub_name", "str?"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
+    _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -237,6 +241,8 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         *_b.unsupported(args.wgrad_store, "LinearFwdArgs.wgrad_store"),
         _b.check(args.is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
+        _b.check(args.fuse_wgrad_accumulation, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
+        _b.check(args.delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -278,6 +284,8 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         wgrad_store=None,
         is_grad_enabled=slot(),
         sr_rng_state=slot(),
+        fuse_wgrad_accumulation=slot(),
+        delay_wgrad_compute=slot(),
     )
 
 
@@ -319,6 +327,7 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
         *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
+        *_b.unsupported(args.wgrad_route, "LinearBwdArgs.wgrad_route"),
     )
 
 
@@ -353,6 +362,7 @@ def unflatten_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
         wgrad_store=None,
         main_grad_func=None,
         sr_rng_state=slot(),
+        wgrad_route=None,
     )
 
 

@@ -23,6 +23,17 @@ from .autocast import RecipeQuantizers
 _REGISTRATION_PROBLEM = registration_error()
 
 
+# Forward-bundle flags that run a compiled call eagerly, each with its reason: the
+# weight gradient's side effects outside the call, which no op schema declares.
+EAGER_FLAGS = (
+    (
+        "fuse_wgrad_accumulation",
+        "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
+    ),
+    ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
+)
+
+
 def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
     """Why the op path cannot serve this compiled call (None when it can)."""
     if _REGISTRATION_PROBLEM is not None:
@@ -31,6 +42,9 @@ def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | 
         return quantizers.compile_blocker
     if isinstance(args.inp, QuantizedData):
         return "a quantized input tensor"
+    for flag, reason in EAGER_FLAGS:
+        if getattr(args, flag, False):
+            return reason
     return None
 
 

@@ -64,6 +64,7 @@ from ._call import (
     quantizes_weight,
     recipe_gemm_fields,
 )
+from ._wgrad import WgradScheduling
 from .autocast import STATE
 
 
@@ -137,7 +138,7 @@ def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
     )
 
 
-class GroupedLinear(ExtraStateMixin, nn.Module):
+class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y[rows of group i] = x[rows of group i] W_i^T + b_i`` for ``i < num_gemms``."""
 
     def __init__(
@@ -171,14 +172,12 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         cls = type(self).__name__
         reject_unimplemented(
             cls,
-            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
             return_bias=(return_bias, False),
             ub_overlap_rs=(ub_overlap_rs, False),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_name=(ub_name, None),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
             single_grouped_weight=(single_grouped_weight, False),
             single_grouped_bias=(single_grouped_bias, False),
             use_grouped_tensor=(use_grouped_tensor, None),
@@ -186,6 +185,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
         self.name = name
+        self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
         self.tp_group = tp_group
         self.tp_size = tp_size = _tensor_parallel_size(tp_group, tp_size)
         self.parallel_mode = _check_parallel_mode(parallel_mode)
@@ -242,6 +242,9 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def _wgrad_weights(self) -> tuple[Any, ...]:
+        return tuple(self._weights())
 
     def _biases(self) -> list[torch.Tensor] | None:
         if not self.use_bias:
@@ -301,6 +304,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
                 weights[0].device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
+            **self._wgrad_flags(*weights),
         )
         if is_first_microbatch is None or not any(
             quantizes_weight(wq, w)

@@ -37,6 +37,7 @@ from ._call import (
     quantizes_weight,
     recipe_gemm_fields,
 )
+from ._wgrad import WgradScheduling
 from .autocast import STATE
 from .linear import _check_parallelism
 
@@ -59,7 +60,7 @@ def check_normalization(cls: str, normalization: str) -> None:
         )
 
 
-class LayerNormLinear(ExtraStateMixin, nn.Module):
+class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = norm(x) W^T + b`` with TE's recipes and column parallelism."""
 
     def __init__(
@@ -97,7 +98,6 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         cls = type(self).__name__
         reject_unimplemented(
             cls,
-            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
             parameters_split=(parameters_split, None),
@@ -107,7 +107,6 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             ub_bulk_dgrad=(ub_bulk_dgrad, False),
             ub_name=(ub_name, None),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
         )
         if parallel_mode == "row":
@@ -123,6 +122,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
             in_features, out_features, tp_group, tp_size, parallel_mode, cls=cls
         )
         self.name = name
+        self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
         self.in_features, self.out_features = in_features, out_features
         self.eps = float(eps)
         self.normalization = normalization
@@ -251,6 +251,7 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
                 self.weight.device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
+            **self._wgrad_flags(self.weight),
         )
 
     @staticmethod
@@ -271,6 +272,9 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
         if args.weight_workspace is None:
             self._weight_workspace = saved[-1]
         return outputs
+
+    def _wgrad_weights(self) -> tuple[Any, ...]:
+        return (self.weight,)
 
     def extra_repr(self) -> str:
         return (

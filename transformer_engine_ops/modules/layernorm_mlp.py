@@ -30,6 +30,7 @@ from ._call import (
     recipe_gemm_fields,
     unsupported_reason,
 )
+from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
@@ -37,7 +38,7 @@ from .linear import _check_parallelism
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
-class LayerNormMLP(ExtraStateMixin, nn.Module):
+class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = fc2(act(fc1(norm(x))))`` with TE's recipes and tensor/sequence parallelism."""
 
     further_gemms = ("fc2",)
@@ -83,7 +84,6 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             cls,
             get_rng_state_tracker=(get_rng_state_tracker, None),
             activation_params=(activation_params, None),
-            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
             seq_length=(seq_length, None),
             micro_batch_size=(micro_batch_size, None),
@@ -92,7 +92,6 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
             ub_bulk_dgrad=(ub_bulk_dgrad, False),
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
             checkpoint=(checkpoint, False),
         )
@@ -102,6 +101,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         mode = "column" if set_parallel_mode else None
         tp_size = _check_parallelism(hidden_size, ffn_hidden_size, tp_group, tp_size, mode)
         self.name = name
+        self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
         self.eps = float(eps)
         self.normalization, self.activation = normalization, activation
@@ -217,7 +217,8 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             fc2_bias=fc2_bias,
             fc1_weight_workspace=self._fc1_weight_workspace if later else None,
             fc2_weight_workspace=self._fc2_weight_workspace if later else None,
-            is_first_microbatch=is_first_microbatch if cache else None,
+            # (also read by a fused wgrad: True overwrites main_grad, as in TE)
+            is_first_microbatch=is_first_microbatch if cache or self.routes_wgrad else None,
             cache_weight=cache,
             input_requires_grad=is_tensor and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
@@ -258,6 +259,7 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
                 fc1_weight.device,
                 torch.is_grad_enabled(),
             ),
+            **self._wgrad_flags(fc1_weight, fc2_weight),
         )
 
     def _eager_cached(self, args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
@@ -280,6 +282,9 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         if args.fc2_weight_workspace is None and saved[8] is not None:
             self._fc2_weight_workspace = saved[8]
         return outputs
+
+    def _wgrad_weights(self) -> tuple[Any, ...]:
+        return (self.fc2_weight, self.fc1_weight)  # TE's backward_dw: fc2's GEMM first
 
     def extra_repr(self) -> str:
         return (

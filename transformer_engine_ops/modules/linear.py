@@ -31,6 +31,7 @@ from ._call import (
     gemm_call_reason,
     recipe_gemm_fields,
 )
+from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 
 
@@ -136,7 +137,7 @@ def _check_parallelism(
     return tp_size
 
 
-class Linear(ExtraStateMixin, nn.Module):
+class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
 
     def __init__(
@@ -173,7 +174,6 @@ class Linear(ExtraStateMixin, nn.Module):
         super().__init__()
         reject_unimplemented(
             "Linear",
-            fuse_wgrad_accumulation=(fuse_wgrad_accumulation, False),
             get_rng_state_tracker=(get_rng_state_tracker, None),
             rng_tracker_name=(rng_tracker_name, None),
             parameters_split=(parameters_split, None),
@@ -183,11 +183,13 @@ class Linear(ExtraStateMixin, nn.Module):
             ub_bulk_dgrad=(ub_bulk_dgrad, False),
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             ub_name=(ub_name, None),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
             save_original_input=(save_original_input, False),
         )
         self.name = name
+        # As in TE: the weight gradient goes into ``weight.main_grad`` (fused), and/or its
+        # GEMM waits for ``backward_dw()`` (delayed); such calls run eagerly under compile.
+        self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
         # As in TE: the bias is returned unapplied (the caller adds it, e.g. after a
         # row-parallel reduction) and still receives its gradient through that use.
         self.return_bias = bool(return_bias)
@@ -279,6 +281,7 @@ class Linear(ExtraStateMixin, nn.Module):
             sr_rng_state=rng_state_for(
                 (q and q.grad_output,), inp, self.weight.device, grad and override is None
             ),
+            **self._wgrad_flags(self.weight),
         )
 
     def forward(
@@ -288,7 +291,7 @@ class Linear(ExtraStateMixin, nn.Module):
         compiling = torch.compiler.is_compiling()
         if not compiling:
             quantizers = self._recipe_of_this_forward(quantizers)
-            if quantizers is None and is_first_microbatch is None:
+            if quantizers is None and is_first_microbatch is None and not self.routes_wgrad:
                 out = self._plain_eager(inp)
                 if out is not None:
                     if self.return_bias:  # as below: the bias, in the output's dtype
@@ -306,6 +309,9 @@ class Linear(ExtraStateMixin, nn.Module):
             bias = self.bias
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
+
+    def _wgrad_weights(self) -> tuple[Any, ...]:
+        return (self.weight,)
 
     def _plain_eager(self, inp: Any) -> torch.Tensor | None:
         """The output of :class:`_PlainLinear` when this call is the plain case its

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 
+from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     linear_stage,
@@ -100,6 +101,10 @@ class GroupedLinearFwdArgs:
     # draws its bits at offset + i ---
     sr_rng_state: Optional[torch.Tensor] = None
 
+    # --- Weight-gradient scheduling (eager only: the weights' main_grad, deferred GEMMs) ---
+    fuse_wgrad_accumulation: bool = False
+    delay_wgrad_compute: bool = False
+
 
 @dataclass
 class GroupedLinearBwdArgs:
@@ -139,6 +144,10 @@ class GroupedLinearBwdArgs:
     # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,); GEMM i
     # draws its bits at offset + i ---
     sr_rng_state: Optional[torch.Tensor] = None
+
+    # --- Where each GEMM's weight gradient goes instead of being returned (eager only):
+    # a list of routes (ops/_wgrad.py), one per GEMM ---
+    wgrad_routes: Optional[Any] = None
 
 
 # --- The plan: what the real and fake kernels share ----------------------------------
@@ -299,6 +308,9 @@ def grouped_linear_forward(
 def grouped_linear_forward_spec(
     args: GroupedLinearFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    _wgrad.refuse_traced(
+        "GroupedLinearFwdArgs", args.fuse_wgrad_accumulation, args.delay_wgrad_compute
+    )
     _check(args)
     dtype, device = args.activation_dtype, args.inp.device
     out = TensorSpec(_output_shape(args), dtype, device=device)
@@ -355,6 +367,19 @@ def grouped_linear_setup_context(
         in_features=args.in_features,
         out_features=args.out_features,
         sr_rng_state=args.sr_rng_state,
+        wgrad_routes=[
+            _wgrad.route_of(
+                weight,
+                args.fuse_wgrad_accumulation,
+                args.delay_wgrad_compute,
+                args.is_first_microbatch,
+            )
+            for weight in args.weights
+        ]
+        if grad
+        and args.weights_requires_grad
+        and (args.fuse_wgrad_accumulation or args.delay_wgrad_compute)
+        else None,
     )
 
 
@@ -390,6 +415,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
         backward = linear_setup_context(stage, (), saved)
         backward.grad_outputs = [dy_i]
         backward.sr_rng_state = stage_rng_state(args.sr_rng_state, i)
+        backward.wgrad_route = _at(args.wgrad_routes, i)
         dgrad, wgrads[i], bgrads[i] = linear_backward(backward)
         dgrads.append(dgrad)
     dgrad = None

@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
+from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     keeps_high_precision_input,
@@ -118,6 +119,10 @@ class LayerNormLinearFwdArgs:
     # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
 
+    # --- Weight-gradient scheduling (eager only: the weight's main_grad, a deferred GEMM) ---
+    fuse_wgrad_accumulation: bool = False
+    delay_wgrad_compute: bool = False
+
 
 @dataclass
 class LayerNormLinearBwdArgs:
@@ -171,6 +176,9 @@ class LayerNormLinearBwdArgs:
 
     # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
+
+    # --- Where the weight gradient goes instead of being returned (eager only) ---
+    wgrad_route: Optional[Any] = None
 
 
 # --- The plan: every decision real kernels and spec fakes share ---------------------
@@ -277,6 +285,9 @@ def layernorm_linear_forward(
 def layernorm_linear_forward_spec(
     args: LayerNormLinearFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    _wgrad.refuse_traced(
+        "LayerNormLinearFwdArgs", args.fuse_wgrad_accumulation, args.delay_wgrad_compute
+    )
     plan = _forward_plan(args)
     inp = args.inp
     (out,), (gemm_input, gemm_weight) = linear_forward_spec(plan.gemm)
@@ -339,6 +350,14 @@ def layernorm_linear_setup_context(
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
         sr_rng_state=args.sr_rng_state,
+        wgrad_route=_wgrad.route_of(
+            args.weight,
+            args.fuse_wgrad_accumulation,
+            args.delay_wgrad_compute,
+            args.is_first_microbatch,
+        )
+        if gemm.requires_wgrad
+        else None,
     )
 
 
@@ -365,6 +384,7 @@ def _gemm_backward_args(args: LayerNormLinearBwdArgs) -> Any:
     )
     gemm.backward_override = args.backward_override
     gemm.sr_rng_state = args.sr_rng_state
+    gemm.wgrad_route = args.wgrad_route
     return gemm
 
 

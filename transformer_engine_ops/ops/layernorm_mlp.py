@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
+from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     keeps_high_precision_input,
@@ -128,6 +129,10 @@ class LayerNormMLPFwdArgs:
     # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
 
+    # --- Weight-gradient scheduling (eager only: the weights' main_grad, deferred GEMMs) ---
+    fuse_wgrad_accumulation: bool = False
+    delay_wgrad_compute: bool = False
+
 
 @dataclass
 class LayerNormMLPBwdArgs:
@@ -193,6 +198,10 @@ class LayerNormMLPBwdArgs:
 
     # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
+
+    # --- Where fc1's and fc2's weight gradients go instead of being returned (eager only) ---
+    fc1_wgrad_route: Optional[Any] = None
+    fc2_wgrad_route: Optional[Any] = None
 
 
 # --- Activations (fp32 math) ---------------------------------------------------------
@@ -430,6 +439,9 @@ def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], t
 def layernorm_mlp_forward_spec(
     args: LayerNormMLPFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    _wgrad.refuse_traced(
+        "LayerNormMLPFwdArgs", args.fuse_wgrad_accumulation, args.delay_wgrad_compute
+    )
     plan = _forward_plan(args)
     inp = args.inp
     (_,), (fc1_input, fc1_weight) = linear_forward_spec(plan.fc1)
@@ -518,6 +530,14 @@ def layernorm_mlp_setup_context(
         tp_size=args.tp_size,
         sequence_parallel=args.sequence_parallel,
         sr_rng_state=args.sr_rng_state,
+        fc1_wgrad_route=_route(args, args.fc1_weight) if fc1.requires_wgrad else None,
+        fc2_wgrad_route=_route(args, args.fc2_weight) if fc2.requires_wgrad else None,
+    )
+
+
+def _route(args: LayerNormMLPFwdArgs, weight: Any) -> Any:
+    return _wgrad.route_of(
+        weight, args.fuse_wgrad_accumulation, args.delay_wgrad_compute, args.is_first_microbatch
     )
 
 
@@ -545,6 +565,7 @@ def _fc_backward_args(args: LayerNormMLPBwdArgs, fc: int, grad_output: Any) -> A
         sequence_parallel=args.sequence_parallel,
     )
     stage.sr_rng_state = args.sr_rng_state  # fc1's own offset: layernorm_mlp_backward
+    stage.wgrad_route = args.fc1_wgrad_route if first else args.fc2_wgrad_route
     return stage
 
 

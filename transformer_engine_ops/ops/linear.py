@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
+from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.quantization.gemm import gemm
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
@@ -100,6 +101,10 @@ class LinearFwdArgs:
     # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
 
+    # --- Weight-gradient scheduling (eager only: the weight's main_grad, a deferred GEMM) ---
+    fuse_wgrad_accumulation: bool = False
+    delay_wgrad_compute: bool = False
+
 
 @dataclass
 class LinearBwdArgs:
@@ -149,6 +154,9 @@ class LinearBwdArgs:
 
     # --- Stochastic rounding of the output gradient: (seed, offset), int64 (2,) ---
     sr_rng_state: Optional[torch.Tensor] = None
+
+    # --- Where the weight gradient goes instead of being returned (eager only) ---
+    wgrad_route: Optional[Any] = None
 
 
 # --- The plan: every decision real kernels and spec fakes share --------------------
@@ -479,6 +487,7 @@ def _check_quantizable(quantizer: Any, shape: Any) -> None:
 
 def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """What :func:`linear_forward` returns, as TensorSpecs (tensor fields are specs)."""
+    _wgrad.refuse_traced("LinearFwdArgs", args.fuse_wgrad_accumulation, args.delay_wgrad_compute)
     plan = _forward_plan(args)
     inp, device, dtype = args.inp, args.inp.device, args.activation_dtype
     rows = math.prod(inp.shape[:-1]) * (args.tp_size if plan.gather_input else 1)
@@ -554,6 +563,14 @@ def linear_setup_context(
         wgrad_store=None,
         main_grad_func=None,
         sr_rng_state=args.sr_rng_state,
+        wgrad_route=_wgrad.route_of(
+            args.weight,
+            args.fuse_wgrad_accumulation,
+            args.delay_wgrad_compute,
+            args.is_first_microbatch,
+        )
+        if needs_wgrad
+        else None,
     )
 
 
@@ -642,13 +659,16 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
                 x = x.reshape(-1, x.shape[-1])
             if plan.gather_input:
                 x = _all_gather_rows(x, args)
-        wgrad = gemm(
-            x,
-            dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy,
-            layout="NT",
-            out_dtype=dtype,
-            use_split_accumulator=args.wgrad_gemm.use_split_accumulator,
-        )
+        dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy
+        split = args.wgrad_gemm.use_split_accumulator
+
+        def wgrad_gemm(out_dtype: torch.dtype) -> torch.Tensor:
+            return gemm(x, dy_wgrad, layout="NT", out_dtype=out_dtype, use_split_accumulator=split)
+
+        if args.wgrad_route is None:
+            wgrad = wgrad_gemm(dtype)
+        else:  # into main_grad, or deferred to backward_dw (ops/_wgrad.py)
+            wgrad = _wgrad.send(args.wgrad_route, wgrad_gemm, dtype)
     if args.use_bias:
         bgrad = _bias_grad(dy, dtype) if bgrad is None else bgrad.to(dtype)
     return dgrad, wgrad, bgrad
