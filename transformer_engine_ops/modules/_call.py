@@ -7,8 +7,9 @@ to Linear). Nothing here crosses the op boundary: the generated ``<op>_eager`` a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -76,6 +77,32 @@ def activation_dtype(owner: str, inp: Any, params_dtype: torch.dtype) -> torch.d
             "(float32, bfloat16, float16 or float64): cast it first"
         )
     return inp.dtype
+
+
+_Forward = TypeVar("_Forward", bound=Callable[..., Any])
+
+
+def follows_torch_autocast(forward: _Forward) -> _Forward:
+    """Make a module's ``forward(inp, ...)`` honour an enclosing ``torch.autocast`` as
+    TE does: a floating-point input is cast to the autocast dtype of its device (so
+    the module computes, and returns, that dtype whatever its parameters' dtype), and
+    the call runs with autocast off, so that the op's own fp32 math (norm statistics,
+    scales, the quantizers' arithmetic) is not lowered to 16 bits behind its back."""
+
+    @functools.wraps(forward)
+    def wrapper(self: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(inp, torch.Tensor):
+            return forward(self, inp, *args, **kwargs)
+        device_type = inp.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return forward(self, inp, *args, **kwargs)
+        dtype = torch.get_autocast_dtype(device_type)
+        if inp.is_floating_point() and inp.dtype != dtype:
+            inp = inp.to(dtype)
+        with torch.autocast(device_type, enabled=False):
+            return forward(self, inp, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:

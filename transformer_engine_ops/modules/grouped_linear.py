@@ -61,6 +61,7 @@ from ._call import (
     activation_dtype,
     backward_override_of,
     call_op,
+    follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
 )
@@ -239,6 +240,25 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             if bias:
                 zeros = torch.zeros(out_local, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+        self._teops_init_methods = (init_method,)
+
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023), one weight after another; the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        split = {"column": 0, "row": 1}.get(self.parallel_mode or "")
+        parts = self.tp_size if split is not None else 1
+        full = (
+            self.out_features * (parts if split == 0 else 1),
+            self.in_features * (parts if split == 1 else 1),
+        )
+        rank, device = tp_rank(self.tp_group, self.tp_size), self.weight0.device
+        for i in range(self.num_gemms):
+            init = self._teops_init_methods[0] or te_default_init
+            weight = full_then_shard(full, split or 0, parts, rank, init, self.params_dtype, device)
+            self._reset_weight(f"weight{i}", weight, _gemm(i))
+        self._reset_filled(tuple(f"bias{i}" for i in range(self.num_gemms) if self.use_bias), 0.0)
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
@@ -248,6 +268,7 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             return None
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
+    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,

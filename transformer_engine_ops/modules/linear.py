@@ -10,7 +10,6 @@ reason. Module logic only: nothing here crosses the op boundary by hand.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -23,11 +22,18 @@ from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from . import _extra_state
-from ._base import ExtraStateMixin, reject_unimplemented
+from ._base import (
+    ExtraStateMixin,
+    full_then_shard,
+    reject_unimplemented,
+    te_default_init,
+    tp_rank,
+)
 from ._call import (
     activation_dtype,
     backward_override_of,
     caches_weight,
+    follows_torch_autocast,
     gemm_call_reason,
     recipe_gemm_fields,
 )
@@ -204,7 +210,7 @@ class Linear(ExtraStateMixin, nn.Module):
         # default init on an identically seeded global RNG) and keeps its shard, so a
         # single-process Linear built the same way holds the concatenation of the shards.
         weight = torch.empty(out_features, in_features, dtype=self.params_dtype, device=device)
-        (init_method or self._default_init)(weight)
+        (init_method or te_default_init)(weight)
         rank = tp_group.rank() if tp_group is not None and tp_size > 1 else 0
         out_local, in_local = out_features, in_features
         if parallel_mode == "column":
@@ -226,10 +232,25 @@ class Linear(ExtraStateMixin, nn.Module):
             else None
         )
         self._weight_workspace: Any = None
+        self._teops_init_methods = (init_method,)
 
-    @staticmethod
-    def _default_init(weight: torch.Tensor) -> None:
-        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023); the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        split = {"column": 0, "row": 1}.get(self.parallel_mode or "")
+        weight = full_then_shard(
+            (self.out_features, self.in_features),
+            split or 0,
+            self.tp_size if split is not None else 1,
+            tp_rank(self.tp_group, self.tp_size),
+            self._teops_init_methods[0] or te_default_init,
+            self.params_dtype,
+            self.weight.device,
+        )
+        self._reset_weight("weight", weight)
+        self._reset_filled(("bias",), 0.0)
 
     def _fwd_args(
         self,
@@ -281,6 +302,7 @@ class Linear(ExtraStateMixin, nn.Module):
             ),
         )
 
+    @follows_torch_autocast
     def forward(
         self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
     ) -> Any:
