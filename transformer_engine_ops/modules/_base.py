@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..runtime._torch_private import current_graph_task_id
+from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
@@ -132,6 +133,28 @@ class ExtraStateMixin:
         pending = self.__dict__.get("_teops_pending_init_vals")
         if pending and isinstance(param, QuantizedTensor):
             _keep_high_precision_init_val(param, pending.pop(0))
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE's: the tensor-parallel group the module communicates over from now on
+        (Megatron builds its modules before its groups). The weights are sharded for
+        ``tp_size`` ranks, so the group must have that many (None: only where the module
+        needs no group, ``tp_size == 1``); the shard held stays the one built (call
+        ``reset_parameters()`` to draw this rank's)."""
+        cls = type(self).__name__
+        tp_size = self.tp_size  # type: ignore[attr-defined]
+        if tp_group is None:
+            if tp_size > 1:
+                raise ValueError(
+                    f"{cls}.set_tensor_parallel_group: tp_size={tp_size} needs a group"
+                )
+        else:
+            size = registered_group(tp_group, f"{cls}.tp_group").size()
+            if size != tp_size:
+                raise ValueError(
+                    f"{cls}.set_tensor_parallel_group: a group of {size} ranks for a module "
+                    f"sharded over tp_size={tp_size}"
+                )
+        self.tp_group = tp_group
 
     # ----- reset_parameters -----
 

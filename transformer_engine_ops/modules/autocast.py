@@ -527,29 +527,60 @@ def fp8_model_init(
 
 
 def checkpoint(
-    function: Callable[..., Any], *args: Any, use_reentrant: bool = True, **kwargs: Any
+    function: Callable[..., Any],
+    *args: Any,
+    distribute_saved_activations: bool = False,
+    get_rng_state_tracker: Callable[[], Any] | None = None,
+    tp_group: Any = None,
+    use_reentrant: bool = True,
+    **kwargs: Any,
 ) -> Any:
     """``torch.utils.checkpoint.checkpoint`` whose recompute runs under the recipe of the
-    forward (TE's ``te.checkpoint``; ``use_reentrant`` defaults to True as there).
+    forward (TE's ``te.checkpoint``, with its keyword arguments; ``use_reentrant``
+    defaults to True as there).
 
     The recipe active at this call is recorded and re-entered around every call of
     ``function``, the forward and the recompute, which the backward runs outside the
     ``autocast`` that wrapped the forward. Use it to checkpoint a compiled module
     (``checkpoint(torch.compile(model), x)``) from eager code: the recompute then meets
     the same recipe guard as the forward and reuses its graph. ``torch.utils.checkpoint``
-    itself recomputes the compiled module without a recipe. Other keyword arguments go
-    to ``torch.utils.checkpoint.checkpoint``.
-    """
-    recorded = STATE.autocast
+    itself recomputes the compiled module without a recipe.
 
-    def under_recorded_recipe(*inner_args: Any, **inner_kwargs: Any) -> Any:
+    As TE: other keyword arguments go to ``function``; ``get_rng_state_tracker`` returns
+    a tracker (``get_states``/``set_states``, Megatron's and TE's
+    ``CudaRNGStatesTracker``) whose states the recompute starts from as the forward did,
+    and restores afterwards (torch's checkpoint already does so for the default
+    generators); ``tp_group`` is read only by ``distribute_saved_activations=True``
+    (splitting the saved input over the group), which is not implemented with
+    ``use_reentrant=True`` and has no effect without it, as in TE.
+    """
+    if distribute_saved_activations and use_reentrant:
+        raise NotImplementedError(
+            "checkpoint: distribute_saved_activations=True (the saved input split over "
+            "tp_group) is not implemented by transformer_engine_ops"
+        )
+    del tp_group  # only read by distribute_saved_activations
+    recorded = STATE.autocast
+    tracker = get_rng_state_tracker() if get_rng_state_tracker is not None else None
+    forward_states = tracker.get_states() if tracker is not None else None
+    calls = [0]
+
+    def under_recorded_recipe(*inner_args: Any) -> Any:
+        recompute = calls[0] > 0
+        calls[0] += 1
         previous = STATE.autocast
         STATE.autocast = recorded
+        outer_states = None
+        if recompute and tracker is not None:
+            outer_states = tracker.get_states()
+            tracker.set_states(dict(forward_states))  # a fresh dict per recompute
         try:
-            return function(*inner_args, **inner_kwargs)
+            return function(*inner_args, **kwargs)
         finally:
             STATE.autocast = previous
+            if outer_states is not None:
+                tracker.set_states(outer_states)
 
     return torch.utils.checkpoint.checkpoint(
-        under_recorded_recipe, *args, use_reentrant=use_reentrant, **kwargs
+        under_recorded_recipe, *args, use_reentrant=use_reentrant
     )

@@ -304,8 +304,14 @@ class Linear(ExtraStateMixin, nn.Module):
 
     @follows_torch_autocast
     def forward(
-        self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
     ) -> Any:
+        if fp8_grad:  # TE's quantized input gradient
+            reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         quantizers = STATE.autocast
         compiling = torch.compiler.is_compiling()
         if not compiling:
