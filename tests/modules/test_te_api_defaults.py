@@ -154,3 +154,71 @@ def test_meta_build_under_quantized_model_init(name: str, make_recipe: Any) -> N
     x = torch.randn(128, 64)  # MXFP8 blocks of 32 rows per GEMM
     with te.autocast(recipe=make_recipe()):
         assert torch.equal(_call(name, module, x), _call(name, reference, x))
+
+
+ZERO_FEATURE_CASES = {
+    "Linear-in0": (lambda: te.Linear(0, 32), 0, 32),
+    "Linear-out0": (lambda: te.Linear(32, 0), 32, 0),
+    "LayerNormLinear-out0": (lambda: te.LayerNormLinear(32, 0), 32, 0),
+    "LayerNormMLP-ffn0": (lambda: te.LayerNormMLP(32, 0), 32, 32),
+    "GroupedLinear-in0": (lambda: te.GroupedLinear(3, 0, 32), 0, 32),
+    "GroupedLinear-out0": (lambda: te.GroupedLinear(3, 32, 0), 32, 0),
+}
+ALL_RECIPES = {
+    "bf16": None,
+    "delayed": recipe.DelayedScaling,
+    "current": recipe.Float8CurrentScaling,
+    "mxfp8": recipe.MXFP8BlockScaling,
+    "block": recipe.Float8BlockScaling,
+    "nvfp4": recipe.NVFP4BlockScaling,
+}
+
+
+@pytest.mark.parametrize("recipe_name", sorted(ALL_RECIPES))
+@pytest.mark.parametrize("case", sorted(ZERO_FEATURE_CASES))
+def test_zero_features_give_empty_outputs_and_zero_gradients(case: str, recipe_name: str) -> None:
+    """``in_features=0``/``out_features=0`` (or no hidden features) under every recipe:
+    the output is each GEMM's bias on its rows (or empty), the gradients zero or empty,
+    a bias's gradient the output gradient's row sums (it used to be a reshape error)."""
+    make, k, n = ZERO_FEATURE_CASES[case]
+    make_recipe = ALL_RECIPES[recipe_name]
+    torch.manual_seed(0)
+    module = make()
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if "bias" in name and "layer_norm" not in name:
+                param.normal_()
+    x = torch.randn(32, k, requires_grad=True)
+    with te.autocast(enabled=make_recipe is not None, recipe=make_recipe and make_recipe()):
+        out = _call(case.split("-")[0], module, x)
+    assert out.shape == (32, n) and out.dtype == torch.float32
+    if case.startswith("GroupedLinear"):
+        biases = [module.bias0, module.bias1, module.bias1, module.bias2]
+        expected = torch.cat([b.detach().expand(8, n) for b in biases])
+    elif case == "LayerNormMLP-ffn0":
+        expected = module.fc2_bias.detach().expand(32, n)
+    else:
+        expected = module.bias.detach().expand(32, n) if k == 0 else torch.zeros(32, 0)
+    assert torch.equal(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert x.grad is not None and not x.grad.any()
+    for name, param in module.named_parameters():
+        if param.grad is None or param.numel() == 0:
+            continue
+        if name in ("bias", "fc2_bias"):
+            assert torch.equal(param.grad, grad.sum(0)), name
+        elif name.startswith("bias"):
+            assert param.grad.shape == param.shape, name
+        else:
+            assert not param.grad.any(), name
+
+
+@pytest.mark.parametrize("case", ["Linear-in0", "Linear-out0", "LayerNormLinear-out0"])
+def test_zero_features_compile(case: str) -> None:
+    make, k, _ = ZERO_FEATURE_CASES[case]
+    module = make()
+    x = torch.randn(32, k)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        assert torch.equal(compiled(x), module(x))

@@ -37,6 +37,7 @@ own amax.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,7 @@ from ._call import (
     follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    zero_feature_gemms,
 )
 from .autocast import STATE
 
@@ -287,6 +289,17 @@ class GroupedLinear(ExtraStateMixin, nn.Module):
             m_splits = torch.tensor(_row_counts(cls, m_splits), dtype=torch.int64)
         elif not isinstance(m_splits, torch.Tensor):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
+        if 0 in self.weight0.shape and isinstance(inp, torch.Tensor):
+            # No features: nothing to quantize or multiply (zeros, plus each GEMM's bias
+            # on its rows).
+            if sum(m_splits.tolist()) != math.prod(inp.shape[:-1]):
+                raise ValueError(
+                    f"{cls}: m_splits sums to {sum(m_splits.tolist())} rows, but the input "
+                    f"of shape {tuple(inp.shape)} has {math.prod(inp.shape[:-1])}"
+                )
+            return zero_feature_gemms(
+                cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
+            )
         shared = self._forward_recipe(STATE.autocast)
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.

@@ -201,6 +201,8 @@ class LayerNormLinear(ExtraStateMixin, nn.Module):
     ) -> Any:
         reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)
+        if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
+            q = None
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
         reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
         if caches_weight(args):

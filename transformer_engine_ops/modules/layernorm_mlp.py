@@ -188,6 +188,8 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
         as for ``Linear``.
         """
         shared = self._forward_recipe(STATE.autocast)
+        if self.size_per_partition == 0:  # no hidden features: nothing to quantize
+            shared = None
         args = self._fwd_args(inp, shared, is_first_microbatch)
         if not args.cache_weight:
             outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, shared)

@@ -36,6 +36,7 @@ from ._call import (
     follows_torch_autocast,
     gemm_call_reason,
     recipe_gemm_fields,
+    zero_feature_gemms,
 )
 from .autocast import STATE, RecipeQuantizers
 
@@ -312,6 +313,19 @@ class Linear(ExtraStateMixin, nn.Module):
     ) -> Any:
         if fp8_grad:  # TE's quantized input gradient
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
+        if 0 in self.weight.shape and self.tp_size == 1:  # no features: nothing to quantize
+            bias = None if self.return_bias else self.bias
+            out = zero_feature_gemms(
+                type(self).__name__,
+                inp,
+                [self.weight],
+                None if bias is None else [bias],
+                None,
+                self.params_dtype,
+            )
+            if self.return_bias:
+                return out, None if self.bias is None else self.bias.to(out.dtype)
+            return out
         quantizers = STATE.autocast
         compiling = torch.compiler.is_compiling()
         if not compiling:
