@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
-from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_columnwise
+from ..ops.layernorm_mlp import (
+    ACTIVATIONS,
+    GATED,
+    LayerNormMLPFwdArgs,
+    cached_weights_need_columnwise,
+)
 from ..quantization.stochastic import rng_state_for
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
@@ -34,8 +39,6 @@ from ._call import (
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
-
-ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
 class LayerNormMLP(ExtraStateMixin, nn.Module):
@@ -98,6 +101,11 @@ class LayerNormMLP(ExtraStateMixin, nn.Module):
             checkpoint=(checkpoint, False),
         )
         check_normalization(cls, normalization)
+        if activation == "clamped_swiglu":
+            raise NotImplementedError(
+                f"{cls}: activation='clamped_swiglu' (with activation_params) is not "
+                "implemented by transformer_engine_ops"
+            )
         if activation not in ACTIVATIONS:
             raise ValueError(f"{cls}: activation must be one of {ACTIVATIONS}, got {activation!r}")
         mode = "column" if set_parallel_mode else None
