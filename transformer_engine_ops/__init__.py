@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .constants import (
         DType,
     )
+    from .graph import (
+        make_graphed_callables,
+    )
     from .modules import (
         GroupedLinear,
         LayerNorm,
@@ -104,6 +107,7 @@ _EXPORTS = {
     "get_default_recipe": ".availability",
     "get_device_compute_capability": ".availability",
     "inductor_backend": ".runtime.lowering",
+    "make_graphed_callables": ".graph",
     "is_bf16_available": ".availability",
     "is_fp8_available": ".availability",
     "is_fp8_block_scaling_available": ".availability",
@@ -147,6 +151,7 @@ __all__ = [
     "is_fp8_block_scaling_available",
     "is_mxfp8_available",
     "is_nvfp4_available",
+    "make_graphed_callables",
     "quantized_model_init",
     "recipe",
 ]
