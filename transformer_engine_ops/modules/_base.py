@@ -4,7 +4,9 @@ argument conventions.
 ``_extra_state`` (TE's state-dict key for recipe state) is kept by
 ``modules/_extra_state.py``: an empty uint8 tensor for a module without scaling state,
 the module's delayed-scaling state otherwise. ``ExtraStateMixin`` gives a module those
-``get_extra_state``/``set_extra_state`` methods.
+``get_extra_state``/``set_extra_state`` methods, and the parameter life cycle TE's
+GEMM modules share: ``quantized_model_init`` weights (with their high-precision init
+values when asked), the pieces of ``reset_parameters`` and ``set_tensor_parallel_group``.
 """
 
 from __future__ import annotations
