@@ -96,7 +96,10 @@ def follows_torch_autocast(forward: _Forward) -> _Forward:
         if not isinstance(inp, torch.Tensor):
             return forward(self, inp, *args, **kwargs)
         device_type = inp.device.type
-        if not torch.is_autocast_enabled(device_type):
+        # (a device autocast does not know, e.g. meta, is reported by the field checks)
+        if not (
+            torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        ):
             return forward(self, inp, *args, **kwargs)
         dtype = torch.get_autocast_dtype(device_type)
         if inp.is_floating_point() and inp.dtype != dtype:
