@@ -2,7 +2,10 @@
 
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
 ``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.LayerNorm``, ``te.RMSNorm``,
-``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` and the recipes in ``te.recipe``.
+``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` (and their deprecated TE names
+``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe``, TE's
+availability queries (``te.is_fp8_available``, ...), ``te.DType``, and the quantized
+tensor and quantizer classes.
 
 The names resolve on first use (PEP 562): importing a subpackage
 (``transformer_engine_ops.generated.linear``, ``...quantization``) does not import the
@@ -16,6 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import recipe
+    from .availability import (
+        get_default_recipe,
+        get_device_compute_capability,
+        is_bf16_available,
+        is_fp8_available,
+        is_fp8_block_scaling_available,
+        is_mxfp8_available,
+        is_nvfp4_available,
+    )
+    from .constants import (
+        DType,
+    )
+    from .graph import (
+        make_graphed_callables,
+    )
     from .modules import (
         GroupedLinear,
         LayerNorm,
@@ -25,34 +43,115 @@ if TYPE_CHECKING:
         RMSNorm,
         autocast,
         checkpoint,
+        fp8_autocast,
+        fp8_model_init,
         quantized_model_init,
     )
-    from .runtime.lowering import inductor_backend
+    from .quantization.float8 import (
+        Float8CurrentScalingQuantizer,
+        Float8Quantizer,
+        Float8Tensor,
+        Float8TensorStorage,
+    )
+    from .quantization.float8_block import (
+        Float8BlockQuantizer,
+        Float8BlockwiseQTensor,
+        Float8BlockwiseQTensorStorage,
+    )
+    from .quantization.mxfp8 import (
+        MXFP8Quantizer,
+        MXFP8Tensor,
+        MXFP8TensorStorage,
+    )
+    from .quantization.nvfp4 import (
+        NVFP4Quantizer,
+        NVFP4Tensor,
+        NVFP4TensorStorage,
+    )
+    from .runtime.lowering import (
+        inductor_backend,
+    )
+    from .runtime.quantizer import (
+        QuantizedTensor,
+        Quantizer,
+    )
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "DType": ".constants",
+    "Float8BlockQuantizer": ".quantization.float8_block",
+    "Float8BlockwiseQTensor": ".quantization.float8_block",
+    "Float8BlockwiseQTensorStorage": ".quantization.float8_block",
+    "Float8CurrentScalingQuantizer": ".quantization.float8",
+    "Float8Quantizer": ".quantization.float8",
+    "Float8Tensor": ".quantization.float8",
+    "Float8TensorStorage": ".quantization.float8",
     "GroupedLinear": ".modules",
     "LayerNorm": ".modules",
     "LayerNormLinear": ".modules",
     "LayerNormMLP": ".modules",
     "Linear": ".modules",
+    "MXFP8Quantizer": ".quantization.mxfp8",
+    "MXFP8Tensor": ".quantization.mxfp8",
+    "MXFP8TensorStorage": ".quantization.mxfp8",
+    "NVFP4Quantizer": ".quantization.nvfp4",
+    "NVFP4Tensor": ".quantization.nvfp4",
+    "NVFP4TensorStorage": ".quantization.nvfp4",
+    "QuantizedTensor": ".runtime.quantizer",
+    "Quantizer": ".runtime.quantizer",
     "RMSNorm": ".modules",
     "autocast": ".modules",
     "checkpoint": ".modules",
+    "fp8_autocast": ".modules",
+    "fp8_model_init": ".modules",
+    "get_default_recipe": ".availability",
+    "get_device_compute_capability": ".availability",
     "inductor_backend": ".runtime.lowering",
+    "make_graphed_callables": ".graph",
+    "is_bf16_available": ".availability",
+    "is_fp8_available": ".availability",
+    "is_fp8_block_scaling_available": ".availability",
+    "is_mxfp8_available": ".availability",
+    "is_nvfp4_available": ".availability",
     "quantized_model_init": ".modules",
 }
 
 __all__ = [
+    "DType",
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
+    "Float8BlockwiseQTensorStorage",
+    "Float8CurrentScalingQuantizer",
+    "Float8Quantizer",
+    "Float8Tensor",
+    "Float8TensorStorage",
     "GroupedLinear",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "MXFP8TensorStorage",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
+    "NVFP4TensorStorage",
+    "QuantizedTensor",
+    "Quantizer",
     "RMSNorm",
     "autocast",
     "checkpoint",
+    "fp8_autocast",
+    "fp8_model_init",
+    "get_default_recipe",
+    "get_device_compute_capability",
     "inductor_backend",
+    "is_bf16_available",
+    "is_fp8_available",
+    "is_fp8_block_scaling_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
+    "make_graphed_callables",
     "quantized_model_init",
     "recipe",
 ]

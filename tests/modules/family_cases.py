@@ -85,8 +85,16 @@ UNARY = {
     "relu": F.relu,
     "qgelu": lambda t: t * torch.sigmoid(1.702 * t),
     "srelu": lambda t: F.relu(t).square(),
+    "silu": F.silu,
 }
-GATES = {"swiglu": F.silu, "geglu": _gelu, "reglu": F.relu}
+GATES = {
+    "glu": torch.sigmoid,
+    "swiglu": F.silu,
+    "geglu": _gelu,
+    "qgeglu": UNARY["qgelu"],
+    "reglu": F.relu,
+    "sreglu": UNARY["srelu"],
+}
 
 
 def ref_activation(name: str, h: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,19 @@ import transformer_engine_ops as te
 
 KIND = "layernorm_mlp"
 AOT = "aot_eager"
-ACTIVATIONS = ["gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"]
+ACTIVATIONS = [
+    "gelu",
+    "relu",
+    "qgelu",
+    "srelu",
+    "silu",
+    "glu",
+    "swiglu",
+    "geglu",
+    "qgeglu",
+    "reglu",
+    "sreglu",
+]
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
@@ -52,9 +64,14 @@ def test_fp32_eager_matches_the_torch_formula_tightly(activation):
     assert_close_to_reference(got, reference_step(module, KIND, x), rtol=1e-4)
 
 
-@pytest.mark.parametrize("activation", ["qgelu", "srelu", "geglu", "reglu"])
+@pytest.mark.parametrize("activation", ["qgelu", "srelu", "silu", "geglu", "reglu", "sreglu"])
 def test_every_activation_compiles_bitwise_equal_to_eager(activation):
     compile_and_compare(make(KIND, activation=activation, normalization="RMSNorm"), "mxfp8")
+
+
+def test_clamped_swiglu_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match="clamped_swiglu"):
+        te.LayerNormMLP(HIDDEN, FFN, activation="clamped_swiglu")
 
 
 def test_gated_activation_doubles_fc1_only():

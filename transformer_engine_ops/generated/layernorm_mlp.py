@@ -322,7 +322,19 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         _b.check(args.return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
         _b.choice(
             args.activation,
-            ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"),
+            (
+                "gelu",
+                "relu",
+                "qgelu",
+                "srelu",
+                "silu",
+                "glu",
+                "swiglu",
+                "geglu",
+                "qgeglu",
+                "reglu",
+                "sreglu",
+            ),
             "LayerNormMLPFwdArgs.activation",
         ),
         _b.optional_code(
@@ -475,7 +487,19 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         _b.check(args.return_layernorm_output, bool, "LayerNormMLPBwdArgs.return_layernorm_output"),
         _b.choice(
             args.activation,
-            ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"),
+            (
+                "gelu",
+                "relu",
+                "qgelu",
+                "srelu",
+                "silu",
+                "glu",
+                "swiglu",
+                "geglu",
+                "qgeglu",
+                "reglu",
+                "sreglu",
+            ),
             "LayerNormMLPBwdArgs.activation",
         ),
         _b.optional_code(

@@ -1,6 +1,6 @@
 """TE-style modules compiled through the generated custom ops."""
 
-from .autocast import autocast, checkpoint, quantized_model_init
+from .autocast import autocast, checkpoint, fp8_autocast, fp8_model_init, quantized_model_init
 from .grouped_linear import GroupedLinear
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
@@ -16,5 +16,7 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "checkpoint",
+    "fp8_autocast",
+    "fp8_model_init",
     "quantized_model_init",
 ]

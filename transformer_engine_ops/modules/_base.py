@@ -4,19 +4,24 @@ argument conventions.
 ``_extra_state`` (TE's state-dict key for recipe state) is kept by
 ``modules/_extra_state.py``: an empty uint8 tensor for a module without scaling state,
 the module's delayed-scaling state otherwise. ``ExtraStateMixin`` gives a module those
-``get_extra_state``/``set_extra_state`` methods.
+``get_extra_state``/``set_extra_state`` methods, and the parameter life cycle TE's
+GEMM modules share: ``quantized_model_init`` weights (with their high-precision init
+values when asked), the pieces of ``reset_parameters`` and ``set_tensor_parallel_group``.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from ..runtime._torch_private import current_graph_task_id
+from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
+from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
-from .autocast import RecipeQuantizers
+from .autocast import STATE, RecipeQuantizers
 
 
 class GemmScalingState:
@@ -104,10 +109,99 @@ class ExtraStateMixin:
         """``weight`` quantized under ``quantized_model_init``. Delayed scaling: with the
         GEMM's own weight quantizer, its scale seeded from the weight's amax (a scale of 1
         flushes small weights to zero or subnormals)."""
+        self.__dict__["_teops_model_init"] = init  # for reset_parameters
         quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
+        if weight.device.type == "meta":
+            # Nothing to quantize yet (``to_empty`` then ``reset_parameters`` fills it).
+            return quantizer.with_internal(False).make_empty(
+                weight.shape, dtype=weight.dtype, device=weight.device
+            )
         if quantizer is not init.weight:
             quantizer.observe(weight)
-        return quantizer.with_internal(False).quantize(weight)
+        quantized = quantizer.with_internal(False).quantize(weight)
+        if STATE.preserve_init_val:
+            # Attached when the module registers the parameter (a Parameter is a new
+            # object): the weights are registered in the order they were quantized.
+            self.__dict__.setdefault("_teops_pending_init_vals", []).append(
+                weight.detach().to("cpu", copy=True)
+            )
+        return quantized
+
+    def register_parameter(self, name: str, param: Any) -> None:
+        """``nn.Module.register_parameter``; a quantized weight built under
+        ``quantized_model_init(preserve_high_precision_init_val=True)`` gets TE's
+        ``get_high_precision_init_val``/``clear_high_precision_init_val``."""
+        super().register_parameter(name, param)  # type: ignore[misc]
+        pending = self.__dict__.get("_teops_pending_init_vals")
+        if pending and isinstance(param, QuantizedTensor):
+            _keep_high_precision_init_val(param, pending.pop(0))
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE's: the tensor-parallel group the module communicates over from now on
+        (Megatron builds its modules before its groups). The weights are sharded for
+        ``tp_size`` ranks, so the group must have that many (None: only where the module
+        needs no group, ``tp_size == 1``); the shard held stays the one built (call
+        ``reset_parameters()`` to draw this rank's)."""
+        cls = type(self).__name__
+        tp_size = self.tp_size  # type: ignore[attr-defined]
+        if tp_group is None:
+            if tp_size > 1:
+                raise ValueError(
+                    f"{cls}.set_tensor_parallel_group: tp_size={tp_size} needs a group"
+                )
+        else:
+            size = registered_group(tp_group, f"{cls}.tp_group").size()
+            if size != tp_size:
+                raise ValueError(
+                    f"{cls}.set_tensor_parallel_group: a group of {size} ranks for a module "
+                    f"sharded over tp_size={tp_size}"
+                )
+        self.tp_group = tp_group
+
+    # ----- reset_parameters -----
+
+    def _reset_weight(self, name: str, fresh: torch.Tensor, gemm: str | None = None) -> None:
+        """Put ``fresh`` (this rank's newly initialised plain weight) into parameter
+        ``name``: in place into a plain parameter of its device, dtype and shape (an
+        optimizer keeps its reference); otherwise, as TE's ``reset_parameters``, as a new
+        parameter, quantized again when the module was built under
+        ``quantized_model_init`` (after ``to_empty`` the weight is a plain empty tensor)."""
+        current = getattr(self, name)
+        init = self.__dict__.get("_teops_model_init")
+        if (
+            init is None
+            and type(current) in (torch.Tensor, torch.nn.Parameter)
+            and (current.device, current.dtype, current.shape)
+            == (fresh.device, fresh.dtype, fresh.shape)
+        ):
+            with torch.no_grad():
+                current.copy_(fresh)
+            return
+        value = fresh if init is None else self._initial_weight(init, fresh, gemm)
+        setattr(self, name, torch.nn.Parameter(value, requires_grad=current.requires_grad))
+
+    def _reset_filled(self, names: tuple[str, ...], value: float) -> None:
+        """Fill the parameters ``names`` (None ones skipped) with ``value`` in place."""
+        with torch.no_grad():
+            for name in names:
+                param = getattr(self, name)
+                if param is not None:
+                    param.fill_(value)
+
+
+def _get_high_precision_init_val(param: Any) -> torch.Tensor | None:
+    return getattr(param, "_high_precision_init_val", None)
+
+
+def _clear_high_precision_init_val(param: Any) -> None:
+    param._high_precision_init_val = None
+
+
+def _keep_high_precision_init_val(param: Any, value: torch.Tensor) -> None:
+    """TE's attributes of a weight quantized with its high-precision value kept."""
+    param._high_precision_init_val = value
+    param.get_high_precision_init_val = types.MethodType(_get_high_precision_init_val, param)
+    param.clear_high_precision_init_val = types.MethodType(_clear_high_precision_init_val, param)
 
 
 # --- constructor arguments --------------------------------------------------------

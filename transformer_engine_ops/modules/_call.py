@@ -7,10 +7,13 @@ to Linear). Nothing here crosses the op boundary: the generated ``<op>_eager`` a
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+import torch.nn.functional as F
 
 from ..ops.linear import BackwardOverride
 from ..runtime.custom_ops import registration_error
@@ -90,6 +93,62 @@ def activation_dtype(owner: str, inp: Any, params_dtype: torch.dtype) -> torch.d
             "(float32, bfloat16, float16 or float64): cast it first"
         )
     return inp.dtype
+
+
+_Forward = TypeVar("_Forward", bound=Callable[..., Any])
+
+
+def follows_torch_autocast(forward: _Forward) -> _Forward:
+    """Make a module's ``forward(inp, ...)`` honour an enclosing ``torch.autocast`` as
+    TE does: a floating-point input is cast to the autocast dtype of its device (so
+    the module computes, and returns, that dtype whatever its parameters' dtype), and
+    the call runs with autocast off, so that the op's own fp32 math (norm statistics,
+    scales, the quantizers' arithmetic) is not lowered to 16 bits behind its back."""
+
+    @functools.wraps(forward)
+    def wrapper(self: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(inp, torch.Tensor):
+            return forward(self, inp, *args, **kwargs)
+        device_type = inp.device.type
+        # (a device autocast does not know, e.g. meta, is reported by the field checks)
+        if not (
+            torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        ):
+            return forward(self, inp, *args, **kwargs)
+        dtype = torch.get_autocast_dtype(device_type)
+        if inp.is_floating_point() and inp.dtype != dtype:
+            inp = inp.to(dtype)
+        with torch.autocast(device_type, enabled=False):
+            return forward(self, inp, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def zero_feature_gemms(
+    owner: str,
+    inp: Any,
+    weights: list[Any],
+    biases: list[Any] | None,
+    m_splits: Any,
+    params_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The output of GEMMs with no input or no output features (``inp @ W_i^T + b_i``
+    over the rows of ``m_splits``; one GEMM: ``m_splits`` None), in the activation
+    dtype, through torch: there is nothing to quantize or multiply, and the op kernels
+    reshape by -1, which an empty operand makes ambiguous. Its gradients are TE's:
+    zeros (or empty) for the input and weights, the output gradient's row sums per GEMM
+    for the biases."""
+    dtype = activation_dtype(owner, inp, params_dtype)
+    x = inp.reshape(math.prod(inp.shape[:-1]), inp.shape[-1]).to(dtype)
+    plain = [w.dequantize() if isinstance(w, QuantizedData) else w for w in weights]
+    out = functools.reduce(torch.add, [F.linear(x, w.to(dtype)) for w in plain])
+    if biases is not None:
+        stacked = torch.stack([b.to(dtype) for b in biases])
+        if m_splits is None:
+            out = out + stacked[0]
+        else:
+            out = out + stacked.repeat_interleave(m_splits, dim=0, output_size=x.shape[0])
+    return out.reshape(*inp.shape[:-1], out.shape[-1])
 
 
 def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:

@@ -30,6 +30,7 @@ import dataclasses
 import enum
 import math
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from typing import Any
 import torch.utils.checkpoint
 
 from ..quantization.float8 import deferred_scale_updates
-from ..quantization.recipes import ROLES, Float8CurrentScaling, Recipe
+from ..quantization.recipes import ROLES, DelayedScaling, Float8CurrentScaling, Recipe
 from ..runtime._torch_private import functorch_transform_active
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import Quantizer, value_opaque_reason
@@ -286,6 +287,9 @@ class _State(threading.local):
     def __init__(self) -> None:
         self.autocast_cell: list[RecipeQuantizers | None] = [None]
         self.model_init_cell: list[RecipeQuantizers | None] = [None]
+        # quantized_model_init(preserve_high_precision_init_val=True) is open (module
+        # construction is eager, so a plain attribute serves).
+        self.preserve_init_val = False
 
     @property
     def autocast(self) -> RecipeQuantizers | None:
@@ -400,10 +404,30 @@ def _refuse_under_functorch(cell: str) -> None:
 
 
 def autocast(
-    enabled: bool = True, recipe: Recipe | None = None
+    enabled: bool = True,
+    calibrating: bool = False,
+    recipe: Recipe | None = None,
+    amax_reduction_group: Any = None,
+    _graph: bool = False,
 ) -> contextlib.AbstractContextManager[None]:
     """Run the modules inside with ``recipe`` (default FP8 current scaling); also inside
-    a compiled function, where the graph is guarded on the recipe's fields.
+    a compiled function, where the graph is guarded on the recipe's fields. TE 2.20.2's
+    arguments, in its order:
+
+    ``calibrating``: TE collects delayed scaling's amax statistics while running
+    unquantized (``enabled=False``). With ``enabled=True`` it changes nothing (the
+    quantized run collects them anyway), nor for a recipe without such state (nothing
+    to collect); the one case that would collect (``enabled=False`` under
+    ``DelayedScaling``) raises ``NotImplementedError``.
+
+    ``amax_reduction_group``: the group over which delayed scaling reduces its amaxes
+    when the region exits. Accepted; the reduction across ranks is not done here (each
+    rank keeps its own amax history), so a group of more than one rank under
+    ``DelayedScaling`` raises ``NotImplementedError`` instead of letting the ranks'
+    scales drift apart; other recipes scale from the current tensor and keep no
+    amaxes to reduce.
+
+    ``_graph`` (TE's CUDA-graph capture flag): only its default, False.
 
     Delayed scaling: each module keeps its own scaling state per tensor role; the
     forward scales update from the amax history when the outermost region exits (TE's
@@ -411,40 +435,162 @@ def autocast(
     each backward pass. Inside a compiled function it is refused (an eager fallback,
     which ``fullgraph=True`` turns into an error naming it).
     """
+    _check_autocast_arguments(enabled, calibrating, recipe, amax_reduction_group, _graph)
     return _RecipeScope("autocast_cell", enabled, recipe, deferred=True)
 
 
+def _check_autocast_arguments(
+    enabled: bool, calibrating: bool, recipe: Recipe | None, group: Any, graph: bool
+) -> None:
+    """Refuse, naming it, what :func:`autocast` does not implement of TE's arguments."""
+    if graph:
+        raise NotImplementedError(
+            "autocast: _graph=True (TE's CUDA-graph capture flag) is not implemented by "
+            "transformer_engine_ops; use te.make_graphed_callables"
+        )
+    delayed = isinstance(recipe, DelayedScaling)
+    if calibrating and not enabled and delayed:
+        raise NotImplementedError(
+            "autocast: calibrating=True with enabled=False under DelayedScaling (collecting "
+            "amax statistics from an unquantized run) is not implemented by "
+            "transformer_engine_ops"
+        )
+    if group is not None and delayed and group.size() > 1:
+        raise NotImplementedError(
+            f"autocast: amax_reduction_group of {group.size()} ranks under DelayedScaling "
+            "(reducing the amaxes across ranks) is not implemented by "
+            "transformer_engine_ops; each rank would keep its own scales"
+        )
+
+
 def quantized_model_init(
-    enabled: bool = True, recipe: Recipe | None = None
+    enabled: bool = True,
+    recipe: Recipe | None = None,
+    preserve_high_precision_init_val: bool = False,
 ) -> contextlib.AbstractContextManager[None]:
-    """Create module weights inside as quantized parameters of ``recipe``."""
-    return _RecipeScope("model_init_cell", enabled, recipe, deferred=False)
+    """Create module weights inside as quantized parameters of ``recipe``.
+
+    ``preserve_high_precision_init_val`` (TE's): each quantized weight also keeps, on
+    the CPU, the high-precision value it was quantized from, read with
+    ``weight.get_high_precision_init_val()`` (to initialise master weights without the
+    quantization's loss) and freed with ``weight.clear_high_precision_init_val()``."""
+    scope = _RecipeScope("model_init_cell", enabled, recipe, deferred=False)
+    if not preserve_high_precision_init_val:
+        return scope
+    return _preserving_init_vals(scope)
+
+
+@contextlib.contextmanager
+def _preserving_init_vals(scope: contextlib.AbstractContextManager[None]) -> Any:
+    previous = STATE.preserve_init_val
+    STATE.preserve_init_val = True
+    try:
+        with scope:
+            yield
+    finally:
+        STATE.preserve_init_val = previous
+
+
+def fp8_autocast(
+    enabled: bool = True,
+    calibrating: bool = False,
+    fp8_recipe: Recipe | None = None,
+    fp8_group: Any = None,
+    _graph: bool = False,
+) -> contextlib.AbstractContextManager[None]:
+    """TE's deprecated name of :func:`autocast` (``fp8_recipe`` is ``recipe``,
+    ``fp8_group`` is ``amax_reduction_group``); warns as TE does."""
+    warnings.warn(
+        "fp8_autocast is deprecated and will be removed in a future release. "
+        "Use autocast(enabled=..., calibrating=..., recipe=..., amax_reduction_group=..., "
+        "_graph=...) instead.",
+        category=DeprecationWarning,
+        stacklevel=2,
+    )
+    return autocast(
+        enabled=enabled,
+        calibrating=calibrating,
+        recipe=fp8_recipe,
+        amax_reduction_group=fp8_group,
+        _graph=_graph,
+    )
+
+
+def fp8_model_init(
+    enabled: bool = True,
+    recipe: Recipe | None = None,
+    preserve_high_precision_init_val: bool = False,
+) -> contextlib.AbstractContextManager[None]:
+    """TE's deprecated name of :func:`quantized_model_init`; warns as TE does."""
+    warnings.warn(
+        "fp8_model_init is deprecated and will be removed in a future release. "
+        "Use quantized_model_init(enabled=..., recipe=..., "
+        "preserve_high_precision_init_val=...) instead.",
+        category=DeprecationWarning,
+        stacklevel=2,
+    )
+    return quantized_model_init(
+        enabled=enabled,
+        recipe=recipe,
+        preserve_high_precision_init_val=preserve_high_precision_init_val,
+    )
 
 
 def checkpoint(
-    function: Callable[..., Any], *args: Any, use_reentrant: bool = True, **kwargs: Any
+    function: Callable[..., Any],
+    *args: Any,
+    distribute_saved_activations: bool = False,
+    get_rng_state_tracker: Callable[[], Any] | None = None,
+    tp_group: Any = None,
+    use_reentrant: bool = True,
+    **kwargs: Any,
 ) -> Any:
     """``torch.utils.checkpoint.checkpoint`` whose recompute runs under the recipe of the
-    forward (TE's ``te.checkpoint``; ``use_reentrant`` defaults to True as there).
+    forward (TE's ``te.checkpoint``, with its keyword arguments; ``use_reentrant``
+    defaults to True as there).
 
     The recipe active at this call is recorded and re-entered around every call of
     ``function``, the forward and the recompute, which the backward runs outside the
     ``autocast`` that wrapped the forward. Use it to checkpoint a compiled module
     (``checkpoint(torch.compile(model), x)``) from eager code: the recompute then meets
     the same recipe guard as the forward and reuses its graph. ``torch.utils.checkpoint``
-    itself recomputes the compiled module without a recipe. Other keyword arguments go
-    to ``torch.utils.checkpoint.checkpoint``.
-    """
-    recorded = STATE.autocast
+    itself recomputes the compiled module without a recipe.
 
-    def under_recorded_recipe(*inner_args: Any, **inner_kwargs: Any) -> Any:
+    As TE: other keyword arguments go to ``function``; ``get_rng_state_tracker`` returns
+    a tracker (``get_states``/``set_states``, Megatron's and TE's
+    ``CudaRNGStatesTracker``) whose states the recompute starts from as the forward did,
+    and restores afterwards (torch's checkpoint already does so for the default
+    generators); ``tp_group`` is read only by ``distribute_saved_activations=True``
+    (splitting the saved input over the group), which is not implemented with
+    ``use_reentrant=True`` and has no effect without it, as in TE.
+    """
+    if distribute_saved_activations and use_reentrant:
+        raise NotImplementedError(
+            "checkpoint: distribute_saved_activations=True (the saved input split over "
+            "tp_group) is not implemented by transformer_engine_ops"
+        )
+    del tp_group  # only read by distribute_saved_activations
+    recorded = STATE.autocast
+    tracker = get_rng_state_tracker() if get_rng_state_tracker is not None else None
+    forward_states = tracker.get_states() if tracker is not None else None
+    calls = [0]
+
+    def under_recorded_recipe(*inner_args: Any) -> Any:
+        recompute = calls[0] > 0
+        calls[0] += 1
         previous = STATE.autocast
         STATE.autocast = recorded
+        outer_states = None
+        if recompute and tracker is not None:
+            outer_states = tracker.get_states()
+            tracker.set_states(dict(forward_states))  # a fresh dict per recompute
         try:
-            return function(*inner_args, **inner_kwargs)
+            return function(*inner_args, **kwargs)
         finally:
             STATE.autocast = previous
+            if outer_states is not None:
+                tracker.set_states(outer_states)
 
     return torch.utils.checkpoint.checkpoint(
-        under_recorded_recipe, *args, use_reentrant=use_reentrant, **kwargs
+        under_recorded_recipe, *args, use_reentrant=use_reentrant
     )

@@ -37,6 +37,7 @@ own amax.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +62,10 @@ from ._call import (
     activation_dtype,
     backward_override_of,
     call_op,
+    follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling
 from .autocast import STATE
@@ -239,6 +242,25 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             if bias:
                 zeros = torch.zeros(out_local, dtype=dtype, device=device)
                 self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+        self._teops_init_methods = (init_method,)
+
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023), one weight after another; the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        split = {"column": 0, "row": 1}.get(self.parallel_mode or "")
+        parts = self.tp_size if split is not None else 1
+        full = (
+            self.out_features * (parts if split == 0 else 1),
+            self.in_features * (parts if split == 1 else 1),
+        )
+        rank, device = tp_rank(self.tp_group, self.tp_size), self.weight0.device
+        for i in range(self.num_gemms):
+            init = self._teops_init_methods[0] or te_default_init
+            weight = full_then_shard(full, split or 0, parts, rank, init, self.params_dtype, device)
+            self._reset_weight(f"weight{i}", weight, _gemm(i))
+        self._reset_filled(tuple(f"bias{i}" for i in range(self.num_gemms) if self.use_bias), 0.0)
 
     def _weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
@@ -251,6 +273,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             return None
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
+    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,
@@ -269,6 +292,17 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             m_splits = torch.tensor(_row_counts(cls, m_splits), dtype=torch.int64)
         elif not isinstance(m_splits, torch.Tensor):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
+        if 0 in self.weight0.shape and isinstance(inp, torch.Tensor):
+            # No features: nothing to quantize or multiply (zeros, plus each GEMM's bias
+            # on its rows).
+            if sum(m_splits.tolist()) != math.prod(inp.shape[:-1]):
+                raise ValueError(
+                    f"{cls}: m_splits sums to {sum(m_splits.tolist())} rows, but the input "
+                    f"of shape {tuple(inp.shape)} has {math.prod(inp.shape[:-1])}"
+                )
+            return zero_feature_gemms(
+                cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
+            )
         shared = self._forward_recipe(STATE.autocast)
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.

@@ -18,7 +18,7 @@ from torch import nn
 from ..generated.layernorm import layernorm_compiled, layernorm_eager
 from ..ops.layernorm import LayerNormFwdArgs
 from ._base import ExtraStateMixin
-from ._call import activation_dtype, call_op
+from ._call import activation_dtype, call_op, follows_torch_autocast
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -91,6 +91,7 @@ class _Norm(ExtraStateMixin, nn.Module):
             if self.bias is not None:
                 self.bias.zero_()
 
+    @follows_torch_autocast
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         is_tensor = isinstance(inp, torch.Tensor)
         activation_dtype(type(self).__name__, inp, self.weight.dtype)  # refuses integers

@@ -33,6 +33,7 @@ from ._call import (
     backward_override_of,
     caches_weight,
     call_op,
+    follows_torch_autocast,
     gemm_call_reason,
     quantizes_weight,
     recipe_gemm_fields,
@@ -168,7 +169,29 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         else:
             self.register_parameter("bias", None)
         self._weight_workspace: Any = None
+        self._teops_init_methods = (init_method,)
 
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023); the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        self._reset_filled(("layer_norm_weight",), float(not self.zero_centered_gamma))
+        self._reset_filled(("layer_norm_bias",), 0.0)
+        column = self.parallel_mode == "column"
+        weight = full_then_shard(
+            (self.out_features, self.in_features),
+            0,
+            self.tp_size if column else 1,
+            tp_rank(self.tp_group, self.tp_size),
+            self._teops_init_methods[0] or te_default_init,
+            self.params_dtype,
+            self.weight.device,
+        )
+        self._reset_weight("weight", weight)
+        self._reset_filled(("bias",), 0.0)
+
+    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,
@@ -178,6 +201,8 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     ) -> Any:
         reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)
+        if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
+            q = None
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
         reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
         if caches_weight(args):

@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
-from ..ops.layernorm_mlp import GATED, LayerNormMLPFwdArgs, cached_weights_need_columnwise
+from ..ops.layernorm_mlp import (
+    ACTIVATIONS,
+    GATED,
+    LayerNormMLPFwdArgs,
+    cached_weights_need_columnwise,
+)
 from ..quantization.stochastic import rng_state_for
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
@@ -27,6 +32,7 @@ from ._call import (
     CACHING_REASON,
     activation_dtype,
     call_op,
+    follows_torch_autocast,
     recipe_gemm_fields,
     unsupported_reason,
 )
@@ -34,8 +40,6 @@ from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
-
-ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu")
 
 
 class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
@@ -96,6 +100,11 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             checkpoint=(checkpoint, False),
         )
         check_normalization(cls, normalization)
+        if activation == "clamped_swiglu":
+            raise NotImplementedError(
+                f"{cls}: activation='clamped_swiglu' (with activation_params) is not "
+                "implemented by transformer_engine_ops"
+            )
         if activation not in ACTIVATIONS:
             raise ValueError(f"{cls}: activation must be one of {ACTIVATIONS}, got {activation!r}")
         mode = "column" if set_parallel_mode else None
@@ -150,7 +159,31 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         # The quantized weights kept across microbatches (``is_first_microbatch``).
         self._fc1_weight_workspace: Any = None
         self._fc2_weight_workspace: Any = None
+        self._teops_init_methods = (init_method, output_layer_init_method)
 
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method`` for fc1 and ``output_layer_init_method`` for fc2,
+        else TE's N(0, 0.023); the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        self._reset_filled(("layer_norm_weight",), float(not self.zero_centered_gamma))
+        self._reset_filled(("layer_norm_bias", "fc1_bias", "fc2_bias"), 0.0)
+        fc1_init, fc2_init = self._teops_init_methods
+        dtype, device = self.params_dtype, self.fc1_weight.device
+        halves = 2 if self.activation in GATED else 1
+        local, rank = self.size_per_partition, tp_rank(self.tp_group, self.tp_size)
+        fc1 = torch.empty(
+            halves * self.ffn_hidden_size, self.hidden_size, dtype=dtype, device=device
+        )
+        (fc1_init or te_default_init)(fc1)
+        fc1 = torch.cat([h.narrow(0, rank * local, local) for h in fc1.chunk(halves, 0)]).clone()
+        fc2 = torch.empty(self.hidden_size, self.ffn_hidden_size, dtype=dtype, device=device)
+        (fc2_init or te_default_init)(fc2)
+        self._reset_weight("fc1_weight", fc1)
+        self._reset_weight("fc2_weight", fc2.narrow(1, rank * local, local).clone(), "fc2")
+
+    @follows_torch_autocast
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         """TE's ``LayerNormMLP.forward(inp, is_first_microbatch=None)``.
 
@@ -163,6 +196,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         as for ``Linear``.
         """
         shared = self._forward_recipe(STATE.autocast)
+        if self.size_per_partition == 0:  # no hidden features: nothing to quantize
+            shared = None
         args = self._fwd_args(inp, shared, is_first_microbatch)
         if not args.cache_weight:
             outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, shared)

@@ -10,7 +10,6 @@ reason. Module logic only: nothing here crosses the op boundary by hand.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -23,13 +22,21 @@ from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from . import _extra_state
-from ._base import ExtraStateMixin, reject_unimplemented
+from ._base import (
+    ExtraStateMixin,
+    full_then_shard,
+    reject_unimplemented,
+    te_default_init,
+    tp_rank,
+)
 from ._call import (
     activation_dtype,
     backward_override_of,
     caches_weight,
+    follows_torch_autocast,
     gemm_call_reason,
     recipe_gemm_fields,
+    zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
@@ -206,7 +213,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         # default init on an identically seeded global RNG) and keeps its shard, so a
         # single-process Linear built the same way holds the concatenation of the shards.
         weight = torch.empty(out_features, in_features, dtype=self.params_dtype, device=device)
-        (init_method or self._default_init)(weight)
+        (init_method or te_default_init)(weight)
         rank = tp_group.rank() if tp_group is not None and tp_size > 1 else 0
         out_local, in_local = out_features, in_features
         if parallel_mode == "column":
@@ -228,10 +235,25 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             else None
         )
         self._weight_workspace: Any = None
+        self._teops_init_methods = (init_method,)
 
-    @staticmethod
-    def _default_init(weight: torch.Tensor) -> None:
-        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    def reset_parameters(self) -> None:
+        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023); the full
+        weight, then this rank's shard) and reset the other parameters to their initial
+        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
+        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        split = {"column": 0, "row": 1}.get(self.parallel_mode or "")
+        weight = full_then_shard(
+            (self.out_features, self.in_features),
+            split or 0,
+            self.tp_size if split is not None else 1,
+            tp_rank(self.tp_group, self.tp_size),
+            self._teops_init_methods[0] or te_default_init,
+            self.params_dtype,
+            self.weight.device,
+        )
+        self._reset_weight("weight", weight)
+        self._reset_filled(("bias",), 0.0)
 
     def _fwd_args(
         self,
@@ -284,9 +306,29 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(self.weight),
         )
 
+    @follows_torch_autocast
     def forward(
-        self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
     ) -> Any:
+        if fp8_grad:  # TE's quantized input gradient
+            reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
+        if 0 in self.weight.shape and self.tp_size == 1:  # no features: nothing to quantize
+            bias = None if self.return_bias else self.bias
+            out = zero_feature_gemms(
+                type(self).__name__,
+                inp,
+                [self.weight],
+                None if bias is None else [bias],
+                None,
+                self.params_dtype,
+            )
+            if self.return_bias:
+                return out, None if self.bias is None else self.bias.to(out.dtype)
+            return out
         quantizers = STATE.autocast
         compiling = torch.compiler.is_compiling()
         if not compiling:

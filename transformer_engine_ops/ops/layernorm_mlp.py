@@ -3,7 +3,7 @@
 The norm is ``ops/layernorm.py``'s fp32 math; fc1 and fc2 are the Linear op's own GEMM
 stages (``ops/_fused.py``), each with its own six quantizers, so each GEMM quantizes its
 input, weight and gradients as Linear does. The activation runs in fp32 on fc1's
-output; gated activations (``swiglu``, ``geglu``, ``reglu``) gate the first half of
+output; gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``) gate the first half of
 fc1's output features with the second, as TE does. With ``set_parallel_mode`` fc1 is
 column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
 norm output before fc1 and reduce-scatters fc2's output (and the reverse in backward).
@@ -54,7 +54,9 @@ from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
-Activation = Literal["gelu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu"]
+Activation = Literal[
+    "gelu", "relu", "qgelu", "srelu", "silu", "glu", "swiglu", "geglu", "qgeglu", "reglu", "sreglu"
+]
 
 
 @dataclass
@@ -206,7 +208,9 @@ class LayerNormMLPBwdArgs:
 
 # --- Activations (fp32 math) ---------------------------------------------------------
 
-GATED = ("swiglu", "geglu", "reglu")
+# A gated activation gates the first half of its input with f and multiplies the second.
+GATED = ("glu", "swiglu", "geglu", "qgeglu", "reglu", "sreglu")
+ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu", *GATED)
 _TANH_K = math.sqrt(2.0 / math.pi)
 
 
@@ -219,13 +223,16 @@ def _unary(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return 0.5 * x * (1 + t), d
     if name in ("relu", "reglu"):
         return torch.relu(x), (x > 0).to(x.dtype)
-    if name == "srelu":
+    if name in ("srelu", "sreglu"):
         r = torch.relu(x)
         return r * r, 2 * r
-    if name == "qgelu":
+    if name in ("qgelu", "qgeglu"):
         s = torch.sigmoid(1.702 * x)
         return x * s, s + 1.702 * x * s * (1 - s)
-    # swiglu: SiLU gate
+    if name == "glu":  # sigmoid gate
+        s = torch.sigmoid(x)
+        return s, s * (1 - s)
+    # silu, swiglu: SiLU
     s = torch.sigmoid(x)
     return x * s, s + x * s * (1 - s)
 
@@ -382,7 +389,7 @@ def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
     check_norm(
         args.normalization, args.ln_weight, args.ln_bias, hidden, "LayerNormMLPFwdArgs", "ln_bias"
     )
-    if args.activation not in ("gelu", "relu", "qgelu", "srelu", *GATED):
+    if args.activation not in ACTIVATIONS:
         raise ValueError(f"LayerNormMLPFwdArgs.activation: unknown activation {args.activation!r}")
     fc1_rows, fc2_cols = args.fc1_weight.shape[0], args.fc2_weight.shape[-1]
     act_features = fc1_rows // 2 if args.activation in GATED else fc1_rows
