@@ -21,21 +21,25 @@ HADAMARD_SIZE = 16
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 
-def _sylvester(size: int) -> list[list[int]]:
-    h = [[1]]
-    while len(h) < size:
-        h = [row + row for row in h] + [row + [-v for v in row] for row in h]
-    return h
+# RHT_SIGNS as a bit mask (bit i set where sign i is -1), so the matrix is made on its
+# device by arithmetic: a host-to-device copy is refused during CUDA-graph capture.
+_NEGATIVE_SIGNS_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)
 
 
 def rht_matrix(dtype: torch.dtype = torch.float32, device: object = None) -> torch.Tensor:
     """``diag(RHT_SIGNS) @ H16 / 4`` (entries +-1/4, exact in every float dtype).
 
-    Built from Python constants by ``torch.tensor``; not cached, so a trace never
-    captures a tensor made by an earlier call."""
-    h = _sylvester(HADAMARD_SIZE)
-    rows = [[s * v / 4 for v in row] for s, row in zip(RHT_SIGNS, h, strict=True)]
-    return torch.tensor(rows, dtype=dtype, device=device)
+    Made on ``device`` from ``arange`` (Sylvester's ``H[i, j] = (-1)**popcount(i & j)``),
+    never copied from the host, so it can be made while a CUDA graph is captured; not
+    cached, so a trace never captures a tensor made by an earlier call."""
+    idx = torch.arange(HADAMARD_SIZE, device=device)
+    both = idx[:, None] & idx[None, :]
+    parity = torch.zeros_like(both)
+    for bit in range(HADAMARD_SIZE.bit_length() - 1):
+        parity = parity ^ ((both >> bit) & 1)
+    negative = (_NEGATIVE_SIGNS_MASK >> idx) & 1
+    signed = (1 - 2 * negative)[:, None] * (1 - 2 * parity)
+    return signed.to(dtype) / 4
 
 
 def _check_blocks(x2d: torch.Tensor) -> None:

@@ -98,7 +98,9 @@ def stage_rng_state(rng_state: Optional[torch.Tensor], stage: int) -> Optional[t
     stage advances the offset by ``stage``), so no two GEMMs share bits."""
     if rng_state is None or stage == 0:
         return rng_state
-    return rng_state + torch.tensor([0, stage], dtype=RNG_STATE_DTYPE, device=rng_state.device)
+    # (0, stage) made on the state's device: a host-to-device copy is refused during
+    # CUDA-graph capture.
+    return rng_state + torch.arange(2, dtype=RNG_STATE_DTYPE, device=rng_state.device) * stage
 
 
 def quantize_gradient(
