@@ -187,17 +187,6 @@ def _quantized_slots(bundle: Bundle) -> str:
     )
 
 
-def _tensor_list_slots(bundle: Bundle) -> str:
-    """Every ``Tensor[]`` slot (autograd wants one gradient per element there)."""
-    index, found = 0, []
-    for f in bundle.fields:
-        for s in f.slots:
-            if str(s.type).startswith("Tensor[]"):
-                found.append(index)
-            index += 1
-    return _int_tuple(found)
-
-
 _CARRIES_TENSORS = (
     Kind.TENSOR,
     Kind.TENSOR_LIST,
@@ -206,29 +195,65 @@ _CARRIES_TENSORS = (
 )
 
 
+@dataclass(frozen=True)
+class BackwardValue:
+    """One keyword of the backward bundle the generated autograd Functions rebuild."""
+
+    name: str
+    value: str
+
+
+def _spread(value: str, is_list: bool) -> str:
+    """An ``autograd.Function`` input: a gradient field's value, or its elements."""
+    return f"*({value} or ())" if is_list else value
+
+
+def _lengths(values: list[str], lists: list[bool]) -> str:
+    """Each gradient field's element count (None for a single value), as code."""
+    return _code_tuple(
+        [f"_r.length({v})" if is_list else "None" for v, is_list in zip(values, lists, strict=True)]
+    )
+
+
 def calling_side_context(op: Op) -> dict:
-    """What the generated calling side (eager autograd path, compiled call) needs."""
+    """What the generated autograd Functions and calling side need, field by field."""
     grad_name = (
         GRAD_OUTPUTS_FIELD
         if op.backward.field(GRAD_OUTPUTS_FIELD) is not None
         else GRAD_OUTPUT_FIELD
     )
     grad_kinds = [op.forward.field(g).type.kind for g in op.grad_fields]  # type: ignore[union-attr]
+    lists = [kinds.gradient_per_element(k) for k in grad_kinds]
     saved = [
         f.name
         for f in op.backward.fields
         if f.type.kind in _CARRIES_TENSORS and f.name != grad_name
     ]
+    arg_values = [f"args.{g}" for g in op.grad_fields]
+    slot_values = [f"slots[{slot_index(op.forward, g)}]" for g in op.grad_fields]
+    grads = "grads[0]" if grad_name == GRAD_OUTPUT_FIELD else "list(grads)"
+    backward_values = []
+    for f in op.backward.fields:
+        if f.name == grad_name:
+            value = grads
+        elif f.name in saved:
+            value = f"values[{saved.index(f.name)}]"
+        else:
+            value = f"kept.{f.name}"
+        backward_values.append(BackwardValue(f.name, value))
     return {
         "grad_outputs_field": grad_name,
         "grad_output_only": grad_name == GRAD_OUTPUT_FIELD,
-        "backward_grad_outputs_slot": slot_index(op.backward, grad_name),
-        "forward_tensor_list_slots": _tensor_list_slots(op.forward),
-        "backward_tensor_list_slots": _tensor_list_slots(op.backward),
-        "grad_field_lists": _code_tuple([str(kinds.gradient_per_element(k)) for k in grad_kinds]),
-        "grad_values": _code_tuple([f"args.{g}" for g in op.grad_fields]),
+        "grad_inputs": [_spread(v, is_list) for v, is_list in zip(arg_values, lists, strict=True)],
+        "grad_slot_inputs": [
+            _spread(v, is_list) for v, is_list in zip(slot_values, lists, strict=True)
+        ],
+        "grad_values": ", ".join(arg_values),
+        "has_grad_lists": any(lists),
+        "eager_lengths": _lengths(arg_values, lists),
+        "slot_lengths": _lengths(slot_values, lists),
         "saved_fields": tuple(saved),
-        "saved_fields_tuple": _tuple_literal(tuple(saved)),
+        "backward_values": backward_values,
     }
 
 
@@ -266,7 +291,6 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
         )
         imports.use_module("transformer_engine_ops.runtime", "custom_ops", "_r")
         registration.update(
-            forward_grad_slots=_int_tuple([slot_index(op.forward, g) for g in op.grad_fields]),
             forward_quantized_slots=_quantized_slots(op.forward),
             backward_quantized_slots=_quantized_slots(op.backward),
             **calling_side_context(op),

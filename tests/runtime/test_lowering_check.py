@@ -14,7 +14,6 @@ import importlib.util
 import pkgutil
 import sys
 import tempfile
-import typing
 from pathlib import Path
 from types import ModuleType
 
@@ -119,7 +118,7 @@ def test_the_shipped_ops_are_found():
 
 def test_an_op_without_examples_is_reported(monkeypatch):
     module = sys.modules[_fixture("marked_reduction_op")]
-    bundle = typing.get_type_hints(module._GLUE.unflatten)["return"]
+    bundle = lowering_check.forward_bundle(module)
     monkeypatch.delitem(lowering._EXAMPLES, bundle)
     (problem,) = lowering_check.check(module.__name__)
     assert (
@@ -138,7 +137,7 @@ def test_examples_that_never_lower_are_reported(monkeypatch):
 
 def test_an_example_the_op_refuses_is_reported_with_its_op_and_recipe(monkeypatch):
     module = sys.modules[_fixture("marked_reduction_op")]
-    bundle = typing.get_type_hints(module._GLUE.unflatten)["return"]
+    bundle = lowering_check.forward_bundle(module)
 
     def broken(recipe, device):
         return [] if recipe else [bundle(x=torch.ones(4, 3), w=torch.ones(2))]

@@ -31,19 +31,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::grouped_linear_fwd"
 BACKWARD_OP = "teops::grouped_linear_bwd"
 GRAD_FIELDS = ("inp", "weights", "biases")
-# Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 1, 4)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (1, 5)
 BACKWARD_QUANTIZED_SLOTS = (2, 6)
-# Backward slot receiving the outputs' gradients (`grad_outputs`).
-BACKWARD_GRAD_OUTPUTS_SLOT = 0
-# Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (2, 4, 6)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 3, 7)
-# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, True, True)
 
 FORWARD_SCHEMA = (
     "("
@@ -376,31 +367,158 @@ grouped_linear_fwd = _r.define_op(
 grouped_linear_bwd = _r.define_op(
     BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=False
 )
-# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
-# the backward bundle (no fake run, no flatten); traced, it calls the ops.
-# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
-_GLUE = _r.OpGlue(
-    kernel=_forward_kernel,
-    unflatten=unflatten_grouped_linear_fwd_args,
-    forward_impl=grouped_linear_forward,
-    setup_context=grouped_linear_setup_context,
-    backward_impl=grouped_linear_backward,
-    flatten_backward=flatten_grouped_linear_bwd_args,
-    grad_slots=FORWARD_GRAD_SLOTS,
-    grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inp", "weights", "m_splits", "weight_workspaces", "sr_rng_state"),
-    grad_outputs_field="grad_outputs",
-    grad_output_only=False,
-)
-_r.register_autograd(grouped_linear_fwd, grouped_linear_bwd, _GLUE)
+
+
+class _OpNode(torch.autograd.Function):
+    """The autograd node of one `teops::grouped_linear_fwd` call that records gradients. With real
+    tensors on a plain backend it runs the impls directly and keeps the backward bundle;
+    traced (fake tensors, functionalization) it re-dispatches below autograd and its
+    backward calls `teops::grouped_linear_bwd`: one graph node each way."""
+
+    @staticmethod
+    def forward(ctx: Any, below: Any, slots: tuple[Any, ...], *inputs: Any) -> tuple[Any, ...]:
+        ctx.direct = _r.plain_backend(below)
+        if ctx.direct:
+            args = unflatten_grouped_linear_fwd_args(*slots)
+            outputs, saved = grouped_linear_forward(args)
+            flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
+        else:
+            flat, outputs, saved = _r.redispatch_forward(
+                grouped_linear_fwd, FORWARD_OP, below, slots
+            )
+            args = unflatten_grouped_linear_fwd_args(*slots)
+        kept = grouped_linear_setup_context(args, tuple(outputs), tuple(saved))
+        _r.save_for_backward(
+            ctx, kept.inp, kept.weights, kept.m_splits, kept.weight_workspaces, kept.sr_rng_state
+        )
+        kept.inp = None
+        kept.weights = None
+        kept.m_splits = None
+        kept.weight_workspaces = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        ctx.lengths = (None, _r.length(slots[1]), _r.length(slots[4]))
+        ctx.shapes = _r.input_shapes(inputs)
+        ctx.output_grad_slots = _r.output_grad_slots(outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
+        args = GroupedLinearBwdArgs(
+            grad_outputs=list(grads),
+            inp=values[0],
+            weights=values[1],
+            m_splits=values[2],
+            weight_workspaces=values[3],
+            requires_dgrad=kept.requires_dgrad,
+            requires_wgrad=kept.requires_wgrad,
+            requires_bgrad=kept.requires_bgrad,
+            has_biases=kept.has_biases,
+            input_quantizers=kept.input_quantizers,
+            weight_quantizers=kept.weight_quantizers,
+            grad_output_quantizers=kept.grad_output_quantizers,
+            activation_dtype=kept.activation_dtype,
+            fp8=kept.fp8,
+            backward_override=kept.backward_override,
+            fprop_gemm=kept.fprop_gemm,
+            dgrad_gemm=kept.dgrad_gemm,
+            wgrad_gemm=kept.wgrad_gemm,
+            num_gemms=kept.num_gemms,
+            in_features=kept.in_features,
+            out_features=kept.out_features,
+            sr_rng_state=values[4],
+            wgrad_routes=kept.wgrad_routes,
+        )
+        if ctx.direct:
+            field_grads = grouped_linear_backward(args)
+        else:
+            flat = grouped_linear_bwd(*flatten_grouped_linear_bwd_args(args))
+            field_grads = _r.field_grads(flat, ctx.lengths)
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2, ctx.shapes)
+
+
+def _forward_autograd(keyset: Any, *slots: Any) -> Any:
+    """`teops::grouped_linear_fwd`'s Autograd kernel: an `_OpNode` when a gradient is recorded,
+    else the kernel straight away (or a re-dispatch below autograd)."""
+    below = keyset & _r.AFTER_AUTOGRAD
+    if torch.is_grad_enabled() and _r.any_requires_grad(*slots):
+        return list(_OpNode.apply(below, slots, slots[0], *(slots[1] or ()), *(slots[4] or ())))
+    return _r.below_autograd(grouped_linear_fwd, _forward_kernel, below, slots)
+
+
+_r.register_autograd(grouped_linear_fwd, _forward_autograd)
 _r.register_quantized_dispatch(grouped_linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(grouped_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
 # `call_grouped_linear` is what a module calls. Eagerly it runs `grouped_linear_eager` (the impls
-# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
-# `grouped_linear_compiled` (the custom ops, one graph node each way).
+# through `_EagerNode`, no op boundary); under torch.compile, `grouped_linear_compiled` (the
+# custom ops, one graph node each way).
+
+
+class _EagerNode(torch.autograd.Function):
+    """`grouped_linear_forward`, `grouped_linear_setup_context` and `grouped_linear_backward` called
+    directly (no op boundary). The backward bundle's tensors go through
+    `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
+    buffers); its other fields stay on the context, and each backward builds a new
+    bundle from them, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: GroupedLinearFwdArgs, made: list[Any], *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = grouped_linear_forward(args)
+        kept = grouped_linear_setup_context(args, tuple(outputs), saved)
+        _r.save_for_backward(
+            ctx, kept.inp, kept.weights, kept.m_splits, kept.weight_workspaces, kept.sr_rng_state
+        )
+        kept.inp = None
+        kept.weights = None
+        kept.m_splits = None
+        kept.weight_workspaces = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        ctx.lengths = (None, _r.length(args.weights), _r.length(args.biases))
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        field_grads = grouped_linear_backward(
+            GroupedLinearBwdArgs(
+                grad_outputs=list(grads),
+                inp=values[0],
+                weights=values[1],
+                m_splits=values[2],
+                weight_workspaces=values[3],
+                requires_dgrad=kept.requires_dgrad,
+                requires_wgrad=kept.requires_wgrad,
+                requires_bgrad=kept.requires_bgrad,
+                has_biases=kept.has_biases,
+                input_quantizers=kept.input_quantizers,
+                weight_quantizers=kept.weight_quantizers,
+                grad_output_quantizers=kept.grad_output_quantizers,
+                activation_dtype=kept.activation_dtype,
+                fp8=kept.fp8,
+                backward_override=kept.backward_override,
+                fprop_gemm=kept.fprop_gemm,
+                dgrad_gemm=kept.dgrad_gemm,
+                wgrad_gemm=kept.wgrad_gemm,
+                num_gemms=kept.num_gemms,
+                in_features=kept.in_features,
+                out_features=kept.out_features,
+                sr_rng_state=values[4],
+                wgrad_routes=kept.wgrad_routes,
+            )
+        )
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2)
 
 
 def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -409,7 +527,13 @@ def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], t
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_grouped_linear_fwd_args` checks it for the compiled path."""
     flatten_grouped_linear_fwd_args(args)
-    return _r.run_eager(_GLUE, args, (args.inp, args.weights, args.biases))
+    if torch.is_grad_enabled() and _r.any_requires_grad(args.inp, args.weights, args.biases):
+        made: list[Any] = []
+        outputs = _EagerNode.apply(
+            args, made, args.inp, *(args.weights or ()), *(args.biases or ())
+        )
+        return outputs, made[0]
+    return grouped_linear_forward(args)
 
 
 def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:

@@ -28,19 +28,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::layernorm_fwd"
 BACKWARD_OP = "teops::layernorm_bwd"
 GRAD_FIELDS = ("inp", "weight", "bias")
-# Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 1, 2)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = ()
 BACKWARD_QUANTIZED_SLOTS = ()
-# Backward slot receiving the outputs' gradients (`grad_outputs`).
-BACKWARD_GRAD_OUTPUTS_SLOT = 0
-# Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = ()
-BACKWARD_TENSOR_LIST_SLOTS = (0,)
-# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -219,31 +210,121 @@ layernorm_fwd = _r.define_op(
 layernorm_bwd = _r.define_op(
     BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=True
 )
-# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
-# the backward bundle (no fake run, no flatten); traced, it calls the ops.
-# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
-_GLUE = _r.OpGlue(
-    kernel=_forward_kernel,
-    unflatten=unflatten_layer_norm_fwd_args,
-    forward_impl=layernorm_forward,
-    setup_context=layernorm_setup_context,
-    backward_impl=layernorm_backward,
-    flatten_backward=flatten_layer_norm_bwd_args,
-    grad_slots=FORWARD_GRAD_SLOTS,
-    grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inp", "weight", "mu", "rsigma"),
-    grad_outputs_field="grad_outputs",
-    grad_output_only=False,
-)
-_r.register_autograd(layernorm_fwd, layernorm_bwd, _GLUE)
+
+
+class _OpNode(torch.autograd.Function):
+    """The autograd node of one `teops::layernorm_fwd` call that records gradients. With real
+    tensors on a plain backend it runs the impls directly and keeps the backward bundle;
+    traced (fake tensors, functionalization) it re-dispatches below autograd and its
+    backward calls `teops::layernorm_bwd`: one graph node each way."""
+
+    @staticmethod
+    def forward(ctx: Any, below: Any, slots: tuple[Any, ...], *inputs: Any) -> tuple[Any, ...]:
+        ctx.direct = _r.plain_backend(below)
+        if ctx.direct:
+            args = unflatten_layer_norm_fwd_args(*slots)
+            outputs, saved = layernorm_forward(args)
+            flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
+        else:
+            flat, outputs, saved = _r.redispatch_forward(layernorm_fwd, FORWARD_OP, below, slots)
+            args = unflatten_layer_norm_fwd_args(*slots)
+        kept = layernorm_setup_context(args, tuple(outputs), tuple(saved))
+        _r.save_for_backward(ctx, kept.inp, kept.weight, kept.mu, kept.rsigma)
+        kept.inp = None
+        kept.weight = None
+        kept.mu = None
+        kept.rsigma = None
+        ctx.kept = kept
+        ctx.lengths = (None, None, None)
+        ctx.shapes = _r.input_shapes(inputs)
+        ctx.output_grad_slots = _r.output_grad_slots(outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
+        args = LayerNormBwdArgs(
+            grad_outputs=list(grads),
+            inp=values[0],
+            weight=values[1],
+            mu=values[2],
+            rsigma=values[3],
+            requires_dgrad=kept.requires_dgrad,
+            requires_wgrad=kept.requires_wgrad,
+            requires_bgrad=kept.requires_bgrad,
+            normalization=kept.normalization,
+            zero_centered_gamma=kept.zero_centered_gamma,
+        )
+        if ctx.direct:
+            field_grads = layernorm_backward(args)
+        else:
+            flat = layernorm_bwd(*flatten_layer_norm_bwd_args(args))
+            field_grads = _r.field_grads(flat, ctx.lengths)
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2, ctx.shapes)
+
+
+def _forward_autograd(keyset: Any, *slots: Any) -> Any:
+    """`teops::layernorm_fwd`'s Autograd kernel: an `_OpNode` when a gradient is recorded,
+    else the kernel straight away (or a re-dispatch below autograd)."""
+    below = keyset & _r.AFTER_AUTOGRAD
+    if torch.is_grad_enabled() and _r.any_requires_grad(*slots):
+        return list(_OpNode.apply(below, slots, slots[0], slots[1], slots[2]))
+    return _r.below_autograd(layernorm_fwd, _forward_kernel, below, slots)
+
+
+_r.register_autograd(layernorm_fwd, _forward_autograd)
 _r.register_quantized_dispatch(layernorm_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
 # `call_layernorm` is what a module calls. Eagerly it runs `layernorm_eager` (the impls
-# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
-# `layernorm_compiled` (the custom ops, one graph node each way).
+# through `_EagerNode`, no op boundary); under torch.compile, `layernorm_compiled` (the
+# custom ops, one graph node each way).
+
+
+class _EagerNode(torch.autograd.Function):
+    """`layernorm_forward`, `layernorm_setup_context` and `layernorm_backward` called
+    directly (no op boundary). The backward bundle's tensors go through
+    `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
+    buffers); its other fields stay on the context, and each backward builds a new
+    bundle from them, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(ctx: Any, args: LayerNormFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
+        outputs, saved = layernorm_forward(args)
+        kept = layernorm_setup_context(args, tuple(outputs), saved)
+        _r.save_for_backward(ctx, kept.inp, kept.weight, kept.mu, kept.rsigma)
+        kept.inp = None
+        kept.weight = None
+        kept.mu = None
+        kept.rsigma = None
+        ctx.kept = kept
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        field_grads = layernorm_backward(
+            LayerNormBwdArgs(
+                grad_outputs=list(grads),
+                inp=values[0],
+                weight=values[1],
+                mu=values[2],
+                rsigma=values[3],
+                requires_dgrad=kept.requires_dgrad,
+                requires_wgrad=kept.requires_wgrad,
+                requires_bgrad=kept.requires_bgrad,
+                normalization=kept.normalization,
+                zero_centered_gamma=kept.zero_centered_gamma,
+            )
+        )
+        return _r.input_grads(ctx, field_grads, (None, None, None), 2)
 
 
 def layernorm_eager(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -252,7 +333,11 @@ def layernorm_eager(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tuple[Any,
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_layer_norm_fwd_args` checks it for the compiled path."""
     flatten_layer_norm_fwd_args(args)
-    return _r.run_eager(_GLUE, args, (args.inp, args.weight, args.bias))
+    if torch.is_grad_enabled() and _r.any_requires_grad(args.inp, args.weight, args.bias):
+        made: list[Any] = []
+        outputs = _EagerNode.apply(args, made, args.inp, args.weight, args.bias)
+        return outputs, made[0]
+    return layernorm_forward(args)
 
 
 def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:

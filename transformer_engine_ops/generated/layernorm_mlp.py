@@ -30,19 +30,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::layernorm_mlp_fwd"
 BACKWARD_OP = "teops::layernorm_mlp_bwd"
 GRAD_FIELDS = ("inp", "ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
-# Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 1, 2, 3, 6, 7, 10)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (3, 7, 11, 14)
 BACKWARD_QUANTIZED_SLOTS = (5, 8, 13, 16)
-# Backward slot receiving the outputs' gradients (`grad_outputs`).
-BACKWARD_GRAD_OUTPUTS_SLOT = 0
-# Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (4, 8, 12, 15)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 6, 9, 14, 17)
-# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, False, False, False, False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -676,42 +667,237 @@ layernorm_mlp_fwd = _r.define_op(
 layernorm_mlp_bwd = _r.define_op(
     BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=True
 )
-# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
-# the backward bundle (no fake run, no flatten); traced, it calls the ops.
-# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
-_GLUE = _r.OpGlue(
-    kernel=_forward_kernel,
-    unflatten=unflatten_layer_norm_mlp_fwd_args,
-    forward_impl=layernorm_mlp_forward,
-    setup_context=layernorm_mlp_setup_context,
-    backward_impl=layernorm_mlp_backward,
-    flatten_backward=flatten_layer_norm_mlp_bwd_args,
-    grad_slots=FORWARD_GRAD_SLOTS,
-    grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=(
-        "inp",
-        "ln_weight",
-        "mu",
-        "rsigma",
-        "fc1_inputmat",
-        "fc1_weight_fp8",
-        "fc1_out",
-        "fc2_inputmat",
-        "fc2_weight_fp8",
-        "sr_rng_state",
-    ),
-    grad_outputs_field="grad_outputs",
-    grad_output_only=False,
-)
-_r.register_autograd(layernorm_mlp_fwd, layernorm_mlp_bwd, _GLUE)
+
+
+class _OpNode(torch.autograd.Function):
+    """The autograd node of one `teops::layernorm_mlp_fwd` call that records gradients. With real
+    tensors on a plain backend it runs the impls directly and keeps the backward bundle;
+    traced (fake tensors, functionalization) it re-dispatches below autograd and its
+    backward calls `teops::layernorm_mlp_bwd`: one graph node each way."""
+
+    @staticmethod
+    def forward(ctx: Any, below: Any, slots: tuple[Any, ...], *inputs: Any) -> tuple[Any, ...]:
+        ctx.direct = _r.plain_backend(below)
+        if ctx.direct:
+            args = unflatten_layer_norm_mlp_fwd_args(*slots)
+            outputs, saved = layernorm_mlp_forward(args)
+            flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
+        else:
+            flat, outputs, saved = _r.redispatch_forward(
+                layernorm_mlp_fwd, FORWARD_OP, below, slots
+            )
+            args = unflatten_layer_norm_mlp_fwd_args(*slots)
+        kept = layernorm_mlp_setup_context(args, tuple(outputs), tuple(saved))
+        _r.save_for_backward(
+            ctx,
+            kept.inp,
+            kept.ln_weight,
+            kept.mu,
+            kept.rsigma,
+            kept.fc1_inputmat,
+            kept.fc1_weight_fp8,
+            kept.fc1_out,
+            kept.fc2_inputmat,
+            kept.fc2_weight_fp8,
+            kept.sr_rng_state,
+        )
+        kept.inp = None
+        kept.ln_weight = None
+        kept.mu = None
+        kept.rsigma = None
+        kept.fc1_inputmat = None
+        kept.fc1_weight_fp8 = None
+        kept.fc1_out = None
+        kept.fc2_inputmat = None
+        kept.fc2_weight_fp8 = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        ctx.lengths = (None, None, None, None, None, None, None)
+        ctx.shapes = _r.input_shapes(inputs)
+        ctx.output_grad_slots = _r.output_grad_slots(outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
+        args = LayerNormMLPBwdArgs(
+            grad_outputs=list(grads),
+            inp=values[0],
+            ln_weight=values[1],
+            mu=values[2],
+            rsigma=values[3],
+            fc1_inputmat=values[4],
+            fc1_weight_fp8=values[5],
+            ln_out_shape=kept.ln_out_shape,
+            fc1_out=values[6],
+            fc2_inputmat=values[7],
+            fc2_weight_fp8=values[8],
+            act_shape=kept.act_shape,
+            fc1_requires_dgrad=kept.fc1_requires_dgrad,
+            fc1_requires_wgrad=kept.fc1_requires_wgrad,
+            fc1_use_bias=kept.fc1_use_bias,
+            fc2_requires_dgrad=kept.fc2_requires_dgrad,
+            fc2_requires_wgrad=kept.fc2_requires_wgrad,
+            fc2_use_bias=kept.fc2_use_bias,
+            input_requires_grad=kept.input_requires_grad,
+            ln_weight_requires_grad=kept.ln_weight_requires_grad,
+            ln_bias_requires_grad=kept.ln_bias_requires_grad,
+            normalization=kept.normalization,
+            zero_centered_gamma=kept.zero_centered_gamma,
+            return_layernorm_output=kept.return_layernorm_output,
+            activation=kept.activation,
+            fc1_input_quantizer=kept.fc1_input_quantizer,
+            fc1_weight_quantizer=kept.fc1_weight_quantizer,
+            fc1_grad_input_quantizer=kept.fc1_grad_input_quantizer,
+            fc1_grad_weight_quantizer=kept.fc1_grad_weight_quantizer,
+            fc1_grad_output_quantizer=kept.fc1_grad_output_quantizer,
+            fc2_input_quantizer=kept.fc2_input_quantizer,
+            fc2_weight_quantizer=kept.fc2_weight_quantizer,
+            fc2_grad_input_quantizer=kept.fc2_grad_input_quantizer,
+            fc2_grad_weight_quantizer=kept.fc2_grad_weight_quantizer,
+            fc2_grad_output_quantizer=kept.fc2_grad_output_quantizer,
+            activation_dtype=kept.activation_dtype,
+            fp8=kept.fp8,
+            dgrad_gemm=kept.dgrad_gemm,
+            wgrad_gemm=kept.wgrad_gemm,
+            set_parallel_mode=kept.set_parallel_mode,
+            tp_group=kept.tp_group,
+            tp_size=kept.tp_size,
+            sequence_parallel=kept.sequence_parallel,
+            sr_rng_state=values[9],
+            fc1_wgrad_route=kept.fc1_wgrad_route,
+            fc2_wgrad_route=kept.fc2_wgrad_route,
+        )
+        if ctx.direct:
+            field_grads = layernorm_mlp_backward(args)
+        else:
+            flat = layernorm_mlp_bwd(*flatten_layer_norm_mlp_bwd_args(args))
+            field_grads = _r.field_grads(flat, ctx.lengths)
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2, ctx.shapes)
+
+
+def _forward_autograd(keyset: Any, *slots: Any) -> Any:
+    """`teops::layernorm_mlp_fwd`'s Autograd kernel: an `_OpNode` when a gradient is recorded,
+    else the kernel straight away (or a re-dispatch below autograd)."""
+    below = keyset & _r.AFTER_AUTOGRAD
+    if torch.is_grad_enabled() and _r.any_requires_grad(*slots):
+        return list(
+            _OpNode.apply(
+                below, slots, slots[0], slots[1], slots[2], slots[3], slots[6], slots[7], slots[10]
+            )
+        )
+    return _r.below_autograd(layernorm_mlp_fwd, _forward_kernel, below, slots)
+
+
+_r.register_autograd(layernorm_mlp_fwd, _forward_autograd)
 _r.register_quantized_dispatch(layernorm_mlp_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
 # `call_layernorm_mlp` is what a module calls. Eagerly it runs `layernorm_mlp_eager` (the impls
-# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
-# `layernorm_mlp_compiled` (the custom ops, one graph node each way).
+# through `_EagerNode`, no op boundary); under torch.compile, `layernorm_mlp_compiled` (the
+# custom ops, one graph node each way).
+
+
+class _EagerNode(torch.autograd.Function):
+    """`layernorm_mlp_forward`, `layernorm_mlp_setup_context` and `layernorm_mlp_backward` called
+    directly (no op boundary). The backward bundle's tensors go through
+    `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
+    buffers); its other fields stay on the context, and each backward builds a new
+    bundle from them, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, args: LayerNormMLPFwdArgs, made: list[Any], *inputs: Any
+    ) -> tuple[Any, ...]:
+        outputs, saved = layernorm_mlp_forward(args)
+        kept = layernorm_mlp_setup_context(args, tuple(outputs), saved)
+        _r.save_for_backward(
+            ctx,
+            kept.inp,
+            kept.ln_weight,
+            kept.mu,
+            kept.rsigma,
+            kept.fc1_inputmat,
+            kept.fc1_weight_fp8,
+            kept.fc1_out,
+            kept.fc2_inputmat,
+            kept.fc2_weight_fp8,
+            kept.sr_rng_state,
+        )
+        kept.inp = None
+        kept.ln_weight = None
+        kept.mu = None
+        kept.rsigma = None
+        kept.fc1_inputmat = None
+        kept.fc1_weight_fp8 = None
+        kept.fc1_out = None
+        kept.fc2_inputmat = None
+        kept.fc2_weight_fp8 = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        field_grads = layernorm_mlp_backward(
+            LayerNormMLPBwdArgs(
+                grad_outputs=list(grads),
+                inp=values[0],
+                ln_weight=values[1],
+                mu=values[2],
+                rsigma=values[3],
+                fc1_inputmat=values[4],
+                fc1_weight_fp8=values[5],
+                ln_out_shape=kept.ln_out_shape,
+                fc1_out=values[6],
+                fc2_inputmat=values[7],
+                fc2_weight_fp8=values[8],
+                act_shape=kept.act_shape,
+                fc1_requires_dgrad=kept.fc1_requires_dgrad,
+                fc1_requires_wgrad=kept.fc1_requires_wgrad,
+                fc1_use_bias=kept.fc1_use_bias,
+                fc2_requires_dgrad=kept.fc2_requires_dgrad,
+                fc2_requires_wgrad=kept.fc2_requires_wgrad,
+                fc2_use_bias=kept.fc2_use_bias,
+                input_requires_grad=kept.input_requires_grad,
+                ln_weight_requires_grad=kept.ln_weight_requires_grad,
+                ln_bias_requires_grad=kept.ln_bias_requires_grad,
+                normalization=kept.normalization,
+                zero_centered_gamma=kept.zero_centered_gamma,
+                return_layernorm_output=kept.return_layernorm_output,
+                activation=kept.activation,
+                fc1_input_quantizer=kept.fc1_input_quantizer,
+                fc1_weight_quantizer=kept.fc1_weight_quantizer,
+                fc1_grad_input_quantizer=kept.fc1_grad_input_quantizer,
+                fc1_grad_weight_quantizer=kept.fc1_grad_weight_quantizer,
+                fc1_grad_output_quantizer=kept.fc1_grad_output_quantizer,
+                fc2_input_quantizer=kept.fc2_input_quantizer,
+                fc2_weight_quantizer=kept.fc2_weight_quantizer,
+                fc2_grad_input_quantizer=kept.fc2_grad_input_quantizer,
+                fc2_grad_weight_quantizer=kept.fc2_grad_weight_quantizer,
+                fc2_grad_output_quantizer=kept.fc2_grad_output_quantizer,
+                activation_dtype=kept.activation_dtype,
+                fp8=kept.fp8,
+                dgrad_gemm=kept.dgrad_gemm,
+                wgrad_gemm=kept.wgrad_gemm,
+                set_parallel_mode=kept.set_parallel_mode,
+                tp_group=kept.tp_group,
+                tp_size=kept.tp_size,
+                sequence_parallel=kept.sequence_parallel,
+                sr_rng_state=values[9],
+                fc1_wgrad_route=kept.fc1_wgrad_route,
+                fc2_wgrad_route=kept.fc2_wgrad_route,
+            )
+        )
+        return _r.input_grads(ctx, field_grads, (None, None, None, None, None, None, None), 2)
 
 
 def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -720,10 +906,19 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_layer_norm_mlp_fwd_args` checks it for the compiled path."""
     flatten_layer_norm_mlp_fwd_args(args)
-    return _r.run_eager(
-        _GLUE,
-        args,
-        (
+    if torch.is_grad_enabled() and _r.any_requires_grad(
+        args.inp,
+        args.ln_weight,
+        args.ln_bias,
+        args.fc1_weight,
+        args.fc1_bias,
+        args.fc2_weight,
+        args.fc2_bias,
+    ):
+        made: list[Any] = []
+        outputs = _EagerNode.apply(
+            args,
+            made,
             args.inp,
             args.ln_weight,
             args.ln_bias,
@@ -731,8 +926,9 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
             args.fc1_bias,
             args.fc2_weight,
             args.fc2_bias,
-        ),
-    )
+        )
+        return outputs, made[0]
+    return layernorm_mlp_forward(args)
 
 
 def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:

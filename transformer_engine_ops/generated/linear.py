@@ -31,19 +31,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::linear_fwd"
 BACKWARD_OP = "teops::linear_bwd"
 GRAD_FIELDS = ("inp", "weight", "bias")
-# Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (3, 0, 4)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (0, 5)
 BACKWARD_QUANTIZED_SLOTS = (1, 4)
-# Backward slot receiving the outputs' gradients (`grad_outputs`).
-BACKWARD_GRAD_OUTPUTS_SLOT = 0
-# Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (1, 6)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 2, 5)
-# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, False, False)
 
 FORWARD_SCHEMA = (
     "("
@@ -423,31 +414,155 @@ linear_fwd = _r.define_op(
 linear_bwd = _r.define_op(
     BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=True
 )
-# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
-# the backward bundle (no fake run, no flatten); traced, it calls the ops.
-# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
-_GLUE = _r.OpGlue(
-    kernel=_forward_kernel,
-    unflatten=unflatten_linear_fwd_args,
-    forward_impl=linear_forward,
-    setup_context=linear_setup_context,
-    backward_impl=linear_backward,
-    flatten_backward=flatten_linear_bwd_args,
-    grad_slots=FORWARD_GRAD_SLOTS,
-    grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("inputmat", "weight_fp8", "sr_rng_state"),
-    grad_outputs_field="grad_outputs",
-    grad_output_only=False,
-)
-_r.register_autograd(linear_fwd, linear_bwd, _GLUE)
+
+
+class _OpNode(torch.autograd.Function):
+    """The autograd node of one `teops::linear_fwd` call that records gradients. With real
+    tensors on a plain backend it runs the impls directly and keeps the backward bundle;
+    traced (fake tensors, functionalization) it re-dispatches below autograd and its
+    backward calls `teops::linear_bwd`: one graph node each way."""
+
+    @staticmethod
+    def forward(ctx: Any, below: Any, slots: tuple[Any, ...], *inputs: Any) -> tuple[Any, ...]:
+        ctx.direct = _r.plain_backend(below)
+        if ctx.direct:
+            args = unflatten_linear_fwd_args(*slots)
+            outputs, saved = linear_forward(args)
+            flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
+        else:
+            flat, outputs, saved = _r.redispatch_forward(linear_fwd, FORWARD_OP, below, slots)
+            args = unflatten_linear_fwd_args(*slots)
+        kept = linear_setup_context(args, tuple(outputs), tuple(saved))
+        _r.save_for_backward(ctx, kept.inputmat, kept.weight_fp8, kept.sr_rng_state)
+        kept.inputmat = None
+        kept.weight_fp8 = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        ctx.lengths = (None, None, None)
+        ctx.shapes = _r.input_shapes(inputs)
+        ctx.output_grad_slots = _r.output_grad_slots(outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
+        args = LinearBwdArgs(
+            grad_outputs=list(grads),
+            inputmat=values[0],
+            weight_fp8=values[1],
+            inp_shape=kept.inp_shape,
+            requires_dgrad=kept.requires_dgrad,
+            requires_wgrad=kept.requires_wgrad,
+            use_bias=kept.use_bias,
+            input_quantizer=kept.input_quantizer,
+            weight_quantizer=kept.weight_quantizer,
+            grad_input_quantizer=kept.grad_input_quantizer,
+            grad_weight_quantizer=kept.grad_weight_quantizer,
+            grad_output_quantizer=kept.grad_output_quantizer,
+            activation_dtype=kept.activation_dtype,
+            fp8=kept.fp8,
+            backward_override=kept.backward_override,
+            dgrad_gemm=kept.dgrad_gemm,
+            wgrad_gemm=kept.wgrad_gemm,
+            parallel_mode=kept.parallel_mode,
+            tp_group=kept.tp_group,
+            tp_size=kept.tp_size,
+            sequence_parallel=kept.sequence_parallel,
+            ub_overlap_ag_dgrad=kept.ub_overlap_ag_dgrad,
+            ub_overlap_rs_dgrad=kept.ub_overlap_rs_dgrad,
+            ub_bulk_wgrad=kept.ub_bulk_wgrad,
+            wgrad_store=kept.wgrad_store,
+            main_grad_func=kept.main_grad_func,
+            sr_rng_state=values[2],
+            wgrad_route=kept.wgrad_route,
+        )
+        if ctx.direct:
+            field_grads = linear_backward(args)
+        else:
+            flat = linear_bwd(*flatten_linear_bwd_args(args))
+            field_grads = _r.field_grads(flat, ctx.lengths)
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2, ctx.shapes)
+
+
+def _forward_autograd(keyset: Any, *slots: Any) -> Any:
+    """`teops::linear_fwd`'s Autograd kernel: an `_OpNode` when a gradient is recorded,
+    else the kernel straight away (or a re-dispatch below autograd)."""
+    below = keyset & _r.AFTER_AUTOGRAD
+    if torch.is_grad_enabled() and _r.any_requires_grad(*slots):
+        return list(_OpNode.apply(below, slots, slots[3], slots[0], slots[4]))
+    return _r.below_autograd(linear_fwd, _forward_kernel, below, slots)
+
+
+_r.register_autograd(linear_fwd, _forward_autograd)
 _r.register_quantized_dispatch(linear_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
 # `call_linear` is what a module calls. Eagerly it runs `linear_eager` (the impls
-# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
-# `linear_compiled` (the custom ops, one graph node each way).
+# through `_EagerNode`, no op boundary); under torch.compile, `linear_compiled` (the
+# custom ops, one graph node each way).
+
+
+class _EagerNode(torch.autograd.Function):
+    """`linear_forward`, `linear_setup_context` and `linear_backward` called
+    directly (no op boundary). The backward bundle's tensors go through
+    `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
+    buffers); its other fields stay on the context, and each backward builds a new
+    bundle from them, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(ctx: Any, args: LinearFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
+        outputs, saved = linear_forward(args)
+        kept = linear_setup_context(args, tuple(outputs), saved)
+        _r.save_for_backward(ctx, kept.inputmat, kept.weight_fp8, kept.sr_rng_state)
+        kept.inputmat = None
+        kept.weight_fp8 = None
+        kept.sr_rng_state = None
+        ctx.kept = kept
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        field_grads = linear_backward(
+            LinearBwdArgs(
+                grad_outputs=list(grads),
+                inputmat=values[0],
+                weight_fp8=values[1],
+                inp_shape=kept.inp_shape,
+                requires_dgrad=kept.requires_dgrad,
+                requires_wgrad=kept.requires_wgrad,
+                use_bias=kept.use_bias,
+                input_quantizer=kept.input_quantizer,
+                weight_quantizer=kept.weight_quantizer,
+                grad_input_quantizer=kept.grad_input_quantizer,
+                grad_weight_quantizer=kept.grad_weight_quantizer,
+                grad_output_quantizer=kept.grad_output_quantizer,
+                activation_dtype=kept.activation_dtype,
+                fp8=kept.fp8,
+                backward_override=kept.backward_override,
+                dgrad_gemm=kept.dgrad_gemm,
+                wgrad_gemm=kept.wgrad_gemm,
+                parallel_mode=kept.parallel_mode,
+                tp_group=kept.tp_group,
+                tp_size=kept.tp_size,
+                sequence_parallel=kept.sequence_parallel,
+                ub_overlap_ag_dgrad=kept.ub_overlap_ag_dgrad,
+                ub_overlap_rs_dgrad=kept.ub_overlap_rs_dgrad,
+                ub_bulk_wgrad=kept.ub_bulk_wgrad,
+                wgrad_store=kept.wgrad_store,
+                main_grad_func=kept.main_grad_func,
+                sr_rng_state=values[2],
+                wgrad_route=kept.wgrad_route,
+            )
+        )
+        return _r.input_grads(ctx, field_grads, (None, None, None), 2)
 
 
 def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -456,7 +571,11 @@ def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_linear_fwd_args` checks it for the compiled path."""
     flatten_linear_fwd_args(args)
-    return _r.run_eager(_GLUE, args, (args.inp, args.weight, args.bias))
+    if torch.is_grad_enabled() and _r.any_requires_grad(args.inp, args.weight, args.bias):
+        made: list[Any] = []
+        outputs = _EagerNode.apply(args, made, args.inp, args.weight, args.bias)
+        return outputs, made[0]
+    return linear_forward(args)
 
 
 def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:

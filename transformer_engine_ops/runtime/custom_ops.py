@@ -1,7 +1,8 @@
 """The op-generic half of the generated registration glue.
 
-A generated op module holds what differs per op (schemas, flatten/unflatten,
-which slots carry gradients); everything the same for every op lives here:
+A generated op module holds what differs per op (schemas, flatten/unflatten, its
+autograd Functions written out field by field, its calling side); everything the same
+for every op lives here, as small helpers over values:
 defining the ops, packing results into the flat ``Tensor[]`` return and back,
 stashing the backward bundle's tensors on the autograd context, letting a
 quantized tensor subclass enter an op as its inner buffers, and protecting
@@ -10,7 +11,6 @@ ops from dead-code elimination.
 
 from __future__ import annotations
 
-import copy
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -117,9 +117,6 @@ def fake_grads(grad_specs: Sequence[Any], device: torch.device | None) -> list[t
     return flat
 
 
-# --- autograd context -------------------------------------------------------------
-
-
 # --- definition -------------------------------------------------------------------
 
 _REGISTRATION_ERRORS: list[str] = []
@@ -171,14 +168,6 @@ def _split_wrappers(tensors: list, inner: list, metas: list) -> tuple[list, list
         out_inner += buffers
         out_metas.append(meta)
     return out_tensors, out_inner, out_metas
-
-
-def _shape_of(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.shape
-    if isinstance(value, list):
-        return [t.shape for t in value]
-    return None
 
 
 # --- user outputs of a compiled call ----------------------------------------------
@@ -315,22 +304,17 @@ _private.mark_constant_result(begin_call)
 _private.mark_constant_result(output_layout)
 
 
-# --- the eager path: an autograd.Function straight into the impls -------------------
+# --- the generated autograd Functions' op-generic pieces ----------------------------
+# Each generated op module writes its two ``torch.autograd.Function``s out field by field
+# (``_EagerNode``: the eager path; ``_OpNode``: the op's autograd kernel). What is the
+# same for every op, and loops over values rather than fields, is here.
 
 
-def shallow_copy(bundle: Any) -> Any:
-    """A shallow copy of a bundle (``copy.copy`` without its reduce protocol)."""
-    if not hasattr(bundle, "__dict__"):
-        return copy.copy(bundle)
-    new = object.__new__(type(bundle))
-    new.__dict__.update(bundle.__dict__)
-    return new
-
-
-def save_values(ctx: Any, values: Sequence[Any]) -> None:
-    """Save the tensor-carrying fields of a backward bundle with ``save_for_backward``:
-    every tensor (a quantized value as its inner buffers), so saved-tensor hooks
-    (``save_on_cpu``, checkpointing, memory tools) see all of them."""
+def save_for_backward(ctx: Any, *values: Any) -> None:
+    """Save a backward bundle's tensor-carrying values with ``ctx.save_for_backward``:
+    every tensor (a quantized value as its inner buffers, a list element by element), so
+    saved-tensor hooks (``save_on_cpu``, checkpointing, memory tools) see all of them;
+    :func:`load_saved` gives the values back."""
     tensors: list[torch.Tensor] = []
     layout: list[Any] = []
     for value in values:
@@ -351,6 +335,8 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _save(value: Any, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+    if value is None:
+        return ("n",)
     if isinstance(value, QuantizedData):
         _, inner, meta = quantized_slots(value)
         tensors += inner
@@ -362,13 +348,15 @@ def _save(value: Any, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
 def _load(entry: Any, tensors: Sequence[torch.Tensor]) -> Any:
     if entry[0] == "t":
         return tensors[entry[1]]
+    if entry[0] == "n":
+        return None
     _, start, n, meta = entry
     return unpack_tensor_or_quantized(None, tensors[start : start + n], meta)
 
 
-def load_values(ctx: Any) -> list[Any]:
-    """The values :func:`save_values` saved; the context stays intact (the backward may
-    run again on a retained graph)."""
+def load_saved(ctx: Any) -> list[Any]:
+    """The values :func:`save_for_backward` saved, in its order; the context stays
+    intact (the backward may run again on a retained graph)."""
     tensors = ctx.saved_tensors
     values: list[Any] = []
     for entry in ctx.saved_layout:
@@ -381,101 +369,111 @@ def load_values(ctx: Any) -> list[Any]:
     return values
 
 
-def eager_inputs(
-    values: Sequence[Any], lists: tuple[bool, ...]
-) -> tuple[tuple[Any, ...], tuple[int | None, ...]]:
-    """The gradient fields' values as ``autograd.Function`` inputs (a list field spread
-    over its elements), and each field's length (None for a single value)."""
-    flat: list[Any] = []
-    lengths: list[int | None] = []
-    for value, is_list in zip(values, lists, strict=True):
-        if is_list:
-            items = [] if value is None else list(value)
-            flat += items
-            lengths.append(len(items))
-        else:
-            flat.append(value)
-            lengths.append(None)
-    return tuple(flat), tuple(lengths)
+def length(value: Sequence[Any] | None) -> int:
+    """The element count of a list gradient field (an absent list has none)."""
+    return 0 if value is None else len(value)
 
 
-def needs_autograd(inputs: Sequence[Any]) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
-    )
-
-
-def eager_input_grads(
-    lengths: tuple[int | None, ...], is_tensor: tuple[bool, ...], grads: Sequence[Any]
+def input_grads(
+    ctx: Any,
+    grads: Sequence[Any],
+    lengths: tuple[int | None, ...],
+    lead: int,
+    shapes: tuple[Any, ...] | None = None,
 ) -> tuple[Any, ...]:
-    """``backward_impl``'s gradients, one per ``autograd.Function`` input (None where
-    the input was not a tensor: a None optional field or a bare quantized storage)."""
-    flat: list[Any] = []
+    """``backward_impl``'s gradients (one per grad field, a list for a list field) as an
+    ``autograd.Function`` backward returns them: ``lead`` Nones for the non-tensor
+    arguments first, then one per input (a list field spread over its ``lengths``
+    elements), None where the input needs none (not a tensor, or no grad). ``shapes``:
+    each input's shape, a gradient of another (a flat view) reshaped to it."""
     if len(grads) != len(lengths):
         raise ValueError(
             f"backward_impl returned {len(grads)} gradients, but the op declares "
             f"{len(lengths)} grad_fields"
         )
-    if len(is_tensor) == len(lengths) and all(is_tensor) and all(n is None for n in lengths):
-        return tuple(grads)  # one tensor input per field, each a tensor: as returned
+    flat: list[Any] = []
     for n, grad in zip(lengths, grads, strict=True):
         if n is None:
             flat.append(grad)
+            continue
+        items = [None] * n if grad is None else list(grad)
+        if len(items) != n:
+            raise ValueError(
+                f"backward_impl returned {len(items)} gradients for a list of {n} tensors"
+            )
+        flat += items
+    needs = ctx.needs_input_grad
+    if shapes is not None:
+        flat = [
+            g if g is None or s is None or g.shape == s else g.view(s)
+            for g, s in zip(flat, shapes, strict=True)
+        ]
+    return (
+        *([None] * lead),
+        *(g if needs[lead + i] else None for i, g in enumerate(flat)),
+    )
+
+
+def input_shapes(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(t.shape if isinstance(t, torch.Tensor) else None for t in inputs)
+
+
+def output_grad_slots(outputs: Sequence[Any]) -> tuple[tuple[int, Any], ...]:
+    """Where the gradient of each user output arrives in a forward op's flat result (its
+    first slot; inner buffers after the first, saved values and sentinels get none),
+    and how to make zeros for an output that got no gradient."""
+    firsts, cursor = [], 0
+    for value in outputs:
+        firsts.append((cursor, _zeros_spec(value)))
+        cursor += _slot_count(value)
+    return tuple(firsts)
+
+
+def output_grads(firsts: tuple[tuple[int, Any], ...], flat_grads: Sequence[Any]) -> list[Any]:
+    """Each user output's gradient from a forward op's flat gradients (zeros where an
+    output that exists received none)."""
+    grads = []
+    for slot, zeros in firsts:
+        g = flat_grads[slot]
+        if g is None and zeros is not None:
+            g = torch.zeros(zeros[0], dtype=zeros[1], device=zeros[2])
+        grads.append(g)
+    return grads
+
+
+def field_grads(flat: Sequence[torch.Tensor], lengths: tuple[int | None, ...]) -> list[Any]:
+    """A backward op's flat result as one gradient per grad field (a list for a list
+    field), sentinels as None."""
+    grads: list[Any] = []
+    cursor = 0
+    for n in lengths:
+        if n is None:
+            grads.append(decode_none(flat[cursor]))
+            cursor += 1
         else:
-            items = [None] * n if grad is None else list(grad)
-            if len(items) != n:
-                raise ValueError(
-                    f"backward_impl returned {len(items)} gradients for a list of {n} tensors"
-                )
-            flat += items
-    return tuple(g if t else None for g, t in zip(flat, is_tensor, strict=True))
+            grads.append([decode_none(g) for g in flat[cursor : cursor + n]])
+            cursor += n
+    return grads
 
 
-class _EagerFunction(torch.autograd.Function):
-    """The eager path of every op: ``forward_impl``, ``setup_context`` and
-    ``backward_impl`` called directly (no op boundary). The backward bundle's
-    tensor-carrying fields go through ``save_for_backward`` (saved-tensor hooks see
-    every tensor, quantized values as their inner buffers); the rest of the bundle stays
-    on the context and is copied per backward, so a retained graph can run it again."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, glue: OpGlue, args: Any, made: list[Any], lengths: Any, *inputs: Any
-    ) -> tuple[Any, ...]:
-        outputs, saved = glue.forward_impl(args)
-        backward = glue.setup_context(args, tuple(outputs), saved)
-        save_values(ctx, [getattr(backward, name) for name in glue.saved_fields])
-        for name in glue.saved_fields:
-            setattr(backward, name, None)
-        ctx.glue, ctx.backward_args, ctx.lengths = glue, backward, lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        made.append(saved)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        glue: OpGlue = ctx.glue
-        args = shallow_copy(ctx.backward_args)
-        for name, value in zip(glue.saved_fields, load_values(ctx), strict=True):
-            setattr(args, name, value)
-        setattr(args, glue.grad_outputs_field, grads[0] if glue.grad_output_only else list(grads))
-        input_grads = glue.backward_impl(args)
-        return (None, None, None, None, *eager_input_grads(ctx.lengths, ctx.is_tensor, input_grads))
+def redispatch_forward(
+    op: Any, qualname: str, below: Any, slots: tuple[Any, ...]
+) -> tuple[Any, list[Any], list[Any]]:
+    """A traced forward-op call below autograd: its flat result, and the user outputs
+    and saved values rebuilt from it by the layout its (fake) kernel described."""
+    begin_call(qualname)
+    with _private.AutoDispatchBelowAutograd():
+        flat = op.redispatch(below, *slots)
+    out_layout, saved_layout = result_layouts(qualname)
+    outputs, cursor = _rebuild(out_layout, flat, 0)
+    saved, _ = _rebuild(saved_layout, flat, cursor)
+    return flat, outputs, saved
 
 
-def run_eager(glue: OpGlue, args: Any, grad_values: Sequence[Any]) -> tuple[Any, Any]:
-    """``(outputs, saved)`` of ``glue.forward_impl(args)``, the outputs attached to
-    autograd when a gradient field (``grad_values``, in ``grad_fields`` order) requires
-    grad."""
-    if glue.__dict__.get("single_grad_fields", False):  # no list field: inputs as given
-        inputs, lengths = tuple(grad_values), glue.single_lengths
-    else:
-        inputs, lengths = eager_inputs(grad_values, glue.grad_lists)
-    if not (torch.is_grad_enabled() and _private.any_requires_grad(*inputs)):
-        return glue.forward_impl(args)
-    made: list[Any] = []
-    outputs = _EagerFunction.apply(glue, args, made, lengths, *inputs)
-    return outputs, made[0]
+# The keys left once Autograd is handled, and the C check of "any argument (a tensor,
+# or a list of them) requires grad" (the generated autograd kernels use both).
+AFTER_AUTOGRAD = _private.after_autograd_keyset
+any_requires_grad = _private.any_requires_grad
 
 
 # --- lean registration: the dispatcher's fixed cost, paid once per call -----------------
@@ -502,7 +500,7 @@ def op_library(namespace: str) -> Any:
     return lib
 
 
-def _plain_backend(below: Any) -> bool:
+def plain_backend(below: Any) -> bool:
     """Whether a redispatch with ``below`` would go straight to the backend kernel."""
     return below.highestPriorityTypeId() in _BACKEND_KEYS
 
@@ -546,11 +544,7 @@ def define_op(
 
         def no_grad_kernel(keyset: Any, *slots: Any) -> Any:
             # A non-differentiable op (e.g. a backward op): never records a gradient.
-            below = keyset & after_autograd
-            if _plain_backend(below):
-                return kernel(*slots)
-            with _private.AutoDispatchBelowAutograd():
-                return op.redispatch(below, *slots)
+            return below_autograd(op, kernel, keyset & after_autograd, slots)
 
         if not differentiable:
             lib.impl(name, no_grad_kernel, "Autograd", with_keyset=True)
@@ -565,127 +559,22 @@ def define_op(
         return None
 
 
-class OpGlue:
-    """What the op-generic autograd of a forward op needs of its generated module.
-
-    ``unflatten``: forward slots -> forward bundle; ``forward_impl``: bundle ->
-    ``(outputs, saved)``; ``setup_context``: ``(bundle, outputs, saved)`` -> backward
-    bundle;
-    ``backward_impl``: backward bundle -> one gradient per grad field;
-    ``flatten_backward``: backward bundle -> backward slots. ``grad_slots``: the forward
-    slot of each grad field; ``grad_lists``: whether each is a ``Tensor[]``;
-    ``saved_fields``: the backward bundle's tensor-carrying fields (saved with
-    ``save_for_backward``); ``grad_outputs_field``: where the outputs' gradients go (a
-    list, or only the first output's when ``grad_output_only``).
-    """
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
-        lists = fields.get("grad_lists")
-        if lists is not None:
-            # Derived once: with no list field, the autograd inputs are the field values.
-            self.single_grad_fields = not any(lists)
-            self.single_lengths = (None,) * len(lists)
+def below_autograd(op: Any, kernel: Callable[..., Any], below: Any, slots: tuple[Any, ...]) -> Any:
+    """An op call that records no gradient: its kernel straight away when the next key
+    is the plain backend, else a re-dispatch below autograd."""
+    if plain_backend(below):
+        return kernel(*slots)
+    with _private.AutoDispatchBelowAutograd():
+        return op.redispatch(below, *slots)
 
 
-def register_autograd(op: Any, backward_op: Any, glue: OpGlue) -> None:
-    """Make the forward op differentiable, its backward running ``backward_op``.
-
-    Called eagerly with real tensors, the forward runs the impls straight (no fake, no
-    re-unflatten) and the backward runs the backward impl on the kept bundle, as the
-    generated eager path does; traced (fake tensors, functionalization), the forward
-    redispatches and its backward calls ``backward_op``, one graph node each way.
-    """
-    if op is None or backward_op is None:
+def register_autograd(op: Any, autograd_kernel: Callable[..., Any]) -> None:
+    """Make the forward op differentiable through its generated autograd kernel
+    (``autograd_kernel(keyset, *slots)``; see ``_OpNode`` in a generated module)."""
+    if op is None:
         return
     namespace, name = op.name().split("::")
-    after_autograd = _private.after_autograd_keyset
-    kernel = glue.kernel
-    glue.op, glue.backward_op, glue.qualname = op, backward_op, f"{namespace}::{name}"
-
-    def autograd_kernel(keyset: Any, *slots: Any) -> Any:
-        below = keyset & after_autograd
-        if torch.is_grad_enabled() and _private.any_requires_grad(*slots):
-            inputs, lengths = eager_inputs([slots[i] for i in glue.grad_slots], glue.grad_lists)
-            return list(_OpFunction.apply(glue, below, slots, lengths, *inputs))
-        if _plain_backend(below):
-            return kernel(*slots)
-        with _private.AutoDispatchBelowAutograd():
-            return op.redispatch(below, *slots)
-
     op_library(namespace).impl(name, autograd_kernel, "Autograd", with_keyset=True)
-
-
-class _OpFunction(torch.autograd.Function):
-    """The autograd node of one forward-op call (see :func:`register_autograd`)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, glue: OpGlue, below: Any, slots: tuple, lengths: Any, *inputs: Any
-    ) -> tuple[torch.Tensor, ...]:
-        direct = _plain_backend(below)
-        if direct:
-            args = glue.unflatten(*slots)
-            outputs, saved = glue.forward_impl(args)
-            flat = pack_and_record(glue.qualname, outputs, saved)
-        else:
-            begin_call(glue.qualname)
-            with _private.AutoDispatchBelowAutograd():
-                flat = glue.op.redispatch(below, *slots)
-            out_layout, saved_layout = result_layouts(glue.qualname)
-            outputs, cursor = _rebuild(out_layout, flat, 0)
-            saved, _ = _rebuild(saved_layout, flat, cursor)
-            args = glue.unflatten(*slots)
-        backward = glue.setup_context(args, tuple(outputs), tuple(saved))
-        values = [getattr(backward, f) for f in glue.saved_fields]
-        save_values(ctx, values)
-        for f in glue.saved_fields:
-            setattr(backward, f, None)
-        ctx.backward_args = backward
-        ctx.glue, ctx.direct, ctx.lengths = glue, direct, lengths
-        ctx.is_tensor = tuple(isinstance(t, torch.Tensor) for t in inputs)
-        ctx.shapes = tuple(t.shape if isinstance(t, torch.Tensor) else None for t in inputs)
-        # The gradient of each user output arrives at its first slot; the rest (inner
-        # buffers after the first, saved values, sentinels) get none.
-        firsts, cursor = [], 0
-        for value in outputs:
-            firsts.append((cursor, _zeros_spec(value)))
-            cursor += _slot_count(value)
-        ctx.firsts = tuple(firsts)
-        ctx.set_materialize_grads(False)
-        return tuple(flat)
-
-    @staticmethod
-    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
-        glue = ctx.glue
-        grads = []
-        for slot, zeros in ctx.firsts:
-            g = flat_grads[slot]
-            if g is None and zeros is not None:
-                g = torch.zeros(zeros[0], dtype=zeros[1], device=zeros[2])
-            grads.append(g)
-        args = shallow_copy(ctx.backward_args)
-        for f, value in zip(glue.saved_fields, load_values(ctx), strict=True):
-            setattr(args, f, value)
-        setattr(args, glue.grad_outputs_field, grads[0] if glue.grad_output_only else grads)
-        if ctx.direct:
-            field_grads = glue.backward_impl(args)
-        else:
-            flat = glue.backward_op(*glue.flatten_backward(args))
-            field_grads, cursor = [], 0
-            for n in ctx.lengths:
-                if n is None:
-                    field_grads.append(decode_none(flat[cursor]))
-                    cursor += 1
-                else:
-                    field_grads.append([decode_none(g) for g in flat[cursor : cursor + n]])
-                    cursor += n
-        grads_in = eager_input_grads(ctx.lengths, ctx.is_tensor, field_grads)
-        grads_in = tuple(
-            g if g is None or s is None or g.shape == s else g.view(s)
-            for g, s in zip(grads_in, ctx.shapes, strict=True)
-        )
-        return (None, None, None, None, *grads_in)
 
 
 def _slot_count(value: Any) -> int:

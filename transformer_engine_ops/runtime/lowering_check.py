@@ -39,6 +39,12 @@ def recipes() -> tuple[tuple[str, Callable[[], Any] | None], ...]:
     )
 
 
+def forward_bundle(generated: Any) -> type:
+    """The forward bundle class of a generated op module (its ``call_<op>``'s argument)."""
+    name = generated.FORWARD_OP.split("::")[1].removesuffix("_fwd")
+    return typing.get_type_hints(getattr(generated, f"call_{name}"))["args"]
+
+
 def check(
     module_name: str,
     *,
@@ -56,7 +62,7 @@ def check(
     any example (the check would have compared op nodes, not the lowering). Each compile
     starts with ``torch.compiler.reset()``: run the check apart from compiled models."""
     g = importlib.import_module(module_name)
-    forward = typing.get_type_hints(g._GLUE.unflatten)["return"]
+    forward = forward_bundle(g)
     hook = lowering.examples_of(forward)
     if hook is None:
         return [

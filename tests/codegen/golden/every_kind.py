@@ -31,19 +31,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::every_kind_fwd"
 BACKWARD_OP = "teops::every_kind_bwd"
 GRAD_FIELDS = ("x", "w", "maybe_x", "forward_ref", "xs", "weights")
-# Forward slots that receive the gradients of GRAD_FIELDS, in that order.
-FORWARD_GRAD_SLOTS = (0, 6, 1, 3, 5, 42)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (6, 9, 42, 45)
 BACKWARD_QUANTIZED_SLOTS = ()
-# Backward slot receiving the outputs' gradients (`grad_outputs`).
-BACKWARD_GRAD_OUTPUTS_SLOT = 0
-# Every `Tensor[]` slot (autograd wants a list of gradients there).
-FORWARD_TENSOR_LIST_SLOTS = (5, 7, 10, 43, 46)
-BACKWARD_TENSOR_LIST_SLOTS = (0, 1)
-# Whether each of GRAD_FIELDS is a list of tensors (one gradient per element).
-GRAD_FIELD_LISTS = (False, False, False, False, True, True)
 
 FORWARD_SCHEMA = (
     "("
@@ -360,31 +351,117 @@ every_kind_fwd = _r.define_op(
 every_kind_bwd = _r.define_op(
     BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=False
 )
-# Eagerly, with real tensors, the forward op's autograd runs the impls directly and keeps
-# the backward bundle (no fake run, no flatten); traced, it calls the ops.
-# What the op-generic autograd and eager path need of this op (runtime/custom_ops.py).
-_GLUE = _r.OpGlue(
-    kernel=_forward_kernel,
-    unflatten=unflatten_every_kind_fwd_args,
-    forward_impl=every_kind_forward,
-    setup_context=every_kind_setup_context,
-    backward_impl=every_kind_backward,
-    flatten_backward=flatten_every_kind_bwd_args,
-    grad_slots=FORWARD_GRAD_SLOTS,
-    grad_lists=GRAD_FIELD_LISTS,
-    saved_fields=("saved",),
-    grad_outputs_field="grad_outputs",
-    grad_output_only=False,
-)
-_r.register_autograd(every_kind_fwd, every_kind_bwd, _GLUE)
+
+
+class _OpNode(torch.autograd.Function):
+    """The autograd node of one `teops::every_kind_fwd` call that records gradients. With real
+    tensors on a plain backend it runs the impls directly and keeps the backward bundle;
+    traced (fake tensors, functionalization) it re-dispatches below autograd and its
+    backward calls `teops::every_kind_bwd`: one graph node each way."""
+
+    @staticmethod
+    def forward(ctx: Any, below: Any, slots: tuple[Any, ...], *inputs: Any) -> tuple[Any, ...]:
+        ctx.direct = _r.plain_backend(below)
+        if ctx.direct:
+            args = unflatten_every_kind_fwd_args(*slots)
+            outputs, saved = every_kind_forward(args)
+            flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
+        else:
+            flat, outputs, saved = _r.redispatch_forward(every_kind_fwd, FORWARD_OP, below, slots)
+            args = unflatten_every_kind_fwd_args(*slots)
+        kept = every_kind_setup_context(args, tuple(outputs), tuple(saved))
+        _r.save_for_backward(ctx, kept.saved)
+        kept.saved = None
+        ctx.kept = kept
+        ctx.lengths = (None, None, None, None, _r.length(slots[5]), _r.length(slots[42]))
+        ctx.shapes = _r.input_shapes(inputs)
+        ctx.output_grad_slots = _r.output_grad_slots(outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
+        args = EveryKindBwdArgs(
+            grad_outputs=list(grads),
+            saved=values[0],
+            maybe_dims=kept.maybe_dims,
+            color=kept.color,
+            gemm=kept.gemm,
+        )
+        if ctx.direct:
+            field_grads = every_kind_backward(args)
+        else:
+            flat = every_kind_bwd(*flatten_every_kind_bwd_args(args))
+            field_grads = _r.field_grads(flat, ctx.lengths)
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2, ctx.shapes)
+
+
+def _forward_autograd(keyset: Any, *slots: Any) -> Any:
+    """`teops::every_kind_fwd`'s Autograd kernel: an `_OpNode` when a gradient is recorded,
+    else the kernel straight away (or a re-dispatch below autograd)."""
+    below = keyset & _r.AFTER_AUTOGRAD
+    if torch.is_grad_enabled() and _r.any_requires_grad(*slots):
+        return list(
+            _OpNode.apply(
+                below,
+                slots,
+                slots[0],
+                slots[6],
+                slots[1],
+                slots[3],
+                *(slots[5] or ()),
+                *(slots[42] or ()),
+            )
+        )
+    return _r.below_autograd(every_kind_fwd, _forward_kernel, below, slots)
+
+
+_r.register_autograd(every_kind_fwd, _forward_autograd)
 _r.register_quantized_dispatch(every_kind_fwd, FORWARD_QUANTIZED_SLOTS)
 _r.register_quantized_dispatch(every_kind_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
 # `call_every_kind` is what a module calls. Eagerly it runs `every_kind_eager` (the impls
-# through the op-generic eager autograd.Function, no op boundary); under torch.compile,
-# `every_kind_compiled` (the custom ops, one graph node each way).
+# through `_EagerNode`, no op boundary); under torch.compile, `every_kind_compiled` (the
+# custom ops, one graph node each way).
+
+
+class _EagerNode(torch.autograd.Function):
+    """`every_kind_forward`, `every_kind_setup_context` and `every_kind_backward` called
+    directly (no op boundary). The backward bundle's tensors go through
+    `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
+    buffers); its other fields stay on the context, and each backward builds a new
+    bundle from them, so a retained graph can run it again."""
+
+    @staticmethod
+    def forward(ctx: Any, args: EveryKindFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
+        outputs, saved = every_kind_forward(args)
+        kept = every_kind_setup_context(args, tuple(outputs), saved)
+        _r.save_for_backward(ctx, kept.saved)
+        kept.saved = None
+        ctx.kept = kept
+        ctx.lengths = (None, None, None, None, _r.length(args.xs), _r.length(args.weights))
+        made.append(saved)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        values = _r.load_saved(ctx)
+        kept = ctx.kept
+        field_grads = every_kind_backward(
+            EveryKindBwdArgs(
+                grad_outputs=list(grads),
+                saved=values[0],
+                maybe_dims=kept.maybe_dims,
+                color=kept.color,
+                gemm=kept.gemm,
+            )
+        )
+        return _r.input_grads(ctx, field_grads, ctx.lengths, 2)
 
 
 def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -393,9 +470,22 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_every_kind_fwd_args` checks it for the compiled path."""
     flatten_every_kind_fwd_args(args)
-    return _r.run_eager(
-        _GLUE, args, (args.x, args.w, args.maybe_x, args.forward_ref, args.xs, args.weights)
-    )
+    if torch.is_grad_enabled() and _r.any_requires_grad(
+        args.x, args.w, args.maybe_x, args.forward_ref, args.xs, args.weights
+    ):
+        made: list[Any] = []
+        outputs = _EagerNode.apply(
+            args,
+            made,
+            args.x,
+            args.w,
+            args.maybe_x,
+            args.forward_ref,
+            *(args.xs or ()),
+            *(args.weights or ()),
+        )
+        return outputs, made[0]
+    return every_kind_forward(args)
 
 
 def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
