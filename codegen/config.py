@@ -101,6 +101,8 @@ DECLARATION_KEYS = (
     "backward_spec",
     "setup_context",
     "lowers",
+    "eager_when",
+    "plain_call",
 )
 OWN_DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 

@@ -215,6 +215,36 @@ def _lengths(values: list[str], lists: list[bool]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class EagerReason:
+    """One ``if condition: return reason`` line of the generated compile blocker."""
+
+    condition: str
+    reason: str  # an escaped Python literal
+
+
+def _eager_reasons(op: Op) -> list[EagerReason]:
+    reasons = []
+    for entry in op.eager_when:
+        terms = [
+            f"isinstance(args.{name}, _r.QuantizedData)" if quantized else f"args.{name}"
+            for name, quantized in entry.terms
+        ]
+        reasons.append(EagerReason(" and ".join(terms), kinds.pyrepr(entry.reason)))
+    return reasons
+
+
+def _quantizer_values(bundle: Bundle) -> list[str]:
+    """Every quantizer a forward bundle carries, as call arguments."""
+    values = []
+    for f in bundle.fields:
+        if f.type.kind is Kind.QUANTIZER:
+            values.append(f"args.{f.name}")
+        elif f.type.kind is Kind.QUANTIZER_LIST:
+            values.append(f"*(args.{f.name} or ())")
+    return values
+
+
 def calling_side_context(op: Op) -> dict:
     """What the generated autograd Functions and calling side need, field by field."""
     grad_name = (
@@ -254,6 +284,13 @@ def calling_side_context(op: Op) -> dict:
         "slot_lengths": _lengths(slot_values, lists),
         "saved_fields": tuple(saved),
         "backward_values": backward_values,
+        "eager_reasons": _eager_reasons(op),
+        "quantizer_values": _quantizer_values(op.forward),
+        "group_fields": [
+            (f.name, kinds.pyrepr(f"{op.forward.name}.{f.name}"))
+            for f in op.forward.fields
+            if f.type.kind is Kind.PROCESS_GROUP
+        ],
     }
 
 
@@ -273,6 +310,7 @@ def _template_names() -> frozenset[str]:
 def _reserved_names(op: Op) -> frozenset[str]:
     generated = {f"{op.name}_fwd", f"{op.name}_bwd"}
     generated |= {f"call_{op.name}", f"{op.name}_eager", f"{op.name}_compiled"}
+    generated |= {f"{op.name}_compile_blocker"}
     for bundle in (op.forward, op.backward):
         s = snake(bundle.name)
         generated |= {f"flatten_{s}", f"unflatten_{s}", f"spec_{s}"}
@@ -290,7 +328,9 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
             **{key: imports.use(f"{source.module}.{name}") for key, name in vars(op.impls).items()}
         )
         imports.use_module("transformer_engine_ops.runtime", "custom_ops", "_r")
+        plain_call = op.plain_call and imports.use(f"{source.module}.{op.plain_call}")
         registration.update(
+            plain_call=plain_call,
             forward_quantized_slots=_quantized_slots(op.forward),
             backward_quantized_slots=_quantized_slots(op.backward),
             **calling_side_context(op),

@@ -165,6 +165,15 @@ class Impls:
 
 
 @dataclass(frozen=True)
+class EagerWhen:
+    """A declared reason to run a compiled call eagerly: when every term holds (a field
+    that is truthy, or with ``quantized`` a field holding a quantized value)."""
+
+    terms: tuple[tuple[str, bool], ...]  # (forward field, quantized)
+    reason: str
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     forward: Bundle
@@ -175,6 +184,11 @@ class Op:
     # The declaration's ``lowers``: every Inductor compile traces the impls in place of
     # the op (their numerically sensitive pieces are marked to keep eager's bits).
     lowers: bool = False
+    # The declaration's ``eager_when``: compiled calls that run eagerly, with the reason.
+    eager_when: tuple[EagerWhen, ...] = ()
+    # The declaration's ``plain_call``: an op-module function serving a plain eager call
+    # more cheaply than the generic path (None: it does not serve this call).
+    plain_call: str | None = None
 
 
 @dataclass(frozen=True)

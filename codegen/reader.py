@@ -13,6 +13,7 @@ import ast
 import builtins
 import io
 import keyword
+import re
 import tokenize
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from .model import (
     GRAD_OUTPUT_FIELD,
     GRAD_OUTPUTS_FIELD,
     Bundle,
+    EagerWhen,
     Field,
     Impls,
     Op,
@@ -1084,7 +1086,79 @@ def _read_declaration(
             f"`{kw('lowers')}=True` needs the implementation functions Inductor would trace",
             f"give {', '.join(kw(k) for k in impl_keys)}, or drop {kw('lowers')}",
         )
-    return Op(op_name, forward, backward, grad_fields, impls, where, lowers=lowers)
+    eager_when = (
+        _eager_conditions(file, given["eager_when"], kw("eager_when"), forward)
+        if "eager_when" in given
+        else ()
+    )
+    plain_call = None
+    if "plain_call" in given:
+        node = given["plain_call"]
+        if impls is None or not isinstance(node, cst.Name) or node.value not in functions:
+            raise CodegenError(
+                file.loc(node),
+                f"`{kw('plain_call')}` must name a function defined in this file, beside the "
+                "implementation functions",
+                f"define `def {_code(node)}(args)` at module level and give the impls",
+            )
+        plain_call = node.value
+    return Op(
+        op_name,
+        forward,
+        backward,
+        grad_fields,
+        impls,
+        where,
+        lowers=lowers,
+        eager_when=eager_when,
+        plain_call=plain_call,
+    )
+
+
+_QUANTIZED_TERM = re.compile(r"quantized\((\w+)\)")
+
+
+def _eager_conditions(
+    file: _File, node: cst.BaseExpression, key: str, forward: Bundle
+) -> tuple[EagerWhen, ...]:
+    """``eager_when``: a tuple of ``("condition", "reason")`` string pairs; a condition is
+    forward fields joined by `` and ``, each bare (truthy) or ``quantized(field)``."""
+    hint = f'write {key}=(("fp8_output and is_grad_enabled", "why"), ...)'
+    if not isinstance(node, cst.Tuple | cst.List):
+        raise CodegenError(file.loc(node), f"`{key}` must be a tuple of (condition, reason)", hint)
+    entries = []
+    for element in node.elements:
+        pair = element.value
+        if not (
+            isinstance(pair, cst.Tuple)
+            and len(pair.elements) == 2
+            and all(
+                isinstance(e.value, cst.SimpleString | cst.ConcatenatedString)
+                for e in pair.elements
+            )
+        ):
+            raise CodegenError(
+                file.loc(pair),
+                f"each `{key}` entry must be a (condition, reason) string pair",
+                hint,
+            )
+        condition, reason = (str(e.value.evaluated_value) for e in pair.elements)  # type: ignore[attr-defined]
+        terms = []
+        for term in condition.split(" and "):
+            term = term.strip()
+            match = _QUANTIZED_TERM.fullmatch(term)
+            name = match.group(1) if match else term
+            if not name.isidentifier() or forward.field(name) is None:
+                raise CodegenError(
+                    file.loc(pair.elements[0].value),
+                    f"`{key}` condition term `{term}` is not a field of `{forward.name}`",
+                    "join forward fields with ` and `; `quantized(field)` tests for a quantized value",
+                )
+            terms.append((name, match is not None))
+        if not reason.strip():
+            raise CodegenError(file.loc(pair.elements[1].value), f"`{key}` reason is empty", hint)
+        entries.append(EagerWhen(tuple(terms), reason))
+    return tuple(entries)
 
 
 def _configured_op(file: _File, op: ConfiguredOp, read_bundle: _BundleReader) -> Op:

@@ -274,9 +274,11 @@ def test_delayed_scaling_falls_back_with_one_warning_and_matches_eager():
         expected = [step(eager_model, x, None) for x in xs]
     for g, e in zip(got, expected, strict=True):
         assert_bitwise(g, e)
-    fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
-    assert len(fallbacks) == 1
-    assert "not value-opaque" in str(fallbacks[0].message)
+    # One warning per reason over the three steps: the recipe's (fetching the module's
+    # own stateful quantizers) and the op call's (its quantizers are no graph constants).
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]
+    assert len(fallbacks) == len(set(fallbacks)) == 2
+    assert all("not value-opaque" in message for message in fallbacks)
 
 
 # --- bad values at run time ---------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""``Linear``'s plain eager call (``_PlainLinear``: no recipe, one rank, plain 2-D tensors
-of one dtype) computes what the op path computes, bit for bit, and keeps the same
-tensors for backward; any other call takes the op path."""
+"""``Linear``'s plain eager call (the op's declared ``plain_call``, ``linear_plain_call``
+through ``_PlainLinear``: no recipe, one rank, plain 2-D tensors of one dtype) computes
+what the op path computes, bit for bit, and keeps the same tensors for backward; any
+other call takes the op path. ``call_linear`` tries it first."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 import transformer_engine_ops as te
-from transformer_engine_ops.modules import linear as linear_module
+from transformer_engine_ops.generated import linear as generated_linear
+from transformer_engine_ops.ops import linear as linear_module
 
 CUDA = [pytest.param("cuda", marks=[pytest.mark.gpu])] if torch.cuda.is_available() else []
 
@@ -49,7 +51,7 @@ def both(module: Any, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kw: An
     monkeypatch.setattr(linear_module._PlainLinear, "apply", lambda *a: calls.append(1) or real(*a))
     fast, fast_kept = run(module, x, **kw)
     with monkeypatch.context() as m:
-        m.setattr(te.Linear, "_plain_eager", lambda self, inp: None)
+        m.setattr(generated_linear, "linear_plain_call", lambda args: None)
         slow, slow_kept = run(module, x, **kw)
     assert len(fast) == len(slow)
     for i, (a, b) in enumerate(zip(fast, slow, strict=True)):
@@ -91,7 +93,7 @@ def test_batch_0_and_1_and_no_grad(rows, monkeypatch):
     with torch.no_grad():
         fast = module(x)
     with monkeypatch.context() as m:
-        m.setattr(te.Linear, "_plain_eager", lambda self, inp: None)
+        m.setattr(generated_linear, "linear_plain_call", lambda args: None)
         with torch.no_grad():
             slow = module(x)
     assert torch.equal(fast, slow) and not fast.requires_grad

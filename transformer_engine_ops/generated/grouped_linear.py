@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/grouped_linear.py`; se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -456,9 +457,10 @@ _r.register_quantized_dispatch(grouped_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_grouped_linear` is what a module calls. Eagerly it runs `grouped_linear_eager` (the impls
-# through `_EagerNode`, no op boundary); under torch.compile, `grouped_linear_compiled` (the
-# custom ops, one graph node each way).
+# `call_grouped_linear` is the one entry a module has to this op. Eagerly it runs
+# `grouped_linear_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `grouped_linear_compiled` (the custom ops, one graph node each way), or the eager path for a
+# reason `grouped_linear_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -546,9 +548,52 @@ def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
-def call_grouped_linear(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
-    """The `grouped_linear` op's user outputs: through the custom op under torch.compile,
-    straight into the impls otherwise."""
+def grouped_linear_compile_blocker(args: GroupedLinearFwdArgs) -> str | None:
+    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
+    registered on this torch, a quantizer cannot be a graph constant, or a reason the
+    op declares (`eager_when`)."""
+    if grouped_linear_fwd is None or grouped_linear_bwd is None:
+        return _r.registration_error()
+    reason = _r.quantizer_blocker(
+        *(args.input_quantizers or ()),
+        *(args.weight_quantizers or ()),
+        *(args.grad_output_quantizers or ()),
+    )
+    if reason is not None:
+        return reason
+    if isinstance(args.inp, _r.QuantizedData):
+        return "a quantized input tensor"
+    if args.fuse_wgrad_accumulation:
+        return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
+    if args.delay_wgrad_compute:
+        return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
+    if args.cache_weight:
+        return "weight caching across microbatches (is_first_microbatch)"
+    return None
+
+
+def _call_eagerly(
+    args: GroupedLinearFwdArgs, keep: Callable[[GroupedLinearFwdArgs, tuple[Any, ...]], None] | None
+) -> tuple[Any, ...]:
+    outputs, saved = grouped_linear_eager(args)
+    if keep is not None:
+        keep(args, saved)
+    return outputs
+
+
+def call_grouped_linear(
+    args: GroupedLinearFwdArgs,
+    keep: Callable[[GroupedLinearFwdArgs, tuple[Any, ...]], None] | None = None,
+) -> tuple[Any, ...]:
+    """The `grouped_linear` op's user outputs on `args`: the only way a module reaches the op.
+
+    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
+    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
+    path (with `keep`) behind a graph break, warning once, for the reason
+    `grouped_linear_compile_blocker` gives (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
-        return grouped_linear_compiled(args)
-    return grouped_linear_eager(args)[0]
+        reason = grouped_linear_compile_blocker(args)
+        if reason is None:
+            return grouped_linear_compiled(args)
+        return _r.run_eagerly(reason, _call_eagerly, args, keep)
+    return _call_eagerly(args, keep)

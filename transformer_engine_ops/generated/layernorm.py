@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm.py`; see SCH
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -281,9 +282,10 @@ _r.register_quantized_dispatch(layernorm_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm` is what a module calls. Eagerly it runs `layernorm_eager` (the impls
-# through `_EagerNode`, no op boundary); under torch.compile, `layernorm_compiled` (the
-# custom ops, one graph node each way).
+# `call_layernorm` is the one entry a module has to this op. Eagerly it runs
+# `layernorm_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `layernorm_compiled` (the custom ops, one graph node each way), or the eager path for a
+# reason `layernorm_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -350,9 +352,38 @@ def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
-def call_layernorm(args: LayerNormFwdArgs) -> tuple[Any, ...]:
-    """The `layernorm` op's user outputs: through the custom op under torch.compile,
-    straight into the impls otherwise."""
+def layernorm_compile_blocker(args: LayerNormFwdArgs) -> str | None:
+    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
+    registered on this torch, a quantizer cannot be a graph constant, or a reason the
+    op declares (`eager_when`)."""
+    if layernorm_fwd is None or layernorm_bwd is None:
+        return _r.registration_error()
+    if isinstance(args.inp, _r.QuantizedData):
+        return "a quantized input tensor"
+    return None
+
+
+def _call_eagerly(
+    args: LayerNormFwdArgs, keep: Callable[[LayerNormFwdArgs, tuple[Any, ...]], None] | None
+) -> tuple[Any, ...]:
+    outputs, saved = layernorm_eager(args)
+    if keep is not None:
+        keep(args, saved)
+    return outputs
+
+
+def call_layernorm(
+    args: LayerNormFwdArgs, keep: Callable[[LayerNormFwdArgs, tuple[Any, ...]], None] | None = None
+) -> tuple[Any, ...]:
+    """The `layernorm` op's user outputs on `args`: the only way a module reaches the op.
+
+    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
+    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
+    path (with `keep`) behind a graph break, warning once, for the reason
+    `layernorm_compile_blocker` gives (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
-        return layernorm_compiled(args)
-    return layernorm_eager(args)[0]
+        reason = layernorm_compile_blocker(args)
+        if reason is None:
+            return layernorm_compiled(args)
+        return _r.run_eagerly(reason, _call_eagerly, args, keep)
+    return _call_eagerly(args, keep)

@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm_mlp.py`; see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -798,9 +799,10 @@ _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm_mlp` is what a module calls. Eagerly it runs `layernorm_mlp_eager` (the impls
-# through `_EagerNode`, no op boundary); under torch.compile, `layernorm_mlp_compiled` (the
-# custom ops, one graph node each way).
+# `call_layernorm_mlp` is the one entry a module has to this op. Eagerly it runs
+# `layernorm_mlp_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `layernorm_mlp_compiled` (the custom ops, one graph node each way), or the eager path for a
+# reason `layernorm_mlp_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -906,6 +908,8 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_layer_norm_mlp_fwd_args` checks it for the compiled path."""
     flatten_layer_norm_mlp_fwd_args(args)
+    if args.tp_group is not None:  # as the op's unflatten resolves it
+        _b.registered_group(args.tp_group, "LayerNormMLPFwdArgs.tp_group")
     if torch.is_grad_enabled() and _r.any_requires_grad(
         args.inp,
         args.ln_weight,
@@ -941,9 +945,61 @@ def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
-def call_layernorm_mlp(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
-    """The `layernorm_mlp` op's user outputs: through the custom op under torch.compile,
-    straight into the impls otherwise."""
+def layernorm_mlp_compile_blocker(args: LayerNormMLPFwdArgs) -> str | None:
+    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
+    registered on this torch, a quantizer cannot be a graph constant, or a reason the
+    op declares (`eager_when`)."""
+    if layernorm_mlp_fwd is None or layernorm_mlp_bwd is None:
+        return _r.registration_error()
+    reason = _r.quantizer_blocker(
+        args.fc1_input_quantizer,
+        args.fc1_weight_quantizer,
+        args.fc1_output_quantizer,
+        args.fc1_grad_input_quantizer,
+        args.fc1_grad_weight_quantizer,
+        args.fc1_grad_output_quantizer,
+        args.fc2_input_quantizer,
+        args.fc2_weight_quantizer,
+        args.fc2_output_quantizer,
+        args.fc2_grad_input_quantizer,
+        args.fc2_grad_weight_quantizer,
+        args.fc2_grad_output_quantizer,
+    )
+    if reason is not None:
+        return reason
+    if isinstance(args.inp, _r.QuantizedData):
+        return "a quantized input tensor"
+    if args.fuse_wgrad_accumulation:
+        return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
+    if args.delay_wgrad_compute:
+        return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
+    if args.cache_weight:
+        return "weight caching across microbatches (is_first_microbatch)"
+    return None
+
+
+def _call_eagerly(
+    args: LayerNormMLPFwdArgs, keep: Callable[[LayerNormMLPFwdArgs, tuple[Any, ...]], None] | None
+) -> tuple[Any, ...]:
+    outputs, saved = layernorm_mlp_eager(args)
+    if keep is not None:
+        keep(args, saved)
+    return outputs
+
+
+def call_layernorm_mlp(
+    args: LayerNormMLPFwdArgs,
+    keep: Callable[[LayerNormMLPFwdArgs, tuple[Any, ...]], None] | None = None,
+) -> tuple[Any, ...]:
+    """The `layernorm_mlp` op's user outputs on `args`: the only way a module reaches the op.
+
+    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
+    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
+    path (with `keep`) behind a graph break, warning once, for the reason
+    `layernorm_mlp_compile_blocker` gives (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
-        return layernorm_mlp_compiled(args)
-    return layernorm_mlp_eager(args)[0]
+        reason = layernorm_mlp_compile_blocker(args)
+        if reason is None:
+            return layernorm_mlp_compiled(args)
+        return _r.run_eagerly(reason, _call_eagerly, args, keep)
+    return _call_eagerly(args, keep)

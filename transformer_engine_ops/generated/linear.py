@@ -7,6 +7,7 @@ Generated from the bundles in `transformer_engine_ops/ops/linear.py`; see SCHEMA
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from transformer_engine_ops.ops.linear import (
     linear_backward_spec,
     linear_forward,
     linear_forward_spec,
+    linear_plain_call,
     linear_setup_context,
 )
 from transformer_engine_ops.runtime import boundary as _b
@@ -502,9 +504,10 @@ _r.register_quantized_dispatch(linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_linear` is what a module calls. Eagerly it runs `linear_eager` (the impls
-# through `_EagerNode`, no op boundary); under torch.compile, `linear_compiled` (the
-# custom ops, one graph node each way).
+# `call_linear` is the one entry a module has to this op. Eagerly it runs
+# `linear_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `linear_compiled` (the custom ops, one graph node each way), or the eager path for a
+# reason `linear_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -571,6 +574,8 @@ def linear_eager(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_linear_fwd_args` checks it for the compiled path."""
     flatten_linear_fwd_args(args)
+    if args.tp_group is not None:  # as the op's unflatten resolves it
+        _b.registered_group(args.tp_group, "LinearFwdArgs.tp_group")
     if torch.is_grad_enabled() and _r.any_requires_grad(args.inp, args.weight, args.bias):
         made: list[Any] = []
         outputs = _EagerNode.apply(args, made, args.inp, args.weight, args.bias)
@@ -588,9 +593,61 @@ def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
-def call_linear(args: LinearFwdArgs) -> tuple[Any, ...]:
-    """The `linear` op's user outputs: through the custom op under torch.compile,
-    straight into the impls otherwise."""
+def linear_compile_blocker(args: LinearFwdArgs) -> str | None:
+    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
+    registered on this torch, a quantizer cannot be a graph constant, or a reason the
+    op declares (`eager_when`)."""
+    if linear_fwd is None or linear_bwd is None:
+        return _r.registration_error()
+    reason = _r.quantizer_blocker(
+        args.input_quantizer,
+        args.weight_quantizer,
+        args.output_quantizer,
+        args.grad_input_quantizer,
+        args.grad_weight_quantizer,
+        args.grad_output_quantizer,
+    )
+    if reason is not None:
+        return reason
+    if isinstance(args.inp, _r.QuantizedData):
+        return "a quantized input tensor"
+    if args.fuse_wgrad_accumulation:
+        return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
+    if args.delay_wgrad_compute:
+        return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
+    if args.fp8_output and args.is_grad_enabled:
+        return "fp8_output=True with autograd enabled (a differentiable quantized output)"
+    if args.cache_weight:
+        return "weight caching across microbatches (is_first_microbatch)"
+    return None
+
+
+def _call_eagerly(
+    args: LinearFwdArgs, keep: Callable[[LinearFwdArgs, tuple[Any, ...]], None] | None
+) -> tuple[Any, ...]:
+    if keep is None:
+        outputs = linear_plain_call(args)
+        if outputs is not None:
+            return outputs
+    outputs, saved = linear_eager(args)
+    if keep is not None:
+        keep(args, saved)
+    return outputs
+
+
+def call_linear(
+    args: LinearFwdArgs, keep: Callable[[LinearFwdArgs, tuple[Any, ...]], None] | None = None
+) -> tuple[Any, ...]:
+    """The `linear` op's user outputs on `args`: the only way a module reaches the op.
+
+    Eagerly: `linear_plain_call` where it serves the call (no `keep`),
+    else the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
+    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
+    path (with `keep`) behind a graph break, warning once, for the reason
+    `linear_compile_blocker` gives (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
-        return linear_compiled(args)
-    return linear_eager(args)[0]
+        reason = linear_compile_blocker(args)
+        if reason is None:
+            return linear_compiled(args)
+        return _r.run_eagerly(reason, _call_eagerly, args, keep)
+    return _call_eagerly(args, keep)

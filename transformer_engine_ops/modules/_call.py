@@ -1,8 +1,7 @@
-"""How a module picks the path of a generated op call: the generated compiled call under
-``torch.compile``, its eager path otherwise, and the eager path with a named reason where
-the op path cannot serve a compiled call (the same policy ``modules/linear.py`` applies
-to Linear). Nothing here crosses the op boundary: the generated ``<op>_eager`` and
-``<op>_compiled`` do.
+"""What every module shares while it builds an op's forward bundle: the recipe's GEMM
+fields, the activation dtype, ``torch.autocast``, zero-feature GEMMs and TE's weight
+caching rule. How a bundle reaches its op (eager, compiled, or eagerly under compile
+for a declared reason) is the generated ``call_<op>``'s business, not the modules'.
 """
 
 from __future__ import annotations
@@ -16,40 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.linear import BackwardOverride
-from ..runtime.custom_ops import registration_error
-from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from .autocast import RecipeQuantizers
-
-# Decided once at import, as for Linear.
-_REGISTRATION_PROBLEM = registration_error()
-
-
-# Forward-bundle flags that run a compiled call eagerly, each with its reason: the
-# weight gradient's side effects outside the call, which no op schema declares.
-EAGER_FLAGS = (
-    (
-        "fuse_wgrad_accumulation",
-        "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
-    ),
-    ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
-)
-
-
-def unsupported_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
-    """Why the op path cannot serve this compiled call (None when it can)."""
-    if _REGISTRATION_PROBLEM is not None:
-        return _REGISTRATION_PROBLEM
-    if quantizers is not None and quantizers.compile_blocker is not None:
-        return quantizers.compile_blocker
-    if isinstance(args.inp, QuantizedData):
-        return "a quantized input tensor"
-    for flag, reason in EAGER_FLAGS:
-        if getattr(args, flag, False):
-            return reason
-    return None
-
 
 # A recipe's backward_override string -> the ops' enum.
 BACKWARD_OVERRIDES = {
@@ -159,53 +127,7 @@ def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverrid
     return None if quantizers is None else BACKWARD_OVERRIDES[quantizers.backward_override]
 
 
-# Why a compiled call runs eagerly, in every module's words.
-CACHING_REASON = "weight caching across microbatches (is_first_microbatch)"
-FP8_OUTPUT_REASON = "fp8_output=True with autograd enabled (a differentiable quantized output)"
-
-
-def gemm_call_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
-    """:func:`unsupported_reason`, then the reasons of TE's ``fp8_output`` and
-    ``is_first_microbatch`` arguments, for a bundle with those fields (Linear's and
-    LayerNormLinear's forward bundles)."""
-    reason = unsupported_reason(args, quantizers)
-    if reason is not None:
-        return reason
-    if args.fp8_output and args.is_grad_enabled:
-        return FP8_OUTPUT_REASON
-    if caches_weight(args):
-        return CACHING_REASON
-    return None
-
-
 def quantizes_weight(quantizer: Any, weight: Any) -> bool:
     """TE's rule for what a weight workspace caches: a recipe quantizes the weight, which
     is not quantized already (a ``quantized_model_init`` weight is used as it is)."""
     return quantizer is not None and not isinstance(weight, QuantizedData)
-
-
-def caches_weight(args: Any) -> bool:
-    """Whether a call keeps a quantized weight across microbatches. Without a recipe, or
-    with ``quantized_model_init`` weights, ``is_first_microbatch`` is inert and compiles."""
-    return args.is_first_microbatch is not None and quantizes_weight(
-        args.weight_quantizer, args.weight
-    )
-
-
-def _eager_outputs(eager: Callable[[Any], tuple[Any, Any]], args: Any) -> tuple[Any, ...]:
-    return eager(args)[0]
-
-
-def call_op(
-    eager: Callable[[Any], tuple[Any, Any]],
-    compiled: Callable[[Any], tuple[Any, ...]],
-    args: Any,
-    quantizers: RecipeQuantizers | None,
-) -> tuple[Any, ...]:
-    """The op's user outputs for ``args`` through the generated ``eager``/``compiled`` call."""
-    if torch.compiler.is_compiling():
-        reason = unsupported_reason(args, quantizers)
-        if reason is None:
-            return compiled(args)
-        return run_eagerly(reason, _eager_outputs, eager, args)
-    return _eager_outputs(eager, args)

@@ -3,7 +3,7 @@
 ``delay_wgrad_compute`` (the GEMM waits for :meth:`WgradScheduling.backward_dw`). The
 ops route the gradient (``ops/_wgrad.py``); the module only sets the bundle's flags and
 runs the deferred GEMMs. Under torch.compile such calls run eagerly with a declared
-reason (``modules/_call.py``, ``EAGER_FLAGS``)."""
+reason (the op declarations' ``eager_when``, checked in the generated ``call_<op>``)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,6 @@ own amax.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Callable
@@ -45,11 +44,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
+from ..generated.grouped_linear import call_grouped_linear
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
-from ..runtime.fallback import run_eagerly
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -58,10 +56,8 @@ from ._base import (
     tp_rank,
 )
 from ._call import (
-    CACHING_REASON,
     activation_dtype,
     backward_override_of,
-    call_op,
     follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
@@ -311,6 +307,11 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         weights, biases = self._weights(), self._biases()
+        weight_quantizers = [qi and qi.weight for qi in qs]
+        # Caching only means something where this call quantizes a weight (TE's rule).
+        caching = is_first_microbatch is not None and any(
+            quantizes_weight(wq, w) for wq, w in zip(weight_quantizers, weights, strict=True)
+        )
         args = GroupedLinearFwdArgs(
             inp=inp,
             weights=weights,
@@ -321,7 +322,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             weights_requires_grad=any(w.requires_grad for w in weights),
             biases_requires_grad=biases is not None and any(b.requires_grad for b in biases),
             input_quantizers=[qi and qi.input for qi in qs],
-            weight_quantizers=[qi and qi.weight for qi in qs],
+            weight_quantizers=weight_quantizers,
             grad_output_quantizers=[qi and qi.grad_output for qi in qs],
             activation_dtype=dtype,
             backward_override=backward_override_of(q),
@@ -330,7 +331,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             in_features=self.in_features,
             out_features=self.out_features,
             is_first_microbatch=is_first_microbatch,
-            cache_weight=is_first_microbatch is not None,
+            cache_weight=caching,
             is_grad_enabled=torch.is_grad_enabled(),
             sr_rng_state=rng_state_for(
                 [qi and qi.grad_output for qi in qs],
@@ -340,28 +341,20 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ),
             **self._wgrad_flags(*weights),
         )
-        if is_first_microbatch is None or not any(
-            quantizes_weight(wq, w)
-            for wq, w in zip(args.weight_quantizers, args.weights, strict=True)
-        ):
-            # Nothing to cache (no recipe, or quantized_model_init weights): TE's rule.
-            return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
-        if torch.compiler.is_compiling():
-            # As Linear: the workspace cache is module state a graph cannot keep.
-            return run_eagerly(CACHING_REASON, self._cached_call, args)
-        return self._cached_call(args)
+        keep = None
+        if caching:
+            if args.weight_workspaces is not None and not _workspaces_fit(args):
+                args.weight_workspaces = None  # remade with every usage this call needs
+            if args.weight_workspaces is None:
+                keep = self._keep_weight_workspaces
+        return call_grouped_linear(args, keep)[0]
 
-    def _cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:
-        """A microbatch with weight caching: the first (or one whose cached workspaces
-        lack a usage this call needs) quantizes every weight and keeps the results;
-        later ones reuse them without running the weight quantizers (TE's contract: a
+    def _keep_weight_workspaces(self, args: GroupedLinearFwdArgs, made: tuple[Any, ...]) -> None:
+        """Keep the quantized weights a first microbatch made (one per GEMM); later
+        microbatches reuse them without running the weight quantizers (TE's contract: a
         weight changed in place is seen at the next first microbatch)."""
-        if args.weight_workspaces is not None and not _workspaces_fit(args):
-            args = dataclasses.replace(args, weight_workspaces=None)
-        (out,), made = grouped_linear_eager(args)
-        if args.weight_workspaces is None and any(m is not None for m in made):
+        if any(m is not None for m in made):
             self._weight_workspaces = list(made)
-        return out
 
     def extra_repr(self) -> str:
         text = (

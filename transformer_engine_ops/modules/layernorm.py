@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.layernorm import layernorm_compiled, layernorm_eager
+from ..generated.layernorm import call_layernorm
 from ..ops.layernorm import LayerNormFwdArgs
 from ._base import ExtraStateMixin
-from ._call import activation_dtype, call_op, follows_torch_autocast
+from ._call import activation_dtype, follows_torch_autocast
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -108,7 +108,7 @@ class _Norm(ExtraStateMixin, nn.Module):
             zero_centered_gamma=self.zero_centered_gamma,
             is_grad_enabled=torch.is_grad_enabled(),
         )
-        return call_op(layernorm_eager, layernorm_compiled, args, None)[0]
+        return call_layernorm(args)[0]
 
     def extra_repr(self) -> str:
         return (

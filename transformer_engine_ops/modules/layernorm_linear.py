@@ -16,25 +16,20 @@ the module's own weight quantizer, its scale seeded from the weight's amax.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
+from ..generated.layernorm_linear import call_layernorm_linear
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
-from ..runtime.fallback import run_eagerly
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     activation_dtype,
     backward_override_of,
-    caches_weight,
-    call_op,
     follows_torch_autocast,
-    gemm_call_reason,
     quantizes_weight,
     recipe_gemm_fields,
 )
@@ -204,18 +199,13 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
-        reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
-        if caches_weight(args):
-            # Weight caching keeps module state: always the eager path (a named fallback
-            # under torch.compile, as for Linear).
-            if reason is None:
-                outputs = self._cached_call(args)
-            else:
-                outputs = run_eagerly(reason, self._cached_call, args)
-        elif reason is not None:
-            outputs = run_eagerly(reason, self._plain_call, args)
-        else:
-            outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
+        keep = None
+        if args.cache_weight:
+            if args.weight_workspace is not None and not _workspace_fits(args):
+                args.weight_workspace = None  # remade with every usage this call needs
+            if args.weight_workspace is None:
+                keep = self._keep_weight_workspace
+        outputs = call_layernorm_linear(args, keep)
         out = outputs[0]
         extra: tuple[Any, ...] = ()
         if self.return_bias:
@@ -262,7 +252,9 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             backward_override=backward_override_of(q),
             **recipe_gemm_fields(q),
             is_first_microbatch=is_first_microbatch,
-            cache_weight=is_first_microbatch is not None,
+            # Caching only means something where this call quantizes the weight.
+            cache_weight=is_first_microbatch is not None
+            and quantizes_weight(q and q.weight, self.weight),
             parallel_mode=self.parallel_mode,
             tp_group=self.tp_group,
             tp_size=self.tp_size,
@@ -279,24 +271,11 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(self.weight),
         )
 
-    @staticmethod
-    def _plain_call(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
-        return layernorm_linear_eager(args)[0]
-
-    def _cached_call(self, args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
-        """The eager call with TE's weight workspace: the first microbatch (or a cached
-        workspace lacking a usage this call needs) quantizes the weight and keeps it;
-        later microbatches (``is_first_microbatch=False``) reuse it without quantizing."""
-        if not quantizes_weight(args.weight_quantizer, args.weight):
-            # Nothing to cache (no weight quantizer, or an already quantized weight):
-            # the argument changes nothing, as in TE.
-            return layernorm_linear_eager(dataclasses.replace(args, weight_workspace=None))[0]
-        if args.weight_workspace is not None and not _workspace_fits(args):
-            args = dataclasses.replace(args, weight_workspace=None)
-        outputs, saved = layernorm_linear_eager(args)
-        if args.weight_workspace is None:
-            self._weight_workspace = saved[-1]
-        return outputs
+    def _keep_weight_workspace(self, args: LayerNormLinearFwdArgs, saved: tuple[Any, ...]) -> None:
+        """Keep the quantized weight a first microbatch made (the last value the forward
+        saved); later microbatches (``is_first_microbatch=False``) reuse it without
+        quantizing."""
+        self._weight_workspace = saved[-1]
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)

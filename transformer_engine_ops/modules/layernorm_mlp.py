@@ -10,14 +10,13 @@ shard (for a gated activation, its shard of each half).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
+from ..generated.layernorm_mlp import call_layernorm_mlp
 from ..ops.layernorm_mlp import (
     ACTIVATIONS,
     GATED,
@@ -25,21 +24,22 @@ from ..ops.layernorm_mlp import (
     cached_weights_need_columnwise,
 )
 from ..quantization.stochastic import rng_state_for
-from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
-    CACHING_REASON,
     activation_dtype,
-    call_op,
     follows_torch_autocast,
     recipe_gemm_fields,
-    unsupported_reason,
 )
 from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
+
+
+def _lacks_columnwise(workspace: Any) -> bool:
+    """Whether a kept weight workspace was made without its columnwise usage."""
+    return workspace is not None and not workspace.columnwise_usage
 
 
 class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
@@ -199,13 +199,17 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None
         args = self._fwd_args(inp, shared, is_first_microbatch)
-        if not args.cache_weight:
-            outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, shared)
-        elif not torch.compiler.is_compiling():
-            outputs = self._eager_cached(args)
-        else:
-            reason = unsupported_reason(args, shared) or CACHING_REASON
-            outputs = run_eagerly(reason, self._eager_cached, args)
+        keep = None
+        if args.cache_weight:
+            # A kept workspace that lacks a usage this call needs (made under no_grad,
+            # now read by a dgrad GEMM) is remade.
+            fc1_needs, fc2_needs = cached_weights_need_columnwise(args)
+            if fc1_needs and _lacks_columnwise(args.fc1_weight_workspace):
+                args.fc1_weight_workspace = None
+            if fc2_needs and _lacks_columnwise(args.fc2_weight_workspace):
+                args.fc2_weight_workspace = None
+            keep = self._keep_weight_workspaces
+        outputs = call_layernorm_mlp(args, keep)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
             bias = self.fc2_bias
@@ -297,26 +301,14 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(fc1_weight, fc2_weight),
         )
 
-    def _eager_cached(self, args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
-        """The op's eager path with weight caching: a kept workspace that lacks a usage
-        this call needs (made under ``no_grad``, now read by a dgrad GEMM) is remade;
-        the quantized weights this call made are kept for the later microbatches."""
-        needs_columnwise = cached_weights_need_columnwise(args)
-        stale = {}
-        for name, needs in zip(("fc1", "fc2"), needs_columnwise, strict=True):
-            workspace = getattr(args, f"{name}_weight_workspace")
-            if workspace is not None and needs and not workspace.columnwise_usage:
-                stale[f"{name}_weight_workspace"] = None
-        if stale:
-            args = dataclasses.replace(args, **stale)
-        outputs, saved = layernorm_mlp_eager(args)
-        # saved: (mu, rsigma, ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input,
-        # fc2 weight); a weight quantized here is kept with every usage it was made with.
+    def _keep_weight_workspaces(self, args: LayerNormMLPFwdArgs, saved: tuple[Any, ...]) -> None:
+        """Keep the quantized weights a call made where it had no workspace (saved: mu,
+        rsigma, ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input, fc2 weight),
+        with every usage they were made with, for the later microbatches."""
         if args.fc1_weight_workspace is None and saved[6] is not None:
             self._fc1_weight_workspace = saved[6]
         if args.fc2_weight_workspace is None and saved[8] is not None:
             self._fc2_weight_workspace = saved[8]
-        return outputs
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.fc2_weight, self.fc1_weight)  # TE's backward_dw: fc2's GEMM first

@@ -1,27 +1,22 @@
 """``Linear``: TE's Linear conventions, compiled through the generated custom ops.
 
-The module builds the op's forward bundle and calls the generated calling side:
-``linear_eager`` (the op's impls through a generated ``autograd.Function``, no
-op-boundary cost) or, under ``torch.compile``, ``linear_compiled`` (``teops::linear_fwd``,
-one graph node each way). What the op path cannot serve runs eagerly with a named
-reason. Module logic only: nothing here crosses the op boundary by hand.
+The module builds the op's forward bundle and calls the generated ``call_linear``, the
+op's one entry (eager, compiled, every recipe; what a compiled call cannot serve runs
+eagerly there, with the reason the op declares). Module logic only: nothing here knows
+how the op is dispatched, saved or rebuilt.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..generated.linear import linear_compiled, linear_eager
-from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
-from ..quantization.gemm import gemm, half_product
+from ..generated.linear import call_linear
+from ..ops.linear import LinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
-from ..runtime.fallback import run_eagerly
-from . import _extra_state
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -32,9 +27,8 @@ from ._base import (
 from ._call import (
     activation_dtype,
     backward_override_of,
-    caches_weight,
     follows_torch_autocast,
-    gemm_call_reason,
+    quantizes_weight,
     recipe_gemm_fields,
     zero_feature_gemms,
 )
@@ -52,55 +46,6 @@ def _workspace_fits(args: LinearFwdArgs) -> bool:
 
 
 _PARALLEL_MODES = (None, "column", "row")
-_PLAIN_DEVICES = ("cpu", "cuda")
-
-
-def _plain_fprop(
-    weight: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """The forward GEMM of a plain call (operands checked by ``Linear._plain_eager``):
-    for 16-bit CUDA operands ``gemm``'s own branch for them, called directly."""
-    if inp.is_cuda and inp.dtype in _CUDA_HALF:
-        return half_product(weight, inp, "TN", bias)
-    return gemm(weight, inp, layout="TN", out_dtype=inp.dtype, bias=bias)
-
-
-class _PlainLinear(torch.autograd.Function):
-    """The eager call of the commonest case: no recipe, one rank, plain 2-D tensors of
-    one dtype (``Linear._plain_eager`` says exactly when). It computes what the op's
-    impls compute for that case, through the same kernels (``gemm``, or for 16-bit CUDA
-    operands its own branch for them, ``half_product``; ``_bias_grad``),
-    so the bits are the same (tested against the op path), without the bundle, the
-    field checks and the generic autograd glue that every other call pays for: on the
-    H200's host those cost ~85 us a layer over a minimal ``autograd.Function``, and
-    ``torch.nn.Linear``'s whole step is ~150 us a layer."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        # What linear_setup_context keeps: the input for wgrad, the weight for dgrad.
-        needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.save_for_backward(inp if needs_wgrad else None, weight if needs_dgrad else None)
-        ctx.use_bias = bias is not None and ctx.needs_input_grad[2]
-        ctx.dtype = inp.dtype
-        ctx.half = inp.is_cuda and inp.dtype in _CUDA_HALF
-        return _plain_fprop(weight, inp, bias)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inp, weight = ctx.saved_tensors
-        dtype = ctx.dtype
-        if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
-            dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
-        if ctx.half and dy.is_cuda and type(dy) in _PLAIN_TENSORS:
-            dgrad = half_product(weight, dy, "NN", None) if weight is not None else None
-            wgrad = half_product(inp, dy, "NT", None) if inp is not None else None
-        else:
-            dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
-            wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
-        bgrad = _bias_grad(dy, dtype) if ctx.use_bias else None
-        return dgrad, wgrad, bgrad
 
 
 def _check_parallelism(
@@ -288,7 +233,9 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             backward_override=override,
             **recipe_gemm_fields(q),
             is_first_microbatch=is_first_microbatch,
-            cache_weight=is_first_microbatch is not None,
+            # Caching only means something where this call quantizes the weight.
+            cache_weight=is_first_microbatch is not None
+            and quantizes_weight(q and q.weight, self.weight),
             parallel_mode=self.parallel_mode,
             tp_group=self.tp_group,
             tp_size=self.tp_size,
@@ -329,94 +276,27 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             if self.return_bias:
                 return out, None if self.bias is None else self.bias.to(out.dtype)
             return out
-        quantizers = STATE.autocast
-        compiling = torch.compiler.is_compiling()
-        if not compiling:
-            quantizers = self._recipe_of_this_forward(quantizers)
-            if quantizers is None and is_first_microbatch is None and not self.routes_wgrad:
-                out = self._plain_eager(inp)
-                if out is not None:
-                    if self.return_bias:  # as below: the bias, in the output's dtype
-                        bias = self.bias
-                        return out, None if bias is None else bias.to(out.dtype)
-                    return out
+        quantizers = self._stateful_quantizers(self._recipe_of_this_forward(STATE.autocast))
         args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
-        if not compiling:
-            out = self._eager(args)
-        elif (reason := gemm_call_reason(args, quantizers)) is None:
-            (out,) = linear_compiled(args)
-        else:
-            out = run_eagerly(reason, self._eager, args)
+        keep = None
+        if args.cache_weight:
+            if args.weight_workspace is not None and not _workspace_fits(args):
+                args.weight_workspace = None  # remade with every usage this call needs
+            if args.weight_workspace is None:
+                keep = self._keep_weight_workspace
+        (out,) = call_linear(args, keep)
         if self.return_bias:
             bias = self.bias
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
 
+    def _keep_weight_workspace(self, args: LinearFwdArgs, saved: tuple[Any, ...]) -> None:
+        """Keep the quantized weight a first microbatch made (``saved``: the forward's
+        input and weight); later microbatches reuse it without quantizing."""
+        self._weight_workspace = saved[1]
+
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)
-
-    def _plain_eager(self, inp: Any) -> torch.Tensor | None:
-        """The output of :class:`_PlainLinear` when this call is the plain case its
-        docstring names (checked here, cheaply); None for any other call, which the op
-        path serves (and reports, when something is wrong with it)."""
-        weight, bias = self.weight, None if self.return_bias else self.bias
-        dtype = weight.dtype
-        if (
-            type(inp) not in _PLAIN_TENSORS
-            or type(weight) not in _PLAIN_TENSORS
-            or self.tp_group is not None
-            or self.tp_size != 1
-            or len(inp.shape) != 2
-            or inp.dtype != dtype
-            or inp.shape[1] != weight.shape[1]
-            or inp.device != weight.device
-            or inp.device.type not in _PLAIN_DEVICES
-            or (bias is not None and (type(bias) not in _PLAIN_TENSORS or bias.dtype != dtype))
-        ):
-            return None
-        if torch.is_grad_enabled() and (
-            inp.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-        ):
-            return _PlainLinear.apply(inp, weight, bias)
-        return _plain_fprop(weight, inp, bias)
-
-    def _eager(self, args: LinearFwdArgs) -> Any:
-        args = self._with_scaling_state(args)
-        if args.tp_group is not None:
-            # What the compiled path's unflatten does: the group must still be registered.
-            registered_group(args.tp_group, "LinearFwdArgs.tp_group")
-        caching = caches_weight(args)
-        if caching and args.weight_workspace is not None and not _workspace_fits(args):
-            args = dataclasses.replace(args, weight_workspace=None)
-        # The generated eager path checks every field (``LinearFwdArgs.<field>:
-        # expected ..., got ...``) as the compiled path does.
-        (out,), (_, made_weight) = linear_eager(args)
-        if caching and args.weight_workspace is None:
-            # First microbatch (or a workspace lacking a usage): keep the quantized
-            # weight this call made; later microbatches reuse it without quantizing.
-            self._weight_workspace = made_weight
-        return out
-
-    # ----- scaling state of stateful recipes (delayed scaling) -----
-
-    def _with_scaling_state(self, args: LinearFwdArgs) -> LinearFwdArgs:
-        """``args`` with this module's own stateful quantizers where the active recipe
-        keeps state (delayed scaling), else unchanged."""
-        shared = STATE.autocast or self.__dict__.get("_teops_forward_recipe")
-        if shared is None or shared.compile_blocker is None or args.input_quantizer is None:
-            return args
-        own = _extra_state.module_quantizers(self, shared)
-        if own is shared:
-            return args
-        return dataclasses.replace(
-            args,
-            input_quantizer=own.input,
-            weight_quantizer=own.weight,
-            output_quantizer=own.output,
-            grad_input_quantizer=own.grad_input,
-            grad_weight_quantizer=own.grad_weight,
-            grad_output_quantizer=own.grad_output,
-        )
 
     # The recipe a forward runs under (recorded for the recompute of activation
     # checkpointing), the ``quantized_model_init`` weight (``_initial_weight``) and

@@ -448,4 +448,15 @@ GROUPED_LINEAR = OpDeclaration(
     forward_spec=grouped_linear_forward_spec,
     backward_spec=grouped_linear_backward_spec,
     setup_context=grouped_linear_setup_context,
+    # Compiled calls that run eagerly, with the reason (the generated compile blocker).
+    eager_when=(
+        ("quantized(inp)", "a quantized input tensor"),
+        (
+            "fuse_wgrad_accumulation",
+            "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
+        ),
+        ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
+        # The weight workspace is module state a graph cannot keep.
+        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
+    ),
 )

@@ -313,6 +313,7 @@ LAYERNORM = OpDeclaration(
     backward_spec=layernorm_backward_spec,
     setup_context=layernorm_setup_context,
     lowers=True,
+    eager_when=(("quantized(inp)", "a quantized input tensor"),),
 )
 
 

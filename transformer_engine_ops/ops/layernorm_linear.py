@@ -419,6 +419,21 @@ LAYERNORM_LINEAR = OpDeclaration(
     backward_spec=layernorm_linear_backward_spec,
     setup_context=layernorm_linear_setup_context,
     lowers=True,
+    # Compiled calls that run eagerly, with the reason (the generated compile blocker).
+    eager_when=(
+        ("quantized(inp)", "a quantized input tensor"),
+        (
+            "fuse_wgrad_accumulation",
+            "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
+        ),
+        ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
+        (
+            "fp8_output and is_grad_enabled",
+            "fp8_output=True with autograd enabled (a differentiable quantized output)",
+        ),
+        # The weight workspace is module state a graph cannot keep.
+        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
+    ),
 )
 
 

@@ -633,6 +633,17 @@ LAYERNORM_MLP = OpDeclaration(
     backward_spec=layernorm_mlp_backward_spec,
     setup_context=layernorm_mlp_setup_context,
     lowers=True,
+    # Compiled calls that run eagerly, with the reason (the generated compile blocker).
+    eager_when=(
+        ("quantized(inp)", "a quantized input tensor"),
+        (
+            "fuse_wgrad_accumulation",
+            "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
+        ),
+        ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
+        # The weight workspace is module state a graph cannot keep.
+        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
+    ),
 )
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
-from transformer_engine_ops.quantization.gemm import gemm
+from transformer_engine_ops.quantization.gemm import gemm, half_product
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
@@ -703,6 +703,111 @@ def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
     return dgrad, wgrad, bgrad
 
 
+# --- the plain eager call (the declaration's ``plain_call``) ------------------------
+
+_PLAIN_DEVICES = ("cpu", "cuda")
+
+
+def _plain_fprop(
+    weight: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The forward GEMM of a plain call: for 16-bit CUDA operands ``gemm``'s own branch
+    for them, called directly."""
+    if inp.is_cuda and inp.dtype in _CUDA_HALF:
+        return half_product(weight, inp, "TN", bias)
+    return gemm(weight, inp, layout="TN", out_dtype=inp.dtype, bias=bias)
+
+
+class _PlainLinear(torch.autograd.Function):
+    """The eager call of the commonest case (:func:`linear_plain_call` says exactly
+    when). It computes what the impls compute for that case, through the same kernels
+    (``gemm``, or for 16-bit CUDA operands its own branch for them, ``half_product``;
+    ``_bias_grad``), so the bits are the same (tested against the op path), without the
+    field checks and the backward bundle that every other call pays for: on the H200's
+    host those cost ~85 us a layer over a minimal ``autograd.Function``, and
+    ``torch.nn.Linear``'s whole step is ~150 us a layer."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        # What linear_setup_context keeps: the input for wgrad, the weight for dgrad.
+        needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.save_for_backward(inp if needs_wgrad else None, weight if needs_dgrad else None)
+        ctx.use_bias = bias is not None and ctx.needs_input_grad[2]
+        ctx.dtype = inp.dtype
+        ctx.half = inp.is_cuda and inp.dtype in _CUDA_HALF
+        return _plain_fprop(weight, inp, bias)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inp, weight = ctx.saved_tensors
+        dtype = ctx.dtype
+        if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
+            dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
+        if ctx.half and dy.is_cuda and type(dy) in _PLAIN_TENSORS:
+            dgrad = half_product(weight, dy, "NN", None) if weight is not None else None
+            wgrad = half_product(inp, dy, "NT", None) if inp is not None else None
+        else:
+            dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
+            wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
+        bgrad = _bias_grad(dy, dtype) if ctx.use_bias else None
+        return dgrad, wgrad, bgrad
+
+
+def linear_plain_call(args: LinearFwdArgs) -> tuple[torch.Tensor] | None:
+    """``linear_forward``'s outputs for a plain eager call, through :class:`_PlainLinear`:
+    no recipe or workspace, one rank, no wgrad scheduling, plain 2-D tensors of the
+    activation dtype on one CPU or CUDA device, and requires-grad flags that say what
+    the tensors say. None for any other call, which the generic path serves (and
+    reports, when something is wrong with it)."""
+    inp, weight, bias = args.inp, args.weight, args.bias
+    dtype = args.activation_dtype
+    if (
+        args.fp8
+        or args.input_quantizer is not None
+        or args.weight_quantizer is not None
+        or args.output_quantizer is not None
+        or args.grad_input_quantizer is not None
+        or args.grad_weight_quantizer is not None
+        or args.grad_output_quantizer is not None
+        or args.backward_override is not None
+        or args.weight_workspace is not None
+        or args.is_first_microbatch is not None
+        or args.tp_group is not None
+        or args.tp_size != 1
+        or args.parallel_mode is not None
+        or args.sequence_parallel
+        or args.ub_overlap_ag_fprop
+        or args.ub_overlap_rs_fprop
+        or args.ub_name is not None
+        or args.wgrad_store is not None
+        or args.sr_rng_state is not None
+        or args.fuse_wgrad_accumulation
+        or args.delay_wgrad_compute
+        or type(inp) not in _PLAIN_TENSORS
+        or type(weight) not in _PLAIN_TENSORS
+        or len(inp.shape) != 2
+        or inp.dtype != dtype
+        or weight.dtype != dtype
+        or tuple(weight.shape) != (args.out_features, args.in_features)
+        or inp.shape[1] != args.in_features
+        or inp.device != weight.device
+        or inp.device.type not in _PLAIN_DEVICES
+        or (bias is not None and (type(bias) not in _PLAIN_TENSORS or bias.dtype != dtype))
+        or args.is_grad_enabled is not torch.is_grad_enabled()
+        or args.input_requires_grad is not inp.requires_grad
+        or args.weight_requires_grad is not weight.requires_grad
+        or args.bias_requires_grad is not (bias is not None and bias.requires_grad)
+    ):
+        return None
+    if args.is_grad_enabled and (
+        args.input_requires_grad or args.weight_requires_grad or args.bias_requires_grad
+    ):
+        return (_PlainLinear.apply(inp, weight, bias),)
+    return (_plain_fprop(weight, inp, bias),)
+
+
 LINEAR = OpDeclaration(
     name="linear",
     forward=LinearFwdArgs,
@@ -714,6 +819,22 @@ LINEAR = OpDeclaration(
     backward_spec=linear_backward_spec,
     setup_context=linear_setup_context,
     lowers=True,
+    plain_call=linear_plain_call,
+    # Compiled calls that run eagerly, with the reason (the generated compile blocker).
+    eager_when=(
+        ("quantized(inp)", "a quantized input tensor"),
+        (
+            "fuse_wgrad_accumulation",
+            "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
+        ),
+        ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
+        (
+            "fp8_output and is_grad_enabled",
+            "fp8_output=True with autograd enabled (a differentiable quantized output)",
+        ),
+        # The weight workspace is module state a graph cannot keep.
+        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
+    ),
 )
 
 

@@ -30,7 +30,8 @@ from .boundary import (
 from .boundary import (
     first_device as first_device,  # generated kernels call it as ``_r.first_device``
 )
-from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes
+from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``
+from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes, value_opaque_reason
 from .tensor_spec import TensorSpec, to_tensor_spec
 
 # --- None in a ``Tensor[]`` return ------------------------------------------------
@@ -474,6 +475,20 @@ def redispatch_forward(
 # or a list of them) requires grad" (the generated autograd kernels use both).
 AFTER_AUTOGRAD = _private.after_autograd_keyset
 any_requires_grad = _private.any_requires_grad
+
+
+# --- why a compiled call runs eagerly (the generated ``<op>_compile_blocker``) --------
+
+
+def quantizer_blocker(*quantizers: Any) -> str | None:
+    """Why one of a bundle's quantizers cannot cross a compiled op boundary as a graph
+    constant (e.g. delayed scaling's, which keep state), or None."""
+    for q in quantizers:
+        if q is not None:
+            reason = value_opaque_reason(q)
+            if reason is not None:
+                return f"the {type(q).__name__} quantizer is not value-opaque ({reason})"
+    return None
 
 
 # --- lean registration: the dispatcher's fixed cost, paid once per call -----------------

@@ -26,6 +26,14 @@ class OpDeclaration:
     compute differently from eager (reductions, fused activations, bias GEMMs), and
     declare example bundles with ``lowering.examples`` (``runtime/lowering_check.py``
     checks the lowering on them, bit for bit).
+
+    ``eager_when``: why a compiled call runs eagerly, as ``(condition, reason)`` pairs;
+    a condition joins forward fields with `` and ``, each truthy or, written
+    ``quantized(field)``, holding a quantized value. The generated
+    ``<name>_compile_blocker`` tests them in order (after the op's registration and its
+    quantizers). ``plain_call``: a function of the forward bundle that serves a plain
+    eager call more cheaply than the generic path, returning its outputs (None where it
+    does not serve the call); ``call_<name>`` tries it first.
     """
 
     name: str
@@ -38,3 +46,5 @@ class OpDeclaration:
     backward_spec: Callable[..., Any] | None = None
     setup_context: Callable[..., Any] | None = None
     lowers: bool = False
+    eager_when: tuple[tuple[str, str], ...] = ()
+    plain_call: Callable[..., Any] | None = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._torch_private import comptime
+from . import _torch_private as _private
 
 _WARNED: set[str] = set()
 _RUNNERS: dict[str, Callable[..., Any]] = {}
@@ -56,7 +56,9 @@ def _make_runner_at_trace_time(ctx: Any) -> None:
 def run_eagerly(reason: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Call ``fn(*args)`` outside any compiled graph, warning once per ``reason``."""
     if torch.compiler.is_compiling():
-        comptime(_make_runner_at_trace_time)
+        # Looked up now, not at import: it imports Dynamo, which importing a generated
+        # op module (this module's importer) must not pay; Dynamo is loaded by now.
+        _private.comptime(_make_runner_at_trace_time)
     return _runner(reason)(fn, *args)
 
 

@@ -7,6 +7,7 @@ Generated from the bundles in `tests/codegen/fixtures/every_kind.py`; see SCHEMA
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -425,9 +426,10 @@ _r.register_quantized_dispatch(every_kind_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_every_kind` is what a module calls. Eagerly it runs `every_kind_eager` (the impls
-# through `_EagerNode`, no op boundary); under torch.compile, `every_kind_compiled` (the
-# custom ops, one graph node each way).
+# `call_every_kind` is the one entry a module has to this op. Eagerly it runs
+# `every_kind_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `every_kind_compiled` (the custom ops, one graph node each way), or the eager path for a
+# reason `every_kind_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -470,6 +472,10 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_every_kind_fwd_args` checks it for the compiled path."""
     flatten_every_kind_fwd_args(args)
+    if args.group is not None:  # as the op's unflatten resolves it
+        _b.registered_group(args.group, "EveryKindFwdArgs.group")
+    if args.tp_group is not None:  # as the op's unflatten resolves it
+        _b.registered_group(args.tp_group, "EveryKindFwdArgs.tp_group")
     if torch.is_grad_enabled() and _r.any_requires_grad(
         args.x, args.w, args.maybe_x, args.forward_ref, args.xs, args.weights
     ):
@@ -498,9 +504,41 @@ def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
-def call_every_kind(args: EveryKindFwdArgs) -> tuple[Any, ...]:
-    """The `every_kind` op's user outputs: through the custom op under torch.compile,
-    straight into the impls otherwise."""
+def every_kind_compile_blocker(args: EveryKindFwdArgs) -> str | None:
+    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
+    registered on this torch, a quantizer cannot be a graph constant, or a reason the
+    op declares (`eager_when`)."""
+    if every_kind_fwd is None or every_kind_bwd is None:
+        return _r.registration_error()
+    return _r.quantizer_blocker(
+        args.quantizer,
+        args.maybe_quantizer,
+        *(args.quantizers or ()),
+        *(args.maybe_quantizers or ()),
+    )
+
+
+def _call_eagerly(
+    args: EveryKindFwdArgs, keep: Callable[[EveryKindFwdArgs, tuple[Any, ...]], None] | None
+) -> tuple[Any, ...]:
+    outputs, saved = every_kind_eager(args)
+    if keep is not None:
+        keep(args, saved)
+    return outputs
+
+
+def call_every_kind(
+    args: EveryKindFwdArgs, keep: Callable[[EveryKindFwdArgs, tuple[Any, ...]], None] | None = None
+) -> tuple[Any, ...]:
+    """The `every_kind` op's user outputs on `args`: the only way a module reaches the op.
+
+    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
+    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
+    path (with `keep`) behind a graph break, warning once, for the reason
+    `every_kind_compile_blocker` gives (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
-        return every_kind_compiled(args)
-    return every_kind_eager(args)[0]
+        reason = every_kind_compile_blocker(args)
+        if reason is None:
+            return every_kind_compiled(args)
+        return _r.run_eagerly(reason, _call_eagerly, args, keep)
+    return _call_eagerly(args, keep)
