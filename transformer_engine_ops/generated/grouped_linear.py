@@ -575,6 +575,7 @@ def grouped_linear_compile_blocker(args: GroupedLinearFwdArgs) -> str | None:
 def _call_eagerly(
     args: GroupedLinearFwdArgs, keep: Callable[[GroupedLinearFwdArgs, tuple[Any, ...]], None] | None
 ) -> tuple[Any, ...]:
+    """`call_grouped_linear`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = grouped_linear_eager(args)
     if keep is not None:
         keep(args, saved)
@@ -587,10 +588,11 @@ def call_grouped_linear(
 ) -> tuple[Any, ...]:
     """The `grouped_linear` op's user outputs on `args`: the only way a module reaches the op.
 
-    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
-    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
-    path (with `keep`) behind a graph break, warning once, for the reason
-    `grouped_linear_compile_blocker` gives (`fullgraph=True` raises it)."""
+    Eagerly: the
+    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
+    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
+    the custom op, or for the reason `grouped_linear_compile_blocker` gives, the eager path
+    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = grouped_linear_compile_blocker(args)
         if reason is None:

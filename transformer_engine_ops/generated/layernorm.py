@@ -366,6 +366,7 @@ def layernorm_compile_blocker(args: LayerNormFwdArgs) -> str | None:
 def _call_eagerly(
     args: LayerNormFwdArgs, keep: Callable[[LayerNormFwdArgs, tuple[Any, ...]], None] | None
 ) -> tuple[Any, ...]:
+    """`call_layernorm`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_eager(args)
     if keep is not None:
         keep(args, saved)
@@ -377,10 +378,11 @@ def call_layernorm(
 ) -> tuple[Any, ...]:
     """The `layernorm` op's user outputs on `args`: the only way a module reaches the op.
 
-    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
-    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
-    path (with `keep`) behind a graph break, warning once, for the reason
-    `layernorm_compile_blocker` gives (`fullgraph=True` raises it)."""
+    Eagerly: the
+    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
+    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
+    the custom op, or for the reason `layernorm_compile_blocker` gives, the eager path
+    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = layernorm_compile_blocker(args)
         if reason is None:

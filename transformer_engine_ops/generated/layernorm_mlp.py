@@ -981,6 +981,7 @@ def layernorm_mlp_compile_blocker(args: LayerNormMLPFwdArgs) -> str | None:
 def _call_eagerly(
     args: LayerNormMLPFwdArgs, keep: Callable[[LayerNormMLPFwdArgs, tuple[Any, ...]], None] | None
 ) -> tuple[Any, ...]:
+    """`call_layernorm_mlp`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_mlp_eager(args)
     if keep is not None:
         keep(args, saved)
@@ -993,10 +994,11 @@ def call_layernorm_mlp(
 ) -> tuple[Any, ...]:
     """The `layernorm_mlp` op's user outputs on `args`: the only way a module reaches the op.
 
-    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
-    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
-    path (with `keep`) behind a graph break, warning once, for the reason
-    `layernorm_mlp_compile_blocker` gives (`fullgraph=True` raises it)."""
+    Eagerly: the
+    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
+    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
+    the custom op, or for the reason `layernorm_mlp_compile_blocker` gives, the eager path
+    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = layernorm_mlp_compile_blocker(args)
         if reason is None:

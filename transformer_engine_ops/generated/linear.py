@@ -625,6 +625,7 @@ def linear_compile_blocker(args: LinearFwdArgs) -> str | None:
 def _call_eagerly(
     args: LinearFwdArgs, keep: Callable[[LinearFwdArgs, tuple[Any, ...]], None] | None
 ) -> tuple[Any, ...]:
+    """`call_linear`'s eager path (also its eager fallback under torch.compile)."""
     if keep is None:
         outputs = linear_plain_call(args)
         if outputs is not None:
@@ -640,11 +641,11 @@ def call_linear(
 ) -> tuple[Any, ...]:
     """The `linear` op's user outputs on `args`: the only way a module reaches the op.
 
-    Eagerly: `linear_plain_call` where it serves the call (no `keep`),
-    else the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
-    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
-    path (with `keep`) behind a graph break, warning once, for the reason
-    `linear_compile_blocker` gives (`fullgraph=True` raises it)."""
+    Eagerly: `linear_plain_call` where it serves the call (no `keep`), else the
+    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
+    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
+    the custom op, or for the reason `linear_compile_blocker` gives, the eager path
+    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = linear_compile_blocker(args)
         if reason is None:

@@ -521,6 +521,7 @@ def every_kind_compile_blocker(args: EveryKindFwdArgs) -> str | None:
 def _call_eagerly(
     args: EveryKindFwdArgs, keep: Callable[[EveryKindFwdArgs, tuple[Any, ...]], None] | None
 ) -> tuple[Any, ...]:
+    """`call_every_kind`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = every_kind_eager(args)
     if keep is not None:
         keep(args, saved)
@@ -532,10 +533,11 @@ def call_every_kind(
 ) -> tuple[Any, ...]:
     """The `every_kind` op's user outputs on `args`: the only way a module reaches the op.
 
-    Eagerly: the impls through `_EagerNode`; `keep`, if given, receives `args` and what the forward made (its `saved`,
-    e.g. a quantized weight a module caches). Under torch.compile: the custom op, or the eager
-    path (with `keep`) behind a graph break, warning once, for the reason
-    `every_kind_compile_blocker` gives (`fullgraph=True` raises it)."""
+    Eagerly: the
+    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
+    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
+    the custom op, or for the reason `every_kind_compile_blocker` gives, the eager path
+    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = every_kind_compile_blocker(args)
         if reason is None:
