@@ -63,8 +63,9 @@ def _call(module: Any, kind: str, x: torch.Tensor) -> torch.Tensor:
 def _step(module: Any, kind: str, recipe: Any, seed: int = 1) -> list[torch.Tensor]:
     """Output, input gradient and every parameter gradient of one step."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(64, 64, generator=gen).to(torch.bfloat16).requires_grad_(True)
     inner = getattr(module, "_orig_mod", module)
+    device = next(inner.parameters()).device
+    x = torch.randn(64, 64, generator=gen).to(device, torch.bfloat16).requires_grad_(True)
     for p in inner.parameters():
         p.grad = None
     with te.autocast(recipe=recipe):
@@ -200,6 +201,17 @@ def test_compiled_is_bitwise_equal_to_eager_without_graph_breaks(kind):
     _assert_equal(_step(compiled, kind, recipe, seed=2), _step(_module(kind), kind, recipe, seed=2))
     assert graph_breaks() == 0
     assert unique_graphs() == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_compiled_on_inductor_on_cuda_is_bitwise_equal_to_eager(kind):
+    recipe = CustomRecipe(qfactory=mixed_factory)
+    eager = _step(_module(kind).cuda(), kind, recipe)
+    compiled = torch.compile(_module(kind).cuda(), fullgraph=True, backend="inductor")
+    _assert_equal(_step(compiled, kind, recipe), eager)
+    assert graph_breaks() == 0
 
 
 def test_per_name_quantizers_differ_from_a_uniform_recipe():

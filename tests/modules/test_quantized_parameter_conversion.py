@@ -14,7 +14,7 @@ import torch
 from module_cases import make_mlp
 from test_quantized_parameter_training import RECIPE_FACTORIES, train
 
-from transformer_engine_ops.modules.autocast import quantized_model_init
+from transformer_engine_ops.modules.autocast import autocast, quantized_model_init
 from transformer_engine_ops.quantization import Float8Quantizer
 from transformer_engine_ops.runtime.quantizer import QuantizedTensor
 
@@ -123,3 +123,25 @@ def test_data_from_a_quantized_tensor_of_its_format_takes_its_codes():
         b.add_(1.0)
     a.data = b
     assert torch.equal(a.dequantize(), b.dequantize())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", list(RECIPE_FACTORIES))
+def test_cuda_then_dtype_keeps_quantized_parameters_that_train(recipe):
+    model = _built(recipe)
+    before = {n: p for n, p in model.named_parameters() if isinstance(p, QuantizedTensor)}
+    model = model.cuda().float()
+    params = dict(model.named_parameters())
+    for name, p in before.items():
+        assert params[name] is p and isinstance(p, QuantizedTensor), name
+        assert (p.device.type, p.dtype) == ("cuda", torch.float32), name
+    values = {name: p.dequantize().clone() for name, p in before.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    x = torch.randn(64, 64, device="cuda")
+    with autocast(recipe=RECIPE_FACTORIES[recipe]()):
+        y = model(x)
+    y.square().sum().backward()
+    opt.step()
+    for name, p in before.items():
+        assert isinstance(p, QuantizedTensor) and not torch.equal(p.dequantize(), values[name])
