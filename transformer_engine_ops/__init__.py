@@ -68,6 +68,9 @@ if TYPE_CHECKING:
         NVFP4Tensor,
         NVFP4TensorStorage,
     )
+    from .quantization.recipes import (
+        QuantizerRole,
+    )
     from .runtime.lowering import (
         inductor_backend,
     )
@@ -99,6 +102,7 @@ _EXPORTS = {
     "NVFP4TensorStorage": ".quantization.nvfp4",
     "QuantizedTensor": ".runtime.quantizer",
     "Quantizer": ".runtime.quantizer",
+    "QuantizerRole": ".quantization.recipes",
     "RMSNorm": ".modules",
     "autocast": ".modules",
     "checkpoint": ".modules",
@@ -138,6 +142,7 @@ __all__ = [
     "NVFP4TensorStorage",
     "QuantizedTensor",
     "Quantizer",
+    "QuantizerRole",
     "RMSNorm",
     "autocast",
     "checkpoint",

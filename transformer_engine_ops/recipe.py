@@ -1,6 +1,7 @@
 """``te.recipe``: TE 2.20.2's recipe classes under their TE module name."""
 
 from .quantization.recipes import (
+    CustomRecipe,
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -9,10 +10,12 @@ from .quantization.recipes import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
     QParams,
+    QuantizerRole,
     Recipe,
 )
 
 __all__ = [
+    "CustomRecipe",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
@@ -21,5 +24,6 @@ __all__ = [
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
     "QParams",
+    "QuantizerRole",
     "Recipe",
 ]

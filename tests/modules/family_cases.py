@@ -97,7 +97,20 @@ GATES = {
 }
 
 
-def ref_activation(name: str, h: torch.Tensor) -> torch.Tensor:
+def ref_clamped_swiglu(h: torch.Tensor, params: dict[str, float] | None) -> torch.Tensor:
+    """TE 2.20.2's clamped_swiglu (its defaults for what ``params`` leaves out)."""
+    p = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0, **(params or {})}
+    gate, linear = h.chunk(2, dim=-1)
+    gate = gate.clamp(max=p["limit"])
+    linear = linear.clamp(-p["limit"], p["limit"])
+    return gate * torch.sigmoid(p["alpha"] * gate) * (linear + p["glu_linear_offset"])
+
+
+def ref_activation(
+    name: str, h: torch.Tensor, params: dict[str, float] | None = None
+) -> torch.Tensor:
+    if name == "clamped_swiglu":
+        return ref_clamped_swiglu(h, params)
     if name in GATES:
         a, b = h.chunk(2, dim=-1)
         return GATES[name](a) * b
@@ -129,7 +142,9 @@ def reference_step(module: torch.nn.Module, kind: str, x: torch.Tensor) -> tuple
         else:
             h = F.linear(ln, params["fc1_weight"], params.get("fc1_bias"))
             y = F.linear(
-                ref_activation(module.activation, h), params["fc2_weight"], params.get("fc2_bias")
+                ref_activation(module.activation, h, module.activation_params),
+                params["fc2_weight"],
+                params.get("fc2_bias"),
             )
     y.sum().backward()
     return y.detach(), xf.grad, [p.grad for p in params.values()]

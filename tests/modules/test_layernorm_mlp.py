@@ -69,11 +69,6 @@ def test_every_activation_compiles_bitwise_equal_to_eager(activation):
     compile_and_compare(make(KIND, activation=activation, normalization="RMSNorm"), "mxfp8")
 
 
-def test_clamped_swiglu_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="clamped_swiglu"):
-        te.LayerNormMLP(HIDDEN, FFN, activation="clamped_swiglu")
-
-
 def test_gated_activation_doubles_fc1_only():
     module = te.LayerNormMLP(HIDDEN, FFN, activation="swiglu")
     assert tuple(module.fc1_weight.shape) == (2 * FFN, HIDDEN)
@@ -150,7 +145,6 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(activation_params={"limit": 1.0}),
         dict(checkpoint=True),
         dict(seq_length=128),
         dict(ub_bulk_wgrad=True),

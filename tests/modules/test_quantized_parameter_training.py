@@ -94,10 +94,12 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
 }
 
 
-def _model(recipe: str, model: str = "mlp"):
+def _model(recipe: str, model: str = "mlp", convert: Callable[[Any], Any] | None = None):
     factory, count = MODELS[model]
     with quantized_model_init(recipe=RECIPE_FACTORIES[recipe]()):
         module = factory()
+    if convert is not None:
+        module = convert(module)
     weights = [p for p in module.parameters() if isinstance(p, QuantizedTensor)]
     assert len(weights) == count
     return module
@@ -130,19 +132,28 @@ def _forward_backward(model: Any, x: torch.Tensor, recipe: str) -> None:
 
 
 def train(
-    recipe: str, opt_name: str, foreach: bool, backend: str | None, model_name: str = "mlp"
+    recipe: str,
+    opt_name: str,
+    foreach: bool,
+    backend: str | None,
+    model_name: str = "mlp",
+    convert: Callable[[Any], Any] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    optimizers: dict[str, Callable[..., torch.optim.Optimizer]] = OPTIMIZERS,
 ) -> list[torch.Tensor]:
-    """``STEPS`` steps, each checked against the reference; the final parameter values."""
-    model = _model(recipe, model_name)
+    """``STEPS`` steps, each checked against the reference; the final parameter values.
+    ``convert`` is applied to the model once built (``m.float()``); inputs are ``dtype``;
+    ``opt_name`` names one of ``optimizers``."""
+    model = _model(recipe, model_name, convert)
     params = list(model.parameters())
     run = torch.compile(model, fullgraph=True, backend=backend) if backend else model
     shadows, quantizers = _shadows(params)
-    opt = OPTIMIZERS[opt_name](params, foreach)
-    ref_opt = OPTIMIZERS[opt_name](shadows, foreach)
+    opt = optimizers[opt_name](params, foreach)
+    ref_opt = optimizers[opt_name](shadows, foreach)
     for step in range(STEPS):
         before = [_value(p).clone() for p in params]
         opt.zero_grad(set_to_none=True)
-        _forward_backward(run, make_input(seed=step), recipe)
+        _forward_backward(run, make_input(seed=step).to(dtype), recipe)
         for p, s in zip(params, shadows, strict=True):
             s.grad = p.grad.clone()
         opt.step()

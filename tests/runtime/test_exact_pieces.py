@@ -22,6 +22,11 @@ def _t(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch
     return torch.randn(*shape, generator=gen).to(dtype)
 
 
+# clamped_swiglu's (limit, alpha, glu_linear_offset) at TE's defaults, which the other
+# activations take and ignore.
+_TE_CLAMP = (7.0, 1.702, 1.0)
+
+
 def _cases() -> list[tuple[str, tuple[Any, ...]]]:
     bf16, f32 = torch.bfloat16, torch.float32
     x, w, b = _t(6, 16), _t(16, seed=1), _t(16, seed=2)
@@ -39,10 +44,15 @@ def _cases() -> list[tuple[str, tuple[Any, ...]]]:
         ("norm_forward", (x, w, None, False, 1e-6, True, bf16)),
         ("norm_backward", (x, None, x, w, mu, rsigma, False, True)),
         ("norm_backward", (x, _t(6, 16, seed=5), x, w, None, rsigma, True, False)),
-        ("activation_forward", ("gelu", _t(4, 8), bf16)),
-        ("activation_forward", ("swiglu", _t(4, 8, dtype=f32), f32)),
-        ("activation_backward", ("qgelu", _t(4, 8), _t(4, 8, seed=6), bf16)),
-        ("activation_backward", ("reglu", _t(4, 4), _t(4, 8, seed=7), bf16)),
+        ("activation_forward", ("gelu", _t(4, 8), bf16, *_TE_CLAMP)),
+        ("activation_forward", ("swiglu", _t(4, 8, dtype=f32), f32, *_TE_CLAMP)),
+        ("activation_forward", ("clamped_swiglu", _t(4, 8), bf16, 0.5, 1.5, 0.25)),
+        ("activation_backward", ("qgelu", _t(4, 8), _t(4, 8, seed=6), bf16, *_TE_CLAMP)),
+        ("activation_backward", ("reglu", _t(4, 4), _t(4, 8, seed=7), bf16, *_TE_CLAMP)),
+        (
+            "activation_backward",
+            ("clamped_swiglu", _t(4, 4), _t(4, 8, seed=9), bf16, 0.5, 1.5, 0.25),
+        ),
     ]
 
 

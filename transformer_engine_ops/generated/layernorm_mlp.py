@@ -24,7 +24,7 @@ from transformer_engine_ops.ops.layernorm_mlp import (
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
 from transformer_engine_ops.runtime.quantizer import Quantizer
-from transformer_engine_ops.runtime.values import GemmConfig
+from transformer_engine_ops.runtime.values import ClampedSwiGLUParams, GemmConfig
 
 _b.require_format_version(1, __name__)
 
@@ -96,6 +96,7 @@ FORWARD_SCHEMA = (
     ", Tensor? sr_rng_state"
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
+    ", str? activation_params"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -161,6 +162,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
+    _b.SlotRow("activation_params", "value", "activation_params", "str?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -217,6 +219,7 @@ BACKWARD_SCHEMA = (
     ", SymInt tp_size"
     ", bool sequence_parallel"
     ", Tensor? sr_rng_state"
+    ", str? activation_params"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -272,6 +275,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("tp_size", "scalar", "tp_size", "SymInt"),
     _b.SlotRow("sequence_parallel", "scalar", "sequence_parallel", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("activation_params", "value", "activation_params", "str?"),
 )
 
 
@@ -326,6 +330,7 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
                 "qgeglu",
                 "reglu",
                 "sreglu",
+                "clamped_swiglu",
             ),
             "LayerNormMLPFwdArgs.activation",
         ),
@@ -388,6 +393,9 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
         _b.check(args.fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
         _b.check(args.delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
+        _b.optional_code(
+            args.activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
+        ),
     )
 
 
@@ -445,6 +453,7 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         sr_rng_state=slot(),
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
+        activation_params=_b.optional_decode(slot()),
     )
 
 
@@ -491,6 +500,7 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
                 "qgeglu",
                 "reglu",
                 "sreglu",
+                "clamped_swiglu",
             ),
             "LayerNormMLPBwdArgs.activation",
         ),
@@ -543,6 +553,9 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
         *_b.unsupported(args.fc1_wgrad_route, "LayerNormMLPBwdArgs.fc1_wgrad_route"),
         *_b.unsupported(args.fc2_wgrad_route, "LayerNormMLPBwdArgs.fc2_wgrad_route"),
+        _b.optional_code(
+            args.activation_params, ClampedSwiGLUParams, "LayerNormMLPBwdArgs.activation_params"
+        ),
     )
 
 
@@ -596,6 +609,7 @@ def unflatten_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
         sr_rng_state=slot(),
         fc1_wgrad_route=None,
         fc2_wgrad_route=None,
+        activation_params=_b.optional_decode(slot()),
     )
 
 

@@ -21,7 +21,7 @@ from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
-from .autocast import STATE, RecipeQuantizers
+from .autocast import STATE, GemmRoles, RecipeQuantizers, custom_quantizers
 
 
 class GemmScalingState:
@@ -40,6 +40,8 @@ class ExtraStateMixin:
     (the first GEMM's state is the dict itself, as for a one-GEMM module)."""
 
     further_gemms: tuple[str, ...] = ()
+    # TE's QuantizerRole.module_type of this module's GEMMs (CustomRecipe factories see it).
+    quantizer_module_type: str = "linear"
 
     def get_extra_state(self) -> Any:
         state = _extra_state.get_extra_state(self)  # type: ignore[arg-type]
@@ -86,7 +88,10 @@ class ExtraStateMixin:
         self, shared: RecipeQuantizers | None, gemm: str | None = None
     ) -> RecipeQuantizers | None:
         """``shared`` for a stateless recipe (or none); the stateful quantizers of this
-        module's ``gemm`` under delayed scaling (such a recipe runs eagerly)."""
+        module's ``gemm`` under delayed scaling (such a recipe runs eagerly); a
+        CustomRecipe's quantizers for this GEMM's roles."""
+        if shared is not None and shared.recipe.custom():
+            return self._role_quantizers(shared, gemm)
         if shared is None or shared.compile_blocker is None:
             return shared
         if torch.compiler.is_compiling():
@@ -94,6 +99,51 @@ class ExtraStateMixin:
             # (behind a graph break), as the op call that uses it runs eagerly too.
             return run_eagerly(shared.compile_blocker, self._own_quantizers, shared, gemm)
         return self._own_quantizers(shared, gemm)
+
+    def _role_quantizers(
+        self, shared: RecipeQuantizers | None, gemm: str | None = None
+    ) -> RecipeQuantizers | None:
+        """Under a CustomRecipe, the quantizers its ``qfactory`` returns for the roles of
+        this module's ``gemm`` (:meth:`_quantizer_roles`); ``shared`` otherwise."""
+        if shared is None or not shared.recipe.custom():
+            return shared
+        roles = self._quantizer_roles(gemm)
+        if shared.compile_blocker is not None and torch.compiler.is_compiling():
+            return run_eagerly(shared.compile_blocker, custom_quantizers, shared, roles)
+        return custom_quantizers(shared, roles)
+
+    def _quantizer_roles(self, gemm: str | None) -> GemmRoles:
+        """TE 2.20.2's ``get_quantizer_roles`` for ``gemm`` (input, weight, output,
+        grad_output, grad_input): ``(module_type, tensor_type, name)`` with the module's
+        ``name``, None where TE asks with None (the module's output and input gradient).
+        LayerNormMLP's GEMMs are named ``<name>.fc1``/``<name>.fc2`` (``fc1``/``fc2``
+        unnamed), and their inner boundary takes its consumer's role: fc1's output is
+        fc2's input, fc2's input gradient is fc1's output gradient."""
+        kind, name = self.quantizer_module_type, getattr(self, "name", None) or ""
+        if self.further_gemms != ("fc2",):
+            return (
+                (kind, "input", name),
+                (kind, "weight", name),
+                None,
+                (kind, "grad_output", name),
+                None,
+            )
+        fc1, fc2 = (f"{name}.fc1", f"{name}.fc2") if name else ("fc1", "fc2")
+        if gemm is None:
+            return (
+                (kind, "input", fc1),
+                (kind, "weight", fc1),
+                (kind, "input", fc2),
+                (kind, "grad_output", fc1),
+                None,
+            )
+        return (
+            (kind, "input", fc2),
+            (kind, "weight", fc2),
+            None,
+            (kind, "grad_output", fc2),
+            (kind, "grad_output", fc1),
+        )
 
     def _own_quantizers(self, shared: RecipeQuantizers, gemm: str | None) -> RecipeQuantizers:
         return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
@@ -110,13 +160,16 @@ class ExtraStateMixin:
         GEMM's own weight quantizer, its scale seeded from the weight's amax (a scale of 1
         flushes small weights to zero or subnormals)."""
         self.__dict__["_teops_model_init"] = init  # for reset_parameters
-        quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
+        if init.recipe.custom():
+            quantizer = self._role_quantizers(init, gemm).weight  # type: ignore[union-attr]
+        else:
+            quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
         if weight.device.type == "meta":
             # Nothing to quantize yet (``to_empty`` then ``reset_parameters`` fills it).
             return quantizer.with_internal(False).make_empty(
                 weight.shape, dtype=weight.dtype, device=weight.device
             )
-        if quantizer is not init.weight:
+        if init.recipe.delayed():
             quantizer.observe(weight)
         quantized = quantizer.with_internal(False).quantize(weight)
         if STATE.preserve_init_val:

@@ -21,6 +21,11 @@ recompiles), then fetches the quantizers of that value through
 reads a thread id; entering, nesting and leaving a context adds no graph break. A
 stateful recipe (delayed scaling), or one that is not a value, runs its region eagerly
 behind a graph break naming why (``fullgraph=True`` raises it).
+
+A ``CustomRecipe`` is a value when its ``qfactory`` is a plain function (the graph is
+guarded on its identity). Each module asks it for the quantizers of its own roles
+(:func:`custom_quantizers`), kept per (recipe value, roles) as the shared ones are, and
+fetched the same way while tracing.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import dataclasses
 import enum
 import math
 import threading
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -40,7 +46,14 @@ from typing import Any
 import torch.utils.checkpoint
 
 from ..quantization.float8 import deferred_scale_updates
-from ..quantization.recipes import ROLES, DelayedScaling, Float8CurrentScaling, Recipe
+from ..quantization.recipes import (
+    ROLES,
+    CustomRecipe,
+    DelayedScaling,
+    Float8CurrentScaling,
+    QuantizerRole,
+    Recipe,
+)
 from ..runtime._torch_private import functorch_transform_active
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import Quantizer, value_opaque_reason
@@ -70,6 +83,10 @@ class RecipeQuantizers:
     wgrad_gemm: GemmConfig = GemmConfig()
     backward_override: str | None = None
 
+    # The recipe's value these were made from (recipe_key; None: a recipe that is not a
+    # value), which a CustomRecipe's per-module quantizers are kept under.
+    key: tuple[Any, ...] | None = None
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         """The quantizers of ``recipe``'s current value. A dataclass of values
@@ -84,9 +101,15 @@ class RecipeQuantizers:
         return _shared_quantizers(key)
 
     @classmethod
-    def _make(cls, recipe: Recipe) -> RecipeQuantizers:
+    def _make(cls, recipe: Recipe, key: tuple[Any, ...] | None = None) -> RecipeQuantizers:
         quantizers = [recipe.make_quantizer(role) for role in ROLES]
         blocker = None
+        if isinstance(recipe, CustomRecipe) and key is None:
+            blocker = (
+                f"CustomRecipe.qfactory is a {type(recipe.qfactory).__name__}: a compiled "
+                "graph is guarded on the factory's identity, which takes a plain function "
+                "(def or lambda)"
+            )
         for role, quantizer in zip(ROLES, quantizers, strict=True):
             reason = value_opaque_reason(quantizer)
             if reason is not None:
@@ -104,6 +127,7 @@ class RecipeQuantizers:
             dgrad_gemm=dgrad,
             wgrad_gemm=wgrad,
             backward_override=getattr(recipe, "backward_override", None),
+            key=key,
         )
 
 
@@ -124,7 +148,7 @@ def _shared_quantizers(key: tuple[Any, ...]) -> RecipeQuantizers:
         if made is not None:
             _MEMO.move_to_end(key)
             return made
-    made = RecipeQuantizers._make(_value_of_key(key))
+    made = RecipeQuantizers._make(_value_of_key(key), key)
     if made.compile_blocker is None:
         with _MEMO_LOCK:
             _MEMO[key] = made
@@ -145,8 +169,10 @@ def recipe_key(recipe: Any) -> tuple[Any, ...] | None:
     for a dataclass, each field's value keyed the same way: ``(type, value)`` for None,
     a bool, a str or an Enum member; ``(int, float(value))`` for an int (up to 2**53);
     ``(float, value, sign)`` for a float (-0.0 == 0.0, but the two encode differently);
-    ``(tuple, keys)`` for a tuple. None when some value is anything else (a list, a
-    callable, an arbitrary object), or the recipe is not a dataclass.
+    ``(tuple, keys)`` for a tuple; ``(FunctionType, function)`` for a plain function (a
+    CustomRecipe's ``qfactory``: Dynamo guards on its identity). None when some value is
+    anything else (a list, another callable, an arbitrary object), or the recipe is not
+    a dataclass.
 
     Dynamo traces it, guarding the graph on every field it reads. A number read from an
     argument may reach it symbolic (Dynamo makes a number that changed between calls
@@ -162,6 +188,8 @@ def recipe_key(recipe: Any) -> tuple[Any, ...] | None:
     if kind is float:
         value = recipe.__float__()
         return (float, value, math.copysign(1.0, value))
+    if kind is types.FunctionType:
+        return (types.FunctionType, recipe)
     if kind is tuple:
         items = []
         for item in recipe:
@@ -265,6 +293,70 @@ def _quantizers_while_compiling(recipe: Recipe | None) -> RecipeQuantizers | str
             )
     quantizers = getattr(_TRACED, _traced_quantizers_name(key))
     return quantizers if quantizers.compile_blocker is None else quantizers.compile_blocker
+
+
+# --- a CustomRecipe's quantizers per module --------------------------------------------
+
+# TE's QuantizerRole of each quantizer of one GEMM, as plain values:
+# (module_type, tensor_type, name), or None for a slot TE asks with None. In the order
+# input, weight, output, grad_output, grad_input (grad_weight, which no GEMM quantizes,
+# takes grad_output's).
+GemmRoles = tuple[tuple[str, str, str] | None, ...]
+
+_CUSTOM_MEMO: OrderedDict[tuple[Any, ...], RecipeQuantizers] = OrderedDict()
+_CUSTOM_MEMO_SIZE = 256
+
+
+def custom_quantizers(shared: RecipeQuantizers, roles: GemmRoles) -> RecipeQuantizers:
+    """``shared`` (a CustomRecipe's) with the quantizers its ``qfactory`` returns for
+    ``roles``: asked once per (recipe value, roles) and kept (a small LRU memo), as TE
+    keeps a module's recipe state; a recipe that is not a value asks every time (it runs
+    eagerly). Traced, fetched through :func:`_traced_custom_name` like the shared ones."""
+    if torch.compiler.is_compiling():
+        return getattr(_TRACED, _traced_custom_name(shared.key, roles))
+    return _memoized_custom(shared, roles)
+
+
+def _memoized_custom(shared: RecipeQuantizers, roles: GemmRoles) -> RecipeQuantizers:
+    if shared.key is None:
+        return _with_roles(shared, roles)
+    memo_key = (shared.key, roles)
+    with _MEMO_LOCK:
+        made = _CUSTOM_MEMO.get(memo_key)
+        if made is not None:
+            _CUSTOM_MEMO.move_to_end(memo_key)
+            return made
+    made = _with_roles(shared, roles)
+    with _MEMO_LOCK:
+        _CUSTOM_MEMO[memo_key] = made
+        if len(_CUSTOM_MEMO) > _CUSTOM_MEMO_SIZE:
+            _CUSTOM_MEMO.popitem(last=False)
+    return made
+
+
+def _with_roles(shared: RecipeQuantizers, roles: GemmRoles) -> RecipeQuantizers:
+    recipe = shared.recipe
+    assert isinstance(recipe, CustomRecipe)
+    made = [recipe.quantizer_for(None if r is None else QuantizerRole(*r)) for r in roles]
+    fields = dict(
+        zip(("input", "weight", "output", "grad_output", "grad_input"), made, strict=True)
+    )
+    return dataclasses.replace(shared, **fields, grad_weight=fields["grad_output"])
+
+
+@torch.compiler.assume_constant_result
+def _traced_custom_name(key: tuple[Any, ...], roles: GemmRoles) -> str:
+    """The attribute of :data:`_TRACED` holding the quantizers of the CustomRecipe value
+    ``key`` for ``roles`` (run for real while tracing; the graph is guarded on the
+    recipe's fields, its factory's identity and the module's name)."""
+    made = _memoized_custom(_shared_quantizers(key), roles)
+    memo_key = (key, roles)
+    with _MEMO_LOCK:
+        name = _TRACED_NAMES.get(memo_key)
+        if name is None:
+            name = _TRACED_NAMES[memo_key] = f"q{len(_TRACED_NAMES)}"
+        setattr(_TRACED, name, made)
+    return name
 
 
 class _State(threading.local):

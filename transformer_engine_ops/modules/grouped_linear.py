@@ -140,6 +140,8 @@ def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
 class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y[rows of group i] = x[rows of group i] W_i^T + b_i`` for ``i < num_gemms``."""
 
+    quantizer_module_type = "grouped_linear"  # TE's QuantizerRole.module_type
+
     def __init__(
         self,
         num_gemms: int,

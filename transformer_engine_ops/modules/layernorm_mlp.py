@@ -25,6 +25,7 @@ from ..ops.layernorm_mlp import (
 )
 from ..quantization.stochastic import rng_state_for
 from ..runtime.quantizer import QuantizedData
+from ..runtime.values import ClampedSwiGLUParams
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     activation_dtype,
@@ -87,7 +88,6 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         reject_unimplemented(
             cls,
             get_rng_state_tracker=(get_rng_state_tracker, None),
-            activation_params=(activation_params, None),
             return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
             seq_length=(seq_length, None),
             micro_batch_size=(micro_batch_size, None),
@@ -100,13 +100,10 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             checkpoint=(checkpoint, False),
         )
         check_normalization(cls, normalization)
-        if activation == "clamped_swiglu":
-            raise NotImplementedError(
-                f"{cls}: activation='clamped_swiglu' (with activation_params) is not "
-                "implemented by transformer_engine_ops"
-            )
         if activation not in ACTIVATIONS:
             raise ValueError(f"{cls}: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation_params = activation_params
+        self._activation_params = clamped_swiglu_params(cls, activation, activation_params)
         mode = "column" if set_parallel_mode else None
         tp_size = _check_parallelism(hidden_size, ffn_hidden_size, tp_group, tp_size, mode)
         self.name = name
@@ -271,6 +268,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             zero_centered_gamma=self.zero_centered_gamma,
             return_layernorm_output=self.return_layernorm_output,
             activation=self.activation,
+            activation_params=self._activation_params,
             fc1_input_quantizer=q1 and q1.input,
             fc1_weight_quantizer=q1 and q1.weight,
             fc1_output_quantizer=q1 and q1.output,
@@ -319,3 +317,30 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             f"activation={self.activation}, normalization={self.normalization}, "
             f"bias={self.fc1_bias is not None}, set_parallel_mode={self.set_parallel_mode}"
         )
+
+
+def clamped_swiglu_params(
+    cls: str, activation: str, params: dict | None
+) -> ClampedSwiGLUParams | None:
+    """TE's ``activation_params`` as the op's value: clamped_swiglu's ``limit``,
+    ``alpha`` and ``glu_linear_offset`` (TE's defaults for those left out). Any other
+    activation takes none (TE's kernels take no keyword for them)."""
+    if params is None:
+        return ClampedSwiGLUParams() if activation == "clamped_swiglu" else None
+    if activation != "clamped_swiglu":
+        raise ValueError(
+            f"{cls}: activation_params={params!r} is only read by activation='clamped_swiglu', "
+            f"not activation={activation!r}"
+        )
+    if not isinstance(params, dict):
+        raise TypeError(f"{cls}: activation_params must be a dict, got {type(params).__name__}")
+    unknown = sorted(str(k) for k in params if k not in ("limit", "alpha", "glu_linear_offset"))
+    if unknown:
+        raise ValueError(
+            f"{cls}: activation_params has unknown keys {unknown}; clamped_swiglu takes "
+            "'limit', 'alpha' and 'glu_linear_offset'"
+        )
+    try:
+        return ClampedSwiGLUParams(**params)
+    except TypeError as error:
+        raise TypeError(f"{cls}: {error}") from None

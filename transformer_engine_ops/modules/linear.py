@@ -207,7 +207,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         is_first_microbatch: bool | None,
         fp8_output: bool,
     ) -> LinearFwdArgs:
-        q: Any = quantizers
+        q: Any = self._role_quantizers(quantizers)  # a CustomRecipe's, for this module
         grad = torch.is_grad_enabled()
         # A non-tensor input reaches the bundle as is and is reported by its field check.
         is_tensor = isinstance(inp, torch.Tensor)

@@ -3,8 +3,9 @@
 The norm is ``ops/layernorm.py``'s fp32 math; fc1 and fc2 are the Linear op's own GEMM
 stages (``ops/_fused.py``), each with its own six quantizers, so each GEMM quantizes its
 input, weight and gradients as Linear does. The activation runs in fp32 on fc1's
-output; gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``) gate the first half of
-fc1's output features with the second, as TE does. With ``set_parallel_mode`` fc1 is
+output; gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``,
+``clamped_swiglu``) gate the first half of fc1's output features with the second, as TE
+does; ``clamped_swiglu`` clamps both halves first (``activation_params``). With ``set_parallel_mode`` fc1 is
 column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
 norm output before fc1 and reduce-scatters fc2's output (and the reverse in backward).
 Weight caching across microbatches rides on each stage's own Linear fields
@@ -51,11 +52,22 @@ from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
-from transformer_engine_ops.runtime.values import GemmConfig
+from transformer_engine_ops.runtime.values import ClampedSwiGLUParams, GemmConfig
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
 Activation = Literal[
-    "gelu", "relu", "qgelu", "srelu", "silu", "glu", "swiglu", "geglu", "qgeglu", "reglu", "sreglu"
+    "gelu",
+    "relu",
+    "qgelu",
+    "srelu",
+    "silu",
+    "glu",
+    "swiglu",
+    "geglu",
+    "qgeglu",
+    "reglu",
+    "sreglu",
+    "clamped_swiglu",
 ]
 
 
@@ -135,6 +147,9 @@ class LayerNormMLPFwdArgs:
     fuse_wgrad_accumulation: bool = False
     delay_wgrad_compute: bool = False
 
+    # --- clamped_swiglu's limit, alpha and offset (None: TE's defaults; only with it) ---
+    activation_params: Optional[ClampedSwiGLUParams] = None
+
 
 @dataclass
 class LayerNormMLPBwdArgs:
@@ -205,11 +220,14 @@ class LayerNormMLPBwdArgs:
     fc1_wgrad_route: Optional[Any] = None
     fc2_wgrad_route: Optional[Any] = None
 
+    # --- clamped_swiglu's limit, alpha and offset (None: TE's defaults) ---
+    activation_params: Optional[ClampedSwiGLUParams] = None
+
 
 # --- Activations (fp32 math) ---------------------------------------------------------
 
 # A gated activation gates the first half of its input with f and multiplies the second.
-GATED = ("glu", "swiglu", "geglu", "qgeglu", "reglu", "sreglu")
+GATED = ("glu", "swiglu", "geglu", "qgeglu", "reglu", "sreglu", "clamped_swiglu")
 ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu", *GATED)
 _TANH_K = math.sqrt(2.0 / math.pi)
 
@@ -237,23 +255,63 @@ def _unary(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x * s, s + x * s * (1 - s)
 
 
+def _clamped_halves(
+    x: torch.Tensor, limit: float, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """clamped_swiglu's clamped gate and linear halves, the gate's ``sigmoid(alpha *
+    g)``, and the gate's pass-through mask (TE's kernel: ``g <= limit``)."""
+    a, b = x.chunk(2, dim=-1)
+    g = a.clamp(max=limit)
+    return g, b.clamp(-limit, limit), torch.sigmoid(alpha * g), a <= limit
+
+
+def activation_params_of(params: ClampedSwiGLUParams | None) -> tuple[float, float, float]:
+    """``(limit, alpha, glu_linear_offset)``: ``params``' or TE's defaults (None)."""
+    p = ClampedSwiGLUParams() if params is None else params
+    return p.limit, p.alpha, p.glu_linear_offset
+
+
 # Fused into one kernel, a traced activation would be FMA-contracted (other bits): kept
-# whole in a lowered graph (runtime/lowering.py).
-@exact("activation_forward(str name, Tensor x, ScalarType out_dtype) -> Tensor")
-def activation_forward(name: str, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+# whole in a lowered graph (runtime/lowering.py). ``limit``, ``alpha`` and ``offset``
+# are clamped_swiglu's (activation_params_of); the other activations do not read them.
+@exact(
+    "activation_forward(str name, Tensor x, ScalarType out_dtype, float limit, float alpha, "
+    "float offset) -> Tensor"
+)
+def activation_forward(
+    name: str, x: torch.Tensor, out_dtype: torch.dtype, limit: float, alpha: float, offset: float
+) -> torch.Tensor:
     xf = x.to(math_dtype(x.dtype))
+    if name == "clamped_swiglu":
+        g, lin, s, _ = _clamped_halves(xf, limit, alpha)
+        return (g * s * (lin + offset)).to(out_dtype)
     if name in GATED:
         a, b = xf.chunk(2, dim=-1)
         return (_unary(name, a)[0] * b).to(out_dtype)
     return _unary(name, xf)[0].to(out_dtype)
 
 
-@exact("activation_backward(str name, Tensor dy, Tensor x, ScalarType out_dtype) -> Tensor")
+@exact(
+    "activation_backward(str name, Tensor dy, Tensor x, ScalarType out_dtype, float limit, "
+    "float alpha, float offset) -> Tensor"
+)
 def activation_backward(
-    name: str, dy: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype
+    name: str,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    limit: float,
+    alpha: float,
+    offset: float,
 ) -> torch.Tensor:
     dtype = math_dtype(x.dtype)
     xf, dyf = x.to(dtype), dy.to(dtype)
+    if name == "clamped_swiglu":
+        g, lin, s, gate_passes = _clamped_halves(xf, limit, alpha)
+        b = xf.chunk(2, dim=-1)[1]
+        dg = (s + alpha * g * s * (1 - s)) * gate_passes
+        dlin = g * s * ((b >= -limit) & (b <= limit))
+        return torch.cat([dyf * (lin + offset) * dg, dyf * dlin], dim=-1).to(out_dtype)
     if name in GATED:
         a, b = xf.chunk(2, dim=-1)
         fa, dfa = _unary(name, a)
@@ -391,6 +449,11 @@ def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
     )
     if args.activation not in ACTIVATIONS:
         raise ValueError(f"LayerNormMLPFwdArgs.activation: unknown activation {args.activation!r}")
+    if args.activation_params is not None and args.activation != "clamped_swiglu":
+        raise ValueError(
+            "LayerNormMLPFwdArgs.activation_params: only clamped_swiglu takes parameters, "
+            f"not activation={args.activation!r}"
+        )
     fc1_rows, fc2_cols = args.fc1_weight.shape[0], args.fc2_weight.shape[-1]
     act_features = fc1_rows // 2 if args.activation in GATED else fc1_rows
     if act_features != fc2_cols or (args.activation in GATED and fc1_rows % 2):
@@ -425,7 +488,9 @@ def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], t
     ln_out, mu, rsigma = norm_stage_forward(args, dtype)
     fc1 = _fc1_args(args, ln_out)
     (fc1_out,), (fc1_input, fc1_weight) = linear_forward(fc1)
-    act_out = activation_forward(args.activation, fc1_out, dtype)
+    act_out = activation_forward(
+        args.activation, fc1_out, dtype, *activation_params_of(args.activation_params)
+    )
     (out,), (fc2_input, fc2_weight) = linear_forward(_fc2_args(args, act_out, fc1))
     outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
     stats = (mu, rsigma) if plan.save_stats else (None, None)
@@ -539,6 +604,7 @@ def layernorm_mlp_setup_context(
         sr_rng_state=args.sr_rng_state,
         fc1_wgrad_route=_route(args, args.fc1_weight) if fc1.requires_wgrad else None,
         fc2_wgrad_route=_route(args, args.fc2_weight) if fc2.requires_wgrad else None,
+        activation_params=args.activation_params,
     )
 
 
@@ -588,7 +654,13 @@ def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | No
     d_act, fc2_wgrad, fc2_bgrad = linear_backward(_fc_backward_args(args, 2, args.grad_outputs[0]))
     dgrad = dgamma = dbeta = fc1_wgrad = fc1_bgrad = None
     if args.fc2_requires_dgrad:
-        d_fc1 = activation_backward(args.activation, d_act, args.fc1_out, dtype)
+        d_fc1 = activation_backward(
+            args.activation,
+            d_act,
+            args.fc1_out,
+            dtype,
+            *activation_params_of(args.activation_params),
+        )
         fc1 = _fc_backward_args(args, 1, d_fc1)
         fc1.sr_rng_state = stage_rng_state(args.sr_rng_state, 1)  # bits of its own
         dln, fc1_wgrad, fc1_bgrad = linear_backward(fc1)
@@ -705,6 +777,11 @@ def layernorm_mlp_examples(recipe: Any, device: torch.device) -> list[LayerNormM
                 ffn_hidden_size=64,
                 is_grad_enabled=True,
                 sr_rng_state=_examples.rng_state(quantizers, device),
+                activation_params=(
+                    ClampedSwiGLUParams(limit=0.5, alpha=1.5, glu_linear_offset=0.25)
+                    if activation == "clamped_swiglu"
+                    else None
+                ),
             )
         )
     return bundles

@@ -21,11 +21,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Optional
 
 import torch
 
-from ..runtime.quantizer import Quantizer, check_bool, check_choice, check_float, check_int
+from ..runtime.quantizer import (
+    Quantizer,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    value_opaque_reason,
+)
 from ..runtime.values import GemmConfig
 from .float8 import MAX_AMAX_HISTORY_LEN, Float8CurrentScalingQuantizer, Float8Quantizer
 from .float8_block import MAX_BLOCK_LEN, Float8BlockQuantizer
@@ -35,6 +43,7 @@ from .nvfp4 import NVFP4Quantizer
 __all__ = [
     "BACKWARD_OVERRIDES",
     "ROLES",
+    "CustomRecipe",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
@@ -43,6 +52,7 @@ __all__ = [
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
     "QParams",
+    "QuantizerRole",
     "Recipe",
 ]
 
@@ -509,3 +519,103 @@ class NVFP4BlockScaling(Recipe):
             nvfp4_e4m3_max=self._e4m3_max(role),
             nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizerRole:
+    """TE's identity of a tensor slot asking a :class:`CustomRecipe` for a quantizer
+    (``transformer_engine.pytorch.QuantizerRole``): the module type (``"linear"``,
+    ``"grouped_linear"``), what is quantized (``"input"``, ``"weight"``,
+    ``"grad_output"``) and the module's ``name`` (``"<name>.fc1"``/``"<name>.fc2"`` for
+    LayerNormMLP's GEMMs); empty strings where not known."""
+
+    module_type: str = ""
+    tensor_type: str = ""
+    name: str = ""
+
+    def __str__(self) -> str:
+        parts = [
+            f"{field}={value}"
+            for field, value in (
+                ("module_type", self.module_type),
+                ("tensor_type", self.tensor_type),
+                ("name", self.name),
+            )
+            if value
+        ]
+        return "|".join(parts) if parts else "QuantizerRole()"
+
+
+@dataclasses.dataclass
+class CustomRecipe(Recipe):
+    """TE 2.20.2's ``CustomRecipe``: ``qfactory(role)`` returns the quantizer of each
+    tensor slot, ``role`` a :class:`QuantizerRole` or None (the slots whose consumer TE
+    does not know: a module's output and its input gradient). Each module asks with its
+    own roles, as TE's ``get_quantizer_roles`` builds them (see ``modules/_base.py``),
+    when it first runs under the recipe's value; the answers are kept per (recipe value,
+    roles), as TE keeps a module's recipe state, so the factory is not called per step.
+
+    The factory must return this library's stateless quantizers
+    (``te.Float8CurrentScalingQuantizer``, ``te.MXFP8Quantizer``,
+    ``te.Float8BlockQuantizer``, ``te.NVFP4Quantizer``); anything else (None, TE's own
+    quantizers, its ``IdentityQuantizer`` or ``DelayedScalingRequest``, a delayed-scaling
+    ``Float8Quantizer``) raises naming the role. Under ``torch.compile`` the graph is
+    guarded on the factory's identity, which needs a plain function (``def`` or
+    ``lambda``); another callable runs its region eagerly (``fullgraph=True`` raises
+    naming it). ``fp8_format`` and ``quantization_alignment`` are accepted as TE's (the
+    quantizers decide the formats; nothing here pads by the alignment)."""
+
+    qfactory: Callable[..., Any]
+    fp8_format: Format = Format.HYBRID
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    quantization_alignment: int = 128
+
+    def __post_init__(self) -> None:
+        owner = self._owner()
+        if self.qfactory is None or not callable(self.qfactory):
+            raise ValueError(f"{owner} requires `qfactory`, a callable; got {self.qfactory!r}")
+        self._check_format("fp8_format", (Format.E4M3, Format.E5M2, Format.HYBRID))
+        self._check_common()
+        self._set(
+            "quantization_alignment",
+            check_int(owner, "quantization_alignment", self.quantization_alignment, 1, 2**31),
+        )
+
+    @classmethod
+    def custom(cls) -> bool:
+        return True
+
+    def quantizer_for(self, role: Optional[QuantizerRole]) -> Quantizer:
+        """``qfactory(role)``, checked to be a quantizer this library runs."""
+        made = self.qfactory(role)
+        where = f"{self._owner()}.qfactory({role})"
+        if made is None:
+            raise ValueError(
+                f"{where} returned None; every slot needs a quantizer (TE's rule: an "
+                "intentional high-precision slot returns an IdentityQuantizer, which this "
+                "library does not implement)"
+            )
+        if not isinstance(made, Quantizer):
+            raise NotImplementedError(
+                f"{where} returned a {type(made).__module__}.{type(made).__qualname__}; "
+                "transformer_engine_ops runs its own quantizers (te.Float8CurrentScalingQuantizer, "
+                "te.MXFP8Quantizer, te.Float8BlockQuantizer, te.NVFP4Quantizer), not TE's "
+                "quantizers or quantizer requests"
+            )
+        reason = value_opaque_reason(made)
+        if reason is not None:
+            raise NotImplementedError(
+                f"{where} returned a stateful {type(made).__name__} ({reason}); delayed "
+                "scaling inside a CustomRecipe (TE's DelayedScalingRequest) is not implemented"
+            )
+        return made
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        """The quantizer of ``role`` for a Linear without a name (TE's roles of an
+        unnamed ``te.Linear``; the output and input gradient ask with None)."""
+        if _check_role(role) in ("output", "grad_input"):
+            return self.quantizer_for(None)
+        tensor_type = "grad_output" if role == "grad_weight" else role
+        return self.quantizer_for(QuantizerRole("linear", tensor_type, ""))

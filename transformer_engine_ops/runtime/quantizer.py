@@ -650,7 +650,8 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
     into its own buffers (:meth:`quantize_`), as TE's quantized tensors do: a quantized
     parameter trains. An op whose result cannot be requantized raises naming the op.
     A view of it (``w[0]``, ``w.t()``) is a :class:`QuantizedView`: writes through the
-    view requantize it too.
+    view requantize it too. ``.data = value`` (what ``Module.to(dtype)``/``.half()``/
+    ``.float()`` do) keeps it quantized, holding ``quantize(value)`` in value's dtype.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -711,6 +712,39 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
         torch.autograd.graph.increment_version(self)
         return self
 
+    def _get_data(self) -> QuantizedTensor:
+        return torch.Tensor.data.__get__(self, type(self))  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def _set_data(self, value: torch.Tensor) -> None:
+        """``self.data = value``, which ``nn.Module.to(dtype)``, ``.half()``,
+        ``.bfloat16()`` and ``.float()`` do to every parameter: as TE's quantized
+        tensors, this tensor stays a quantized tensor (the same object, so a parameter
+        keeps its identity, its attributes and its in-place requantization) holding
+        ``quantize(value)`` made with its own quantizer, and takes ``value``'s dtype as
+        its fake dtype and ``value``'s device. A quantized ``value`` of this format is
+        taken as it is (its buffers, not a requantized copy)."""
+        if isinstance(value, QuantizedTensor) and _same_encoding(self, value):
+            fresh = value
+        elif isinstance(value, QuantizedData) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{type(self).__name__}.data = {value!r}: takes a plain tensor or a quantized "
+                "tensor of the same format"
+            )
+        else:
+            if value.shape != self.shape:
+                raise ValueError(
+                    f"{type(self).__name__}.data = a tensor of shape {tuple(value.shape)} for "
+                    f"a tensor of shape {tuple(self.shape)}"
+                )
+            fresh = self._quantizer.with_internal(False).quantize(value.detach())
+        # The wrapper's own metadata (dtype, device), then the quantized content.
+        torch.Tensor.data.__set__(self, fresh)  # type: ignore[attr-defined]
+        self._init_quantized(fresh._inner_dict(), self._quantizer, fresh._dtype)
+        torch.autograd.graph.increment_version(self)
+
+    data = property(_get_data, _set_data)  # type: ignore[assignment]
+
     def _map_inner(self, fn: Any, **kwargs: Any) -> QuantizedTensor:
         inner = {n: fn(t) for n, t in self._inner_dict().items()}
         return type(self)(
@@ -753,17 +787,21 @@ def _rule_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return src._map_inner(lambda t: t.to(device=device))
 
 
-def _same_format(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """Whether ``b``'s buffers are valid as ``a``'s: class, fake dtype, shape and the
+def _same_encoding(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether ``b``'s buffers encode a value as ``a``'s do: class, shape and the
     quantizer's configuration (its fields; a stateful quantizer's state aside)."""
     qa, qb = a._quantizer, b._quantizer
     return (
         type(a) is type(b)
         and type(qa) is type(qb)
-        and a._dtype == b._dtype
         and a.shape == b.shape
         and all(getattr(qa, f.name) == getattr(qb, f.name) for f in dataclasses.fields(qa))
     )
+
+
+def _same_format(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether ``b``'s buffers are valid as ``a``'s: the same encoding and fake dtype."""
+    return _same_encoding(a, b) and a._dtype == b._dtype
 
 
 def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:

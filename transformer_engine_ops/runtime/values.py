@@ -26,3 +26,27 @@ class GemmConfig:
 
     def __post_init__(self) -> None:
         codec.code_of(self)
+
+
+@codec.register
+@dataclass(frozen=True)
+class ClampedSwiGLUParams:
+    """TE's ``activation_params`` of ``activation="clamped_swiglu"`` (GPT-OSS's SwiGLU),
+    with TE's defaults: the gate half is clamped above at ``limit`` and the linear half
+    to ``[-limit, limit]``; ``y = g * sigmoid(alpha * g) * (l + glu_linear_offset)``."""
+
+    limit: float = 7.0
+    alpha: float = 1.702
+    glu_linear_offset: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("limit", "alpha", "glu_linear_offset"):
+            value = getattr(self, name)
+            if type(value) is int:
+                object.__setattr__(self, name, float(value))
+            elif type(value) is not float:
+                raise TypeError(
+                    f"activation_params[{name!r}]: expected a float, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+        codec.code_of(self)
