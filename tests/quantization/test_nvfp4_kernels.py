@@ -182,6 +182,66 @@ def test_interpreted_kernels_match_the_reference_bit_for_bit():
     assert f"{len(CASES)} cases" in out.stdout
 
 
+def _ptx_for_h200(kernel, signature, constexprs):
+    """The kernel compiled as a launch would compile it, for sm_90 (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = dict(constexprs)
+    options = {"num_warps": nk.WARPS, "enable_fp_fusion": constexprs.pop("enable_fp_fusion")}
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+@needs_triton
+@pytest.mark.slow
+def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmetic():
+    """What the interpreter cannot check: each kernel configuration a quantize launches
+    compiles for sm_90, with no fused multiply-add (the transform's products and sums
+    round separately, as in the reference) and no approximate division."""
+    from transformer_engine_ops.quantization import _nvfp4_triton as kernels
+
+    quantize_sig = {
+        "x_ptr": "*bf16",
+        "amax_ptr": "*fp32",
+        "data_ptr": "*u8",
+        "scale_ptr": "*u8",
+        **{n: "i32" for n in ("R", "C", "stride_r", "stride_c", "amax_stride", "scale_cols")},
+        "global_fmax": "fp32",
+        "err_denominator": "fp32",
+    }
+    launched = set()
+    for config in CONFIGS:
+        q = _quantizer(config, "both")
+        for stream in (0, 1):
+            launched.add(
+                (
+                    stream,
+                    stream == 1 and q.with_rht,
+                    q.stochastic_rounding,
+                    q.with_2d_quantization,
+                    q.nvfp4_use_4over6,
+                    q.nvfp4_4over6_err_mode == "MSE",
+                )
+            )
+    ptxs = []
+    for key in sorted(launched):
+        seed = {"seed_ptr": "*i64" if key[2] else "*fp32"}
+        signature = (
+            dict(list(quantize_sig.items())[:2]) | seed | dict(list(quantize_sig.items())[2:])
+        )
+        ptxs.append(_ptx_for_h200(kernels._quantize, signature, nk._quantize_constexprs(*key)))
+    amax_sig = {"x_ptr": "*bf16", "amax_ptr": "*fp32"}
+    amax_sig |= {n: "i32" for n in ("R", "C", "stride_r", "stride_c")}
+    for rht in (False, True):
+        ptxs.append(_ptx_for_h200(kernels._row_amax, amax_sig, nk._amax_constexprs(rht)))
+    for ptx in ptxs:
+        assert "fma.rn.f32" not in ptx
+        assert "div.approx" not in ptx and "div.full" not in ptx
+
+
 def test_the_reference_divides_by_tensors_so_cuda_rounds_as_the_cpu():
     """``block_amax / 6`` must be correctly rounded on every device (CUDA multiplies by
     the reciprocal for a Python-scalar divisor): values where the two differ quantize
@@ -238,7 +298,7 @@ def test_module_imports_and_reports_why_without_triton():
 # Shapes for the CUDA comparison: not multiples of 16, one row, large, 3-D.
 # Large ones with both usages only (the CPU reference of each takes seconds).
 SMALL_SHAPES = [(34, 70), (1, 48), (2, 16, 48), (18, 34)]
-LARGE_SHAPES = [(2048, 4096), (1031, 2054), (16, 8192)]
+LARGE_SHAPES = [(2048, 4096), (1030, 2054), (16, 8192)]
 GPU_CASES = [
     (shape, config, usage)
     for shape in SMALL_SHAPES + LARGE_SHAPES

@@ -17,30 +17,30 @@ from typing import Any
 import triton
 import triton.language as tl
 
-FP32_MAX = 3.4028234663852886e38
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a global a kernel may read
 
 
 @triton.jit
 def _load_stored(
     x_ptr,
     rows,
-    cols,
+    blocks,
     R,  # noqa: N803
     C,  # noqa: N803
     stride_r,
     stride_c,
     RHT: tl.constexpr,  # noqa: N803
     SIGN_MASK: tl.constexpr,  # noqa: N803
+    BR: tl.constexpr,  # noqa: N803
+    NB: tl.constexpr,  # noqa: N803
 ):
-    """``S[rows, cols]`` as fp32 (BR, NB, 16), zero outside; with ``RHT`` every run of
-    16 along C multiplied by ``diag(signs) @ H16 / 4``, summed in index order."""
+    """``S[rows, 16-element blocks]`` as fp32 (BR, NB, 16), zero outside; with ``RHT``
+    every block multiplied by ``diag(signs) @ H16 / 4``, summed in index order."""
     j = tl.arange(0, 16)
     if RHT:
-        starts = cols - j[None, :]  # (NB, 16): each run's first column, repeated
-        first = tl.max(starts, axis=1)  # (NB,)
-        acc = tl.zeros((rows.shape[0], first.shape[0], 16), dtype=tl.float32)
+        acc = tl.zeros((BR, NB, 16), dtype=tl.float32)
         for i in tl.static_range(16):
-            c = first + i
+            c = blocks * 16 + i
             mask = (rows[:, None] < R) & (c[None, :] < C)
             xi = tl.load(x_ptr + rows[:, None] * stride_r + c[None, :] * stride_c, mask=mask)
             xi = tl.where(mask, xi.to(tl.float32), 0.0)
@@ -50,6 +50,7 @@ def _load_stored(
             coef = tl.where(negative == 1, -0.25, 0.25)
             acc = acc + xi[:, :, None] * coef[None, None, :]
         return acc
+    cols = blocks[:, None] * 16 + j[None, :]
     mask = (rows[:, None, None] < R) & (cols[None, :, :] < C)
     ptrs = x_ptr + rows[:, None, None] * stride_r + cols[None, :, :] * stride_c
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -74,8 +75,7 @@ def _row_amax(
     acc = tl.zeros((BR,), dtype=tl.float32)
     for start in range(0, C, NB * 16):
         blocks = start // 16 + tl.arange(0, NB).to(tl.int64)
-        cols = blocks[:, None] * 16 + tl.arange(0, 16)[None, :]
-        x = _load_stored(x_ptr, rows, cols, R, C, stride_r, stride_c, RHT, SIGN_MASK)
+        x = _load_stored(x_ptr, rows, blocks, R, C, stride_r, stride_c, RHT, SIGN_MASK, BR, NB)
         a = tl.abs(x)
         a = tl.where(a < float("inf"), a, 0.0)  # NaN < inf is False too
         acc = tl.maximum(acc, tl.max(tl.max(a, axis=2), axis=1))
@@ -247,7 +247,7 @@ def _quantize(
     j = tl.arange(0, 16)
     cols = blocks[:, None] * 16 + j[None, :]
     mask = (rows[:, None, None] < R) & (cols[None, :, :] < C)
-    x = _load_stored(x_ptr, rows, cols, R, C, stride_r, stride_c, RHT, SIGN_MASK)
+    x = _load_stored(x_ptr, rows, blocks, R, C, stride_r, stride_c, RHT, SIGN_MASK, BR, NB)
     # --- the global (per-tensor or per-row) encode scale: encoding.scale_from_amax ---
     amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
     degenerate = (amax == 0.0) | (amax == float("inf"))
