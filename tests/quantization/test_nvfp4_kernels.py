@@ -200,7 +200,8 @@ def _ptx_for_h200(kernel, signature, constexprs):
 def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmetic():
     """What the interpreter cannot check: each kernel configuration a quantize launches
     compiles for sm_90, with no fused multiply-add (the transform's products and sums
-    round separately, as in the reference) and no approximate division."""
+    round separately, as in the reference), no approximate division and no flushing
+    of subnormals."""
     from transformer_engine_ops.quantization import _nvfp4_triton as kernels
 
     quantize_sig = {
@@ -240,6 +241,7 @@ def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmeti
     for ptx in ptxs:
         assert "fma.rn.f32" not in ptx
         assert "div.approx" not in ptx and "div.full" not in ptx
+        assert ".ftz" not in ptx  # subnormals kept, as the reference keeps them
 
 
 def test_the_reference_divides_by_tensors_so_cuda_rounds_as_the_cpu():
