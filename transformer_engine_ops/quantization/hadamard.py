@@ -53,10 +53,10 @@ def _check_blocks(x2d: torch.Tensor) -> None:
 
 def _transform(x2d: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     """Every 16-element run of each row of ``x2d`` times ``matrix``, in fp32, summed in
-    index order: ``sum_i x[i] * matrix[i, j]`` from zero, one rounding per addition
-    (the products are exact). A fixed order makes the bits the same on every device
-    and in the Triton kernels (``nvfp4_kernels.py``); a matmul's order is its
-    library's."""
+    index order: ``sum_i x[i] * matrix[i, j]`` from zero, each product and each sum
+    rounded on its own (products by +-1/4 are exact but for subnormal results). A fixed
+    order makes the bits the same on every device and in the Triton kernels
+    (``nvfp4_kernels.py``); a matmul's order is its library's."""
     _check_blocks(x2d)
     r, c = x2d.shape
     # Contiguous first: a transposed input would reshape to a view whose runs of 16 are
