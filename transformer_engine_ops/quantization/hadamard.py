@@ -51,19 +51,28 @@ def _check_blocks(x2d: torch.Tensor) -> None:
         )
 
 
-def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
-    """``x2d`` (R, C) with every 16-element run of each row multiplied by ``T`` (fp32)."""
+def _transform(x2d: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """Every 16-element run of each row of ``x2d`` times ``matrix``, in fp32, summed in
+    index order: ``sum_i x[i] * matrix[i, j]`` from zero, each product and each sum
+    rounded on its own (products by +-1/4 are exact but for subnormal results). A fixed
+    order makes the bits the same on every device and in the Triton kernels
+    (``nvfp4_kernels.py``); a matmul's order is its library's."""
     _check_blocks(x2d)
     r, c = x2d.shape
     # Contiguous first: a transposed input would reshape to a view whose runs of 16 are
-    # strided, which the matmul takes ~60x slower (a columnwise quantize passes x.T).
+    # strided (a columnwise quantize passes x.T).
     blocks = x2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
-    return (blocks @ rht_matrix(device=x2d.device)).reshape(r, c)
+    out = torch.zeros_like(blocks)
+    for i in range(HADAMARD_SIZE):
+        out = out + blocks[..., i : i + 1] * matrix[i]
+    return out.reshape(r, c)
+
+
+def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
+    """``x2d`` (R, C) with every 16-element run of each row multiplied by ``T`` (fp32)."""
+    return _transform(x2d, rht_matrix(device=x2d.device))
 
 
 def undo_rht(y2d: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`apply_rht`: every 16-element run multiplied by ``T.T`` (fp32)."""
-    _check_blocks(y2d)
-    r, c = y2d.shape
-    blocks = y2d.float().contiguous().reshape(r, c // HADAMARD_SIZE, HADAMARD_SIZE)
-    return (blocks @ rht_matrix(device=y2d.device).t()).reshape(r, c)
+    return _transform(y2d, rht_matrix(device=y2d.device).t())

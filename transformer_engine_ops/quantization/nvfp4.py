@@ -41,6 +41,7 @@ from ..runtime.quantizer import (
     check_choice,
     check_int,
 )
+from . import nvfp4_kernels
 from .encoding import (
     E2M1_MAX,
     E4M3_NAN,
@@ -96,7 +97,7 @@ def _quantize_matrix(
     # NaN or Inf (E2M1 has neither): the block gets the NaN scale code and dequantizes
     # to NaN, so an overflow stays detectable downstream.
     has_nan = (~torch.isfinite(blocks)).any(dim=3).any(dim=1)
-    scale_codes = encode_e4m3(block_amax(blocks) / E2M1_MAX * global_scale)
+    scale_codes = encode_e4m3(_over_e2m1_max(block_amax(blocks)) * global_scale)
     scale_codes = torch.where(has_nan, torch.full_like(scale_codes, E4M3_NAN), scale_codes)
     block_scale = fp8_to_float(scale_codes, torch.float8_e4m3fn)
     encode = torch.where(
@@ -123,7 +124,7 @@ def _quantize_matrix_4over6(
     r, c = x2d.shape
     blocks = to_blocks(x2d, block_rows, NVFP4_BLOCK)
     has_nan = (~torch.isfinite(blocks)).any(dim=3).any(dim=1)
-    base = block_amax(blocks) / E2M1_MAX * global_scale
+    base = _over_e2m1_max(block_amax(blocks)) * global_scale
     decode_global = torch.ones_like(global_scale) / global_scale
     denominator = float(E2M1_MAX * q.nvfp4_e4m3_max)
     candidates = []
@@ -139,13 +140,19 @@ def _quantize_matrix_4over6(
         scaled = apply_block_scale(x2d, encode, block_rows, NVFP4_BLOCK)
         codes = encode_e2m1(torch.nan_to_num(torch.clamp(scaled, -6.0, 6.0), nan=0.0))
         value = apply_block_scale(e2m1_to_float(codes), block_scale, block_rows, NVFP4_BLOCK)
-        diff = value * amax / denominator - x2d
+        product = value * amax
+        diff = product / torch.full_like(product, denominator) - x2d
         err = diff * diff if q.nvfp4_4over6_err_mode == "MSE" else diff.abs()
-        per_row = to_blocks(err, 1, NVFP4_BLOCK)  # (R, 1, Cb, 16): summed in index order
+        # Summed in index order (elements of a row, then a 2-D block's rows), the
+        # order the Triton kernels use: a library reduction's order is its own.
+        per_row = to_blocks(err, 1, NVFP4_BLOCK)  # (R, 1, Cb, 16)
         total = per_row[..., 0]
         for i in range(1, NVFP4_BLOCK):
             total = total + per_row[..., i]
-        block_err = to_blocks(total.reshape(r, -1), block_rows, 1).sum(dim=(1, 3))
+        rows = to_blocks(total.reshape(r, -1), block_rows, 1)  # (Rb, rows, Cb, 1)
+        block_err = rows[:, 0, :, 0]
+        for i in range(1, block_rows):
+            block_err = block_err + rows[:, i, :, 0]
         candidates.append((codes, scale_codes, block_err))
     (codes4, scales4, err4), (codes6, scales6, err6) = candidates
     pick4 = err4 < err6  # (Rb, Cb)
@@ -156,6 +163,12 @@ def _quantize_matrix_4over6(
     scale_codes = torch.where(pick4, scales4, scales6)
     row_scales = scale_codes.repeat_interleave(block_rows, dim=0)[:r]
     return pack_e2m1(codes), pad_2d(row_scales, *_scale_inv_shape(r, c))
+
+
+def _over_e2m1_max(block_amax: torch.Tensor) -> torch.Tensor:
+    """``block_amax / 6``, correctly rounded on every device: divided by a tensor, as
+    CUDA's ``tensor / python_scalar`` multiplies by the reciprocal instead."""
+    return block_amax / torch.full_like(block_amax, E2M1_MAX)
 
 
 def _dequantize_matrix(
@@ -382,6 +395,14 @@ class NVFP4Quantizer(Quantizer):
     def _quantize_nvfp4(
         self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
     ) -> dict[str, Optional[torch.Tensor]]:
+        if nvfp4_kernels.eligible(x):  # Triton on CUDA; the same bits as the reference
+            return nvfp4_kernels.quantize(self, x, rng_state)
+        return self._quantize_reference(x, rng_state)
+
+    def _quantize_reference(
+        self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+    ) -> dict[str, Optional[torch.Tensor]]:
+        """The inner buffers in plain torch ops (the ground truth, on every device)."""
         x2d = x.float().reshape(matrix_dims(x.shape))
         block_rows = NVFP4_BLOCK if self.with_2d_quantization else 1
 
