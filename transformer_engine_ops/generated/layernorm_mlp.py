@@ -785,6 +785,7 @@ class _OpNode(torch.autograd.Function):
             sr_rng_state=values[9],
             fc1_wgrad_route=kept.fc1_wgrad_route,
             fc2_wgrad_route=kept.fc2_wgrad_route,
+            activation_params=kept.activation_params,
         )
         if ctx.direct:
             field_grads = layernorm_mlp_backward(args)
@@ -911,6 +912,7 @@ class _EagerNode(torch.autograd.Function):
                 sr_rng_state=values[9],
                 fc1_wgrad_route=kept.fc1_wgrad_route,
                 fc2_wgrad_route=kept.fc2_wgrad_route,
+                activation_params=kept.activation_params,
             )
         )
         return _r.input_grads(ctx, field_grads, (None, None, None, None, None, None, None), 2)
