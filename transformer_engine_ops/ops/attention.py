@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from transformer_engine_ops.quantization.philox import check_rng_state, uniform
+from transformer_engine_ops.quantization.philox import RNG_STATE_DTYPE, uniform
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -277,7 +277,7 @@ def _plan(args: Any) -> _Plan:
     if args.softcap < 0.0:
         raise ValueError(f"{where}.softcap: {args.softcap}, expected >= 0 (0 disables it)")
     if _uses_dropout(args):
-        check_rng_state(f"{where}.rng_state", args.rng_state)
+        _check_rng_state(args.rng_state)
     return _Plan(batch, h, hg, seq_q, seq_kv, d, dv, tokens_q)
 
 
@@ -288,6 +288,18 @@ def _check_broadcast(t: Any, full: tuple[Any, ...], name: str) -> None:
         raise ValueError(
             f"DotProductAttnFwdArgs.{name}: shape {shape} does not broadcast to "
             f"[batch, heads, seq_q, seq_kv] = {tuple(full)}"
+        )
+
+
+def _check_rng_state(rng_state: Any) -> None:
+    """Dropout's (seed, offset): an int64 tensor of shape (2,) (a spec in the fake)."""
+    dtype, shape = getattr(rng_state, "dtype", None), tuple(getattr(rng_state, "shape", ()))
+    if dtype != RNG_STATE_DTYPE or shape != (2,):
+        got = "None" if rng_state is None else f"{dtype} of shape {shape}"
+        raise ValueError(
+            "DotProductAttnFwdArgs.rng_state: dropout needs an int64 (seed, offset) tensor "
+            f"of shape (2,), got {got} (the module draws it with "
+            "quantization.stochastic.draw_rng_state)"
         )
 
 
