@@ -29,6 +29,7 @@ from ..ops.attention import (
     select_backend,
 )
 from ..quantization.stochastic import draw_rng_state
+from ._base import ExtraStateMixin
 from .autocast import STATE
 
 _NAME = "DotProductAttention"
@@ -116,10 +117,18 @@ def _max_seqlen(cu: torch.Tensor, given: Any, name: str) -> Any:
     return int((cu[1:] - cu[:-1]).max())
 
 
-class DotProductAttention(nn.Module):
+def _accept_missing_extra_state(module: nn.Module, incompatible_keys: Any) -> None:
+    """TE's hook: a checkpoint without ``core_attention._extra_state`` (older TE) loads."""
+    missing = incompatible_keys.missing_keys
+    for key in [k for k in missing if k.endswith("_extra_state") and "core_attention" in k]:
+        missing.remove(key)
+
+
+class DotProductAttention(ExtraStateMixin, nn.Module):
     """Attention ``softmax(scale * Q K^T + bias, mask) V`` over heads, with TE's masks,
     sliding windows, softcap, ALiBi, GQA/MQA, thd (ragged) inputs and dropout. Output:
-    ``[sq, b, h * dv]`` (sbhd), ``[b, sq, h * dv]`` (bshd) or ``[t, h * dv]`` (thd)."""
+    ``[sq, b, h * dv]`` (sbhd), ``[b, sq, h * dv]`` (bshd) or ``[t, h * dv]`` (thd).
+    Its state dict holds TE's ``_extra_state`` (empty: no FP8 attention metadata)."""
 
     def __init__(
         self,
@@ -198,6 +207,7 @@ class DotProductAttention(nn.Module):
         self.softmax_type = softmax_type
         self.return_max_logit = False
         self.name = name
+        self.register_load_state_dict_post_hook(_accept_missing_extra_state)
 
     def forward(
         self,
