@@ -676,16 +676,16 @@ def _sdpa(args: Any, plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         causal = "causal" in args.attn_mask_type
     else:
         keep = _keep_mask(args, plan, q.device)
-        bias = None
+        bias, dtype = None, math_dtype(q.dtype)  # the additive mask is made in fp32
         if args.attn_bias_type == "pre_scale_bias":
-            bias = args.attn_bias.to(torch.float32) * args.attn_scale
+            bias = args.attn_bias.to(dtype) * args.attn_scale
         elif args.attn_bias_type == "post_scale_bias":
-            bias = args.attn_bias.to(torch.float32)
+            bias = args.attn_bias.to(dtype)
         elif args.attn_bias_type == "alibi":
-            bias = _alibi_bias(args, plan, q.device, torch.float32)
+            bias = _alibi_bias(args, plan, q.device, dtype)
         if keep is not None:
             # Finite: a row with no key gives a finite average, zeroed below, not NaN.
-            hide = torch.finfo(q.dtype).min / 2
+            hide = torch.full((), torch.finfo(q.dtype).min / 2, dtype=dtype, device=q.device)
             bias = (bias if bias is not None else 0.0) + torch.where(keep, 0.0, hide)
             rows = keep.any(-1, keepdim=True)
         if bias is not None:
