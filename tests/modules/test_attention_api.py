@@ -178,3 +178,10 @@ def test_nvte_unfused_attn_0_leaves_no_backend_on_the_cpu(monkeypatch):
     monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
     with pytest.raises(RuntimeError, match="unfused: disabled by the environment"):
         te.DotProductAttention(H, D)(*_qkv())
+
+
+def test_forward_mask_type_keeps_the_constructors_window_as_te_does():
+    q, k, v = _qkv()
+    windowed = te.DotProductAttention(H, D, window_size=(2, 0))
+    assert torch.equal(windowed(q, k, v, attn_mask_type="causal"), windowed(q, k, v))
+    assert not torch.equal(windowed(q, k, v), te.DotProductAttention(H, D)(q, k, v))

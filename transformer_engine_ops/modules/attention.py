@@ -271,10 +271,8 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim
         )
         mask = self.attn_mask_type if attn_mask_type is None else _mask_type(attn_mask_type)
-        window = (
-            self.window_size
-            if window_size is None and attn_mask_type is None
-            else check_set_window_size(mask, window_size)
+        window = check_set_window_size(  # TE: the constructor's window, for this mask type
+            mask, self.window_size if window_size is None else window_size
         )
         if fmt == "thd" and "padding" not in mask:
             raise ValueError(
