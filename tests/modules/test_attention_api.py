@@ -185,3 +185,12 @@ def test_forward_mask_type_keeps_the_constructors_window_as_te_does():
     windowed = te.DotProductAttention(H, D, window_size=(2, 0))
     assert torch.equal(windowed(q, k, v, attn_mask_type="causal"), windowed(q, k, v))
     assert not torch.equal(windowed(q, k, v), te.DotProductAttention(H, D)(q, k, v))
+
+
+def test_torch_autocast_casts_the_inputs_and_keeps_the_math_in_fp32():
+    q, k, v = _qkv()
+    dpa = te.DotProductAttention(H, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dpa(q, k, v)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, dpa(*(t.bfloat16() for t in (q, k, v))))

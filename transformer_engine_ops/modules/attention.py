@@ -30,6 +30,7 @@ from ..ops.attention import (
 )
 from ..quantization.stochastic import draw_rng_state
 from ._base import ExtraStateMixin
+from ._call import _AUTOCAST_DEVICE_TYPES as AUTOCAST_DEVICE_TYPES
 from .autocast import STATE
 
 _NAME = "DotProductAttention"
@@ -270,6 +271,12 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
         q, k, v = _unpack_layers(
             query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim
         )
+        autocast_device = _autocast_device(q)
+        if autocast_device is not None:
+            # TE's modules follow torch.autocast: the inputs take its dtype, and the op's
+            # own fp32 math runs with autocast off.
+            dtype = torch.get_autocast_dtype(autocast_device)
+            q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
         mask = self.attn_mask_type if attn_mask_type is None else _mask_type(attn_mask_type)
         window = check_set_window_size(  # TE: the constructor's window, for this mask type
             mask, self.window_size if window_size is None else window_size
@@ -376,7 +383,10 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             backend=backend,
             is_grad_enabled=grad,
         )
-        return call_dot_product_attention(args)[0]
+        if autocast_device is None:
+            return call_dot_product_attention(args)[0]
+        with torch.autocast(autocast_device, enabled=False):
+            return call_dot_product_attention(args)[0]
 
     def extra_repr(self) -> str:
         return (
@@ -385,6 +395,14 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             f"{self.hidden_size_per_attention_head_v}), qkv_format={self.qkv_format}, "
             f"attn_mask_type={self.attn_mask_type}, window_size={self.window_size}"
         )
+
+
+def _autocast_device(q: torch.Tensor) -> str | None:
+    """The device type of an enclosing ``torch.autocast`` that covers ``q``, else None."""
+    device = q.device.type
+    if device in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device):
+        return device
+    return None
 
 
 def _unpack_layers(
