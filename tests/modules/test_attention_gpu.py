@@ -149,3 +149,11 @@ def test_dropout_on_cuda_compiled_equals_eager_bitwise():
     assert torch.equal(eager[0], compiled[0])
     for a, b in zip(eager[1], compiled[1], strict=True):
         assert torch.equal(a, b)
+
+
+def test_compiled_backend_choice_on_cuda_has_no_graph_break():
+    """The module's own choice (device query, NVTE_* variables) inside fullgraph."""
+    dpa = te.DotProductAttention(H, D, window_size=(16, 0))
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, H))
+    eager = dpa(q, k, v)
+    assert torch.equal(torch.compile(dpa, fullgraph=True)(q, k, v), eager)

@@ -383,6 +383,13 @@ def backend_support(
     return reasons
 
 
+@torch.compiler.assume_constant_result
+def _hopper_or_newer(device_index: Optional[int]) -> bool:
+    """Whether a CUDA device is Hopper (compute capability 9) or newer; a graph constant
+    under torch.compile (a device query Dynamo would otherwise trace into)."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 _ENV = (("NVTE_FLASH_ATTN", ("flash",)), ("NVTE_FUSED_ATTN", ("cudnn", "efficient")))
 
 
@@ -395,7 +402,7 @@ def select_backend(reasons: dict[str, str | None], device: torch.device) -> str:
     if os.environ.get("NVTE_UNFUSED_ATTN", "1") == "0":
         disabled.add("unfused")
     order = ["flash", "cudnn", "efficient", "unfused"]
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+    if device.type == "cuda" and _hopper_or_newer(device.index):
         order = ["cudnn", "flash", "efficient", "unfused"]
     for name in order:
         if reasons[name] is None and name not in disabled:
