@@ -21,6 +21,8 @@ CLASSES = {
     "GroupedLinear": "grouped_linear.py",
     "LayerNorm": "layernorm.py",
     "RMSNorm": "rmsnorm.py",
+    # (paths are relative to TE's pytorch/module folder)
+    "DotProductAttention": "../attention/dot_product_attention/dot_product_attention.py",
 }
 
 
