@@ -1,7 +1,8 @@
 """Transformer Engine style modules under ``torch.compile(fullgraph=True)``.
 
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
-``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.LayerNorm``, ``te.RMSNorm``,
+``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.MultiheadAttention``,
+``te.TransformerLayer``, ``te.RotaryPositionEmbedding``, ``te.apply_rotary_pos_emb``, ``te.LayerNorm``, ``te.RMSNorm``,
 ``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` (and their deprecated TE names
 ``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe``, TE's
 availability queries (``te.is_fp8_available``, ...), ``te.DType``, and the quantized
@@ -40,7 +41,11 @@ if TYPE_CHECKING:
         LayerNormLinear,
         LayerNormMLP,
         Linear,
+        MultiheadAttention,
         RMSNorm,
+        RotaryPositionEmbedding,
+        TransformerLayer,
+        apply_rotary_pos_emb,
         autocast,
         checkpoint,
         fp8_autocast,
@@ -91,6 +96,7 @@ _EXPORTS = {
     "LayerNormLinear": ".modules",
     "LayerNormMLP": ".modules",
     "Linear": ".modules",
+    "MultiheadAttention": ".modules",
     "MXFP8Quantizer": ".quantization.mxfp8",
     "MXFP8Tensor": ".quantization.mxfp8",
     "MXFP8TensorStorage": ".quantization.mxfp8",
@@ -100,6 +106,9 @@ _EXPORTS = {
     "QuantizedTensor": ".runtime.quantizer",
     "Quantizer": ".runtime.quantizer",
     "RMSNorm": ".modules",
+    "RotaryPositionEmbedding": ".modules",
+    "TransformerLayer": ".modules",
+    "apply_rotary_pos_emb": ".modules",
     "autocast": ".modules",
     "checkpoint": ".modules",
     "fp8_autocast": ".modules",
@@ -130,6 +139,7 @@ __all__ = [
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MultiheadAttention",
     "MXFP8Quantizer",
     "MXFP8Tensor",
     "MXFP8TensorStorage",
@@ -139,6 +149,9 @@ __all__ = [
     "QuantizedTensor",
     "Quantizer",
     "RMSNorm",
+    "RotaryPositionEmbedding",
+    "TransformerLayer",
+    "apply_rotary_pos_emb",
     "autocast",
     "checkpoint",
     "fp8_autocast",

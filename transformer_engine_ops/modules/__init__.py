@@ -6,6 +6,9 @@ from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .multi_head_attention import MultiheadAttention
+from .rope import RotaryPositionEmbedding, apply_rotary_pos_emb
+from .transformer import TransformerLayer
 
 __all__ = [
     "GroupedLinear",
@@ -13,7 +16,11 @@ __all__ = [
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MultiheadAttention",
     "RMSNorm",
+    "RotaryPositionEmbedding",
+    "TransformerLayer",
+    "apply_rotary_pos_emb",
     "autocast",
     "checkpoint",
     "fp8_autocast",
