@@ -2,8 +2,8 @@
 projections: softmax(q k^T * scale + mask) v with TE 2.20.2's mask types, sliding
 window, GQA/MQA, softcap and dropout, for the ``sbhd`` and ``bshd`` formats.
 
-It is plain PyTorch (``F.scaled_dot_product_attention``, or explicit fp32 math with a
-softcap), so it traces into the same graph as the GEMM ops around it, with dynamic
+It is plain PyTorch (``F.scaled_dot_product_attention`` on CUDA; explicit fp32 math
+on the CPU and with a softcap), so it traces into the same graph as the GEMM ops around it, with dynamic
 sequence lengths. TE's own ``DotProductAttention`` (a separate module with backend
 selection and ``thd``) takes this place where it is available; the state-dict entry
 (``core_attention._extra_state``, empty: attention keeps no scaling state, TE's default
@@ -144,8 +144,8 @@ class CoreAttention(ExtraStateMixin, nn.Module):
             keep = ~kv_pad.to(torch.bool).reshape(kv_pad.shape[0], 1, 1, skv)
             mask = keep if mask is None else mask & keep
         dropout = self.attention_dropout if self.training else 0.0
-        if softcap:
-            out = self._softcapped(q, k, v, mask, dropout, softcap)
+        if softcap or q.device.type == "cpu":
+            out = self._explicit(q, k, v, mask, dropout, softcap)
         else:
             out = F.scaled_dot_product_attention(
                 q,
@@ -162,7 +162,7 @@ class CoreAttention(ExtraStateMixin, nn.Module):
         out = out.permute(2, 0, 1, 3) if sbhd else out.transpose(1, 2)
         return out.reshape(*out.shape[:2], -1)
 
-    def _softcapped(
+    def _explicit(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -171,16 +171,23 @@ class CoreAttention(ExtraStateMixin, nn.Module):
         dropout: float,
         softcap: float,
     ) -> torch.Tensor:
-        """Attention with ``softcap * tanh(scores / softcap)`` logits, in fp32."""
+        """Attention as three plain steps in fp32 (fp64 for fp64 data), cast back once:
+        with a softcap (``softcap * tanh(scores / softcap)``), and on the CPU, where
+        torch's fused SDPA kernel is less exact than this (its fp32 gradients of an
+        attention layer measured ~70x further from a float64 reference)."""
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         groups = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * self.softmax_scale
-        scores = softcap * torch.tanh(scores / softcap)
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1))
+        scores = scores * self.softmax_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = F.dropout(torch.softmax(scores, dim=-1), p=dropout)
-        return torch.matmul(probs, v.float()).to(q.dtype)
+        return torch.matmul(probs, v.to(compute)).to(q.dtype)
 
     def extra_repr(self) -> str:
         return (
