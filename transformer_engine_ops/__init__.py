@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         make_graphed_callables,
     )
     from .modules import (
+        DotProductAttention,
         GroupedLinear,
         LayerNorm,
         LayerNormLinear,
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
 # public name -> the module that defines it
 _EXPORTS = {
     "DType": ".constants",
+    "DotProductAttention": ".modules",
     "Float8BlockQuantizer": ".quantization.float8_block",
     "Float8BlockwiseQTensor": ".quantization.float8_block",
     "Float8BlockwiseQTensorStorage": ".quantization.float8_block",
@@ -127,6 +129,7 @@ _EXPORTS = {
 
 __all__ = [
     "DType",
+    "DotProductAttention",
     "Float8BlockQuantizer",
     "Float8BlockwiseQTensor",
     "Float8BlockwiseQTensorStorage",

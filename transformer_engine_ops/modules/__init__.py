@@ -1,5 +1,6 @@
 """TE-style modules compiled through the generated custom ops."""
 
+from .attention import DotProductAttention
 from .autocast import autocast, checkpoint, fp8_autocast, fp8_model_init, quantized_model_init
 from .grouped_linear import GroupedLinear
 from .layernorm import LayerNorm, RMSNorm
@@ -11,6 +12,7 @@ from .rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .transformer import TransformerLayer
 
 __all__ = [
+    "DotProductAttention",
     "GroupedLinear",
     "LayerNorm",
     "LayerNormLinear",

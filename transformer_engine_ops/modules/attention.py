@@ -1,0 +1,399 @@
+"""``DotProductAttention``: TE 2.20.2's core attention, through the generated
+``dot_product_attention`` op.
+
+Constructor and ``forward`` take TE's arguments, names and defaults. What this module
+computes is TE's attention in high precision (``fp8_dpa=False``, TE's default); TE's
+arguments that it does not implement (FP8 attention, context parallelism, the inference
+KV cache, cuDNN score modifiers, attention sinks) raise ``NotImplementedError`` naming
+them. The module turns its arguments into one ``DotProductAttnFwdArgs`` bundle
+(mask type, window, softcap, biases, cu_seqlens, the dropout's rng state, the backend
+chosen for this call) and calls the op.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generated.attention import call_dot_product_attention
+from ..ops.attention import (
+    ATTN_BIAS_TYPES,
+    ATTN_MASK_TYPES,
+    QKV_FORMATS,
+    DotProductAttnFwdArgs,
+    backend_support,
+    default_alibi_slopes,
+    select_backend,
+)
+from ..quantization.stochastic import draw_rng_state
+from .autocast import STATE
+
+_NAME = "DotProductAttention"
+
+# TE spells some mask types more than one way.
+_MASK_ALIASES = {"causal_padding": "padding_causal", "padding,causal": "padding_causal"}
+_PADDED = {
+    "no_mask": "padding",
+    "causal": "padding_causal",
+    "causal_bottom_right": "padding_causal_bottom_right",
+}
+
+
+def _mask_type(value: str) -> str:
+    mask = str(value).replace(",", "_")
+    mask = _MASK_ALIASES.get(mask, mask)
+    if mask not in ATTN_MASK_TYPES:
+        raise ValueError(f"{_NAME}: attn_mask_type {value!r}, expected one of {ATTN_MASK_TYPES}")
+    return mask
+
+
+def check_set_window_size(mask: str, window: Any) -> tuple[int, int]:
+    """TE's ``check_set_window_size``: the window a mask type implies, a close
+    mismatch corrected with a warning, anything else refused."""
+    if window is not None:
+        window = tuple(int(w) for w in window)
+        if len(window) != 2:
+            raise ValueError(f"{_NAME}: window_size {window}, expected (left, right)")
+    if "causal" in mask:
+        if window is None:
+            return (-1, 0)
+        if window == (-1, -1) or (window[0] >= 0 and window[1] != 0):
+            warnings.warn(
+                f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={mask}",
+                stacklevel=3,
+            )
+            return (window[0], 0)
+        if window != (-1, 0) and window[0] < 0:
+            raise ValueError(
+                f"{_NAME}: window_size {window}; (-1, 0) or (>=0, 0) for attn_mask_type={mask}"
+            )
+        return window
+    if window is None:
+        return (-1, -1)
+    if window == (-1, 0):
+        warnings.warn(
+            f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={mask}",
+            stacklevel=3,
+        )
+        return (-1, -1)
+    if window != (-1, -1) and (window[0] < 0 or window[1] < 0):
+        raise ValueError(
+            f"{_NAME}: window_size {window}; (-1, -1) or (>=0, >=0) for attn_mask_type={mask}"
+        )
+    return window
+
+
+def _refuse(**given: Any) -> None:
+    """NotImplementedError naming each argument TE has that this module does not implement."""
+    named = sorted(name for name, value in given.items() if value)
+    if named:
+        raise NotImplementedError(f"{_NAME}: {', '.join(named)} not implemented")
+
+
+def _cu_seqlens_from_mask(mask: torch.Tensor, seq: int, where: str) -> torch.Tensor:
+    """cu_seqlens (int32, [b + 1]) of a padding mask [b, 1, 1, s] (True = padding), as
+    TE's fused backends read it: each sequence's length is its count of unmasked tokens."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[1:]) != (1, 1, seq):
+        raise ValueError(
+            f"{_NAME}: {where} padding mask of {mask.dtype} {tuple(mask.shape)}; expected a "
+            f"bool tensor [batch, 1, 1, {seq}] (True = padding)"
+        )
+    lens = (~mask).reshape(mask.shape[0], seq).sum(1, dtype=torch.int32)
+    return torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+
+
+def _max_seqlen(cu: torch.Tensor, given: Any, name: str) -> Any:
+    if given is not None:
+        return given
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            f"{_NAME}: qkv_format 'thd' under torch.compile needs {name} (the longest "
+            "sequence); reading it from cu_seqlens would synchronize with the device"
+        )
+    return int((cu[1:] - cu[:-1]).max())
+
+
+class DotProductAttention(nn.Module):
+    """Attention ``softmax(scale * Q K^T + bias, mask) V`` over heads, with TE's masks,
+    sliding windows, softcap, ALiBi, GQA/MQA, thd (ragged) inputs and dropout. Output:
+    ``[sq, b, h * dv]`` (sbhd), ``[b, sq, h * dv]`` (bshd) or ``[t, h * dv]`` (thd)."""
+
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: int | tuple[int, int],
+        num_gqa_groups: int | None = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: tuple[int, int] | None = None,
+        bottom_right_diagonal: bool | None = None,
+        softcap: float = 0.0,
+        sequence_parallel: bool = False,
+        tp_size: int = 1,
+        get_rng_state_tracker: Any = None,
+        tp_group: Any = None,
+        layer_number: int | None = None,
+        attention_type: str = "self",
+        cp_group: Any = None,
+        cp_global_ranks: Any = None,
+        cp_stream: Any = None,
+        cp_comm_type: str = "p2p",
+        softmax_scale: float | None = None,
+        softmax_type: str = "vanilla",
+        return_max_logit: bool | None = False,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        _refuse(
+            get_rng_state_tracker=get_rng_state_tracker is not None,
+            cp_group=cp_group is not None,
+            cp_global_ranks=cp_global_ranks is not None,
+            cp_stream=cp_stream is not None,
+            return_max_logit=bool(return_max_logit),
+        )
+        if softmax_type != "vanilla":
+            raise NotImplementedError(
+                f"{_NAME}: softmax_type={softmax_type!r} (attention sinks) not implemented; "
+                "'vanilla' is"
+            )
+        if qkv_format not in QKV_FORMATS:
+            raise ValueError(f"{_NAME}: qkv_format {qkv_format!r}, expected one of {QKV_FORMATS}")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(f"{_NAME}: attention_type {attention_type!r}, expected self or cross")
+        self.qkv_format = qkv_format
+        self.attn_mask_type = _mask_type(attn_mask_type)
+        self.window_size = check_set_window_size(self.attn_mask_type, window_size)
+        self.bottom_right_diagonal = bottom_right_diagonal
+        self.softcap = float(softcap)
+        if tp_group is not None:
+            tp_size = torch.distributed.get_world_size(tp_group)
+        self.tp_size = tp_size
+        self.tp_group = tp_group
+        self.sequence_parallel = sequence_parallel
+        self.num_attention_heads = num_attention_heads
+        self.layer_number = 1 if layer_number is None else layer_number
+        self.cp_comm_type = cp_comm_type
+        self.hidden_size_per_attention_head_k = (
+            kv_channels if isinstance(kv_channels, int) else kv_channels[0]
+        )
+        self.hidden_size_per_attention_head_v = (
+            kv_channels if isinstance(kv_channels, int) else kv_channels[1]
+        )
+        self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        if num_attention_heads % self.num_gqa_groups != 0:
+            raise ValueError(
+                f"{_NAME}: num_attention_heads={num_attention_heads} is not divisible by "
+                f"num_gqa_groups={self.num_gqa_groups}"
+            )
+        self.num_gqa_groups_per_partition = self.num_gqa_groups // self.tp_size
+        if softmax_scale is None:
+            softmax_scale = self.hidden_size_per_attention_head_k**-0.5
+        self.softmax_scale = float(softmax_scale)
+        self.attention_type = attention_type
+        self.attention_dropout = float(attention_dropout)
+        self.softmax_type = softmax_type
+        self.return_max_logit = False
+        self.name = name
+
+    def forward(
+        self,
+        query_layer: torch.Tensor | None = None,
+        key_layer: torch.Tensor | None = None,
+        value_layer: torch.Tensor | None = None,
+        attention_mask: Any = None,
+        qkv_format: str | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        cu_seqlens_q_padded: torch.Tensor | None = None,
+        cu_seqlens_kv_padded: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None,
+        attn_mask_type: str | None = None,
+        window_size: tuple[int, int] | None = None,
+        bottom_right_diagonal: bool | None = None,
+        softcap: float | None = None,
+        checkpoint_core_attention: bool = False,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        fast_zero_fill: bool = True,
+        inference_params: Any = None,
+        pad_between_seqs: bool | None = None,
+        fp8_output: bool | None = False,
+        bf16_backward: bool | None = False,
+        num_splits: int | None = 1,
+        score_mod: Any = None,
+        score_mod_bprop: Any = None,
+        score_mod_tensors: Any = None,
+        score_mod_bprop_tensors: Any = None,
+        qkv_layer: torch.Tensor | None = None,
+        kv_layer: torch.Tensor | None = None,
+        qkv_interleave_dim: int = -3,
+        thd_attention_policies: Any = None,
+        thd_attention_policy_dispatch: str = "auto",
+    ) -> torch.Tensor:
+        _refuse(
+            checkpoint_core_attention=checkpoint_core_attention,
+            inference_params=inference_params is not None,
+            fp8_output=bool(fp8_output),
+            score_mod=score_mod is not None,
+            score_mod_bprop=score_mod_bprop is not None,
+            score_mod_tensors=score_mod_tensors is not None,
+            score_mod_bprop_tensors=score_mod_bprop_tensors is not None,
+            thd_attention_policies=thd_attention_policies is not None,
+        )
+        quantizers = STATE.autocast
+        recipe = None if quantizers is None else quantizers.recipe
+        for flag in ("fp8_dpa", "fp8_mha"):
+            if getattr(recipe, flag, False):
+                raise NotImplementedError(
+                    f"{_NAME}: FP8 attention ({flag}=True in the active recipe) not "
+                    "implemented; attention runs in high precision with fp8_dpa=False"
+                )
+        fmt = self.qkv_format if qkv_format is None else qkv_format
+        if fmt not in QKV_FORMATS:
+            raise ValueError(f"{_NAME}: qkv_format {fmt!r}, expected one of {QKV_FORMATS}")
+        q, k, v = _unpack_layers(
+            query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim
+        )
+        mask = self.attn_mask_type if attn_mask_type is None else _mask_type(attn_mask_type)
+        window = (
+            self.window_size
+            if window_size is None and attn_mask_type is None
+            else check_set_window_size(mask, window_size)
+        )
+        if fmt == "thd" and "padding" not in mask:
+            raise ValueError(
+                f"{_NAME}: qkv_format 'thd' takes attn_mask_type padding, padding_causal or "
+                f"padding_causal_bottom_right, got {mask!r}"
+            )
+        seq_dim = {"sbhd": 0, "bshd": 1, "thd": 0}[fmt]
+        arbitrary = None
+        if "padding" in mask and fmt != "thd" and cu_seqlens_q is None:
+            if attention_mask is None:
+                raise ValueError(
+                    f"{_NAME}: attn_mask_type {mask!r} needs attention_mask or cu_seqlens_q "
+                    "and cu_seqlens_kv"
+                )
+            masks = attention_mask if isinstance(attention_mask, (tuple, list)) else None
+            if masks is None and self.attention_type == "cross":
+                raise ValueError(
+                    f"{_NAME}: cross attention takes a pair of padding masks (query, key/value)"
+                )
+            mask_q, mask_kv = masks if masks is not None else (attention_mask, attention_mask)
+            cu_seqlens_q = _cu_seqlens_from_mask(mask_q, q.shape[seq_dim], "the query's")
+            cu_seqlens_kv = _cu_seqlens_from_mask(mask_kv, k.shape[seq_dim], "the key's")
+        elif "padding" in mask and cu_seqlens_kv is None:
+            cu_seqlens_kv = cu_seqlens_q
+        if mask == "arbitrary":
+            if not isinstance(attention_mask, torch.Tensor):
+                raise ValueError(f"{_NAME}: attn_mask_type 'arbitrary' needs attention_mask")
+            arbitrary = attention_mask
+        if fmt == "thd":
+            if cu_seqlens_q is None or cu_seqlens_kv is None:
+                raise ValueError(f"{_NAME}: qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
+            max_seqlen_q = _max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+            max_seqlen_kv = _max_seqlen(cu_seqlens_kv, max_seqlen_kv, "max_seqlen_kv")
+        else:
+            max_seqlen_q = q.shape[seq_dim]
+            max_seqlen_kv = k.shape[seq_dim]
+            cu_seqlens_q_padded = cu_seqlens_kv_padded = None  # TE ignores them off thd
+        if pad_between_seqs is False and cu_seqlens_q_padded is not None:
+            cu_seqlens_q_padded = cu_seqlens_kv_padded = None
+        if core_attention_bias_type not in ATTN_BIAS_TYPES:
+            raise ValueError(
+                f"{_NAME}: core_attention_bias_type {core_attention_bias_type!r}, expected one "
+                f"of {ATTN_BIAS_TYPES}"
+            )
+        if core_attention_bias_type == "alibi" and alibi_slopes is None:
+            alibi_slopes = default_alibi_slopes(self.num_attention_heads // self.tp_size, q.device)
+        if core_attention_bias_type != "alibi":
+            alibi_slopes = None
+        bias = core_attention_bias if core_attention_bias_type.endswith("_scale_bias") else None
+        cap = self.softcap if softcap is None else float(softcap)
+        dropout = self.attention_dropout if self.training else 0.0
+        grad = torch.is_grad_enabled()
+        bias_grad = bias is not None and bias.requires_grad
+        br = self.bottom_right_diagonal if bottom_right_diagonal is None else bottom_right_diagonal
+        br = mask not in ("causal", "padding_causal") if br is None else bool(br)
+        backend = select_backend(
+            backend_support(
+                device=q.device,
+                dtype=q.dtype,
+                head_dim=q.shape[-1],
+                head_dim_v=v.shape[-1],
+                qkv_format=fmt,
+                attn_mask_type=mask,
+                window_size=window,
+                bottom_right_diagonal=br,
+                same_seqlens=max_seqlen_q == max_seqlen_kv,
+                attn_bias_type=core_attention_bias_type,
+                bias_requires_grad=grad and bias_grad,
+                softcap=cap,
+                dropout=dropout > 0.0,
+            ),
+            q.device,
+        )
+        args = DotProductAttnFwdArgs(
+            q=q,
+            k=k,
+            v=v,
+            attn_bias=bias,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            attention_mask=arbitrary,
+            alibi_slopes=alibi_slopes,
+            rng_state=draw_rng_state(q, q.device) if dropout > 0.0 else None,
+            q_requires_grad=q.requires_grad,
+            k_requires_grad=k.requires_grad,
+            v_requires_grad=v.requires_grad,
+            attn_bias_requires_grad=bias_grad,
+            is_training=self.training,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+            attn_scale=self.softmax_scale,
+            dropout_p=dropout,
+            qkv_format=fmt,
+            attn_bias_type=core_attention_bias_type,
+            attn_mask_type=mask,
+            window_size=window,
+            bottom_right_diagonal=br,
+            softcap=cap,
+            backend=backend,
+            is_grad_enabled=grad,
+        )
+        return call_dot_product_attention(args)[0]
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_attention_heads}, gqa_groups={self.num_gqa_groups}, "
+            f"kv_channels=({self.hidden_size_per_attention_head_k}, "
+            f"{self.hidden_size_per_attention_head_v}), qkv_format={self.qkv_format}, "
+            f"attn_mask_type={self.attn_mask_type}, window_size={self.window_size}"
+        )
+
+
+def _unpack_layers(
+    query: Any, key: Any, value: Any, qkv: Any, kv: Any, interleave_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v from separate layers or TE's packed ``qkv_layer``/``kv_layer`` (views)."""
+    if interleave_dim not in (-3, -2):
+        raise ValueError(f"{_NAME}: qkv_interleave_dim {interleave_dim}, expected -3 or -2")
+    if qkv is not None:
+        if query is not None or key is not None or value is not None or kv is not None:
+            raise ValueError(f"{_NAME}: qkv_layer excludes query/key/value_layer and kv_layer")
+        query, key, value = qkv.unbind(interleave_dim)
+    elif kv is not None:
+        if query is None or key is not None or value is not None:
+            raise ValueError(f"{_NAME}: kv_layer goes with query_layer alone")
+        key, value = kv.unbind(interleave_dim)
+    for name, t in (("query_layer", query), ("key_layer", key), ("value_layer", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_NAME}: {name} must be a tensor, got {type(t).__name__}")
+    return query, key, value
