@@ -354,7 +354,7 @@ def test_unimplemented_arguments_raise_naming_them(kwargs: dict, named: str) -> 
     ("forward", "named"),
     [
         ({"checkpoint_core_attention": True}, "checkpoint_core_attention"),
-        ({"core_attention_bias_type": "alibi"}, "core_attention_bias_type"),
+        ({"thd_attention_policies": [{}]}, "thd_attention_policies"),
     ],
 )
 def test_unimplemented_forward_arguments_raise_naming_them(forward: dict, named: str) -> None:

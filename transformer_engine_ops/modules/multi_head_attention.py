@@ -4,7 +4,8 @@ Self attention: ``layernorm_qkv`` (``LayerNormLinear``, with ``input_layernorm``
 ``qkv`` (``Linear``) projects to q, k and v; cross attention: ``layernorm_query`` or
 ``query_layer`` for q and ``key_value`` (``Linear``) on ``encoder_output`` for k and v.
 Then optional q/k norms (``q_norm``, ``k_norm``) and rotary embeddings, the core
-attention (``core_attention``) and the output projection ``proj`` (``Linear``).
+attention (``core_attention``, ``DotProductAttention``) and the output projection
+``proj`` (``Linear``).
 Submodule and parameter names, parameter layouts (``query_weight``/``key_weight``/
 ``value_weight`` unless ``fuse_qkv_params``; with ``qkv_weight_interleaved`` the fused
 rows grouped per KV group as ``[q heads of the group, k, v]``) and the ``_extra_state``
@@ -20,10 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..ops.attention import ATTN_MASK_TYPES
 from ..runtime.boundary import registered_group
-from ._base import reject_unimplemented
-from ._core_attention import MASK_TYPES, CoreAttention, check_window_size
+from ._base import ExtraStateMixin, reject_unimplemented
 from ._split_weights import SplitLayerNormLinear, SplitLinear
+from .attention import DotProductAttention, check_set_window_size
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear, check_normalization
 from .linear import Linear
@@ -31,6 +33,12 @@ from .rope import apply_rotary_pos_emb
 
 ATTENTION_TYPES = ("self", "cross")
 QK_NORMS = (None, "RMSNorm", "LayerNorm")
+
+
+class CoreAttention(ExtraStateMixin, DotProductAttention):
+    """``DotProductAttention`` with TE's ``_extra_state`` entry (empty: attention keeps no
+    scaling state with ``fp8_dpa=False``), which TE's ``core_attention`` has as a
+    ``TransformerEngineBaseModule``, so a TE checkpoint loads strictly."""
 
 
 def resolve_mask(
@@ -41,9 +49,9 @@ def resolve_mask(
     """TE's per-call reading of the mask arguments: the window the mask type implies,
     and the diagonal it is aligned to (top-left for ``causal``/``padding_causal``,
     bottom-right for the ``*_bottom_right`` types and by default)."""
-    if mask_type not in MASK_TYPES:
-        raise ValueError(f"attn_mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
-    window = check_window_size(mask_type, window_size)
+    if mask_type not in ATTN_MASK_TYPES:
+        raise ValueError(f"attn_mask_type must be one of {ATTN_MASK_TYPES}, got {mask_type!r}")
+    window = check_set_window_size(mask_type, window_size)
     if mask_type in ("causal", "padding_causal"):
         bottom_right_diagonal = False
     if bottom_right_diagonal is None or mask_type.endswith("bottom_right"):
@@ -224,11 +232,21 @@ class MultiheadAttention(nn.Module):
                 hidden_size, 2 * kv_size, init_method, bias, column, gemm, {},
             )  # fmt: skip
         self.core_attention = CoreAttention(
-            self.heads_per_partition,
+            num_attention_heads,
             kv_channels,
-            self.groups_per_partition,
-            attention_dropout,
-            qkv_format,
+            num_gqa_groups=num_gqa_groups,
+            attention_dropout=attention_dropout,
+            qkv_format=qkv_format,
+            attn_mask_type=attn_mask_type,
+            window_size=window_size,
+            bottom_right_diagonal=bottom_right_diagonal,
+            softcap=softcap,
+            sequence_parallel=sequence_parallel,
+            tp_size=tp_size,
+            tp_group=tp_group,
+            layer_number=self.layer_number,
+            attention_type=attention_type,
+            name=None if name is None else f"{name}.core_attention",
         )
         self.proj = Linear(
             q_size,
@@ -305,16 +323,6 @@ class MultiheadAttention(nn.Module):
             f"{cls}.forward",
             checkpoint_core_attention=(checkpoint_core_attention, False),
             inference_params=(inference_params, None),
-            core_attention_bias_type=(core_attention_bias_type, "no_bias"),
-            core_attention_bias=(core_attention_bias, None),
-            alibi_slopes=(alibi_slopes, None),
-            cu_seqlens_q=(cu_seqlens_q, None),
-            cu_seqlens_kv=(cu_seqlens_kv, None),
-            cu_seqlens_q_padded=(cu_seqlens_q_padded, None),
-            cu_seqlens_kv_padded=(cu_seqlens_kv_padded, None),
-            max_seqlen_q=(max_seqlen_q, None),
-            max_seqlen_kv=(max_seqlen_kv, None),
-            pad_between_seqs=(pad_between_seqs, None),
             thd_attention_policies=(thd_attention_policies, None),
         )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
@@ -358,20 +366,45 @@ class MultiheadAttention(nn.Module):
             q_freqs, k_freqs = (
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             )
+            padded = bool(pad_between_seqs)
             rope = dict(fused=True, interleaved=self.rotary_pos_interleaved)
-            query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, **rope)
-            key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, **rope)
+            query = apply_rotary_pos_emb(
+                query,
+                q_freqs,
+                self.qkv_format,
+                cu_seqlens=cu_seqlens_q_padded if padded else cu_seqlens_q,
+                **rope,
+            )
+            key = apply_rotary_pos_emb(
+                key,
+                k_freqs,
+                self.qkv_format,
+                cu_seqlens=cu_seqlens_kv_padded if padded else cu_seqlens_kv,
+                **rope,
+            )
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)  # type: ignore[misc]
         context = self.core_attention(
             query,
             key,
             value,
-            attn_mask_type=mask_type,
             attention_mask=attention_mask,
+            qkv_format=self.qkv_format,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+            attn_mask_type=mask_type,
             window_size=window,
             bottom_right_diagonal=bottom_right,
             softcap=softcap,
+            core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes,
+            fast_zero_fill=fast_zero_fill,
+            pad_between_seqs=pad_between_seqs,
         )
         projected = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = projected if self.return_bias else (projected,)
