@@ -2,7 +2,7 @@
 
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
 ``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.MultiheadAttention``,
-``te.TransformerLayer``, ``te.RotaryPositionEmbedding``, ``te.apply_rotary_pos_emb``, ``te.LayerNorm``, ``te.RMSNorm``,
+``te.TransformerLayer``, ``te.InferenceParams``, ``te.RotaryPositionEmbedding``, ``te.apply_rotary_pos_emb``, ``te.LayerNorm``, ``te.RMSNorm``,
 ``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` (and their deprecated TE names
 ``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe``, TE's
 availability queries (``te.is_fp8_available``, ...), ``te.DType``, and the quantized
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .modules import (
         DotProductAttention,
         GroupedLinear,
+        InferenceParams,
         LayerNorm,
         LayerNormLinear,
         LayerNormMLP,
@@ -94,6 +95,7 @@ _EXPORTS = {
     "Float8Tensor": ".quantization.float8",
     "Float8TensorStorage": ".quantization.float8",
     "GroupedLinear": ".modules",
+    "InferenceParams": ".modules",
     "LayerNorm": ".modules",
     "LayerNormLinear": ".modules",
     "LayerNormMLP": ".modules",
@@ -138,6 +140,7 @@ __all__ = [
     "Float8Tensor",
     "Float8TensorStorage",
     "GroupedLinear",
+    "InferenceParams",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",

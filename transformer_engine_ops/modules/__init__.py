@@ -3,6 +3,7 @@
 from .attention import DotProductAttention
 from .autocast import autocast, checkpoint, fp8_autocast, fp8_model_init, quantized_model_init
 from .grouped_linear import GroupedLinear
+from .inference import InferenceParams
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
@@ -14,6 +15,7 @@ from .transformer import TransformerLayer
 __all__ = [
     "DotProductAttention",
     "GroupedLinear",
+    "InferenceParams",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",

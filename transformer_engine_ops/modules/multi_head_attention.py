@@ -322,7 +322,6 @@ class MultiheadAttention(nn.Module):
         reject_unimplemented(
             f"{cls}.forward",
             checkpoint_core_attention=(checkpoint_core_attention, False),
-            inference_params=(inference_params, None),
             thd_attention_policies=(thd_attention_policies, None),
         )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
@@ -367,7 +366,9 @@ class MultiheadAttention(nn.Module):
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             )
             padded = bool(pad_between_seqs)
-            rope = dict(fused=True, interleaved=self.rotary_pos_interleaved)
+            rope: dict[str, Any] = dict(fused=True, interleaved=self.rotary_pos_interleaved)
+            if inference_params is not None:
+                rope["start_positions"] = inference_params.get_seqlens_pre_step()
             query = apply_rotary_pos_emb(
                 query,
                 q_freqs,
@@ -384,33 +385,77 @@ class MultiheadAttention(nn.Module):
             )
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)  # type: ignore[misc]
-        context = self.core_attention(
-            query,
-            key,
-            value,
-            attention_mask=attention_mask,
-            qkv_format=self.qkv_format,
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_kv,
-            cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_kv,
-            attn_mask_type=mask_type,
-            window_size=window,
-            bottom_right_diagonal=bottom_right,
-            softcap=softcap,
-            core_attention_bias_type=core_attention_bias_type,
-            core_attention_bias=core_attention_bias,
-            alibi_slopes=alibi_slopes,
-            fast_zero_fill=fast_zero_fill,
-            pad_between_seqs=pad_between_seqs,
-        )
+        if inference_params is not None:
+            context = self._cached_attention(
+                inference_params, query, key, value, mask_type, window, softcap
+            )
+        else:
+            context = self.core_attention(
+                query,
+                key,
+                value,
+                attention_mask=attention_mask,
+                qkv_format=self.qkv_format,
+                cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_kv=cu_seqlens_kv,
+                cu_seqlens_q_padded=cu_seqlens_q_padded,
+                cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+                max_seqlen_q=max_seqlen_q,
+                max_seqlen_kv=max_seqlen_kv,
+                attn_mask_type=mask_type,
+                window_size=window,
+                bottom_right_diagonal=bottom_right,
+                softcap=softcap,
+                core_attention_bias_type=core_attention_bias_type,
+                core_attention_bias=core_attention_bias,
+                alibi_slopes=alibi_slopes,
+                fast_zero_fill=fast_zero_fill,
+                pad_between_seqs=pad_between_seqs,
+            )
         projected = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = projected if self.return_bias else (projected,)
         if self.input_layernorm and self.return_layernorm_output:
             outputs = (*outputs, layernorm_output)
         return outputs if len(outputs) > 1 else outputs[0]
+
+    def _cached_attention(
+        self,
+        inference_params: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask_type: str,
+        window: tuple[int, int],
+        softcap: float,
+    ) -> torch.Tensor:
+        """Attention of this step's queries over every cached key of their sequence (TE's
+        KV-cache path): the new keys and values written into ``inference_params``' cache,
+        the causal diagonal aligned to each sequence's end (bottom right)."""
+        cls = type(self).__name__
+        if self.qkv_format not in ("sbhd", "bshd") or mask_type == "arbitrary":
+            raise NotImplementedError(
+                f"{cls}: inference_params with qkv_format={self.qkv_format!r} and "
+                f"attn_mask_type={mask_type!r} (sbhd or bshd, not arbitrary, are implemented)"
+            )
+        if self.layer_number not in inference_params.cache:
+            inference_params.allocate_memory(self.layer_number)
+        keys, values, q_pad, kv_pad = inference_params.step(
+            self.layer_number, key, value, self.qkv_format
+        )
+        sbhd = self.qkv_format == "sbhd"
+        causal = "causal" in mask_type
+        context = self.core_attention(
+            query.transpose(0, 1) if sbhd else query,
+            keys,
+            values,
+            attention_mask=(q_pad, kv_pad),
+            qkv_format="bshd",
+            attn_mask_type="padding_causal_bottom_right" if causal else "padding",
+            window_size=window,
+            bottom_right_diagonal=True,
+            softcap=softcap,
+        )
+        return context.transpose(0, 1) if sbhd else context
 
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q ``[..., heads, d]``, k and v ``[..., groups, d]`` from the QKV projection:

@@ -163,6 +163,9 @@ def apply_rotary_pos_emb(
         raise NotImplementedError(
             "apply_rotary_pos_emb: start_positions with cp_size > 1 is not implemented"
         )
+    # One start per sequence; a longer tensor (InferenceParams' per-slot lengths) is
+    # read for the batch's first entries, as TE's kernel reads it.
+    start_positions = start_positions[: t.shape[1 - seq_dim]]
     steps = torch.arange(seqlen, device=start_positions.device)
     positions = start_positions[None, :] + steps[:, None]  # [s, b]
     angles = table[positions.to(table.device)]  # [s, b, d']
