@@ -27,8 +27,12 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "GroupedLinear": {"num_gemms": 2, "in_features": 32, "out_features": 32},
     "LayerNorm": {"normalized_shape": 32},
     "RMSNorm": {"normalized_shape": 32},
+    "MultiheadAttention": {"hidden_size": 32, "num_attention_heads": 4},
+    "TransformerLayer": {"hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4},
 }
-FORWARD_REQUIRED: dict[str, Any] = {"inp": None, "m_splits": [2, 2]}
+# Modules whose forward takes a sequence: [s, b, hidden] (TE's default sbhd).
+SEQUENCE_INPUT = ("MultiheadAttention", "TransformerLayer")
+FORWARD_REQUIRED: dict[str, Any] = {"inp": None, "m_splits": [2, 2], "hidden_states": None}
 
 # A value other than TE's default for each keyword, of the type TE documents.
 OTHER_VALUE: dict[str, Any] = {
@@ -57,12 +61,52 @@ OTHER_VALUE: dict[str, Any] = {
     "is_first_microbatch": True,
     "out": "a tensor",
     "dgrad_out": "a tensor",
+    # MultiheadAttention, TransformerLayer
+    "kv_channels": 16,
+    "attention_dropout": 0.2,
+    "hidden_dropout": 0.2,
+    "layernorm_epsilon": 1e-3,
+    "layer_number": 2,
+    "attn_mask_type": "no_mask",
+    "self_attn_mask_type": "no_mask",
+    "enc_dec_attn_mask_type": "padding",
+    "window_size": (2, 0),
+    "enc_dec_window_size": (-1, -1),
+    "softcap": 5.0,
+    "num_gqa_groups": 2,
+    "attention_type": "cross",
+    "qkv_format": "bshd",
+    "attn_input_format": "bshd",
+    "qk_norm_type": "RMSNorm",
+    "qk_norm_eps": 1e-3,
+    "softmax_type": "off-by-one",
+    "layer_type": "decoder",
+    "drop_path_rate": 0.1,
+    "attention_mask": "a padding mask",
+    "enc_dec_attn_mask": "a padding mask",
+    "bottom_right_diagonal": True,
+    "enc_dec_bottom_right_diagonal": True,
+    "pad_between_seqs": True,
+    "encoder_output": "a tensor",
+    "rotary_pos_emb": "rotary",
+    "core_attention_bias_type": "alibi",
+    "core_attention_bias": "a tensor",
+    "alibi_slopes": "a tensor",
+    "cu_seqlens_q": "a tensor",
+    "cu_seqlens_kv": "a tensor",
+    "cu_seqlens_q_padded": "a tensor",
+    "cu_seqlens_kv_padded": "a tensor",
+    "max_seqlen_q": 4,
+    "max_seqlen_kv": 4,
+    "thd_attention_policies": [{}],
+    "thd_attention_policy_dispatch": "per_sequence",
 }
 # Keywords whose other value needs a resource this CPU test has not: the status is
 # written in the table by hand (and tested elsewhere).
 NOT_PROBED = {
     "device": "implemented (default None: torch's default device; TE's is 'cuda')",
     "tp_group": "implemented (a registered ProcessGroup; tests/distributed)",
+    "inference_params": "implemented (te.InferenceParams; tests/modules/test_inference.py)",
 }
 
 STATUS_OK = "implemented"
@@ -74,6 +118,8 @@ def _keywords(cls: str, method: str) -> list[tuple[str, str | None]]:
 
 
 def _forward_args(cls: str) -> list[Any]:
+    if cls in SEQUENCE_INPUT:
+        return [torch.randn(4, 2, 32)]
     x = torch.randn(4, 32)
     return [x, [2, 2]] if cls == "GroupedLinear" else [x]
 
@@ -81,9 +127,13 @@ def _forward_args(cls: str) -> list[Any]:
 def _other(name: str, default: str | None) -> Any:
     if name in OTHER_VALUE:
         value = OTHER_VALUE[name]
+        if value == "rotary":  # TE's table for the probe's 8-feature heads
+            return te.RotaryPositionEmbedding(8)(4)
+        if value == "a padding mask":  # [b, 1, 1, s] of the probe's input, True: padding
+            return torch.zeros(2, 1, 1, 4, dtype=torch.bool)
         return torch.empty(4, 32) if value == "a tensor" else value
-    if default == "False":
-        return True
+    if default in ("False", "True"):
+        return default == "False"
     raise AssertionError(f"no other value for {name} (default {default})")
 
 

@@ -299,12 +299,21 @@ class TransformerLayer(nn.Module):
                     f"{cls}: with sequence_parallel, hidden_states.shape[0] must be "
                     f"seq_length // tp_size = {expected}, got {hidden_states.shape[0]}"
                 )
-        for mask, what in (
-            (attention_mask, "attention_mask"),
-            (enc_dec_attn_mask, "enc_dec_attn_mask"),
+        self_type = self.self_attn_mask_type if self_attn_mask_type is None else self_attn_mask_type
+        cross_type = (
+            self.enc_dec_attn_mask_type
+            if enc_dec_attn_mask_type is None
+            else enc_dec_attn_mask_type
+        )
+        for mask, mask_type, what in (
+            (attention_mask, self_type, "attention_mask"),
+            (enc_dec_attn_mask, cross_type, "enc_dec_attn_mask"),
         ):
+            # As TE: a mask the mask type reads (padding, arbitrary) must be boolean.
+            if mask is None or not ("padding" in mask_type or mask_type == "arbitrary"):
+                continue
             parts = mask if isinstance(mask, (tuple, list)) else (mask,)
-            if mask is not None and any(m.dtype != torch.bool for m in parts):
+            if any(m.dtype != torch.bool for m in parts):
                 raise TypeError(
                     f"{cls}: {what} must be boolean tensor(s), got {[m.dtype for m in parts]}"
                 )
