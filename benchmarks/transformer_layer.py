@@ -107,7 +107,7 @@ class PlainBlock(nn.Module):
     ) -> torch.Tensor:
         """One token per sequence at ``position`` (a 0-d tensor, the same for every
         sequence) against the static caches ``[b, max, g, d]``."""
-        q, k, v = self._qkv(x, freqs[position].unsqueeze(0))
+        q, k, v = self._qkv(x, freqs.index_select(0, position.view(1)))
         k_cache.index_copy_(1, position.view(1), k)
         v_cache.index_copy_(1, position.view(1), v)
         visible = torch.arange(k_cache.shape[1], device=x.device) <= position
@@ -231,7 +231,8 @@ def _decode(
 
     def ours_step() -> None:
         # Each step decodes at the same cache length, so the timing is of one length:
-        # the sequences are restarted host-side before every step.
+        # the sequences are restarted host-side before every step (TE's decode loop
+        # calls pre_step every step too; this host bookkeeping is in ours' time).
         params.reset()
         params.pre_step(OrderedDict((i, cached) for i in range(batch)))
         params.pre_step(step_dict)
