@@ -24,6 +24,7 @@ CLASSES = {
     "RMSNorm": "module/rmsnorm.py",
     "MultiheadAttention": "attention/multi_head_attention.py",
     "TransformerLayer": "transformer.py",
+    "DotProductAttention": "attention/dot_product_attention/dot_product_attention.py",
 }
 
 

@@ -281,3 +281,70 @@ def test_gradcheck_in_float64():
         q, k, v, core_attention_bias_type="post_scale_bias", core_attention_bias=b
     )
     assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+SDPA_CASES = {
+    "flash-causal": ("flash", dict(), {}, H, 7, 7),
+    "flash-gqa": ("flash", dict(attn_mask_type="no_mask", num_gqa_groups=2), {}, 2, 5, 9),
+    "efficient-bottom-right": (
+        "efficient",
+        dict(attn_mask_type="causal_bottom_right"),
+        {},
+        H,
+        5,
+        9,
+    ),
+    "efficient-window-alibi": (
+        "efficient",
+        dict(attn_mask_type="no_mask", window_size=(2, 1)),
+        dict(core_attention_bias_type="alibi"),
+        H,
+        7,
+        7,
+    ),
+    "efficient-pre-scale-bias": (
+        "efficient",
+        dict(attn_mask_type="causal"),
+        dict(
+            core_attention_bias_type="pre_scale_bias", core_attention_bias=randn(1, H, 7, 7, seed=9)
+        ),
+        H,
+        7,
+        7,
+    ),
+    "efficient-arbitrary": (
+        "efficient",
+        dict(attn_mask_type="arbitrary"),
+        dict(
+            attention_mask=torch.rand(2, 1, 7, 7, generator=torch.Generator().manual_seed(3)) < 0.6
+        ),
+        H,
+        7,
+        7,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SDPA_CASES))
+def test_the_sdpa_path_equals_the_unfused_one_on_cpu_kernels(case, monkeypatch):
+    """The CUDA backends' mask, bias and GQA handling, run on torch's CPU SDPA kernels
+    (flash has one; MATH stands in for memory-efficient): the unfused path's results."""
+    from torch.nn.attention import SDPBackend
+
+    from transformer_engine_ops.modules import attention as module_file
+    from transformer_engine_ops.ops import attention as op_file
+
+    backend, ctor, fwd, groups, sq, skv = SDPA_CASES[case]
+    kernels = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.MATH}
+    monkeypatch.setattr(op_file, "_check_backend", lambda args: None)
+    monkeypatch.setattr(op_file, "_sdpa_backend", kernels.__getitem__)
+    q = randn(2, sq, H, D, seed=1)
+    k, v = randn(2, skv, groups, D, seed=2), randn(2, skv, groups, D, seed=3)
+    results = []
+    for chosen in (backend, "unfused"):
+        monkeypatch.setattr(module_file, "select_backend", lambda reasons, device, c=chosen: c)
+        dpa = te.DotProductAttention(H, D, qkv_format="bshd", **ctor)
+        out = dpa(q, k, v, **fwd)
+        results.append((out, *grads(out, [q, k, v])))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, **TOL)

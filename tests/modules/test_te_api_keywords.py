@@ -27,12 +27,21 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "GroupedLinear": {"num_gemms": 2, "in_features": 32, "out_features": 32},
     "LayerNorm": {"normalized_shape": 32},
     "RMSNorm": {"normalized_shape": 32},
+    "DotProductAttention": {"num_attention_heads": 4, "kv_channels": 8},
     "MultiheadAttention": {"hidden_size": 32, "num_attention_heads": 4},
     "TransformerLayer": {"hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4},
 }
-# Modules whose forward takes a sequence: [s, b, hidden] (TE's default sbhd).
+# Modules whose forward takes hidden states [s, b, hidden] (TE's default sbhd; s=6, b=2
+# as DotProductAttention's probe input, so the attention keywords' values fit both).
 SEQUENCE_INPUT = ("MultiheadAttention", "TransformerLayer")
-FORWARD_REQUIRED: dict[str, Any] = {"inp": None, "m_splits": [2, 2], "hidden_states": None}
+FORWARD_REQUIRED: dict[str, Any] = {
+    "inp": None,
+    "m_splits": [2, 2],
+    "query_layer": None,
+    "key_layer": None,
+    "value_layer": None,
+    "hidden_states": None,
+}
 
 # A value other than TE's default for each keyword, of the type TE documents.
 OTHER_VALUE: dict[str, Any] = {
@@ -61,52 +70,81 @@ OTHER_VALUE: dict[str, Any] = {
     "is_first_microbatch": True,
     "out": "a tensor",
     "dgrad_out": "a tensor",
-    # MultiheadAttention, TransformerLayer
-    "kv_channels": 16,
+    # DotProductAttention's
+    "num_gqa_groups": 2,
     "attention_dropout": 0.2,
+    "qkv_format": "bshd",
+    "attn_mask_type": "no_mask",
+    "window_size": (2, 0),
+    "bottom_right_diagonal": True,
+    "softcap": 5.0,
+    "layer_number": 2,
+    "attention_type": "cross",
+    "cp_group": object(),
+    "cp_global_ranks": [0, 1],
+    "cp_stream": object(),
+    "cp_comm_type": "a2a",
+    "softmax_scale": 0.5,
+    "softmax_type": "off-by-one",
+    "attention_mask": torch.zeros(2, 1, 1, 6, dtype=torch.bool),
+    "cu_seqlens_q": torch.tensor([0, 6, 12], dtype=torch.int32),
+    "cu_seqlens_kv": torch.tensor([0, 6, 12], dtype=torch.int32),
+    "cu_seqlens_q_padded": torch.tensor([0, 6, 12], dtype=torch.int32),
+    "cu_seqlens_kv_padded": torch.tensor([0, 6, 12], dtype=torch.int32),
+    "max_seqlen_q": 6,
+    "max_seqlen_kv": 6,
+    "core_attention_bias_type": "alibi",
+    "core_attention_bias": torch.zeros(1, 4, 6, 6),
+    "alibi_slopes": torch.ones(4),
+    "fast_zero_fill": False,
+    "inference_params": object(),
+    "pad_between_seqs": True,
+    "num_splits": 2,
+    "score_mod": lambda graph, score, tensors: score,
+    "score_mod_bprop": lambda graph, dp, tensors: dp,
+    "score_mod_tensors": {"t": torch.zeros(1)},
+    "score_mod_bprop_tensors": {"t": torch.zeros(1)},
+    "qkv_layer": torch.zeros(6, 2, 3, 4, 8),
+    "kv_layer": torch.zeros(6, 2, 2, 4, 8),
+    "qkv_interleave_dim": -2,
+    "thd_attention_policies": [{}],
+    "thd_attention_policy_dispatch": "manual",
+    # MultiheadAttention's and TransformerLayer's
+    "kv_channels": 16,
     "hidden_dropout": 0.2,
     "layernorm_epsilon": 1e-3,
-    "layer_number": 2,
-    "attn_mask_type": "no_mask",
     "self_attn_mask_type": "no_mask",
     "enc_dec_attn_mask_type": "padding",
-    "window_size": (2, 0),
     "enc_dec_window_size": (-1, -1),
-    "softcap": 5.0,
-    "num_gqa_groups": 2,
-    "attention_type": "cross",
-    "qkv_format": "bshd",
+    "enc_dec_bottom_right_diagonal": True,
+    "enc_dec_attn_mask": torch.zeros(2, 1, 1, 6, dtype=torch.bool),
     "attn_input_format": "bshd",
     "qk_norm_type": "RMSNorm",
     "qk_norm_eps": 1e-3,
-    "softmax_type": "off-by-one",
     "layer_type": "decoder",
     "drop_path_rate": 0.1,
-    "attention_mask": "a padding mask",
-    "enc_dec_attn_mask": "a padding mask",
-    "bottom_right_diagonal": True,
-    "enc_dec_bottom_right_diagonal": True,
-    "pad_between_seqs": True,
     "encoder_output": "a tensor",
     "rotary_pos_emb": "rotary",
-    "core_attention_bias_type": "alibi",
-    "core_attention_bias": "a tensor",
-    "alibi_slopes": "a tensor",
-    "cu_seqlens_q": "a tensor",
-    "cu_seqlens_kv": "a tensor",
-    "cu_seqlens_q_padded": "a tensor",
-    "cu_seqlens_kv_padded": "a tensor",
-    "max_seqlen_q": 4,
-    "max_seqlen_kv": 4,
-    "thd_attention_policies": [{}],
-    "thd_attention_policy_dispatch": "per_sequence",
 }
 # Keywords whose other value needs a resource this CPU test has not: the status is
 # written in the table by hand (and tested elsewhere).
 NOT_PROBED = {
     "device": "implemented (default None: torch's default device; TE's is 'cuda')",
     "tp_group": "implemented (a registered ProcessGroup; tests/distributed)",
-    "inference_params": "implemented (te.InferenceParams; tests/modules/test_inference.py)",
+}
+
+# ... and where one class means something else by it.
+NOT_PROBED_IN = {
+    **{
+        (cls, "inference_params"): (
+            "implemented (te.InferenceParams; tests/modules/test_inference.py)"
+        )
+        for cls in ("MultiheadAttention", "TransformerLayer")
+    },
+    ("DotProductAttention", "tp_group"): (
+        "implemented (its size sets tp_size, so this rank holds num_attention_heads / "
+        "tp_size heads; attention itself communicates nothing)"
+    ),
 }
 
 STATUS_OK = "implemented"
@@ -118,8 +156,10 @@ def _keywords(cls: str, method: str) -> list[tuple[str, str | None]]:
 
 
 def _forward_args(cls: str) -> list[Any]:
+    if cls == "DotProductAttention":
+        return [torch.randn(6, 2, 4, 8) for _ in range(3)]  # q, k, v (sbhd)
     if cls in SEQUENCE_INPUT:
-        return [torch.randn(4, 2, 32)]
+        return [torch.randn(6, 2, 32)]
     x = torch.randn(4, 32)
     return [x, [2, 2]] if cls == "GroupedLinear" else [x]
 
@@ -127,11 +167,9 @@ def _forward_args(cls: str) -> list[Any]:
 def _other(name: str, default: str | None) -> Any:
     if name in OTHER_VALUE:
         value = OTHER_VALUE[name]
-        if value == "rotary":  # TE's table for the probe's 8-feature heads
-            return te.RotaryPositionEmbedding(8)(4)
-        if value == "a padding mask":  # [b, 1, 1, s] of the probe's input, True: padding
-            return torch.zeros(2, 1, 1, 4, dtype=torch.bool)
-        return torch.empty(4, 32) if value == "a tensor" else value
+        if isinstance(value, str) and value == "rotary":  # TE's table, 8-feature heads
+            return te.RotaryPositionEmbedding(8)(6)
+        return torch.empty(4, 32) if isinstance(value, str) and value == "a tensor" else value
     if default in ("False", "True"):
         return default == "False"
     raise AssertionError(f"no other value for {name} (default {default})")
@@ -216,8 +254,9 @@ def test_keyword_status_matches_the_doc(cls: str, method: str, name: str, defaul
     where = cls if method == "__init__" else f"{cls}.forward"
     documented = _doc_table().get((where, name))
     assert documented is not None, f"docs/te_api.md has no row for {where} {name}"
-    if name in NOT_PROBED:
-        assert documented == NOT_PROBED[name]
+    expected = NOT_PROBED_IN.get((cls, name), NOT_PROBED.get(name))
+    if expected is not None:
+        assert documented == expected
         return
     status = probe(cls, method, name, default)
     assert documented.startswith(status), (where, name, status, documented)

@@ -29,6 +29,8 @@ from ..ops.attention import (
     select_backend,
 )
 from ..quantization.stochastic import draw_rng_state
+from ._base import ExtraStateMixin
+from ._call import _AUTOCAST_DEVICE_TYPES as AUTOCAST_DEVICE_TYPES
 from .autocast import STATE
 
 _NAME = "DotProductAttention"
@@ -116,10 +118,18 @@ def _max_seqlen(cu: torch.Tensor, given: Any, name: str) -> Any:
     return int((cu[1:] - cu[:-1]).max())
 
 
-class DotProductAttention(nn.Module):
+def _accept_missing_extra_state(module: nn.Module, incompatible_keys: Any) -> None:
+    """TE's hook: a checkpoint without ``core_attention._extra_state`` (older TE) loads."""
+    missing = incompatible_keys.missing_keys
+    for key in [k for k in missing if k.endswith("_extra_state") and "core_attention" in k]:
+        missing.remove(key)
+
+
+class DotProductAttention(ExtraStateMixin, nn.Module):
     """Attention ``softmax(scale * Q K^T + bias, mask) V`` over heads, with TE's masks,
     sliding windows, softcap, ALiBi, GQA/MQA, thd (ragged) inputs and dropout. Output:
-    ``[sq, b, h * dv]`` (sbhd), ``[b, sq, h * dv]`` (bshd) or ``[t, h * dv]`` (thd)."""
+    ``[sq, b, h * dv]`` (sbhd), ``[b, sq, h * dv]`` (bshd) or ``[t, h * dv]`` (thd).
+    Its state dict holds TE's ``_extra_state`` (empty: no FP8 attention metadata)."""
 
     def __init__(
         self,
@@ -198,6 +208,7 @@ class DotProductAttention(nn.Module):
         self.softmax_type = softmax_type
         self.return_max_logit = False
         self.name = name
+        self.register_load_state_dict_post_hook(_accept_missing_extra_state)
 
     def forward(
         self,
@@ -260,11 +271,15 @@ class DotProductAttention(nn.Module):
         q, k, v = _unpack_layers(
             query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim
         )
+        autocast_device = _autocast_device(q)
+        if autocast_device is not None:
+            # TE's modules follow torch.autocast: the inputs take its dtype, and the op's
+            # own fp32 math runs with autocast off.
+            dtype = torch.get_autocast_dtype(autocast_device)
+            q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
         mask = self.attn_mask_type if attn_mask_type is None else _mask_type(attn_mask_type)
-        window = (
-            self.window_size
-            if window_size is None and attn_mask_type is None
-            else check_set_window_size(mask, window_size)
+        window = check_set_window_size(  # TE: the constructor's window, for this mask type
+            mask, self.window_size if window_size is None else window_size
         )
         if fmt == "thd" and "padding" not in mask:
             raise ValueError(
@@ -368,7 +383,10 @@ class DotProductAttention(nn.Module):
             backend=backend,
             is_grad_enabled=grad,
         )
-        return call_dot_product_attention(args)[0]
+        if autocast_device is None:
+            return call_dot_product_attention(args)[0]
+        with torch.autocast(autocast_device, enabled=False):
+            return call_dot_product_attention(args)[0]
 
     def extra_repr(self) -> str:
         return (
@@ -377,6 +395,14 @@ class DotProductAttention(nn.Module):
             f"{self.hidden_size_per_attention_head_v}), qkv_format={self.qkv_format}, "
             f"attn_mask_type={self.attn_mask_type}, window_size={self.window_size}"
         )
+
+
+def _autocast_device(q: torch.Tensor) -> str | None:
+    """The device type of an enclosing ``torch.autocast`` that covers ``q``, else None."""
+    device = q.device.type
+    if device in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device):
+        return device
+    return None
 
 
 def _unpack_layers(

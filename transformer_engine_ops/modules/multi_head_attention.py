@@ -23,7 +23,7 @@ from torch import nn
 
 from ..ops.attention import ATTN_MASK_TYPES
 from ..runtime.boundary import registered_group
-from ._base import ExtraStateMixin, reject_unimplemented
+from ._base import reject_unimplemented
 from ._split_weights import SplitLayerNormLinear, SplitLinear
 from .attention import DotProductAttention, check_set_window_size
 from .layernorm import LayerNorm, RMSNorm
@@ -33,12 +33,6 @@ from .rope import apply_rotary_pos_emb
 
 ATTENTION_TYPES = ("self", "cross")
 QK_NORMS = (None, "RMSNorm", "LayerNorm")
-
-
-class CoreAttention(ExtraStateMixin, DotProductAttention):
-    """``DotProductAttention`` with TE's ``_extra_state`` entry (empty: attention keeps no
-    scaling state with ``fp8_dpa=False``), which TE's ``core_attention`` has as a
-    ``TransformerEngineBaseModule``, so a TE checkpoint loads strictly."""
 
 
 def resolve_mask(
@@ -231,7 +225,7 @@ class MultiheadAttention(nn.Module):
                 Linear, SplitLinear, fuse_qkv_params, ("key", "value"),
                 hidden_size, 2 * kv_size, init_method, bias, column, gemm, {},
             )  # fmt: skip
-        self.core_attention = CoreAttention(
+        self.core_attention = DotProductAttention(
             num_attention_heads,
             kv_channels,
             num_gqa_groups=num_gqa_groups,

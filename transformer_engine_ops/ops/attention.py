@@ -383,6 +383,13 @@ def backend_support(
     return reasons
 
 
+@torch.compiler.assume_constant_result
+def _hopper_or_newer(device_index: Optional[int]) -> bool:
+    """Whether a CUDA device is Hopper (compute capability 9) or newer; a graph constant
+    under torch.compile (a device query Dynamo would otherwise trace into)."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 _ENV = (("NVTE_FLASH_ATTN", ("flash",)), ("NVTE_FUSED_ATTN", ("cudnn", "efficient")))
 
 
@@ -395,7 +402,7 @@ def select_backend(reasons: dict[str, str | None], device: torch.device) -> str:
     if os.environ.get("NVTE_UNFUSED_ATTN", "1") == "0":
         disabled.add("unfused")
     order = ["flash", "cudnn", "efficient", "unfused"]
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+    if device.type == "cuda" and _hopper_or_newer(device.index):
         order = ["cudnn", "flash", "efficient", "unfused"]
     for name in order:
         if reasons[name] is None and name not in disabled:
@@ -676,16 +683,16 @@ def _sdpa(args: Any, plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         causal = "causal" in args.attn_mask_type
     else:
         keep = _keep_mask(args, plan, q.device)
-        bias = None
+        bias, dtype = None, math_dtype(q.dtype)  # the additive mask is made in fp32
         if args.attn_bias_type == "pre_scale_bias":
-            bias = args.attn_bias.to(torch.float32) * args.attn_scale
+            bias = args.attn_bias.to(dtype) * args.attn_scale
         elif args.attn_bias_type == "post_scale_bias":
-            bias = args.attn_bias.to(torch.float32)
+            bias = args.attn_bias.to(dtype)
         elif args.attn_bias_type == "alibi":
-            bias = _alibi_bias(args, plan, q.device, torch.float32)
+            bias = _alibi_bias(args, plan, q.device, dtype)
         if keep is not None:
             # Finite: a row with no key gives a finite average, zeroed below, not NaN.
-            hide = torch.finfo(q.dtype).min / 2
+            hide = torch.full((), torch.finfo(q.dtype).min / 2, dtype=dtype, device=q.device)
             bias = (bias if bias is not None else 0.0) + torch.where(keep, 0.0, hide)
             rows = keep.any(-1, keepdim=True)
         if bias is not None:

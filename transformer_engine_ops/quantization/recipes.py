@@ -185,7 +185,7 @@ class Recipe:
             if check_bool(owner, name, getattr(self, name)):
                 raise NotImplementedError(
                     f"{owner}: {name}=True (FP8 attention) is not implemented by this library; "
-                    "it has no attention modules"
+                    "DotProductAttention runs in high precision (fp8_dpa=False)"
                 )
         check_choice(owner, "backward_override", self.backward_override, BACKWARD_OVERRIDES)
 

@@ -1,0 +1,196 @@
+"""DotProductAttention's TE surface: what it refuses (by name), TE's argument rules,
+the backend choice and its environment override, and the state dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_engine_ops as te
+from transformer_engine_ops.ops.attention import backend_support, select_backend
+
+H, D = 4, 8
+
+
+def _qkv(shape=(6, 2, H, D)):
+    return tuple(torch.randn(shape) for _ in range(3))
+
+
+def test_tes_defaults():
+    dpa = te.DotProductAttention(H, D)
+    assert (dpa.qkv_format, dpa.attn_mask_type, dpa.window_size) == ("sbhd", "causal", (-1, 0))
+    assert dpa.softmax_scale == D**-0.5 and dpa.num_gqa_groups == H
+    assert dpa.attention_dropout == 0.0 and dpa.softcap == 0.0 and dpa.layer_number == 1
+    out = dpa(*_qkv())
+    assert out.shape == (6, 2, H * D)
+
+
+def test_kv_channels_pair_gives_the_value_head_dim():
+    dpa = te.DotProductAttention(H, (D, 6), qkv_format="bshd")
+    q, k = torch.randn(2, 5, H, D), torch.randn(2, 5, H, D)
+    assert dpa(q, k, torch.randn(2, 5, H, 6)).shape == (2, 5, H * 6)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(cp_group=object()), "cp_group"),
+        (dict(cp_global_ranks=[0, 1]), "cp_global_ranks"),
+        (dict(get_rng_state_tracker=lambda: None), "get_rng_state_tracker"),
+        (dict(return_max_logit=True), "return_max_logit"),
+        (dict(softmax_type="learnable"), "softmax_type"),
+    ],
+)
+def test_unimplemented_constructor_arguments_are_refused_by_name(kwargs, name):
+    with pytest.raises(NotImplementedError, match=name):
+        te.DotProductAttention(H, D, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(checkpoint_core_attention=True), "checkpoint_core_attention"),
+        (dict(inference_params=object()), "inference_params"),
+        (dict(fp8_output=True), "fp8_output"),
+        (dict(score_mod=lambda *a: None), "score_mod"),
+        (dict(thd_attention_policies=[{}]), "thd_attention_policies"),
+    ],
+)
+def test_unimplemented_forward_arguments_are_refused_by_name(kwargs, name):
+    with pytest.raises(NotImplementedError, match=name):
+        te.DotProductAttention(H, D)(*_qkv(), **kwargs)
+
+
+@pytest.mark.parametrize("flag", ["fp8_dpa", "fp8_mha"])
+def test_fp8_attention_is_refused_by_name(flag):
+    # Refused where the recipe is made, before any attention runs under it.
+    with pytest.raises(NotImplementedError, match=f"{flag}=True \\(FP8 attention\\)"):
+        te.recipe.Float8CurrentScaling(**{flag: True})
+
+
+def test_attention_under_a_recipe_runs_in_high_precision():
+    q, k, v = _qkv()
+    dpa = te.DotProductAttention(H, D)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        quantized_run = dpa(q, k, v)
+    assert torch.equal(quantized_run, dpa(q, k, v))
+
+
+def test_tes_mask_type_spellings_are_accepted():
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    a = te.DotProductAttention(H, D, attn_mask_type="padding,causal")(q, k, v, attention_mask=mask)
+    b = te.DotProductAttention(H, D, attn_mask_type="padding_causal")(q, k, v, attention_mask=mask)
+    assert torch.equal(a, b)
+
+
+def test_a_window_that_contradicts_a_causal_mask_is_corrected_with_tes_warning():
+    with pytest.warns(UserWarning, match=r"window_size should be \(-1, 0\)"):
+        dpa = te.DotProductAttention(H, D, window_size=(3, 2))
+    assert dpa.window_size == (3, 0)
+    with pytest.raises(ValueError, match="window_size"):
+        te.DotProductAttention(H, D, attn_mask_type="no_mask", window_size=(-2, 3))
+
+
+def test_thd_needs_a_padding_mask_type():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    dpa = te.DotProductAttention(H, D, qkv_format="thd")  # TE's default mask type: causal
+    with pytest.raises(ValueError, match="qkv_format 'thd' takes attn_mask_type padding"):
+        dpa(*_qkv((5, H, D)), cu_seqlens_q=cu, cu_seqlens_kv=cu)
+
+
+def test_a_padding_mask_type_without_a_mask_or_cu_seqlens_is_refused():
+    dpa = te.DotProductAttention(H, D, attn_mask_type="padding")
+    with pytest.raises(ValueError, match="needs attention_mask or cu_seqlens_q"):
+        dpa(*_qkv())
+
+
+def test_a_padding_mask_of_the_wrong_shape_is_refused_naming_it():
+    dpa = te.DotProductAttention(H, D, attn_mask_type="padding")
+    with pytest.raises(ValueError, match=r"expected a bool tensor \[batch, 1, 1, 6\]"):
+        dpa(*_qkv(), attention_mask=torch.zeros(2, 6, dtype=torch.bool))
+
+
+def test_mismatched_heads_are_refused_naming_the_shapes():
+    dpa = te.DotProductAttention(H, D, num_gqa_groups=2)
+    q, k, v = torch.randn(6, 2, H, D), torch.randn(6, 2, 3, D), torch.randn(6, 2, 3, D)
+    with pytest.raises(ValueError, match=r"4 query heads are not a multiple of 3"):
+        dpa(q, k, v)
+
+
+def test_state_dict_holds_tes_extra_state_and_loads_without_it():
+    dpa = te.DotProductAttention(H, D)
+    assert list(dpa.state_dict()) == ["_extra_state"]
+    parent = torch.nn.Module()
+    parent.core_attention = dpa
+    parent.load_state_dict({}, strict=True)  # an older TE checkpoint has no such key
+
+
+def _support(**over):
+    config = dict(
+        device=torch.device("cuda"),
+        dtype=torch.bfloat16,
+        head_dim=64,
+        head_dim_v=64,
+        qkv_format="bshd",
+        attn_mask_type="causal",
+        window_size=(-1, 0),
+        bottom_right_diagonal=False,
+        same_seqlens=True,
+        attn_bias_type="no_bias",
+        bias_requires_grad=False,
+        softcap=0.0,
+        dropout=False,
+    )
+    config.update(over)
+    return backend_support(**config)
+
+
+def test_every_backend_serves_plain_causal_bf16():
+    assert _support() == dict.fromkeys(("unfused", "flash", "cudnn", "efficient"))
+
+
+@pytest.mark.parametrize(
+    "over,served",
+    [
+        (dict(dropout=True), {"unfused"}),
+        (dict(softcap=5.0), {"unfused"}),
+        (dict(qkv_format="thd", attn_mask_type="padding"), {"unfused"}),
+        (dict(dtype=torch.float32), {"unfused", "efficient"}),
+        (dict(window_size=(8, 0)), {"unfused", "efficient"}),
+        (dict(attn_bias_type="alibi"), {"unfused", "efficient"}),
+        (dict(attn_bias_type="post_scale_bias", bias_requires_grad=True), {"unfused"}),
+        (dict(attn_mask_type="padding_causal"), {"unfused"}),
+        (dict(attn_mask_type="causal_bottom_right", same_seqlens=False), {"unfused", "efficient"}),
+        (dict(head_dim=192, head_dim_v=192), {"unfused", "flash", "efficient"}),
+        (dict(device=torch.device("cpu")), {"unfused"}),
+    ],
+)
+def test_backend_support_follows_what_each_kernel_can_do(over, served):
+    assert {b for b, why in _support(**over).items() if why is None} == served
+
+
+def test_the_cpu_runs_the_unfused_backend():
+    assert select_backend(_support(device=torch.device("cpu")), torch.device("cpu")) == "unfused"
+
+
+def test_nvte_unfused_attn_0_leaves_no_backend_on_the_cpu(monkeypatch):
+    monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
+    with pytest.raises(RuntimeError, match="unfused: disabled by the environment"):
+        te.DotProductAttention(H, D)(*_qkv())
+
+
+def test_forward_mask_type_keeps_the_constructors_window_as_te_does():
+    q, k, v = _qkv()
+    windowed = te.DotProductAttention(H, D, window_size=(2, 0))
+    assert torch.equal(windowed(q, k, v, attn_mask_type="causal"), windowed(q, k, v))
+    assert not torch.equal(windowed(q, k, v), te.DotProductAttention(H, D)(q, k, v))
+
+
+def test_torch_autocast_casts_the_inputs_and_keeps_the_math_in_fp32():
+    q, k, v = _qkv()
+    dpa = te.DotProductAttention(H, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dpa(q, k, v)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, dpa(*(t.bfloat16() for t in (q, k, v))))

@@ -1,0 +1,159 @@
+"""DotProductAttention on CUDA (marked ``gpu``; run on the H200 with ``-m gpu``): every
+backend a configuration selects matches the float64 reference within TE's own test
+tolerances for the dtype (tests/pytorch/attention/test_attention.py: bf16 1.5e-2, fp16
+1e-3, rtol and atol), and compiled equals eager bitwise on the fused backends and with
+dropout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_cases import reference
+
+import transformer_engine_ops as te
+from transformer_engine_ops.modules import attention as module_file
+from transformer_engine_ops.ops.attention import BACKENDS, backend_support
+
+pytestmark = pytest.mark.gpu
+TE_TOLS = {
+    torch.bfloat16: dict(atol=1.5e-2, rtol=1.5e-2),
+    torch.float16: dict(atol=1e-3, rtol=1e-3),
+    torch.float32: dict(atol=1e-3, rtol=1e-3),
+}
+B, S, H, D = 2, 128, 8, 64
+
+# name -> (constructor kwargs, forward kwargs, reference kwargs, kv groups)
+CONFIGS = {
+    "causal": (dict(), {}, dict(mask_type="causal", window=(-1, 0)), H),
+    "no_mask-gqa": (
+        dict(attn_mask_type="no_mask", num_gqa_groups=2),
+        {},
+        dict(mask_type="no_mask", window=(-1, -1)),
+        2,
+    ),
+    "causal_bottom_right": (
+        dict(attn_mask_type="causal_bottom_right"),
+        {},
+        dict(mask_type="causal_bottom_right", window=(-1, 0)),
+        H,
+    ),
+    "window": (
+        dict(attn_mask_type="causal", window_size=(16, 0)),
+        {},
+        dict(mask_type="causal", window=(16, 0)),
+        H,
+    ),
+    "alibi": (
+        dict(attn_mask_type="causal"),
+        dict(core_attention_bias_type="alibi"),
+        dict(mask_type="causal", window=(-1, 0), bias_type="alibi"),
+        H,
+    ),
+}
+
+
+def _inputs(dtype, groups, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda h: torch.randn(S, B, h, D, generator=gen).to(dtype)  # noqa: E731
+    return make(H), make(groups), make(groups)
+
+
+def _cases():
+    for name, (ctor, fwd, _ref, _groups) in CONFIGS.items():
+        for dtype in TE_TOLS:
+            support = backend_support(
+                device=torch.device("cuda"),
+                dtype=dtype,
+                head_dim=D,
+                head_dim_v=D,
+                qkv_format="sbhd",
+                attn_mask_type=ctor.get("attn_mask_type", "causal"),
+                window_size=ctor.get("window_size", (-1, 0)),
+                bottom_right_diagonal=False,
+                same_seqlens=True,
+                attn_bias_type=fwd.get("core_attention_bias_type", "no_bias"),
+                bias_requires_grad=False,
+                softcap=0.0,
+                dropout=False,
+            )
+            for backend in BACKENDS:
+                if support[backend] is None:
+                    yield pytest.param(name, dtype, backend, id=f"{name}-{dtype}-{backend}")
+
+
+@pytest.mark.parametrize("name,dtype,backend", list(_cases()))
+def test_each_selected_backend_matches_the_reference(name, dtype, backend, monkeypatch):
+    ctor, fwd, ref_kw, groups = CONFIGS[name]
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D, **ctor)
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(dtype, groups))
+    out = dpa(q, k, v, **fwd)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad.cuda())
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_(True) for t in (q, k, v))
+    slopes = None
+    if ref_kw.get("bias_type") == "alibi":
+        from transformer_engine_ops.ops.attention import default_alibi_slopes
+
+        slopes = default_alibi_slopes(H, "cpu")
+    ref = reference(
+        "sbhd", q64, k64, v64, scale=dpa.softmax_scale, bottom_right=False, slopes=slopes, **ref_kw
+    )
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
+    tols = TE_TOLS[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref, **tols)
+    for got, w in zip((dq, dk, dv), want, strict=True):
+        torch.testing.assert_close(got.double().cpu(), w, **tols)
+
+
+def test_hopper_selects_cudnn_for_plain_causal_bf16():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TE's preference for the fused backend is Hopper and newer")
+    seen = []
+    original = module_file.call_dot_product_attention
+    module_file.call_dot_product_attention = lambda args: seen.append(args.backend) or (None,)
+    try:
+        te.DotProductAttention(H, D)(*(t.cuda() for t in _inputs(torch.bfloat16, H)))
+    finally:
+        module_file.call_dot_product_attention = original
+    assert seen == ["cudnn"]
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient", "unfused"])
+def test_compiled_equals_eager_bitwise_on_cuda(backend, monkeypatch):
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D)
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, H))
+
+    def run(fn):
+        out = fn(q, k, v)
+        return out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    eager = run(dpa)
+    compiled = run(torch.compile(dpa, fullgraph=True))
+    assert torch.equal(eager[0], compiled[0])
+    for a, b in zip(eager[1], compiled[1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_dropout_on_cuda_compiled_equals_eager_bitwise():
+    dpa = te.DotProductAttention(H, D, attention_dropout=0.1)
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, H))
+
+    def run(fn):
+        torch.manual_seed(3)
+        out = fn(q, k, v)
+        return out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    eager, compiled = run(dpa), run(torch.compile(dpa, fullgraph=True))
+    assert torch.equal(eager[0], compiled[0])
+    for a, b in zip(eager[1], compiled[1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_compiled_backend_choice_on_cuda_has_no_graph_break():
+    """The module's own choice (device query, NVTE_* variables) inside fullgraph."""
+    dpa = te.DotProductAttention(H, D, window_size=(16, 0))
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, H))
+    eager = dpa(q, k, v)
+    assert torch.equal(torch.compile(dpa, fullgraph=True)(q, k, v), eager)
