@@ -150,3 +150,15 @@ def test_decode_step_runs_under_cuda_graphs(paged: bool) -> None:
     for a, b, c in zip(got, reference, eager, strict=True):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, rtol=2e-2, atol=2e-2)
+
+
+def test_cross_attention_with_a_cache_is_refused_by_name() -> None:
+    layer = make_layer(seed=25, layer_type="decoder", attn_input_format="bshd")
+    params = te.InferenceParams(1, MAX_LEN, HEADS, D, torch.float32, qkv_format="bshd")
+    params.pre_step(OrderedDict([("a", 2)]))
+    with pytest.raises(NotImplementedError, match="cross"):
+        layer(
+            torch.randn(1, 2, HIDDEN),
+            encoder_output=torch.randn(1, 3, HIDDEN),
+            inference_params=params,
+        )

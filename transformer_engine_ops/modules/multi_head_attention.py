@@ -426,6 +426,11 @@ class MultiheadAttention(nn.Module):
         KV-cache path): the new keys and values written into ``inference_params``' cache,
         the causal diagonal aligned to each sequence's end (bottom right)."""
         cls = type(self).__name__
+        if self.attention_type == "cross":
+            raise NotImplementedError(
+                f"{cls}: inference_params with attention_type='cross' is not implemented "
+                "(the KV cache holds self attention's keys and values)"
+            )
         if self.qkv_format not in ("sbhd", "bshd") or mask_type == "arbitrary":
             raise NotImplementedError(
                 f"{cls}: inference_params with qkv_format={self.qkv_format!r} and "
