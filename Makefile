@@ -47,6 +47,7 @@ test: check-codegen lint
 demo: $(STAMP)
 	$(PY) -m codegen --check
 	$(PY) demo/linear_demo.py
+	$(PY) demo/gpt_demo.py
 
 # The CPU figures (boundary, import, codegen, compile, step, memory, op overhead, block)
 # -> docs/benchmarks.md + docs/benchmarks/*.png, merging docs/benchmarks_h200.json when

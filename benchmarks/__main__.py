@@ -46,8 +46,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gpu-parts",
         nargs="*",
-        choices=("quantization", "op_overhead", "memory", "sustained"),
-        default=["quantization", "op_overhead", "memory", "sustained"],
+        choices=("quantization", "op_overhead", "memory", "sustained", "transformer_layer"),
+        default=["quantization", "op_overhead", "memory", "sustained", "transformer_layer"],
         help="other parts of the --device cuda run",
     )
     p.add_argument(

@@ -69,6 +69,7 @@ from transformer_engine_ops.quantization import (
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
+from . import transformer_layer
 from .common import interleaved, progress, ratio_stats, stats
 from .models import LAYERS, SHAPES, make_input, make_model
 
@@ -526,7 +527,13 @@ def run(
     shapes: tuple[str, ...] = ("small", "large"),
     *,
     device: str = "cuda",
-    parts: tuple[str, ...] = ("quantization", "op_overhead", "memory", "sustained"),
+    parts: tuple[str, ...] = (
+        "quantization",
+        "op_overhead",
+        "memory",
+        "sustained",
+        "transformer_layer",
+    ),
     recipes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """All of figure 6; ``save(results)`` is called after each part (partial results).
@@ -556,6 +563,7 @@ def run(
         "op_overhead": lambda: _op_overhead(*SHAPES["small"], rounds=5),
         "memory": lambda: _memory(*SHAPES["large"]),
         "sustained": lambda: _sustained(tuple(RECIPES) if recipes is None else recipes),
+        "transformer_layer": lambda: transformer_layer.run(device=device),
     }
     for name in parts:
         part = runners[name]

@@ -411,6 +411,10 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         from dist_family_cases import run_family_case
 
         return run_family_case(w, name)
+    if name.startswith("transformer-"):
+        from dist_transformer_cases import run_transformer_case
+
+        return run_transformer_case(w, name)
     if name.startswith("grouped-"):
         from dist_grouped_cases import run_grouped_case
 

@@ -14,15 +14,17 @@ import pprint
 import sys
 from pathlib import Path
 
+# class -> its file under transformer_engine/pytorch/
 CLASSES = {
-    "Linear": "linear.py",
-    "LayerNormLinear": "layernorm_linear.py",
-    "LayerNormMLP": "layernorm_mlp.py",
-    "GroupedLinear": "grouped_linear.py",
-    "LayerNorm": "layernorm.py",
-    "RMSNorm": "rmsnorm.py",
-    # (paths are relative to TE's pytorch/module folder)
-    "DotProductAttention": "../attention/dot_product_attention/dot_product_attention.py",
+    "Linear": "module/linear.py",
+    "LayerNormLinear": "module/layernorm_linear.py",
+    "LayerNormMLP": "module/layernorm_mlp.py",
+    "GroupedLinear": "module/grouped_linear.py",
+    "LayerNorm": "module/layernorm.py",
+    "RMSNorm": "module/rmsnorm.py",
+    "MultiheadAttention": "attention/multi_head_attention.py",
+    "TransformerLayer": "transformer.py",
+    "DotProductAttention": "attention/dot_product_attention/dot_product_attention.py",
 }
 
 
@@ -39,7 +41,7 @@ def _arguments(function: ast.FunctionDef) -> list[tuple[str, str | None]]:
 def extract(root: Path) -> dict[str, dict[str, list[tuple[str, str | None]]]]:
     table = {}
     for cls, file in CLASSES.items():
-        tree = ast.parse((root / "transformer_engine/pytorch/module" / file).read_text())
+        tree = ast.parse((root / "transformer_engine/pytorch" / file).read_text())
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
         methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
         # LayerNorm/RMSNorm inherit forward(input) from TE's fusible op.

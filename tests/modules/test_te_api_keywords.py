@@ -28,13 +28,19 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "LayerNorm": {"normalized_shape": 32},
     "RMSNorm": {"normalized_shape": 32},
     "DotProductAttention": {"num_attention_heads": 4, "kv_channels": 8},
+    "MultiheadAttention": {"hidden_size": 32, "num_attention_heads": 4},
+    "TransformerLayer": {"hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4},
 }
+# Modules whose forward takes hidden states [s, b, hidden] (TE's default sbhd; s=6, b=2
+# as DotProductAttention's probe input, so the attention keywords' values fit both).
+SEQUENCE_INPUT = ("MultiheadAttention", "TransformerLayer")
 FORWARD_REQUIRED: dict[str, Any] = {
     "inp": None,
     "m_splits": [2, 2],
     "query_layer": None,
     "key_layer": None,
     "value_layer": None,
+    "hidden_states": None,
 }
 
 # A value other than TE's default for each keyword, of the type TE documents.
@@ -66,7 +72,7 @@ OTHER_VALUE: dict[str, Any] = {
     "dgrad_out": "a tensor",
     # DotProductAttention's
     "num_gqa_groups": 2,
-    "attention_dropout": 0.1,
+    "attention_dropout": 0.2,
     "qkv_format": "bshd",
     "attn_mask_type": "no_mask",
     "window_size": (2, 0),
@@ -103,6 +109,22 @@ OTHER_VALUE: dict[str, Any] = {
     "qkv_interleave_dim": -2,
     "thd_attention_policies": [{}],
     "thd_attention_policy_dispatch": "manual",
+    # MultiheadAttention's and TransformerLayer's
+    "kv_channels": 16,
+    "hidden_dropout": 0.2,
+    "layernorm_epsilon": 1e-3,
+    "self_attn_mask_type": "no_mask",
+    "enc_dec_attn_mask_type": "padding",
+    "enc_dec_window_size": (-1, -1),
+    "enc_dec_bottom_right_diagonal": True,
+    "enc_dec_attn_mask": torch.zeros(2, 1, 1, 6, dtype=torch.bool),
+    "attn_input_format": "bshd",
+    "qk_norm_type": "RMSNorm",
+    "qk_norm_eps": 1e-3,
+    "layer_type": "decoder",
+    "drop_path_rate": 0.1,
+    "encoder_output": "a tensor",
+    "rotary_pos_emb": "rotary",
 }
 # Keywords whose other value needs a resource this CPU test has not: the status is
 # written in the table by hand (and tested elsewhere).
@@ -113,6 +135,12 @@ NOT_PROBED = {
 
 # ... and where one class means something else by it.
 NOT_PROBED_IN = {
+    **{
+        (cls, "inference_params"): (
+            "implemented (te.InferenceParams; tests/modules/test_inference.py)"
+        )
+        for cls in ("MultiheadAttention", "TransformerLayer")
+    },
     ("DotProductAttention", "tp_group"): (
         "implemented (its size sets tp_size, so this rank holds num_attention_heads / "
         "tp_size heads; attention itself communicates nothing)"
@@ -130,6 +158,8 @@ def _keywords(cls: str, method: str) -> list[tuple[str, str | None]]:
 def _forward_args(cls: str) -> list[Any]:
     if cls == "DotProductAttention":
         return [torch.randn(6, 2, 4, 8) for _ in range(3)]  # q, k, v (sbhd)
+    if cls in SEQUENCE_INPUT:
+        return [torch.randn(6, 2, 32)]
     x = torch.randn(4, 32)
     return [x, [2, 2]] if cls == "GroupedLinear" else [x]
 
@@ -137,9 +167,11 @@ def _forward_args(cls: str) -> list[Any]:
 def _other(name: str, default: str | None) -> Any:
     if name in OTHER_VALUE:
         value = OTHER_VALUE[name]
-        return torch.empty(4, 32) if value == "a tensor" else value
-    if default == "False":
-        return True
+        if isinstance(value, str) and value == "rotary":  # TE's table, 8-feature heads
+            return te.RotaryPositionEmbedding(8)(6)
+        return torch.empty(4, 32) if isinstance(value, str) and value == "a tensor" else value
+    if default in ("False", "True"):
+        return default == "False"
     raise AssertionError(f"no other value for {name} (default {default})")
 
 

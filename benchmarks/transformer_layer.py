@@ -1,0 +1,318 @@
+"""A Llama-8B-sized ``te.TransformerLayer`` on one GPU, against the same block written
+in plain PyTorch, all compiled (``fullgraph=True``, Inductor).
+
+* Train step (forward + backward), hidden 4096, 32 heads in 8 KV groups, SwiGLU FFN
+  14336, RMSNorm, RoPE, no biases, sequence 4096, batch 1, bf16 parameters and
+  activations: ours in bf16, ours under FP8 current scaling, and the plain block
+  (``torch.nn.Linear`` + ``F.scaled_dot_product_attention`` + ``torch.nn.RMSNorm``)
+  with the same weights; the two bf16 blocks are first checked to compute the same
+  output (bf16 tolerance), so the timing compares like with like.
+* Decode: one new token per sequence against a KV cache (batch 8, 4096 cached
+  positions), compiled with ``mode="reduce-overhead"`` (CUDA graphs): ours through
+  ``te.InferenceParams``, the plain block through a static cache it updates with
+  ``index_copy_``; tokens per second.
+
+Standalone: ``python -m benchmarks.transformer_layer [--quick] [--out FILE]`` (prints a
+table; ``--out`` writes the numbers as JSON). ``python -m benchmarks --device cuda``
+runs it as its ``transformer_layer`` part. ``--quick`` shrinks every size (a smoke run,
+also on the CPU: its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import transformer_engine_ops as te
+from transformer_engine_ops.quantization import Float8CurrentScaling
+
+from .common import interleaved, machine_info, progress, ratio_stats, stats
+
+LLAMA_8B = dict(hidden=4096, ffn=14336, heads=32, groups=8, seq=4096, batch=1)
+QUICK = dict(hidden=256, ffn=512, heads=8, groups=2, seq=128, batch=1)
+DECODE = dict(batch=8, cached=4096)
+DECODE_QUICK = dict(batch=2, cached=64)
+
+
+def _rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``[b, s, h, d]`` with ``freqs`` ``[s, d]`` (or ``[b, s, d]``), fp32 math."""
+    x = t.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    angles = freqs.unsqueeze(-2)
+    out = x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
+    return out.to(t.dtype)
+
+
+class PlainBlock(nn.Module):
+    """The same layer in plain PyTorch (bshd), weights in TE's layout."""
+
+    def __init__(self, hidden: int, ffn: int, heads: int, groups: int, device: Any) -> None:
+        super().__init__()
+        kw = dict(bias=False, dtype=torch.bfloat16, device=device)
+        self.heads, self.groups, self.head_dim = heads, groups, hidden // heads
+        self.norm1 = nn.RMSNorm(hidden, eps=1e-5, dtype=torch.bfloat16, device=device)
+        self.qkv = nn.Linear(hidden, hidden + 2 * groups * self.head_dim, **kw)
+        self.proj = nn.Linear(hidden, hidden, **kw)
+        self.norm2 = nn.RMSNorm(hidden, eps=1e-5, dtype=torch.bfloat16, device=device)
+        self.fc1 = nn.Linear(hidden, 2 * ffn, **kw)
+        self.fc2 = nn.Linear(ffn, hidden, **kw)
+
+    def load_from(self, layer: te.TransformerLayer) -> None:
+        sd = layer.state_dict()
+        qkv = "self_attention.layernorm_qkv."
+        with torch.no_grad():
+            self.norm1.weight.copy_(sd[f"{qkv}layer_norm_weight"])
+            self.qkv.weight.copy_(
+                torch.cat([sd[f"{qkv}{n}_weight"] for n in ("query", "key", "value")])
+            )
+            self.proj.weight.copy_(sd["self_attention.proj.weight"])
+            self.norm2.weight.copy_(sd["layernorm_mlp.layer_norm_weight"])
+            self.fc1.weight.copy_(sd["layernorm_mlp.fc1_weight"])
+            self.fc2.weight.copy_(sd["layernorm_mlp.fc2_weight"])
+
+    def _qkv(self, x: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        b, s, _ = x.shape
+        d, h, g = self.head_dim, self.heads, self.groups
+        q, k, v = self.qkv(self.norm1(x)).split((h * d, g * d, g * d), dim=-1)
+        q, k = _rope(q.view(b, s, h, d), freqs), _rope(k.view(b, s, g, d), freqs)
+        return q, k, v.view(b, s, g, d)
+
+    def _finish(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        h = x + self.proj(context.transpose(1, 2).flatten(2))
+        gate, up = self.fc1(self.norm2(h)).chunk(2, dim=-1)
+        return h + self.fc2(F.silu(gate) * up)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x, freqs)
+        context = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
+        return self._finish(x, context)
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        freqs: torch.Tensor,
+        position: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token per sequence at ``position`` (a 0-d tensor, the same for every
+        sequence) against the static caches ``[b, max, g, d]``."""
+        q, k, v = self._qkv(x, freqs.index_select(0, position.view(1)))
+        k_cache.index_copy_(1, position.view(1), k)
+        v_cache.index_copy_(1, position.view(1), v)
+        visible = torch.arange(k_cache.shape[1], device=x.device) <= position
+        context = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k_cache.transpose(1, 2),
+            v_cache.transpose(1, 2),
+            attn_mask=visible.view(1, 1, 1, -1),
+            enable_gqa=True,
+        )
+        return self._finish(x, context)
+
+
+def _ours(cfg: dict[str, int], device: Any) -> te.TransformerLayer:
+    return te.TransformerLayer(
+        cfg["hidden"],
+        cfg["ffn"],
+        cfg["heads"],
+        num_gqa_groups=cfg["groups"],
+        normalization="RMSNorm",
+        activation="swiglu",
+        bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attn_input_format="bshd",
+        params_dtype=torch.bfloat16,
+        device=device,
+    )
+
+
+def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -> dict[str, Any]:
+    torch.manual_seed(0)
+    ours = _ours(cfg, device)
+    plain = PlainBlock(cfg["hidden"], cfg["ffn"], cfg["heads"], cfg["groups"], device)
+    plain.load_from(ours)
+    head_dim = cfg["hidden"] // cfg["heads"]
+    rope = te.RotaryPositionEmbedding(head_dim).to(device)
+    freqs = rope(cfg["seq"])
+    flat_freqs = freqs[:, 0, 0, :]
+    x = torch.randn(cfg["batch"], cfg["seq"], cfg["hidden"], device=device, dtype=torch.bfloat16)
+    x.requires_grad_(True)
+    grad = torch.randn_like(x)
+    ours_c = torch.compile(ours, fullgraph=True)
+    plain_c = torch.compile(plain, fullgraph=True)
+    with torch.no_grad():
+        a, b = ours_c(x, rotary_pos_emb=freqs), plain_c(x, flat_freqs)
+    difference = (a.float() - b.float()).abs().max().item()
+    scale = b.float().abs().max().item()
+    progress(
+        f"transformer_layer: ours vs plain output max|diff| {difference:.3g} (scale {scale:.3g})"
+    )
+    if difference > 0.05 * scale:
+        raise AssertionError(f"ours and the plain block disagree: {difference} vs scale {scale}")
+
+    def step(fn: Any, *args: Any, recipe: Any = None) -> Any:
+        def run() -> None:
+            x.grad = None
+            if recipe is None:
+                out = fn(x, *args)
+            else:
+                with te.autocast(recipe=recipe):
+                    out = fn(x, *args)
+            out.backward(grad)
+
+        return run
+
+    contenders = {
+        "plain_bf16": step(plain_c, flat_freqs),
+        "ours_bf16": step(lambda t, f: ours_c(t, rotary_pos_emb=f), freqs),
+        "ours_fp8_current": step(
+            lambda t, f: ours_c(t, rotary_pos_emb=f), freqs, recipe=Float8CurrentScaling()
+        ),
+    }
+    for name, fn in contenders.items():  # compile and warm up
+        progress(f"transformer_layer: warming up {name}")
+        for _ in range(3):
+            fn()
+    times = interleaved(contenders, rounds, min_run_time, label="train step")
+    return {
+        "config": cfg,
+        "check_max_abs_diff": difference,
+        "seconds": {name: stats(samples) for name, samples in times.items()},
+        "ours_bf16_over_plain": ratio_stats(times["ours_bf16"], times["plain_bf16"]),
+        "plain_over_ours_fp8": ratio_stats(times["plain_bf16"], times["ours_fp8_current"]),
+    }
+
+
+def _decode(
+    cfg: dict[str, int], dec: dict[str, int], device: Any, rounds: int, min_run_time: float
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    batch, cached = dec["batch"], dec["cached"]
+    head_dim = cfg["hidden"] // cfg["heads"]
+    max_len = cached + 64
+    ours = _ours(cfg, device).eval()
+    plain = PlainBlock(cfg["hidden"], cfg["ffn"], cfg["heads"], cfg["groups"], device).eval()
+    plain.load_from(ours)
+    freqs = te.RotaryPositionEmbedding(head_dim).to(device)(max_len)
+    flat_freqs = freqs[:, 0, 0, :]
+    params = te.InferenceParams(
+        batch, max_len, cfg["groups"], head_dim, torch.bfloat16, qkv_format="bshd", device=device
+    )
+    shape = (batch, max_len, cfg["groups"], head_dim)
+    k_cache = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    torch._dynamo.mark_static_address(k_cache)
+    torch._dynamo.mark_static_address(v_cache)
+    position = torch.tensor(cached, device=device)
+    token = torch.randn(batch, 1, cfg["hidden"], dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        # Fill the caches: the prompt through ours eagerly (its cache), the plain
+        # block's cache with random keys and values (its content does not change the time).
+        params.pre_step(OrderedDict((i, cached) for i in range(batch)))
+        prompt = torch.randn(batch, cached, cfg["hidden"], dtype=torch.bfloat16, device=device)
+        ours(prompt, rotary_pos_emb=freqs, inference_params=params)
+        k_cache.normal_()
+        v_cache.normal_()
+    ours_c = torch.compile(ours, fullgraph=True, mode="reduce-overhead")
+    plain_c = torch.compile(plain.decode, fullgraph=True, mode="reduce-overhead")
+    step_dict = OrderedDict((i, 1) for i in range(batch))
+
+    def ours_step() -> None:
+        # Each step decodes at the same cache length, so the timing is of one length:
+        # the sequences are restarted host-side before every step (TE's decode loop
+        # calls pre_step every step too; this host bookkeeping is in ours' time).
+        params.reset()
+        params.pre_step(OrderedDict((i, cached) for i in range(batch)))
+        params.pre_step(step_dict)
+        with torch.no_grad():
+            ours_c(token, rotary_pos_emb=freqs, inference_params=params)
+
+    def plain_step() -> None:
+        with torch.no_grad():
+            plain_c(token, flat_freqs, position, k_cache, v_cache)
+
+    contenders = {"plain_decode": plain_step, "ours_decode": ours_step}
+    for name, fn in contenders.items():
+        progress(f"transformer_layer: warming up {name}")
+        for _ in range(4):
+            fn()
+    times = interleaved(contenders, rounds, min_run_time, label="decode step")
+    return {
+        "config": {**cfg, **dec},
+        "seconds": {name: stats(samples) for name, samples in times.items()},
+        "tokens_per_second": {
+            name: stats([batch / s for s in samples]) for name, samples in times.items()
+        },
+        "ours_over_plain": ratio_stats(times["ours_decode"], times["plain_decode"]),
+    }
+
+
+def run(quick: bool = False, device: str = "cuda") -> dict[str, Any]:
+    """The train-step and decode comparisons (``quick``: tiny sizes, one round)."""
+    cfg = QUICK if quick else LLAMA_8B
+    dec = DECODE_QUICK if quick else DECODE
+    rounds, min_run_time = (1, 0.05) if quick else (5, 0.5)
+    results: dict[str, Any] = {}
+    for name, part in (
+        ("train_step", lambda: _train(cfg, device, rounds, min_run_time)),
+        ("decode", lambda: _decode(cfg, dec, device, rounds, min_run_time)),
+    ):
+        try:
+            results[name] = part()
+        except Exception as exc:  # keep the other part's numbers
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            progress(f"transformer_layer {name}: failed: {results[name]['error']}")
+    return results
+
+
+def _print(results: dict[str, Any]) -> None:
+    train = results.get("train_step", {})
+    if "seconds" in train:
+        print("\ntrain step (forward + backward), median ms:")
+        for name, s in train["seconds"].items():
+            print(f"  {name:<18} {1e3 * s['median']:9.2f}")
+        print(f"  ours bf16 / plain bf16: {train['ours_bf16_over_plain']['median']:.3f}x")
+        print(f"  plain bf16 / ours FP8:  {train['plain_over_ours_fp8']['median']:.3f}x")
+    decode = results.get("decode", {})
+    if "tokens_per_second" in decode:
+        print("\ndecode under CUDA graphs, tokens/s (median):")
+        for name, s in decode["tokens_per_second"].items():
+            print(f"  {name:<18} {s['median']:11.1f}")
+    for name, part in results.items():
+        if "error" in part:
+            print(f"\n{name}: {part['error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.transformer_layer", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round (smoke)")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    if args.device == "cpu" and not args.quick:
+        print("error: the full sizes need a CUDA device (use --quick on the CPU)", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = {"machine": machine_info(), "transformer_layer": run(args.quick, args.device)}
+    _print(results["transformer_layer"])
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        progress(f"wrote {args.out}")
+    failed = any("error" in part for part in results["transformer_layer"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

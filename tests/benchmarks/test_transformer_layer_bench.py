@@ -1,0 +1,46 @@
+"""The H200 transformer-layer bench compares like with like: its plain PyTorch block,
+loaded from our layer's state dict, computes our layer's output (eagerly, bf16), and
+its static-cache decode step computes the block's output at the decoded position."""
+
+from __future__ import annotations
+
+import torch
+
+import transformer_engine_ops as te
+from benchmarks import transformer_layer as bench
+
+CFG = dict(hidden=64, ffn=128, heads=4, groups=2, seq=16, batch=2)
+
+
+def _pair() -> tuple[te.TransformerLayer, bench.PlainBlock, torch.Tensor]:
+    torch.manual_seed(0)
+    ours = bench._ours(CFG, "cpu")
+    plain = bench.PlainBlock(CFG["hidden"], CFG["ffn"], CFG["heads"], CFG["groups"], "cpu")
+    plain.load_from(ours)
+    freqs = te.RotaryPositionEmbedding(CFG["hidden"] // CFG["heads"])(CFG["seq"])
+    return ours, plain, freqs
+
+
+def test_plain_block_computes_our_layer() -> None:
+    ours, plain, freqs = _pair()
+    x = torch.randn(CFG["batch"], CFG["seq"], CFG["hidden"]).to(torch.bfloat16)
+    with torch.no_grad():
+        want = ours(x, rotary_pos_emb=freqs).float()
+        got = plain(x, freqs[:, 0, 0, :]).float()
+    assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+
+
+def test_plain_decode_equals_its_full_forward_at_the_position() -> None:
+    _, plain, freqs = _pair()
+    flat = freqs[:, 0, 0, :]
+    x = torch.randn(CFG["batch"], CFG["seq"], CFG["hidden"]).to(torch.bfloat16)
+    d = CFG["hidden"] // CFG["heads"]
+    k_cache = torch.zeros(CFG["batch"], CFG["seq"], CFG["groups"], d, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    with torch.no_grad():
+        full = plain(x, flat)
+        for pos in range(CFG["seq"]):
+            step = plain.decode(x[:, pos : pos + 1], flat, torch.tensor(pos), k_cache, v_cache)
+        assert (
+            step[:, 0].float() - full[:, -1].float()
+        ).abs().max().item() <= 0.02 * full.float().abs().max().item()

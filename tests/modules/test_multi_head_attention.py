@@ -1,0 +1,162 @@
+"""``te.MultiheadAttention``: cross attention, the optional outputs, padding and thd
+inputs, q/k norms, and TE's arguments it refuses by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformer_cases import randomize
+
+import transformer_engine_ops as te
+
+HIDDEN, HEADS = 64, 4
+D = HIDDEN // HEADS
+
+
+def _mha(seed: int = 0, **kwargs: object) -> te.MultiheadAttention:
+    torch.manual_seed(seed)
+    kwargs.setdefault("attention_dropout", 0.0)
+    return randomize(te.MultiheadAttention(HIDDEN, HEADS, **kwargs), seed)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """float64 attention over ``[s, b, h, d]`` q and k/v with as many or fewer heads."""
+    q, k, v = q.double(), k.double(), v.double()
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        s, t = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(s, t, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v)
+    return out.reshape(*out.shape[:2], -1)
+
+
+def test_cross_attention_equals_the_plain_formula() -> None:
+    mha = _mha(
+        attention_type="cross", input_layernorm=True, num_gqa_groups=2, attn_mask_type="no_mask"
+    )
+    sd = {k: v.double() for k, v in mha.state_dict().items() if "extra" not in k}
+    assert [k for k in mha.state_dict() if "extra" not in k] == [
+        "layernorm_query.layer_norm_weight",
+        "layernorm_query.layer_norm_bias",
+        "layernorm_query.query_weight",
+        "layernorm_query.query_bias",
+        "key_value.key_weight",
+        "key_value.value_weight",
+        "key_value.key_bias",
+        "key_value.value_bias",
+        "proj.weight",
+        "proj.bias",
+    ]
+    x, enc = torch.randn(5, 2, HIDDEN), torch.randn(9, 2, HIDDEN)
+    p = "layernorm_query."
+    ln = F.layer_norm(x.double(), (HIDDEN,), sd[f"{p}layer_norm_weight"], sd[f"{p}layer_norm_bias"])
+    q = F.linear(ln, sd[f"{p}query_weight"], sd[f"{p}query_bias"]).view(5, 2, HEADS, D)
+    k = F.linear(enc.double(), sd["key_value.key_weight"], sd["key_value.key_bias"])
+    v = F.linear(enc.double(), sd["key_value.value_weight"], sd["key_value.value_bias"])
+    ctx = _attend(q, k.view(9, 2, 2, D), v.view(9, 2, 2, D), causal=False)
+    want = F.linear(ctx, sd["proj.weight"], sd["proj.bias"])
+    got = mha(x, encoder_output=enc)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_return_bias_and_layernorm_output() -> None:
+    mha = _mha(input_layernorm=True, return_bias=True, return_layernorm_output=True)
+    x = torch.randn(6, 2, HIDDEN)
+    out, bias, ln = mha(x)
+    assert torch.equal(bias, mha.proj.bias)
+    qkv = mha.layernorm_qkv
+    want_ln = F.layer_norm(x, (HIDDEN,), qkv.layer_norm_weight, qkv.layer_norm_bias)
+    torch.testing.assert_close(ln, want_ln)
+    plain = _mha(input_layernorm=True)
+    torch.testing.assert_close(out + bias, plain(x))
+
+
+def test_padded_tokens_do_not_change_the_others() -> None:
+    """The second sequence padded by 3 tokens: its real tokens' outputs equal the
+    unpadded sequence's, and the first sequence is unaffected."""
+    mha = _mha(input_layernorm=True, attn_mask_type="padding_causal", qkv_format="bshd")
+    x = torch.randn(2, 8, HIDDEN)
+    pad = torch.zeros(2, 1, 1, 8, dtype=torch.bool)
+    pad[1, ..., 5:] = True
+    got = mha(x, attention_mask=pad)
+    alone = mha(x[1:, :5], attn_mask_type="causal")
+    torch.testing.assert_close(got[1:, :5], alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:1], mha(x[:1], attn_mask_type="causal"), rtol=1e-5, atol=1e-5)
+
+
+def test_thd_equals_each_sequence_alone_with_rope() -> None:
+    mha = _mha(
+        input_layernorm=True, qkv_format="thd", attn_mask_type="padding_causal", num_gqa_groups=2
+    )
+    sbhd = _mha(input_layernorm=True, num_gqa_groups=2)
+    sbhd.load_state_dict(mha.state_dict())
+    lengths = [3, 6, 2]
+    cu = torch.tensor([0, 3, 9, 11], dtype=torch.int32)
+    x = torch.randn(sum(lengths), HIDDEN)
+    freqs = te.RotaryPositionEmbedding(D)(8)
+    got = mha(
+        x, rotary_pos_emb=freqs, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6
+    )
+    want = [
+        sbhd(seq.unsqueeze(1), rotary_pos_emb=freqs).squeeze(1) for seq in torch.split(x, lengths)
+    ]
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("before_rope", [False, True])
+def test_qk_norm_normalizes_each_head(before_rope: bool) -> None:
+    mha = _mha(input_layernorm=True, qk_norm_type="RMSNorm", qk_norm_before_rope=before_rope)
+    assert mha.q_norm.weight.shape == (D,)
+    x = torch.randn(5, 1, HIDDEN)
+    freqs = te.RotaryPositionEmbedding(D)(5)
+    sd = {k: v.double() for k, v in mha.state_dict().items() if "extra" not in k}
+    p = "layernorm_qkv."
+    ln = F.layer_norm(x.double(), (HIDDEN,), sd[f"{p}layer_norm_weight"], sd[f"{p}layer_norm_bias"])
+    q, k, v = (
+        F.linear(ln, sd[f"{p}{n}_weight"], sd[f"{p}{n}_bias"]).view(5, 1, HEADS, D)
+        for n in ("query", "key", "value")
+    )
+
+    def rms(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def rope(t: torch.Tensor) -> torch.Tensor:
+        return te.apply_rotary_pos_emb(t, freqs.double())
+
+    if before_rope:
+        q, k = rope(rms(q, sd["q_norm.weight"])), rope(rms(k, sd["k_norm.weight"]))
+    else:
+        q, k = rms(rope(q), sd["q_norm.weight"]), rms(rope(k), sd["k_norm.weight"])
+    want = F.linear(_attend(q, k, v, causal=True), sd["proj.weight"], sd["proj.bias"])
+    torch.testing.assert_close(mha(x, rotary_pos_emb=freqs).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"get_rng_state_tracker": lambda: None}, "get_rng_state_tracker"),
+        ({"ub_overlap_ag": True}, "ub_overlap_ag"),
+        ({"softmax_type": "off-by-one"}, "softmax_type"),
+        ({"qk_norm_type": "L2Normalization"}, "L2Normalization"),
+    ],
+)
+def test_unimplemented_arguments_raise_naming_them(kwargs: dict, named: str) -> None:
+    with pytest.raises(NotImplementedError, match=named):
+        te.MultiheadAttention(HIDDEN, HEADS, **kwargs)
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="num_gqa_groups"):
+        te.MultiheadAttention(HIDDEN, HEADS, num_gqa_groups=3)
+    with pytest.raises(ValueError, match="attention_type"):
+        te.MultiheadAttention(HIDDEN, HEADS, attention_type="both")
+    with pytest.raises(ValueError, match="encoder_output"):
+        te.MultiheadAttention(HIDDEN, HEADS, attention_type="cross")(torch.randn(2, 1, HIDDEN))
+    with pytest.raises(NotImplementedError, match="quantized_model_init"):
+        with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
+            te.MultiheadAttention(HIDDEN, HEADS, input_layernorm=True)
