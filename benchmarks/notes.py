@@ -58,6 +58,21 @@ NOTES = {
         "FP8 is FP8 current scaling through `autocast`; `torch.nn.Linear` has no FP8, "
         "so both of our configurations are compared against its bf16 model."
     ),
+    "compile_depth_method": (
+        "`benchmarks/compile_depth.py` (`python -m benchmarks --only compile_depth`). "
+        "Time to the first compiled training step (forward + backward, "
+        "`torch.compile(fullgraph=True)`, Inductor) of a fresh model, each measurement in "
+        "a fresh process whose FX-graph, AOTAutograd, Inductor and Triton caches are "
+        "disabled and pointed at an empty temporary folder, after one throwaway "
+        "one-layer compile at another shape in that process (Inductor's imports and the "
+        "C++ toolchain probe, which every contender would pay once). Rounds interleave "
+        "the contenders; the ratio is the median of per-round ratios at one depth against "
+        "`torch.nn.Linear` bf16 (ReLU between layers in both). The phase columns are "
+        "torch's own timers (`torch._dynamo.utils.compilation_time_metrics`): Dynamo "
+        "trace = `_compile.compile_inner` - `OutputGraph.call_user_compiler`; "
+        "AOTAutograd + forward Inductor = `create_aot_dispatcher_function`; Inductor = "
+        "`compile_fx_inner` summed over the forward and the backward graph."
+    ),
     "block_method": (
         "`benchmarks/block.py` (`python -m benchmarks --only block`). The block of "
         "`demo/`: `LayerNormLinear` -> `Linear` -> residual -> `LayerNormMLP` (gelu) + "
