@@ -245,6 +245,52 @@ block-format GEMMs, not by what is kept for backward.
         "copy `DIR/benchmarks_h200.json` to `docs/`, then `python -m benchmarks "
         "--report-only` (or `make bench`) here merges it into this report and its plots."
     ),
+    "compile_depth_analysis": """\
+**Before and after.** Issue 24 measured, on an earlier commit, 3.6x / 1.61x / 1.62x at
+8 / 32 / 64 layers in bf16 and 5.0x / 2.01x / 2.28x with FP8 current scaling (wall). The
+table above is this code, one round per depth: the figure's first run, on a 2-core
+machine at load average 10-13 (six other sessions compiling and testing), where the wall
+time of a step was 5-8x its CPU time. Its wall ratios (bf16 below 1.25x at every depth,
+FP8 1.27x / 1.44x at 32 / 64 layers) are therefore weak evidence; the CPU-time columns
+are the steadier measure where they were taken. No change to the product code came out
+of this profile yet (what would cut the most lies in the generated calling side and the
+module dispatch, which issue 24's `call-entry` work rewrites; below), so there is no
+separate "after" row: run `make bench` on a quiet machine for the figure with 3 rounds.
+
+**Where our extra time goes** (profiled on this branch; `python -m benchmarks.compile_depth
+--child --kind ours --recipe bf16 --layers 32 --profile FILE` writes the cProfile):
+
+* *Inductor* costs us less than `torch.nn.Linear`, not more: the kernels' marked pieces
+  (`bias_grad`, `fp32_gemm`, ...) are extern calls, where `torch.nn.Linear`'s graph has
+  its bias-gradient sums and ReLU fusions generated as C++ and compiled (at one layer,
+  Inductor 0.56 s for ours against 6.67 s wall, one C++ compile fewer). That is why the
+  bf16 wall ratio falls with depth.
+* *Dynamo* is our extra. With a no-op backend (Dynamo alone, 16 layers, process CPU
+  time): 90-115 ms a layer for our `Linear` against 16-21 ms for `torch.nn.Linear`; 1451
+  traced bytecodes and 58 inlined calls a layer against 60 and 2. Exclusive Dynamo time
+  per layer, by traced function: `flatten_linear_fwd_args` 35 ms (20 its own bytecodes,
+  15 in its 40 `runtime/boundary.py` checker calls); `Linear.forward` itself 17 ms (its
+  module attribute reads, each a guard); `Linear._fwd_args` 21 ms (bundle dataclass
+  `__init__` and Dynamo's `instantiate_user_defined_class_object` 6.3, `rng_state_for`
+  2.8, `_wgrad_flags` 2.0, `activation_dtype` 1.3, the rest under 1 each);
+  `linear_compiled` itself 8 ms (the op call: its fake kernel and the graph node);
+  `follows_torch_autocast`'s wrapper 3 ms; `gemm_call_reason` + `unsupported_reason`
+  3 ms; `user_outputs` + `_rebuild` 3 ms. An experiment (flatten without field checks,
+  not committed) cut the traced bytecodes by a third and the inlined calls by 43%, but
+  Dynamo's time by only ~8% (106 -> 98 ms a layer): the cost is less the checks than
+  the bundle itself, a traced user object written field by field (36 attribute stores
+  in `__init__`) and read back field by field (36 loads in `flatten`). Building the
+  slots straight from the module's values in the generated compiled path, without the
+  bundle object, would remove most of the 56 ms a layer of bundle construction plus
+  flatten (~60% of our Dynamo time).
+* *AOTAutograd*: a bf16 call lowers by default, and its decomposition traces the real
+  kernel: at 8 layers 1.54 s of `aot_dispatch_autograd_graph`'s 2.53 s (cProfile, loaded
+  machine), 0.98 s of it in the marked pieces and 0.22 s in `pack_and_record` (each None
+  result a traced 0-element `empty` node).
+* *FP8*: Dynamo's time a layer is the same as bf16's (111 against 115 ms); the FP8
+  extra is in AOTAutograd and Inductor (32 layers, one loaded run: 25.1 against 13.4 s and
+  25.5 against 14.5 s). On the CPU FP8 calls keep their op nodes (no recipe lowers
+  there); what in those two phases grows with FP8 was not attributed in this session.""",
     "analysis": """\
 **Boundary (target >= 10x: missed; about 2-3x against pytree, 2x against reflection).**
 Before this work the generated round trip was no faster than pytree (ratio 1.0-1.3x):

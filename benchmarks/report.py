@@ -592,7 +592,7 @@ def _depth_targets(cpu: dict[str, Any]) -> list[list[str]]:
     for (key, what), depth, (recipe, goal) in itertools.product(
         (("ratio_vs_torch", "wall"), ("cpu_ratio_vs_torch", "CPU")), GOAL_DEPTHS, GOALS.items()
     ):
-        r = c[key].get(str(depth), {}).get(f"ours/{recipe}")
+        r = c.get(key, {}).get(str(depth), {}).get(f"ours/{recipe}")
         measured = _near(r["median"], goal) if r else "not measured"
         rows.append(
             [
@@ -621,15 +621,17 @@ def _compile_depth(cpu: dict[str, Any]) -> list[str]:
             r = c["ratio_vs_torch"].get(d, {}).get(name)
             ph = c["phases_s"][d][name]
             dynamo = ph["_compile.compile_inner"] - ph["OutputGraph.call_user_compiler"]
-            rc = c["cpu_ratio_vs_torch"].get(d, {}).get(name)
+            # CPU time: absent from a run made before it was measured
+            cpu_s = c.get("first_step_cpu_s", {}).get(d, {}).get(name)
+            rc = c.get("cpu_ratio_vs_torch", {}).get(d, {}).get(name)
             rows.append(
                 [
                     str(depth),
                     name,
                     fmt(s, 2, " s"),
                     fx(r) if r else "1 (baseline)",
-                    f"{c['first_step_cpu_s'][d][name]['median']:.2f} s",
-                    fx(rc) if rc else "1 (baseline)",
+                    f"{cpu_s['median']:.2f} s" if cpu_s else "not measured",
+                    fx(rc) if rc else ("1 (baseline)" if cpu_s else "-"),
                     f"{dynamo:.2f} s",
                     f"{ph['create_aot_dispatcher_function']:.2f} s",
                     f"{ph['compile_fx_inner']:.2f} s",
