@@ -67,7 +67,10 @@ NOTES = {
         "one-layer compile at another shape in that process (Inductor's imports and the "
         "C++ toolchain probe, which every contender would pay once). Rounds interleave "
         "the contenders; the ratio is the median of per-round ratios at one depth against "
-        "`torch.nn.Linear` bf16 (ReLU between layers in both). The phase columns are "
+        "`torch.nn.Linear` bf16 (ReLU between layers in both). CPU time: the process's "
+        "and its reaped children's (`TORCHINDUCTOR_COMPILE_THREADS=1`, so each C++ "
+        "compile is such a child), which a loaded machine stretches less than the wall "
+        "time. The phase columns are "
         "torch's own timers (`torch._dynamo.utils.compilation_time_metrics`): Dynamo "
         "trace = `_compile.compile_inner` - `OutputGraph.call_user_compiler`; "
         "AOTAutograd + forward Inductor = `create_aot_dispatcher_function`; Inductor = "
@@ -250,7 +253,8 @@ block-format GEMMs, not by what is kept for backward.
 8 / 32 / 64 layers in bf16 and 5.0x / 2.01x / 2.28x with FP8 current scaling (wall). The
 table above is this code, one round per depth: the wall and phase columns from the
 figure's first run, the CPU columns from a second run of the same code (32 and 64
-layers), both on a 2-core machine at load average 10-13 (six other sessions compiling
+layers; the first run compiled its C++ in Inductor's worker pool, which the CPU time
+cannot count), both on a 2-core machine at load average 10-13 (six other sessions compiling
 and testing), where a step's wall time was 4-8x its CPU time. The wall ratios (bf16 under
 1x at 32 and 64 layers) are therefore weak evidence; the CPU time (the process and its
 C++ compiler runs) is the steadier measure, and by it both goals are missed (see the

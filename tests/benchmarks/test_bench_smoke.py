@@ -22,6 +22,7 @@ from benchmarks import (  # noqa: E402
     block,
     boundary,
     codegen_time,
+    compile_depth,
     compile_time,
     import_time,
     report,
@@ -241,8 +242,6 @@ def test_compile_depth_figure_and_its_report_section(tmp_path: Path) -> None:
     """Figure 10's quick path: each contender measured cold in its own process (one
     layer), and the report's section and goal rows (the goals' depths not measured:
     missed, never silently dropped)."""
-    from benchmarks import compile_depth
-
     out = compile_depth.run(depths=(1,), rounds=1, rows=8, hidden=16, fill_bytecode_cache=False)
     for depth in ("1",):
         assert set(out["first_step_s"][depth]) == {"torch/bf16", "ours/bf16", "ours/fp8"}
@@ -261,3 +260,50 @@ def test_compile_depth_figure_and_its_report_section(tmp_path: Path) -> None:
         "compile time vs depth, 32 layers: ours bf16 / torch.nn.Linear | <= 1.25x | not measured | **missed**"
         in md
     )
+
+
+def _depth_result(ratios: dict[str, dict[str, float]], cpu: bool = True) -> dict:
+    """A figure-10 result at 32 and 64 layers with the given ours/torch ratios."""
+
+    def s(x: float) -> dict:
+        return {"median": x, "q1": x, "q3": x, "min": x, "max": x, "n": 1, "samples": [x]}
+
+    phases = {p: 1.0 for p in compile_depth.PHASES}
+    names = ("torch/bf16", "ours/bf16", "ours/fp8")
+    out = {
+        "rows": 64,
+        "hidden": 128,
+        "depths": [32, 64],
+        "rounds": 1,
+        "first_step_s": {d: {n: s(10.0) for n in names} for d in ratios},
+        "phases_s": {d: {n: dict(phases) for n in names} for d in ratios},
+        "counts": {d: {n: {"graphs": 1, "graph_breaks": 0} for n in names} for d in ratios},
+        "ratio_vs_torch": {d: {k: s(v) for k, v in r.items()} for d, r in ratios.items()},
+    }
+    if cpu:
+        out["first_step_cpu_s"] = out["first_step_s"]
+        out["cpu_ratio_vs_torch"] = out["ratio_vs_torch"]
+    return out
+
+
+def test_compile_depth_goals_are_met_or_missed_per_depth_and_recipe() -> None:
+    """Figure 10's goal rows: <= 1.25x bf16 and <= 1.5x FP8 at 32 and 64 layers, wall
+    and CPU; a run made without CPU times says so instead of failing."""
+    ratios = {"32": {"ours/bf16": 1.2, "ours/fp8": 1.6}, "64": {"ours/bf16": 1.3, "ours/fp8": 1.5}}
+    rows = {r[0]: r for r in report._depth_targets({"compile_depth": _depth_result(ratios)})}
+    head = "compile time vs depth"
+    assert rows[f"{head}, 32 layers: ours bf16 / torch.nn.Linear, wall"][2:] == ["1.20x", "met"]
+    assert rows[f"{head}, 32 layers: ours fp8 / torch.nn.Linear, CPU"][2:] == [
+        "1.60x",
+        "**missed**",
+    ]
+    assert rows[f"{head}, 64 layers: ours bf16 / torch.nn.Linear, wall"][3] == "**missed**"
+    assert rows[f"{head}, 64 layers: ours fp8 / torch.nn.Linear, wall"][2:] == ["1.500x", "met"]
+    old = {"compile_depth": _depth_result(ratios, cpu=False)}
+    rows = {r[0]: r for r in report._depth_targets(old)}
+    assert rows[f"{head}, 64 layers: ours fp8 / torch.nn.Linear, CPU"][2:] == [
+        "not measured",
+        "**missed**",
+    ]
+    md = "\n".join(report._compile_depth(old))
+    assert "| 32 | ours/fp8 | 10.00 s" in md and "| not measured | - |" in md
