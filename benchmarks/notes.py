@@ -251,14 +251,14 @@ block-format GEMMs, not by what is kept for backward.
     "compile_depth_analysis": """\
 **Before and after.** Issue 24 measured, on an earlier commit, 3.6x / 1.61x / 1.62x at
 8 / 32 / 64 layers in bf16 and 5.0x / 2.01x / 2.28x with FP8 current scaling (wall). The
-table above is this code, one round per depth: the wall and phase columns from the
-figure's first run, the CPU columns from a second run of the same code (32 and 64
-layers; the first run compiled its C++ in Inductor's worker pool, which the CPU time
-cannot count), both on a 2-core machine at load average 10-13 (six other sessions compiling
-and testing), where a step's wall time was 4-8x its CPU time. The wall ratios (bf16 under
-1x at 32 and 64 layers) are therefore weak evidence; the CPU time (the process and its
-C++ compiler runs) is the steadier measure, and by it both goals are missed (see the
-targets). No change to the product came out of this profile yet: what would cut the
+table above is this code, one round per depth, on a 2-core machine at load average 10-13
+(six other sessions compiling and testing), where a step's wall time was 4-8x its CPU
+time: 32 and 64 layers from one run, 8 layers from an earlier run of the same code that
+compiled its C++ in Inductor's worker pool, which CPU time cannot count (so none is
+shown). The wall ratios (bf16 0.73x and 1.02x at 32 and 64 layers) are weak evidence
+here; the CPU time (the process and its C++ compiler runs) is the steadier measure, and
+by it both goals are missed at both depths (bf16 1.32x / 1.46x, FP8 1.80x / 2.06x; see
+the targets). No change to the product came out of this profile yet: what would cut the
 most lies in the generated calling side and the module dispatch, which issue 24's
 `call-entry` work rewrites (below). So there is no separate "after" row; `make bench` on
 a quiet machine gives the figure with 3 rounds.
