@@ -49,7 +49,8 @@ demo: $(STAMP)
 	$(PY) demo/linear_demo.py
 	$(PY) demo/gpt_demo.py
 
-# The CPU figures (boundary, import, codegen, compile, step, memory, op overhead, block)
+# The CPU figures (boundary, import, codegen, compile, step, memory, op overhead, block,
+# compile time versus depth)
 # -> docs/benchmarks.md + docs/benchmarks/*.png, merging docs/benchmarks_h200.json when
 # present (matplotlib comes with the test extra); the H200 part: python -m benchmarks --device cuda.
 bench: $(STAMP)

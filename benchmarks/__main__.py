@@ -1,6 +1,7 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5, 7 (memory), 8 (op overhead) and 9 (block) ->
+* CPU (default): figures 1-5, 7 (memory), 8 (op overhead), 9 (block) and 10 (compile
+  time versus depth) ->
   ``<out>/benchmarks_cpu.json``, then ``report`` writes ``<out>/benchmarks.md`` and
   ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
@@ -26,7 +27,17 @@ import torch
 from .common import machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-FIGURES = ("boundary", "import", "codegen", "compile", "step", "memory", "overhead", "block")
+FIGURES = (
+    "boundary",
+    "import",
+    "codegen",
+    "compile",
+    "step",
+    "memory",
+    "overhead",
+    "block",
+    "compile_depth",
+)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -71,6 +82,7 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         block,
         boundary,
         codegen_time,
+        compile_depth,
         compile_time,
         import_time,
         memory,
@@ -115,6 +127,12 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
             steps=1 if quick else 3,
             step_rounds=2 if quick else 5,
             min_run_time=0.05 if quick else 0.3,
+        )
+    if "compile_depth" in only:
+        results["compile_depth"] = (
+            compile_depth.run(depths=(1,), rounds=1, rows=8, hidden=16, fill_bytecode_cache=False)
+            if quick
+            else compile_depth.run()
         )
     return results
 

@@ -1,4 +1,5 @@
-"""The model of figures 4-6: an 8-layer MLP of our ``Linear`` or of ``torch.nn.Linear``."""
+"""The model of figures 4-6 and 10: an MLP of our ``Linear`` or of ``torch.nn.Linear``
+(8 layers unless a figure asks for another depth)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,18 @@ SHAPES = {"tiny": (8, 32), "small": (64, 256), "medium": (2048, 1024), "large": 
 
 
 class MLP(torch.nn.Module):
-    """``LAYERS`` square layers with ReLU between them, bf16 parameters."""
+    """``layers`` square layers with ReLU between them, bf16 parameters."""
 
-    def __init__(self, kind: str, hidden: int, device: str = "cpu") -> None:
+    def __init__(self, kind: str, hidden: int, device: str = "cpu", layers: int = LAYERS) -> None:
         super().__init__()
         dtype = torch.bfloat16
         if kind == "ours":
             layers = [
-                Linear(hidden, hidden, params_dtype=dtype, device=device) for _ in range(LAYERS)
+                Linear(hidden, hidden, params_dtype=dtype, device=device) for _ in range(layers)
             ]
         elif kind == "torch":
             layers = [
-                torch.nn.Linear(hidden, hidden, dtype=dtype, device=device) for _ in range(LAYERS)
+                torch.nn.Linear(hidden, hidden, dtype=dtype, device=device) for _ in range(layers)
             ]
         else:
             raise ValueError(f"unknown layer kind {kind!r}")
@@ -42,9 +43,11 @@ class MLP(torch.nn.Module):
         return x
 
 
-def make_model(kind: str, hidden: int, device: str = "cpu", seed: int = 0) -> MLP:
+def make_model(
+    kind: str, hidden: int, device: str = "cpu", seed: int = 0, layers: int = LAYERS
+) -> MLP:
     torch.manual_seed(seed)
-    return MLP(kind, hidden, device)
+    return MLP(kind, hidden, device, layers)
 
 
 def recipe_context(recipe: str) -> Any:

@@ -58,6 +58,24 @@ NOTES = {
         "FP8 is FP8 current scaling through `autocast`; `torch.nn.Linear` has no FP8, "
         "so both of our configurations are compared against its bf16 model."
     ),
+    "compile_depth_method": (
+        "`benchmarks/compile_depth.py` (`python -m benchmarks --only compile_depth`). "
+        "Time to the first compiled training step (forward + backward, "
+        "`torch.compile(fullgraph=True)`, Inductor) of a fresh model, each measurement in "
+        "a fresh process whose FX-graph, AOTAutograd, Inductor and Triton caches are "
+        "disabled and pointed at an empty temporary folder, after one throwaway "
+        "one-layer compile at another shape in that process (Inductor's imports and the "
+        "C++ toolchain probe, which every contender would pay once). Rounds interleave "
+        "the contenders; the ratio is the median of per-round ratios at one depth against "
+        "`torch.nn.Linear` bf16 (ReLU between layers in both). CPU time: the process's "
+        "and its reaped children's (`TORCHINDUCTOR_COMPILE_THREADS=1`, so each C++ "
+        "compile is such a child), which a loaded machine stretches less than the wall "
+        "time. The phase columns are "
+        "torch's own timers (`torch._dynamo.utils.compilation_time_metrics`): Dynamo "
+        "trace = `_compile.compile_inner` - `OutputGraph.call_user_compiler`; "
+        "AOTAutograd + forward Inductor = `create_aot_dispatcher_function`; Inductor = "
+        "`compile_fx_inner` summed over the forward and the backward graph."
+    ),
     "block_method": (
         "`benchmarks/block.py` (`python -m benchmarks --only block`). The block of "
         "`demo/`: `LayerNormLinear` -> `Linear` -> residual -> `LayerNormMLP` (gelu) + "
@@ -230,6 +248,60 @@ block-format GEMMs, not by what is kept for backward.
         "copy `DIR/benchmarks_h200.json` to `docs/`, then `python -m benchmarks "
         "--report-only` (or `make bench`) here merges it into this report and its plots."
     ),
+    "compile_depth_analysis": """\
+**Before and after.** Issue 24 measured, on an earlier commit, 3.6x / 1.61x / 1.62x at
+8 / 32 / 64 layers in bf16 and 5.0x / 2.01x / 2.28x with FP8 current scaling (wall). The
+table above is this code, one round per depth, on a 2-core machine at load average 10-13
+(six other sessions compiling and testing), where a step's wall time was 4-8x its CPU
+time: 32 and 64 layers from one run, 8 layers from an earlier run of the same code that
+compiled its C++ in Inductor's worker pool, which CPU time cannot count (so none is
+shown). The wall ratios (bf16 0.73x and 1.02x at 32 and 64 layers) are weak evidence
+here; the CPU time (the process and its C++ compiler runs) is the steadier measure, and
+by it both goals are missed at both depths (bf16 1.32x / 1.46x, FP8 1.80x / 2.06x; see
+the targets). No change to the product came out of this profile yet: what would cut the
+most lies in the generated calling side and the module dispatch, which issue 24's
+`call-entry` work rewrites (below). So there is no separate "after" row; `make bench` on
+a quiet machine gives the figure with 3 rounds.
+
+**Where our extra time goes** (profiled on this branch; `python -m benchmarks.compile_depth
+--child --kind ours --recipe bf16 --layers 32 --profile FILE` writes a cProfile):
+
+* *Inductor* costs us less than `torch.nn.Linear`, not more: the kernels' marked pieces
+  (`bias_grad`, `fp32_gemm`, ...) are extern calls, where `torch.nn.Linear`'s graph has
+  its bias-gradient sums and ReLU fusions generated as C++ and compiled (at one layer,
+  Inductor 0.56 s for ours against 6.67 s wall: one C++ compile fewer). The C++ build
+  (`cpp_builder.build`) is the largest single phase for both at 8 layers.
+* *Dynamo* is our extra. With a no-op backend (Dynamo alone, 16 layers, process CPU
+  time): 85-115 ms a layer for our `Linear` against 16-21 ms for `torch.nn.Linear`; 1451
+  traced bytecodes and 58 inlined calls a layer against 60 and 2. Exclusive Dynamo time
+  per layer, by traced function: `flatten_linear_fwd_args` 35 ms (20 its own bytecodes,
+  15 in its 40 `runtime/boundary.py` checker calls); `Linear.forward` itself 17 ms (its
+  module attribute reads, each a guard); `Linear._fwd_args` 21 ms (bundle dataclass
+  `__init__` and Dynamo's `instantiate_user_defined_class_object` 6.3, `rng_state_for`
+  2.8, `_wgrad_flags` 2.0, `activation_dtype` 1.3, the rest under 1 each);
+  `linear_compiled` itself 8 ms (the op call: its fake kernel and the graph node);
+  `follows_torch_autocast`'s wrapper 3 ms; `gemm_call_reason` + `unsupported_reason`
+  3 ms; `user_outputs` + `_rebuild` 3 ms.
+* Two experiments (not committed) bound what a rewrite of that path can win. Flatten
+  without its field checks: a third fewer bytecodes, 43% fewer inlined calls, but only
+  ~8% less Dynamo time (106 -> 98 ms a layer). The op called with its slots built
+  straight from the module (no bundle object, no checks, no dispatch logic; the other
+  slots precomputed): 33 ms a layer, 140 bytecodes, 4 inlined calls. So the op call
+  itself costs ~15 ms a layer over `torch.nn.Linear`; the other ~55-80 ms are the Python
+  around it, mostly the bundle as a traced user object (36 attribute stores in
+  `__init__`, 36 loads in `flatten`) and the module's attribute reads. A generated
+  compiled path that builds the slots from the module's values, with the field checks
+  kept for values Dynamo cannot prove constant, is where the bf16 goal can be met.
+* *AOTAutograd*: a bf16 call lowers by default, and its decomposition traces the real
+  kernel: at 8 layers 1.54 s of `aot_dispatch_autograd_graph`'s 2.53 s (cProfile, loaded
+  machine), 0.98 s of it in the marked pieces and 0.22 s in `pack_and_record` (each None
+  result a traced 0-element `empty` node). Inductor's smaller C++ more than repays it.
+* *FP8*: Dynamo's time a layer is about bf16's (111 against 115 ms in one no-op-backend
+  run); at 32 layers FP8 took 2.9 s more CPU than bf16 (10.67 against 7.79 s). On the
+  CPU, FP8 calls keep their op nodes (no recipe lowers there), so there are no quantize
+  kernels to compile; at 8 layers (cProfile) the FP8 compile spent 3 s more in Dynamo and
+  1 s more in its fake kernels (`autograd_kernel` 2.31 against 1.25 s) and less in the
+  C++ build. Where the rest goes at depth was not attributed in this session.""",
     "analysis": """\
 **Boundary (target >= 10x: missed; about 2-3x against pytree, 2x against reflection).**
 Before this work the generated round trip was no faster than pytree (ratio 1.0-1.3x):

@@ -7,11 +7,13 @@ installs it); without it the tables are still written.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 from .common import ratio_stats
+from .compile_depth import GOAL_DEPTHS, GOALS
 from .memory import FINDINGS as MEMORY_FINDINGS
 from .memory import METHOD as MEMORY_METHOD
 from .memory import ratios as memory_ratios
@@ -106,6 +108,7 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
             rows.append(
                 [f"graphs over 5 dynamic batch sizes, {name}", "exactly 1", str(g), _check(g == 1)]
             )
+    rows += _depth_targets(cpu)
     rows += _memory_targets(cpu)
     rows += _overhead_targets(cpu, gpu)
     rows += _block_targets(cpu)
@@ -580,6 +583,81 @@ def _compile(cpu: dict[str, Any]) -> list[str]:
     return out + ["![compile](benchmarks/compile.png)", ""]
 
 
+def _depth_targets(cpu: dict[str, Any]) -> list[list[str]]:
+    """Issue 24's compile-time goals: ours / torch.nn.Linear at 32 and 64 layers."""
+    if "compile_depth" not in cpu:
+        return []
+    c = cpu["compile_depth"]
+    rows = []
+    for (key, what), depth, (recipe, goal) in itertools.product(
+        (("ratio_vs_torch", "wall"), ("cpu_ratio_vs_torch", "CPU")), GOAL_DEPTHS, GOALS.items()
+    ):
+        r = c.get(key, {}).get(str(depth), {}).get(f"ours/{recipe}")
+        measured = _near(r["median"], goal) if r else "not measured"
+        rows.append(
+            [
+                f"compile time vs depth, {depth} layers: ours {recipe} / torch.nn.Linear, {what}",
+                f"<= {goal}x",
+                measured,
+                _check(bool(r) and r["median"] <= goal),
+            ]
+        )
+    return rows
+
+
+def _compile_depth(cpu: dict[str, Any]) -> list[str]:
+    c = cpu["compile_depth"]
+    out = [
+        "## 10. Compile time versus depth",
+        "",
+        f"MLP of {c['hidden']}-wide layers, input {c['rows']}x{c['hidden']}, "
+        f"{c['rounds']} round(s). " + NOTES["compile_depth_method"],
+        "",
+    ]
+    rows = []
+    for depth in c["depths"]:
+        d = str(depth)
+        for name, s in c["first_step_s"][d].items():
+            r = c["ratio_vs_torch"].get(d, {}).get(name)
+            ph = c["phases_s"][d][name]
+            dynamo = ph["_compile.compile_inner"] - ph["OutputGraph.call_user_compiler"]
+            # CPU time: absent from a run made before it was measured
+            cpu_s = c.get("first_step_cpu_s", {}).get(d, {}).get(name)
+            rc = c.get("cpu_ratio_vs_torch", {}).get(d, {}).get(name)
+            rows.append(
+                [
+                    str(depth),
+                    name,
+                    fmt(s, 2, " s"),
+                    fx(r) if r else "1 (baseline)",
+                    f"{cpu_s['median']:.2f} s" if cpu_s else "not measured",
+                    fx(rc) if rc else ("1 (baseline)" if cpu_s else "-"),
+                    f"{dynamo:.2f} s",
+                    f"{ph['create_aot_dispatcher_function']:.2f} s",
+                    f"{ph['compile_fx_inner']:.2f} s",
+                    str(c["counts"][d][name]["graphs"]),
+                ]
+            )
+    out += _table(
+        [
+            "layers",
+            "model/recipe",
+            "first compiled step (wall)",
+            "/ torch.nn.Linear",
+            "CPU time",
+            "/ torch.nn.Linear (CPU)",
+            "Dynamo trace",
+            "AOTAutograd + forward Inductor",
+            "Inductor (both graphs)",
+            "graphs",
+        ],
+        rows,
+    )
+    if "compile_depth_analysis" in NOTES:
+        out += [NOTES["compile_depth_analysis"], ""]
+    return out + ["![compile_depth](benchmarks/compile_depth.png)", ""]
+
+
 def _step(cpu: dict[str, Any]) -> list[str]:
     out = ["## 5. CPU step time (forward + backward)", "", NOTES["step_method"], ""]
     for shape, r in cpu["step"].items():
@@ -826,6 +904,8 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         lines += _overhead(cpu, gpu)
     if "block" in cpu:
         lines += _block(cpu)
+    if "compile_depth" in cpu:
+        lines += _compile_depth(cpu)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 
@@ -911,6 +991,18 @@ def plots(cpu: dict[str, Any], gpu: dict[str, Any] | None, folder: Path) -> list
         axes[1].set_ylabel("ms per step")
         axes[1].set_title("block CPU step", fontsize=9)
         save(fig, "block")
+    if "compile_depth" in cpu:
+        c = cpu["compile_depth"]
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        names = list(c["first_step_s"][str(c["depths"][0])])
+        for color, name in zip(colors[1:], names, strict=False):
+            med = [c["first_step_s"][str(d)][name]["median"] for d in c["depths"]]
+            ax.plot(c["depths"], med, marker="o", color=color, label=name)
+        ax.set_xlabel("layers")
+        ax.set_ylabel("seconds to first compiled step")
+        ax.set_title("compile time vs depth (cold caches)", fontsize=9)
+        ax.legend(fontsize=8)
+        save(fig, "compile_depth")
     if "memory" in cpu:
         r = cpu["memory"]["rows"]
         keys = list(r)

@@ -22,6 +22,7 @@ from benchmarks import (  # noqa: E402
     block,
     boundary,
     codegen_time,
+    compile_depth,
     compile_time,
     import_time,
     report,
@@ -234,3 +235,76 @@ def test_a_steps_host_time_is_measured_with_the_gpu_kept_busy():
     out = step_profile.queued_host_time(64, 256, "bf16", "eager", rounds=2, queued=2)
     assert not out["synchronizes"]
     assert 0 < out["host_ms_per_step"] < 3 * out["step_ms"]
+
+
+@pytest.mark.slow
+def test_compile_depth_figure_and_its_report_section(tmp_path: Path) -> None:
+    """Figure 10's quick path: each contender measured cold in its own process (one
+    layer), and the report's section and goal rows (the goals' depths not measured:
+    missed, never silently dropped)."""
+    out = compile_depth.run(depths=(1,), rounds=1, rows=8, hidden=16, fill_bytecode_cache=False)
+    for depth in ("1",):
+        assert set(out["first_step_s"][depth]) == {"torch/bf16", "ours/bf16", "ours/fp8"}
+        assert set(out["ratio_vs_torch"][depth]) == {"ours/bf16", "ours/fp8"}
+        assert set(out["cpu_ratio_vs_torch"][depth]) == {"ours/bf16", "ours/fp8"}
+        # the C++ compiler's runs are counted: more CPU than this process's Dynamo
+        assert out["first_step_cpu_s"][depth]["ours/bf16"]["median"] > 0
+        for name, counts in out["counts"][depth].items():
+            assert counts == {"graphs": 1, "graph_breaks": 0}, name
+        phases = out["phases_s"][depth]["ours/bf16"]
+        assert phases["_compile.compile_inner"] > phases["OutputGraph.call_user_compiler"] > 0
+    md = _write_report(tmp_path, {"compile_depth": out})
+    assert "## 10. Compile time versus depth" in md
+    assert "| 1 | ours/fp8 |" in md
+    for what in ("wall", "CPU"):
+        row = (
+            f"32 layers: ours bf16 / torch.nn.Linear, {what} | <= 1.25x | not measured | **missed**"
+        )
+        assert f"compile time vs depth, {row}" in md
+
+
+def _depth_result(ratios: dict[str, dict[str, float]], cpu: bool = True) -> dict:
+    """A figure-10 result at 32 and 64 layers with the given ours/torch ratios."""
+
+    def s(x: float) -> dict:
+        return {"median": x, "q1": x, "q3": x, "min": x, "max": x, "n": 1, "samples": [x]}
+
+    phases = {p: 1.0 for p in compile_depth.PHASES}
+    names = ("torch/bf16", "ours/bf16", "ours/fp8")
+    out = {
+        "rows": 64,
+        "hidden": 128,
+        "depths": [32, 64],
+        "rounds": 1,
+        "first_step_s": {d: {n: s(10.0) for n in names} for d in ratios},
+        "phases_s": {d: {n: dict(phases) for n in names} for d in ratios},
+        "counts": {d: {n: {"graphs": 1, "graph_breaks": 0} for n in names} for d in ratios},
+        "ratio_vs_torch": {d: {k: s(v) for k, v in r.items()} for d, r in ratios.items()},
+    }
+    if cpu:
+        out["first_step_cpu_s"] = out["first_step_s"]
+        out["cpu_ratio_vs_torch"] = out["ratio_vs_torch"]
+    return out
+
+
+def test_compile_depth_goals_are_met_or_missed_per_depth_and_recipe() -> None:
+    """Figure 10's goal rows: <= 1.25x bf16 and <= 1.5x FP8 at 32 and 64 layers, wall
+    and CPU; a run made without CPU times says so instead of failing."""
+    ratios = {"32": {"ours/bf16": 1.2, "ours/fp8": 1.6}, "64": {"ours/bf16": 1.3, "ours/fp8": 1.5}}
+    rows = {r[0]: r for r in report._depth_targets({"compile_depth": _depth_result(ratios)})}
+    head = "compile time vs depth"
+    assert rows[f"{head}, 32 layers: ours bf16 / torch.nn.Linear, wall"][2:] == ["1.20x", "met"]
+    assert rows[f"{head}, 32 layers: ours fp8 / torch.nn.Linear, CPU"][2:] == [
+        "1.60x",
+        "**missed**",
+    ]
+    assert rows[f"{head}, 64 layers: ours bf16 / torch.nn.Linear, wall"][3] == "**missed**"
+    assert rows[f"{head}, 64 layers: ours fp8 / torch.nn.Linear, wall"][2:] == ["1.500x", "met"]
+    old = {"compile_depth": _depth_result(ratios, cpu=False)}
+    rows = {r[0]: r for r in report._depth_targets(old)}
+    assert rows[f"{head}, 64 layers: ours fp8 / torch.nn.Linear, CPU"][2:] == [
+        "not measured",
+        "**missed**",
+    ]
+    md = "\n".join(report._compile_depth(old))
+    assert "| 32 | ours/fp8 | 10.00 s" in md and "| not measured | - |" in md
