@@ -22,7 +22,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.args: Any = None
 
-    def __call__(self, eager: Any, compiled: Any, args: Any, quantizers: Any) -> tuple[Any, ...]:
+    def __call__(self, args: Any, keep: Any = None) -> tuple[Any, ...]:
         self.args = args
         return (None, None)
 
@@ -30,15 +30,16 @@ class _Recorder:
 def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str, *extra: Any) -> Any:
     """The forward bundle ``module(x, *extra)`` hands its op under ``recipe`` (op not run)."""
     owner: ModuleType = sys.modules[type(module).__module__]
-    recorder, original = _Recorder(), owner.call_op
-    owner.call_op = recorder
+    (entry,) = [name for name in vars(owner) if name.startswith("call_")]  # its call_<op>
+    recorder, original = _Recorder(), getattr(owner, entry)
+    setattr(owner, entry, recorder)
     factory = RECIPES[recipe]
     context = autocast(recipe=factory()) if factory is not None else contextlib.nullcontext()
     try:
         with context:
             module(x, *extra)
     finally:
-        owner.call_op = original
+        setattr(owner, entry, original)
     return recorder.args
 
 

@@ -171,6 +171,15 @@ def _split_wrappers(tensors: list, inner: list, metas: list) -> tuple[list, list
     return out_tensors, out_inner, out_metas
 
 
+def _shape_of(value: Any) -> Any:
+    # (the reflection baseline of benchmarks/reflection_registration.py reads it)
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, list):
+        return [t.shape for t in value]
+    return None
+
+
 # --- user outputs of a compiled call ----------------------------------------------
 # A forward op returns one flat ``Tensor[]``: user outputs, then saved values, a
 # quantized value spread over its inner buffers. Which buffers form which value is the
