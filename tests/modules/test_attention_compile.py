@@ -111,6 +111,7 @@ def test_dropout_draws_fresh_bits_each_compiled_call():
     assert torch.equal(dpa(q, k, v), first)
 
 
+@pytest.mark.slow
 def test_one_graph_over_sequence_lengths():
     dpa = te.DotProductAttention(H, D, qkv_format="bshd", window_size=(4, 0), softcap=3.0)
     compiled = torch.compile(dpa, backend="aot_eager", fullgraph=True, dynamic=True)
