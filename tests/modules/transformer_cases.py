@@ -21,7 +21,7 @@ def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
+            noise = torch.randn(p.shape, generator=gen, device="cpu").to(p.device)
             if name.endswith(("layer_norm_weight", "norm.weight")):
                 p.copy_((1.0 + 0.1 * noise).to(p.dtype))
             else:
