@@ -422,6 +422,18 @@ def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def grouped_linear_compiled_keeping(
+    args: GroupedLinearFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`grouped_linear_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_grouped_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = grouped_linear_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_grouped_linear(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     """The `grouped_linear` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""

@@ -265,6 +265,18 @@ def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def layernorm_compiled_keeping(
+    args: LayerNormFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`layernorm_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_layer_norm_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_layernorm(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     """The `layernorm` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""

@@ -543,6 +543,18 @@ def layernorm_linear_compiled(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def layernorm_linear_compiled_keeping(
+    args: LayerNormLinearFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`layernorm_linear_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_layer_norm_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_linear_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_layernorm_linear(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
     """The `layernorm_linear` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""

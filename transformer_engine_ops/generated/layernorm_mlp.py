@@ -745,6 +745,18 @@ def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def layernorm_mlp_compiled_keeping(
+    args: LayerNormMLPFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`layernorm_mlp_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_layer_norm_mlp_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_mlp_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_layernorm_mlp(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """The `layernorm_mlp` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""

@@ -469,6 +469,18 @@ def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def linear_compiled_keeping(
+    args: LinearFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`linear_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = linear_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_linear(args: LinearFwdArgs) -> tuple[Any, ...]:
     """The `linear` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""

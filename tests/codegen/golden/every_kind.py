@@ -408,6 +408,18 @@ def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def every_kind_compiled_keeping(
+    args: EveryKindFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`every_kind_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls, as
+    the weight workspace of TE's `is_first_microbatch`."""
+    slots = flatten_every_kind_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = every_kind_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def call_every_kind(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     """The `every_kind` op's user outputs: through the custom op under torch.compile,
     straight into the impls otherwise."""
