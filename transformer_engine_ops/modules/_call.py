@@ -160,21 +160,19 @@ def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverrid
 
 
 # Why a compiled call runs eagerly, in every module's words.
-CACHING_REASON = "weight caching across microbatches (is_first_microbatch)"
 FP8_OUTPUT_REASON = "fp8_output=True with autograd enabled (a differentiable quantized output)"
 
 
 def gemm_call_reason(args: Any, quantizers: RecipeQuantizers | None) -> str | None:
-    """:func:`unsupported_reason`, then the reasons of TE's ``fp8_output`` and
-    ``is_first_microbatch`` arguments, for a bundle with those fields (Linear's and
-    LayerNormLinear's forward bundles)."""
+    """:func:`unsupported_reason`, then the reason of TE's ``fp8_output`` argument, for
+    a bundle with that field (Linear's and LayerNormLinear's forward bundles). Weight
+    caching (``is_first_microbatch``) compiles: the graphs write and read the cached
+    workspace as module state."""
     reason = unsupported_reason(args, quantizers)
     if reason is not None:
         return reason
     if args.fp8_output and args.is_grad_enabled:
         return FP8_OUTPUT_REASON
-    if caches_weight(args):
-        return CACHING_REASON
     return None
 
 
@@ -190,6 +188,22 @@ def caches_weight(args: Any) -> bool:
     return args.is_first_microbatch is not None and quantizes_weight(
         args.weight_quantizer, args.weight
     )
+
+
+def fitting_workspace(workspace: Any, needs_columnwise: bool) -> Any:
+    """``workspace`` when it has every usage a call needs, else None: one made under
+    ``no_grad`` lacks the columnwise data a dgrad GEMM reads, so the call quantizes the
+    weight again and the module keeps the new workspace."""
+    if workspace is None or not needs_columnwise or workspace.columnwise_usage:
+        return workspace
+    return None
+
+
+def kept_workspace(used: Any, made: Any) -> Any:
+    """The weight workspace a module keeps after a caching call that read ``used`` (None:
+    it had none, or none that fitted) and made ``made``: the one it made, else the one it
+    read (TE's cache: a miss quantizes and stores, a hit reads)."""
+    return used if used is not None else made
 
 
 def _eager_outputs(eager: Callable[[Any], tuple[Any, Any]], args: Any) -> tuple[Any, ...]:

@@ -23,9 +23,9 @@ quantized input instead: the same numbers, more memory), so both values are acce
 ``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
 GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
 without running the weight quantizers (a weight changed in place is seen at the next
-``True``), ``None`` caches nothing. As for ``Linear``, a compiled call with caching runs
-eagerly with that reason (the cache is module state); weights made under
-``quantized_model_init`` are already quantized and cache nothing.
+``True``), ``None`` caches nothing. Compiled as for ``Linear``: one graph per flag value,
+reading or writing the kept workspaces; weights made under ``quantized_model_init`` are
+already quantized and cache nothing.
 
 The recipe is taken as ``Linear`` takes it, per GEMM: its GEMM settings
 (``fp8_gemm_fprop`` ...) and ``backward_override`` reach every GEMM, and delayed scaling
@@ -45,7 +45,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.grouped_linear import grouped_linear_compiled, grouped_linear_eager
+from ..generated.grouped_linear import (
+    grouped_linear_compiled,
+    grouped_linear_compiled_keeping,
+    grouped_linear_eager,
+)
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
@@ -58,13 +62,14 @@ from ._base import (
     tp_rank,
 )
 from ._call import (
-    CACHING_REASON,
     activation_dtype,
     backward_override_of,
     call_op,
+    fitting_workspace,
     follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    unsupported_reason,
     zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling
@@ -128,17 +133,17 @@ def _gemm(i: int) -> str | None:
     return f"gemm{i}" if i else None
 
 
-def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
-    """Whether every cached workspace has the usages this call needs (dgrad reads the
-    columnwise data)."""
+def _with_fitting_workspaces(args: GroupedLinearFwdArgs) -> GroupedLinearFwdArgs:
+    """``args`` without its cached workspaces when one lacks a usage this call needs
+    (``fitting_workspace``: dgrad reads the columnwise data); every weight is then
+    quantized again and kept."""
     needs_columnwise = (
         args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
     )
-    return not needs_columnwise or all(
-        bool(getattr(w, "columnwise_usage", True))
-        for w in args.weight_workspaces or ()
-        if w is not None
-    )
+    workspaces = args.weight_workspaces
+    if workspaces is None or all(fitting_workspace(w, needs_columnwise) is w for w in workspaces):
+        return args
+    return dataclasses.replace(args, weight_workspaces=None)
 
 
 class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
@@ -346,22 +351,33 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         ):
             # Nothing to cache (no recipe, or quantized_model_init weights): TE's rule.
             return call_op(grouped_linear_eager, grouped_linear_compiled, args, q)[0]
-        if torch.compiler.is_compiling():
-            # As Linear: the workspace cache is module state a graph cannot keep.
-            return run_eagerly(CACHING_REASON, self._cached_call, args)
-        return self._cached_call(args)
+        if not torch.compiler.is_compiling():
+            return self._cached_call(args)
+        if (reason := unsupported_reason(args, q)) is not None:
+            return run_eagerly(reason, self._cached_call, args)
+        return self._compiled_cached_call(args)
 
     def _cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:
         """A microbatch with weight caching: the first (or one whose cached workspaces
         lack a usage this call needs) quantizes every weight and keeps the results;
         later ones reuse them without running the weight quantizers (TE's contract: a
         weight changed in place is seen at the next first microbatch)."""
-        if args.weight_workspaces is not None and not _workspaces_fit(args):
-            args = dataclasses.replace(args, weight_workspaces=None)
+        args = _with_fitting_workspaces(args)
         (out,), made = grouped_linear_eager(args)
+        self._keep(args, made)
+        return out
+
+    def _compiled_cached_call(self, args: GroupedLinearFwdArgs) -> torch.Tensor:
+        """:meth:`_cached_call` compiled, as ``Linear._compiled``: the graph reads the
+        kept workspaces or writes the ones it made (one per GEMM) back to the module."""
+        args = _with_fitting_workspaces(args)
+        (out,), made = grouped_linear_compiled_keeping(args, tuple(range(args.num_gemms)))
+        self._keep(args, made)
+        return out
+
+    def _keep(self, args: GroupedLinearFwdArgs, made: tuple[Any, ...]) -> None:
         if args.weight_workspaces is None and any(m is not None for m in made):
             self._weight_workspaces = list(made)
-        return out
 
     def extra_repr(self) -> str:
         text = (

@@ -5,8 +5,9 @@ The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
 ``forward(inp, is_first_microbatch, fp8_output)`` behaves as ``Linear``'s: the output
 quantized by the recipe's output quantizer, and the quantized weight cached across
-microbatches; under ``torch.compile`` the calls ``Linear`` runs eagerly (a
-differentiable quantized output, weight caching) run eagerly here too, with the reason.
+microbatches (compiled too: one graph per flag value); under ``torch.compile`` the calls
+``Linear`` runs eagerly (a differentiable quantized output) run eagerly here too, with
+the reason.
 ``parallel_mode="row"`` raises ``NotImplementedError``, as in TE 2.20.2.
 The recipe is taken as ``Linear`` takes it: its GEMM settings (``fp8_gemm_fprop`` ...),
 its ``backward_override`` (the GEMM's backward on the original or dequantized norm output
@@ -23,7 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.layernorm_linear import layernorm_linear_compiled, layernorm_linear_eager
+from ..generated.layernorm_linear import (
+    layernorm_linear_compiled,
+    layernorm_linear_compiled_keeping,
+    layernorm_linear_eager,
+)
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.fallback import run_eagerly
@@ -33,9 +38,10 @@ from ._call import (
     backward_override_of,
     caches_weight,
     call_op,
+    fitting_workspace,
     follows_torch_autocast,
     gemm_call_reason,
-    quantizes_weight,
+    kept_workspace,
     recipe_gemm_fields,
 )
 from ._wgrad import WgradScheduling
@@ -43,15 +49,22 @@ from .autocast import STATE
 from .linear import _check_parallelism
 
 
-def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
-    """Whether the cached weight workspace has every usage this call needs: the
-    columnwise data the dgrad GEMM reads when a gradient flows into the norm."""
+def _with_fitting_workspace(args: LayerNormLinearFwdArgs) -> LayerNormLinearFwdArgs:
+    """``args`` without a cached weight workspace that lacks the columnwise data the
+    dgrad GEMM reads when a gradient flows into the norm (``fitting_workspace``)."""
     needs_columnwise = (
         args.is_grad_enabled
         and args.backward_override is None
         and (args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad)
     )
-    return not needs_columnwise or bool(getattr(args.weight_workspace, "columnwise_usage", True))
+    workspace = fitting_workspace(args.weight_workspace, needs_columnwise)
+    if workspace is args.weight_workspace:
+        return args
+    return dataclasses.replace(args, weight_workspace=workspace)
+
+
+# The index of the quantized weight in the op's saved values (``layernorm_linear_forward``).
+_SAVED_WEIGHT = (4,)
 
 
 def check_normalization(cls: str, normalization: str) -> None:
@@ -204,16 +217,12 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
         args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
-        reason = gemm_call_reason(args, q) if torch.compiler.is_compiling() else None
-        if caches_weight(args):
-            # Weight caching keeps module state: always the eager path (a named fallback
-            # under torch.compile, as for Linear).
-            if reason is None:
-                outputs = self._cached_call(args)
-            else:
-                outputs = run_eagerly(reason, self._cached_call, args)
-        elif reason is not None:
-            outputs = run_eagerly(reason, self._plain_call, args)
+        compiling = torch.compiler.is_compiling()
+        reason = gemm_call_reason(args, q) if compiling else None
+        if reason is not None:
+            outputs = run_eagerly(reason, self._eager, args)
+        elif caches_weight(args):
+            outputs = self._compiled_cached(args) if compiling else self._eager(args)
         else:
             outputs = call_op(layernorm_linear_eager, layernorm_linear_compiled, args, q)
         out = outputs[0]
@@ -279,23 +288,23 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(self.weight),
         )
 
-    @staticmethod
-    def _plain_call(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
-        return layernorm_linear_eager(args)[0]
-
-    def _cached_call(self, args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
-        """The eager call with TE's weight workspace: the first microbatch (or a cached
-        workspace lacking a usage this call needs) quantizes the weight and keeps it;
-        later microbatches (``is_first_microbatch=False``) reuse it without quantizing."""
-        if not quantizes_weight(args.weight_quantizer, args.weight):
-            # Nothing to cache (no weight quantizer, or an already quantized weight):
-            # the argument changes nothing, as in TE.
-            return layernorm_linear_eager(dataclasses.replace(args, weight_workspace=None))[0]
-        if args.weight_workspace is not None and not _workspace_fits(args):
-            args = dataclasses.replace(args, weight_workspace=None)
+    def _eager(self, args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+        """The eager call; with TE's weight workspace the first microbatch (or one whose
+        cached workspace lacks a usage this call needs) quantizes the weight and keeps
+        it, later microbatches (``is_first_microbatch=False``) reuse it."""
+        if not caches_weight(args):
+            return layernorm_linear_eager(args)[0]
+        args = _with_fitting_workspace(args)
         outputs, saved = layernorm_linear_eager(args)
-        if args.weight_workspace is None:
-            self._weight_workspace = saved[-1]
+        self._weight_workspace = kept_workspace(args.weight_workspace, saved[_SAVED_WEIGHT[0]])
+        return outputs
+
+    def _compiled_cached(self, args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
+        """The compiled call with weight caching, as ``Linear._compiled``: the graph
+        reads the cached workspace or writes the one it made back to the module."""
+        args = _with_fitting_workspace(args)
+        outputs, (made,) = layernorm_linear_compiled_keeping(args, _SAVED_WEIGHT)
+        self._weight_workspace = kept_workspace(args.weight_workspace, made)
         return outputs
 
     def _wgrad_weights(self) -> tuple[Any, ...]:

@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.layernorm_mlp import layernorm_mlp_compiled, layernorm_mlp_eager
+from ..generated.layernorm_mlp import (
+    layernorm_mlp_compiled,
+    layernorm_mlp_compiled_keeping,
+    layernorm_mlp_eager,
+)
 from ..ops.layernorm_mlp import (
     ACTIVATIONS,
     GATED,
@@ -29,10 +33,11 @@ from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedData
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
-    CACHING_REASON,
     activation_dtype,
     call_op,
+    fitting_workspace,
     follows_torch_autocast,
+    kept_workspace,
     recipe_gemm_fields,
     unsupported_reason,
 )
@@ -40,6 +45,21 @@ from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
+
+# The indices of fc1's and fc2's quantized weights in the op's saved values: (mu, rsigma,
+# ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input, fc2 weight).
+_SAVED_WEIGHTS = (6, 8)
+
+
+def _with_fitting_workspaces(args: LayerNormMLPFwdArgs) -> LayerNormMLPFwdArgs:
+    """``args`` without a kept workspace that lacks a usage this call needs
+    (``fitting_workspace``, per GEMM)."""
+    fc1_needs, fc2_needs = cached_weights_need_columnwise(args)
+    fc1 = fitting_workspace(args.fc1_weight_workspace, fc1_needs)
+    fc2 = fitting_workspace(args.fc2_weight_workspace, fc2_needs)
+    if fc1 is args.fc1_weight_workspace and fc2 is args.fc2_weight_workspace:
+        return args
+    return dataclasses.replace(args, fc1_weight_workspace=fc1, fc2_weight_workspace=fc2)
 
 
 class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
@@ -191,9 +211,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         True quantizes them and keeps the quantized copies (the weight workspaces);
         False reuses the kept copies without quantizing (the weights must not have
         changed since the first microbatch, as in TE). Inert without a recipe and for
-        weights already quantized (``quantized_model_init``). Under torch.compile a
-        quantized cached call runs eagerly with its reason (``fullgraph=True`` raises it),
-        as for ``Linear``.
+        weights already quantized (``quantized_model_init``). Compiled as for ``Linear``:
+        one graph per flag value, reading or writing the kept workspaces.
         """
         shared = self._forward_recipe(STATE.autocast)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
@@ -203,9 +222,10 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             outputs = call_op(layernorm_mlp_eager, layernorm_mlp_compiled, args, shared)
         elif not torch.compiler.is_compiling():
             outputs = self._eager_cached(args)
-        else:
-            reason = unsupported_reason(args, shared) or CACHING_REASON
+        elif (reason := unsupported_reason(args, shared)) is not None:
             outputs = run_eagerly(reason, self._eager_cached, args)
+        else:
+            outputs = self._compiled_cached(args)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
             bias = self.fc2_bias
@@ -301,22 +321,24 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         """The op's eager path with weight caching: a kept workspace that lacks a usage
         this call needs (made under ``no_grad``, now read by a dgrad GEMM) is remade;
         the quantized weights this call made are kept for the later microbatches."""
-        needs_columnwise = cached_weights_need_columnwise(args)
-        stale = {}
-        for name, needs in zip(("fc1", "fc2"), needs_columnwise, strict=True):
-            workspace = getattr(args, f"{name}_weight_workspace")
-            if workspace is not None and needs and not workspace.columnwise_usage:
-                stale[f"{name}_weight_workspace"] = None
-        if stale:
-            args = dataclasses.replace(args, **stale)
+        args = _with_fitting_workspaces(args)
         outputs, saved = layernorm_mlp_eager(args)
-        # saved: (mu, rsigma, ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input,
-        # fc2 weight); a weight quantized here is kept with every usage it was made with.
-        if args.fc1_weight_workspace is None and saved[6] is not None:
-            self._fc1_weight_workspace = saved[6]
-        if args.fc2_weight_workspace is None and saved[8] is not None:
-            self._fc2_weight_workspace = saved[8]
+        self._keep(args, saved[_SAVED_WEIGHTS[0]], saved[_SAVED_WEIGHTS[1]])
         return outputs
+
+    def _compiled_cached(self, args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
+        """The compiled call with weight caching, as ``Linear._compiled``: the graph
+        reads the kept workspaces or writes the ones it made back to the module."""
+        args = _with_fitting_workspaces(args)
+        outputs, (fc1, fc2) = layernorm_mlp_compiled_keeping(args, _SAVED_WEIGHTS)
+        self._keep(args, fc1, fc2)
+        return outputs
+
+    def _keep(self, args: LayerNormMLPFwdArgs, fc1: Any, fc2: Any) -> None:
+        """Keep the quantized weights this call made (a weight quantized here is kept
+        with every usage it was made with)."""
+        self._fc1_weight_workspace = kept_workspace(args.fc1_weight_workspace, fc1)
+        self._fc2_weight_workspace = kept_workspace(args.fc2_weight_workspace, fc2)
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.fc2_weight, self.fc1_weight)  # TE's backward_dw: fc2's GEMM first

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generated.linear import linear_compiled, linear_eager
+from ..generated.linear import linear_compiled, linear_compiled_keeping, linear_eager
 from ..ops.linear import _CUDA_HALF, _PLAIN_TENSORS, LinearFwdArgs, _bias_grad
 from ..quantization.gemm import gemm, half_product
 from ..quantization.stochastic import rng_state_for
@@ -33,8 +33,10 @@ from ._call import (
     activation_dtype,
     backward_override_of,
     caches_weight,
+    fitting_workspace,
     follows_torch_autocast,
     gemm_call_reason,
+    kept_workspace,
     recipe_gemm_fields,
     zero_feature_gemms,
 )
@@ -42,13 +44,21 @@ from ._wgrad import WgradScheduling
 from .autocast import STATE, RecipeQuantizers
 
 
-def _workspace_fits(args: LinearFwdArgs) -> bool:
-    """Whether the cached weight workspace has every usage this call needs."""
-    workspace = args.weight_workspace
+def _with_fitting_workspace(args: LinearFwdArgs) -> LinearFwdArgs:
+    """``args`` without its cached weight workspace when that lacks a usage this call
+    needs (made under ``no_grad``, now read by a dgrad GEMM): the call quantizes the
+    weight again, and the module keeps the new workspace."""
     needs_columnwise = (
         args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
     )
-    return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
+    workspace = fitting_workspace(args.weight_workspace, needs_columnwise)
+    if workspace is args.weight_workspace:
+        return args
+    return dataclasses.replace(args, weight_workspace=workspace)
+
+
+# The index of the quantized weight in the op's saved values (``linear_forward``).
+_SAVED_WEIGHT = (1,)
 
 
 _PARALLEL_MODES = (None, "column", "row")
@@ -344,7 +354,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         if not compiling:
             out = self._eager(args)
         elif (reason := gemm_call_reason(args, quantizers)) is None:
-            (out,) = linear_compiled(args)
+            out = self._compiled(args)
         else:
             out = run_eagerly(reason, self._eager, args)
         if self.return_bias:
@@ -386,15 +396,24 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             # What the compiled path's unflatten does: the group must still be registered.
             registered_group(args.tp_group, "LinearFwdArgs.tp_group")
         caching = caches_weight(args)
-        if caching and args.weight_workspace is not None and not _workspace_fits(args):
-            args = dataclasses.replace(args, weight_workspace=None)
+        if caching:
+            args = _with_fitting_workspace(args)
         # The generated eager path checks every field (``LinearFwdArgs.<field>:
         # expected ..., got ...``) as the compiled path does.
         (out,), (_, made_weight) = linear_eager(args)
-        if caching and args.weight_workspace is None:
-            # First microbatch (or a workspace lacking a usage): keep the quantized
-            # weight this call made; later microbatches reuse it without quantizing.
-            self._weight_workspace = made_weight
+        if caching:
+            self._weight_workspace = kept_workspace(args.weight_workspace, made_weight)
+        return out
+
+    def _compiled(self, args: LinearFwdArgs) -> Any:
+        """The compiled call; with weight caching the graph reads the cached workspace
+        (a later microbatch) or writes the one it made (the first) back to the module,
+        a tensor attribute Dynamo replays after the graph: one graph per flag value."""
+        if not caches_weight(args):
+            return linear_compiled(args)[0]
+        args = _with_fitting_workspace(args)
+        (out,), (made_weight,) = linear_compiled_keeping(args, _SAVED_WEIGHT)
+        self._weight_workspace = kept_workspace(args.weight_workspace, made_weight)
         return out
 
     # ----- scaling state of stateful recipes (delayed scaling) -----
