@@ -19,6 +19,7 @@ import pytest
 import torch
 from family_cases import make
 from module_cases import graph_breaks
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import transformer_engine_ops as te
 from transformer_engine_ops import recipe
@@ -279,3 +280,23 @@ def test_a_workspace_cached_without_grad_is_remade_by_a_compiled_call_that_needs
         results.append((y.detach(), x.grad, module.weight.grad))
     for got, want in zip(*results, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["layernorm_mlp", "grouped_linear"])
+def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
+    """The same loop through Inductor (the recipes keep their op nodes on the CPU)."""
+    torch._dynamo.reset()
+    counter = WeightQuantizations(monkeypatch)
+    eager_module = build(kind)
+    compiled_module = copy.deepcopy(eager_module)
+    backend = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(forward_of(compiled_module), fullgraph=True, backend=backend)
+    make_recipe = RECIPES["NVFP4BlockScaling"]
+    eager_mb, eager_steps = train(eager_module, forward_of(eager_module), make_recipe, counter)
+    got_mb, got_steps = train(compiled_module, compiled, make_recipe, counter)
+    for (y, dx), (y_ref, dx_ref) in zip(got_mb, eager_mb, strict=True):
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    for got, want in zip(got_steps, eager_steps, strict=True):
+        assert all(torch.equal(g, g_ref) for g, g_ref in zip(got[0], want[0], strict=True))
+        assert got[1] == want[1] == len(weights(eager_module))
+    assert backend.frame_count == 2
