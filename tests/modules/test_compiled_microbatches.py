@@ -300,3 +300,14 @@ def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
         assert all(torch.equal(g, g_ref) for g, g_ref in zip(got[0], want[0], strict=True))
         assert got[1] == want[1] == len(weights(eager_module))
     assert backend.frame_count == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_delayed_scaling_with_caching_stays_refused_under_fullgraph(kind):
+    """Delayed scaling's amax history is state no graph holds: a caching call under it
+    raises naming DelayedScaling, as a call without caching does."""
+    torch._dynamo.reset()
+    module = build(kind)
+    compiled = torch.compile(forward_of(module), fullgraph=True, backend="aot_eager")
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="DelayedScaling"):
+        compiled(_input(0), True, recipe.DelayedScaling())
