@@ -311,3 +311,51 @@ def test_delayed_scaling_with_caching_stays_refused_under_fullgraph(kind):
     compiled = torch.compile(forward_of(module), fullgraph=True, backend="aot_eager")
     with pytest.raises(torch._dynamo.exc.Unsupported, match="DelayedScaling"):
         compiled(_input(0), True, recipe.DelayedScaling())
+
+
+def test_transformer_layer_microbatch_loop_compiles_two_graphs_and_matches_eager(monkeypatch):
+    """A composition (MultiheadAttention's fused QKV LayerNormLinear and projection
+    Linear, the LayerNormMLP) passes the flag to each GEMM module: the whole layer is
+    still one graph per flag value, eager's bits, the weights quantized by the True
+    microbatch only."""
+    torch._dynamo.reset()
+    counter = WeightQuantizations(monkeypatch)
+    torch.manual_seed(0)
+    eager_module = te.TransformerLayer(
+        64, 128, 4, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.bfloat16
+    )
+    compiled_module = copy.deepcopy(eager_module)
+    backend = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(forward_of(compiled_module), fullgraph=True, backend=backend)
+    breaks = graph_breaks()
+    runs = []
+    for module, forward in ((eager_module, forward_of(eager_module)), (compiled_module, compiled)):
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+        outputs, quantized = [], []
+        for s in range(STEPS):
+            counter.watch(module)
+            counter.take()
+            for i, first in enumerate(SCHEDULE):
+                x = _input(10 * s + i).transpose(0, 1).contiguous().requires_grad_(True)
+                y = forward(x, first, recipe.Float8CurrentScaling())
+                y.float().sum().backward()
+                outputs.append((y.detach(), x.grad))
+                quantized.append(counter.take())
+            outputs.append(tuple(p.grad.clone() for p in module.parameters()))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        runs.append((outputs, quantized))
+    (want, want_q), (got, got_q) = runs
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(t, t_ref) for t, t_ref in zip(a, b, strict=True))
+    # Counted by storage: the separate Q, K and V weights are concatenated before their
+    # quantization, so the watched ones are the projection's, fc1's and fc2's.
+    assert got_q == want_q == [3, 0, 0, 0] * STEPS
+    # Every GEMM module (the QKV one too) keeps a workspace, compiled as eagerly.
+    gemms = [m for m in compiled_module.modules() if isinstance(m, (te.Linear, te.LayerNormLinear))]
+    mlps = [m for m in compiled_module.modules() if isinstance(m, te.LayerNormMLP)]
+    assert len(gemms) == 2 and len(mlps) == 1
+    assert all(m._weight_workspace is not None for m in gemms)
+    assert all(w is not None for w in workspaces(mlps[0]))
+    assert backend.frame_count == 2
+    assert graph_breaks() == breaks
