@@ -225,7 +225,14 @@ _LISTED = (
     "sources = ["
     + ", ".join(
         f'"{OPS_DIR}/{name}.py"'
-        for name in ("linear", "layernorm", "layernorm_linear", "layernorm_mlp", "grouped_linear")
+        for name in (
+            "linear",
+            "layernorm",
+            "layernorm_linear",
+            "layernorm_mlp",
+            "grouped_linear",
+            "attention",
+        )
     )
     + "]"
 )

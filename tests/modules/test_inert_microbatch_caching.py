@@ -1,7 +1,7 @@
 """``is_first_microbatch`` caches nothing without a recipe or with weights already
 quantized (``quantized_model_init``), as in TE; every module then compiles such a call
 (``fullgraph=True``, no eager fallback) equal to its eager call. With a recipe that
-quantizes the weight the call runs eagerly under compile (tested per module)."""
+quantizes the weight the call compiles too, caching it (test_compiled_microbatches.py)."""
 
 from __future__ import annotations
 

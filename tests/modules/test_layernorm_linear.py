@@ -398,27 +398,17 @@ def test_bf16_accepts_is_first_microbatch_and_behaves_as_none(first):
     assert module._weight_workspace is None
 
 
-def test_compiled_microbatches_fall_back_warn_once_and_match_eager():
+def test_compiled_microbatches_compile_under_fullgraph_and_match_eager():
     eager_module, module, x = make(KIND), make(KIND), make_input()
-    compiled = torch.compile(module, backend=AOT)
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for first in (True, False, False):
             got = step(compiled, x, "fp8_current", is_first_microbatch=first)
             assert_bitwise(got, step(eager_module, x, "fp8_current", is_first_microbatch=first))
     fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
-    assert len(fallbacks) == 1
-    assert "is_first_microbatch" in str(fallbacks[0].message)
+    assert fallbacks == []
     assert module._weight_workspace is not None
-
-
-def test_compiled_microbatches_under_fullgraph_raise_the_reason():
-    # As Linear: caching a quantized weight is a named fallback under torch.compile
-    # (without a recipe the argument is inert and compiles:
-    # test_inert_microbatch_caching.py).
-    compiled = torch.compile(make(KIND), fullgraph=True, backend=AOT)
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
-        step(compiled, make_input(), "fp8_current", is_first_microbatch=True)
 
 
 def test_quantized_weight_accepts_is_first_microbatch_and_caches_nothing(weight_quantizations):

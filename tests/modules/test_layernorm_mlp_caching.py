@@ -1,8 +1,8 @@
 """LayerNormMLP's ``forward(inp, is_first_microbatch)``: fc1's and fc2's weights are
 quantized on the first microbatch and the quantized copies reused on later ones (no
 weight quantizer runs again), with outputs and gradients equal to the uncached path;
-inert without a recipe; under torch.compile a quantized cached call runs eagerly with
-its reason, as Linear's does. TE's forward has no ``fp8_output``, and neither has ours."""
+inert without a recipe; under torch.compile a quantized cached call compiles
+(``fullgraph=True``), as Linear's does (tests/modules/test_compiled_microbatches.py). TE's forward has no ``fp8_output``, and neither has ours."""
 
 from __future__ import annotations
 
@@ -141,10 +141,10 @@ def test_quantized_weights_make_is_first_microbatch_inert_and_compile():
     assert graph_breaks() == 0 and unique_graphs() == 2  # one per flag value
 
 
-def test_compiled_microbatches_run_eagerly_warn_once_and_match_eager(monkeypatch):
+def test_compiled_microbatches_compile_under_fullgraph_and_match_eager(monkeypatch):
     eager_module = make(KIND)
     module = copy.deepcopy(eager_module)
-    compiled = torch.compile(module, backend=AOT)
+    compiled = torch.compile(module, fullgraph=True, backend=AOT)
     x = make_input()
     calls = WeightQuantizations(module, monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
@@ -155,15 +155,8 @@ def test_compiled_microbatches_run_eagerly_warn_once_and_match_eager(monkeypatch
             want = step(eager_module, x, "fp8_current", is_first_microbatch=first)
             assert_bitwise(got, want)
     fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
-    assert len(fallbacks) == 1
-    assert "is_first_microbatch" in str(fallbacks[0].message)
+    assert fallbacks == []
     assert module._fc1_weight_workspace is not None
-
-
-def test_compiled_microbatches_under_fullgraph_raise_the_reason():
-    compiled = torch.compile(make(KIND), fullgraph=True, backend=AOT)
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="is_first_microbatch"):
-        step(compiled, make_input(), "fp8_current", is_first_microbatch=True)
 
 
 def test_forward_takes_te_2_20_2s_arguments_and_no_fp8_output():

@@ -245,11 +245,6 @@ def test_te_linear_compile_with_fp8_output(compile_mode):
             )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="weight caching across microbatches (is_first_microbatch) under a recipe runs "
-    "eagerly under torch.compile, which fullgraph=True refuses",
-)
 @pytest.mark.parametrize("compile_mode", _compile_modes)
 def test_te_linear_compile_is_first_microbatch(compile_mode):
     """``te.Linear`` across a microbatch schedule that caches the FP8 weight

@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.runtime import custom_ops
+from transformer_engine_ops.runtime.keep import Keep
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
@@ -80,3 +81,56 @@ def test_fake_op_autograd_splits_by_the_fake_kernels_layout(recipe):
     assert outs == (("tensor",),)
     assert [s[0] for s in saved] == (["storage", "storage"] if recipe != "bf16" else ["none"] * 2)
     assert fake_slots[3].grad is not None and fake_slots[3].grad.shape == args.inp.shape
+
+
+# --- keeping saved values across calls (``Keep``: TE's weight workspace) -------------
+
+
+def _buffers(value: Any) -> list[torch.Tensor]:
+    return list(value._inner_dict().values())
+
+
+def test_compiled_keeping_hands_out_the_saved_weight_detached_as_eager_saves_it():
+    ref = make_fwd_args("fp8_current", cache_weight=True)
+    (out_ref,), saved_ref = g.linear_eager(ref)
+    args = make_fwd_args("fp8_current", cache_weight=True)
+    (out,), (weight,) = g.linear_compiled_keeping(args, (1,))
+    assert torch.equal(out, out_ref)
+    assert type(weight) is type(saved_ref[1]) and not weight.requires_grad
+    assert all(not t.requires_grad for t in _buffers(weight))
+    for a, b in zip(_buffers(weight), _buffers(saved_ref[1]), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kept", "error", "text"),
+    [
+        ((0,), TypeError, "saved value 0 is a bare quantized storage"),
+        ((2,), IndexError, r"no saved value 2 to keep \(this call saved 2\)"),
+    ],
+)
+def test_compiled_keeping_refuses_what_a_call_cannot_keep(kept, error, text):
+    args = make_fwd_args("fp8_current", cache_weight=True)
+    with pytest.raises(error, match=text):
+        g.linear_compiled_keeping(args, kept)
+
+
+@pytest.mark.slow  # one compile
+def test_call_with_keep_hands_the_same_values_to_into_eager_and_compiled():
+    torch._dynamo.reset()
+    kept: dict[str, tuple[Any, ...]] = {}
+
+    def call(args: Any, where: str) -> torch.Tensor:
+        def into(bundle: Any, values: tuple[Any, ...]) -> None:
+            kept[where] = values
+
+        return g.call_linear(args, Keep((1,), into))[0]
+
+    out_ref = call(make_fwd_args("fp8_current", cache_weight=True), "eager")
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    out = compiled(make_fwd_args("fp8_current", cache_weight=True), "compiled")
+    assert torch.equal(out, out_ref)
+    (got,), (want,) = kept["compiled"], kept["eager"]
+    assert type(got) is type(want)
+    for a, b in zip(_buffers(got), _buffers(want), strict=True):
+        assert torch.equal(a, b)

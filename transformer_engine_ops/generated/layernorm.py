@@ -7,7 +7,6 @@ Generated from the bundles in `transformer_engine_ops/ops/layernorm.py`; see SCH
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -352,6 +351,18 @@ def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def layernorm_compiled_keeping(
+    args: LayerNormFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`layernorm_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls (a
+    `_r.Keep`), handed out of the graph with the outputs."""
+    slots = flatten_layer_norm_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = layernorm_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def layernorm_compile_blocker(args: LayerNormFwdArgs) -> str | None:
     """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
     registered on this torch, a quantizer cannot be a graph constant, or a reason the
@@ -363,29 +374,32 @@ def layernorm_compile_blocker(args: LayerNormFwdArgs) -> str | None:
     return None
 
 
-def _call_eagerly(
-    args: LayerNormFwdArgs, keep: Callable[[LayerNormFwdArgs, tuple[Any, ...]], None] | None
-) -> tuple[Any, ...]:
+def _call_eagerly(args: LayerNormFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
     """`call_layernorm`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_eager(args)
     if keep is not None:
-        keep(args, saved)
+        keep.into(args, tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_layernorm(
-    args: LayerNormFwdArgs, keep: Callable[[LayerNormFwdArgs, tuple[Any, ...]], None] | None = None
-) -> tuple[Any, ...]:
+def call_layernorm(args: LayerNormFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
     """The `layernorm` op's user outputs on `args`: the only way a module reaches the op.
 
     Eagerly: the
-    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
-    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
-    the custom op, or for the reason `layernorm_compile_blocker` gives, the eager path
-    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    impls through `_EagerNode`. `keep`, if given, names the saved values the
+    module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
+    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
+    torch.compile: the custom op (with `keep`, the values leave the graph detached and
+    `keep.into` runs in the traced frame, so the graph writes the module's state), or
+    for the reason `layernorm_compile_blocker` gives, the eager path (with `keep`)
+    behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = layernorm_compile_blocker(args)
-        if reason is None:
+        if reason is None and keep is None:
             return layernorm_compiled(args)
+        if reason is None:
+            outputs, values = layernorm_compiled_keeping(args, keep.saved)
+            keep.into(args, values)
+            return outputs
         return _r.run_eagerly(reason, _call_eagerly, args, keep)
     return _call_eagerly(args, keep)

@@ -7,7 +7,6 @@ Generated from the bundles in `transformer_engine_ops/ops/linear.py`; see SCHEMA
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -593,6 +592,18 @@ def linear_compiled(args: LinearFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def linear_compiled_keeping(
+    args: LinearFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`linear_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls (a
+    `_r.Keep`), handed out of the graph with the outputs."""
+    slots = flatten_linear_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = linear_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def linear_compile_blocker(args: LinearFwdArgs) -> str | None:
     """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
     registered on this torch, a quantizer cannot be a graph constant, or a reason the
@@ -617,14 +628,10 @@ def linear_compile_blocker(args: LinearFwdArgs) -> str | None:
         return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
     if args.fp8_output and args.is_grad_enabled:
         return "fp8_output=True with autograd enabled (a differentiable quantized output)"
-    if args.cache_weight:
-        return "weight caching across microbatches (is_first_microbatch)"
     return None
 
 
-def _call_eagerly(
-    args: LinearFwdArgs, keep: Callable[[LinearFwdArgs, tuple[Any, ...]], None] | None
-) -> tuple[Any, ...]:
+def _call_eagerly(args: LinearFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
     """`call_linear`'s eager path (also its eager fallback under torch.compile)."""
     if keep is None:
         outputs = linear_plain_call(args)
@@ -632,23 +639,28 @@ def _call_eagerly(
             return outputs
     outputs, saved = linear_eager(args)
     if keep is not None:
-        keep(args, saved)
+        keep.into(args, tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_linear(
-    args: LinearFwdArgs, keep: Callable[[LinearFwdArgs, tuple[Any, ...]], None] | None = None
-) -> tuple[Any, ...]:
+def call_linear(args: LinearFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
     """The `linear` op's user outputs on `args`: the only way a module reaches the op.
 
     Eagerly: `linear_plain_call` where it serves the call (no `keep`), else the
-    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
-    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
-    the custom op, or for the reason `linear_compile_blocker` gives, the eager path
-    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    impls through `_EagerNode`. `keep`, if given, names the saved values the
+    module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
+    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
+    torch.compile: the custom op (with `keep`, the values leave the graph detached and
+    `keep.into` runs in the traced frame, so the graph writes the module's state), or
+    for the reason `linear_compile_blocker` gives, the eager path (with `keep`)
+    behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = linear_compile_blocker(args)
-        if reason is None:
+        if reason is None and keep is None:
             return linear_compiled(args)
+        if reason is None:
+            outputs, values = linear_compiled_keeping(args, keep.saved)
+            keep.into(args, values)
+            return outputs
         return _r.run_eagerly(reason, _call_eagerly, args, keep)
     return _call_eagerly(args, keep)

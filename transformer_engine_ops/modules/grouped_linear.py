@@ -23,9 +23,9 @@ quantized input instead: the same numbers, more memory), so both values are acce
 ``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
 GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
 without running the weight quantizers (a weight changed in place is seen at the next
-``True``), ``None`` caches nothing. As for ``Linear``, a compiled call with caching runs
-eagerly with that reason (the cache is module state); weights made under
-``quantized_model_init`` are already quantized and cache nothing.
+``True``), ``None`` caches nothing. Compiled as for ``Linear``: one graph per flag value,
+reading or writing the kept workspaces; weights made under ``quantized_model_init`` are
+already quantized and cache nothing.
 
 The recipe is taken as ``Linear`` takes it, per GEMM: its GEMM settings
 (``fp8_gemm_fprop`` ...) and ``backward_override`` reach every GEMM, and delayed scaling
@@ -48,6 +48,7 @@ from ..generated.grouped_linear import call_grouped_linear
 from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
+from ..runtime.keep import Keep
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -348,7 +349,8 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             if args.weight_workspaces is not None and not _workspaces_fit(args):
                 args.weight_workspaces = None  # remade with every usage this call needs
             if args.weight_workspaces is None:
-                keep = self._keep_weight_workspaces
+                # The op saves exactly the quantized weight of each GEMM.
+                keep = Keep(tuple(range(n)), self._keep_weight_workspaces)
         return call_grouped_linear(args, keep)[0]
 
     def _keep_weight_workspaces(self, args: GroupedLinearFwdArgs, made: tuple[Any, ...]) -> None:

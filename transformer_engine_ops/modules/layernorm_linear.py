@@ -5,8 +5,9 @@ The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
 ``forward(inp, is_first_microbatch, fp8_output)`` behaves as ``Linear``'s: the output
 quantized by the recipe's output quantizer, and the quantized weight cached across
-microbatches; under ``torch.compile`` the calls ``Linear`` runs eagerly (a
-differentiable quantized output, weight caching) run eagerly here too, with the reason.
+microbatches (compiled too: one graph per flag value); under ``torch.compile`` the
+calls ``Linear`` runs eagerly (a differentiable quantized output) run eagerly here too,
+with the reason.
 ``parallel_mode="row"`` raises ``NotImplementedError``, as in TE 2.20.2.
 The recipe is taken as ``Linear`` takes it: its GEMM settings (``fp8_gemm_fprop`` ...),
 its ``backward_override`` (the GEMM's backward on the original or dequantized norm output
@@ -25,6 +26,7 @@ from torch import nn
 from ..generated.layernorm_linear import call_layernorm_linear
 from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
+from ..runtime.keep import Keep
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     activation_dtype,
@@ -204,7 +206,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             if args.weight_workspace is not None and not _workspace_fits(args):
                 args.weight_workspace = None  # remade with every usage this call needs
             if args.weight_workspace is None:
-                keep = self._keep_weight_workspace
+                keep = Keep((4,), self._keep_weight_workspace)
         outputs = call_layernorm_linear(args, keep)
         out = outputs[0]
         extra: tuple[Any, ...] = ()
@@ -271,11 +273,11 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(self.weight),
         )
 
-    def _keep_weight_workspace(self, args: LayerNormLinearFwdArgs, saved: tuple[Any, ...]) -> None:
-        """Keep the quantized weight a first microbatch made (the last value the forward
-        saved); later microbatches (``is_first_microbatch=False``) reuse it without
-        quantizing."""
-        self._weight_workspace = saved[-1]
+    def _keep_weight_workspace(self, args: LayerNormLinearFwdArgs, kept: tuple[Any, ...]) -> None:
+        """Keep the quantized weight a first microbatch made (the forward's saved value
+        4: mu, rsigma, ln_out, GEMM input, GEMM weight); later microbatches
+        (``is_first_microbatch=False``) reuse it without quantizing, compiled too."""
+        (self._weight_workspace,) = kept
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)

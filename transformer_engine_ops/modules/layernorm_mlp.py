@@ -24,6 +24,7 @@ from ..ops.layernorm_mlp import (
     cached_weights_need_columnwise,
 )
 from ..quantization.stochastic import rng_state_for
+from ..runtime.keep import Keep
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import ClampedSwiGLUParams
 from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
@@ -188,9 +189,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         True quantizes them and keeps the quantized copies (the weight workspaces);
         False reuses the kept copies without quantizing (the weights must not have
         changed since the first microbatch, as in TE). Inert without a recipe and for
-        weights already quantized (``quantized_model_init``). Under torch.compile a
-        quantized cached call runs eagerly with its reason (``fullgraph=True`` raises it),
-        as for ``Linear``.
+        weights already quantized (``quantized_model_init``). Compiled as for ``Linear``:
+        one graph per flag value, reading or writing the kept workspaces.
         """
         shared = self._forward_recipe(STATE.autocast)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
@@ -205,7 +205,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
                 args.fc1_weight_workspace = None
             if fc2_needs and _lacks_columnwise(args.fc2_weight_workspace):
                 args.fc2_weight_workspace = None
-            keep = self._keep_weight_workspaces
+            keep = Keep((6, 8), self._keep_weight_workspaces)
         outputs = call_layernorm_mlp(args, keep)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
@@ -299,14 +299,16 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(fc1_weight, fc2_weight),
         )
 
-    def _keep_weight_workspaces(self, args: LayerNormMLPFwdArgs, saved: tuple[Any, ...]) -> None:
-        """Keep the quantized weights a call made where it had no workspace (saved: mu,
-        rsigma, ln_out, fc1_out, act_out, fc1 input, fc1 weight, fc2 input, fc2 weight),
-        with every usage they were made with, for the later microbatches."""
-        if args.fc1_weight_workspace is None and saved[6] is not None:
-            self._fc1_weight_workspace = saved[6]
-        if args.fc2_weight_workspace is None and saved[8] is not None:
-            self._fc2_weight_workspace = saved[8]
+    def _keep_weight_workspaces(self, args: LayerNormMLPFwdArgs, kept: tuple[Any, ...]) -> None:
+        """Keep the quantized weights a call made where it had no workspace (the saved
+        values 6 and 8, fc1's and fc2's weights, of mu, rsigma, ln_out, fc1_out,
+        act_out, fc1 input, fc1 weight, fc2 input, fc2 weight), with every usage they
+        were made with, for the later microbatches (compiled too)."""
+        fc1, fc2 = kept
+        if args.fc1_weight_workspace is None and fc1 is not None:
+            self._fc1_weight_workspace = fc1
+        if args.fc2_weight_workspace is None and fc2 is not None:
+            self._fc2_weight_workspace = fc2
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.fc2_weight, self.fc1_weight)  # TE's backward_dw: fc2's GEMM first

@@ -17,6 +17,7 @@ from ..generated.linear import call_linear
 from ..ops.linear import LinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
+from ..runtime.keep import Keep
 from ._base import (
     ExtraStateMixin,
     full_then_shard,
@@ -283,17 +284,18 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             if args.weight_workspace is not None and not _workspace_fits(args):
                 args.weight_workspace = None  # remade with every usage this call needs
             if args.weight_workspace is None:
-                keep = self._keep_weight_workspace
+                keep = Keep((1,), self._keep_weight_workspace)
         (out,) = call_linear(args, keep)
         if self.return_bias:
             bias = self.bias
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
 
-    def _keep_weight_workspace(self, args: LinearFwdArgs, saved: tuple[Any, ...]) -> None:
-        """Keep the quantized weight a first microbatch made (``saved``: the forward's
-        input and weight); later microbatches reuse it without quantizing."""
-        self._weight_workspace = saved[1]
+    def _keep_weight_workspace(self, args: LinearFwdArgs, kept: tuple[Any, ...]) -> None:
+        """Keep the quantized weight a first microbatch made (the forward's saved value
+        1); later microbatches reuse it without quantizing. Compiled too: the graph
+        hands the weight out and this runs in the traced frame (one graph per flag)."""
+        (self._weight_workspace,) = kept
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)

@@ -34,7 +34,7 @@ from transformer_engine_ops.ops.linear import (
     BackwardOverride,
     LinearFwdArgs,
     _forward_plan,
-    _internal,
+    _made_weight_quantizer,
     _Usage,
     linear_backward,
     linear_forward,
@@ -319,7 +319,11 @@ def grouped_linear_forward_spec(
     made = []
     for i in range(args.num_gemms):
         usage = _made_weight(args, i)
-        quantizer = None if usage is None else _internal(args.weight_quantizers[i], usage)
+        quantizer = (
+            None
+            if usage is None
+            else _made_weight_quantizer(args.weight_quantizers[i], usage, cache_weight=True)
+        )
         shape = tuple(args.weights[i].shape)
         made.append(None if usage is None else TensorSpec(shape, dtype, quantizer, device=device))
     return (out,), tuple(made)
@@ -456,7 +460,5 @@ GROUPED_LINEAR = OpDeclaration(
             "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
         ),
         ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
-        # The weight workspace is module state a graph cannot keep.
-        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
     ),
 )

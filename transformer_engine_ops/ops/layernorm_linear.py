@@ -431,8 +431,6 @@ LAYERNORM_LINEAR = OpDeclaration(
             "fp8_output and is_grad_enabled",
             "fp8_output=True with autograd enabled (a differentiable quantized output)",
         ),
-        # The weight workspace is module state a graph cannot keep.
-        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
     ),
 )
 

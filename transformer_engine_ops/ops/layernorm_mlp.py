@@ -713,8 +713,6 @@ LAYERNORM_MLP = OpDeclaration(
             "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)",
         ),
         ("delay_wgrad_compute", "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"),
-        # The weight workspace is module state a graph cannot keep.
-        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
     ),
 )
 

@@ -403,6 +403,15 @@ def _internal(quantizer: Quantizer, usage: _Usage) -> Quantizer:
     )
 
 
+def _made_weight_quantizer(quantizer: Quantizer, usage: _Usage, cache_weight: bool) -> Quantizer:
+    """The quantizer of a weight quantized in this call: it makes a storage, or with
+    ``cache_weight`` a wrapper tensor. The workspace a module keeps across microbatches
+    is state a compiled graph writes (flag True) and reads (flag False), and only a
+    tensor can cross a graph's boundary that way (a storage cannot be built inside a
+    traced call); TE keeps its cache entries as wrappers too."""
+    return _internal(quantizer, usage).with_internal(not cache_weight)
+
+
 def _check_supported(args: LinearFwdArgs | LinearBwdArgs, flags: tuple[str, ...]) -> None:
     for flag in flags:
         if getattr(args, flag):
@@ -441,9 +450,10 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     if plan.weight_from_workspace:
         weight = args.weight_workspace
     elif plan.quantize_weight is not None:
-        weight = _internal(args.weight_quantizer, plan.quantize_weight).quantize(
-            weight.to(args.activation_dtype)
+        quantizer = _made_weight_quantizer(
+            args.weight_quantizer, plan.quantize_weight, args.cache_weight
         )
+        weight = quantizer.quantize(weight.to(args.activation_dtype))
     elif weight.dtype != dtype and not _is_quantized(weight):
         weight = weight.to(dtype)
     bias = args.bias
@@ -509,7 +519,9 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
         saved_input = TensorSpec((rows, inp.shape[-1]), dtype, quantizer, device=device)
     saved_weight = None
     if plan.saved_weight is not None:
-        quantizer = _internal(args.weight_quantizer, plan.saved_weight)
+        quantizer = _made_weight_quantizer(
+            args.weight_quantizer, plan.saved_weight, args.cache_weight
+        )
         saved_weight = TensorSpec(tuple(args.weight.shape), dtype, quantizer, device=device)
     return (out,), (saved_input, saved_weight)
 
@@ -832,8 +844,6 @@ LINEAR = OpDeclaration(
             "fp8_output and is_grad_enabled",
             "fp8_output=True with autograd enabled (a differentiable quantized output)",
         ),
-        # The weight workspace is module state a graph cannot keep.
-        ("cache_weight", "weight caching across microbatches (is_first_microbatch)"),
     ),
 )
 

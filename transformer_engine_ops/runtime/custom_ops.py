@@ -31,6 +31,7 @@ from .boundary import (
     first_device as first_device,  # generated kernels call it as ``_r.first_device``
 )
 from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``
+from .keep import Keep as Keep  # generated calls: ``_r.Keep``
 from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes, value_opaque_reason
 from .tensor_spec import TensorSpec, to_tensor_spec
 
@@ -308,10 +309,52 @@ def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]
     return tuple(_rebuild(output_layout(qualname), flat, 0)[0])
 
 
-# Dynamo calls both once while it traces a compiled call, and bakes in what they return:
-# the record is opened and read at trace time, around the fake kernel's run.
+def _call_layouts(qualname: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """:func:`result_layouts`, read as a constant while traced (for :func:`kept_values`)."""
+    return result_layouts(qualname)
+
+
+def _width(entry: tuple[Any, ...]) -> int:
+    """How many flat slots a value of this layout takes."""
+    return 1 if entry[0] in ("none", "tensor") else len(entry[2])
+
+
+def kept_values(
+    qualname: str, flat: Sequence[torch.Tensor], kept: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """The saved values at the indices ``kept`` of a forward op's flat result (the call
+    this thread just made), in ``kept``'s order, rebuilt from *detached* buffers: state
+    a module keeps across calls (TE's weight workspace), outside this call's autograd
+    graph. Each is None, a plain tensor or a quantized wrapper tensor: a traced call can
+    build those, not a bare storage (refused with the index)."""
+    out_layouts, saved_layouts = _call_layouts(qualname)
+    missing = [index for index in kept if not 0 <= index < len(saved_layouts)]
+    if missing:
+        raise IndexError(
+            f"{qualname}: no saved value {missing[0]} to keep (this call saved "
+            f"{len(saved_layouts)})"
+        )
+    cursor = sum(_width(entry) for entry in out_layouts)
+    found: dict[int, Any] = {}
+    for index, entry in enumerate(saved_layouts):
+        width = _width(entry)
+        if index in kept:
+            if entry[0] == "storage":
+                raise TypeError(
+                    f"{qualname}: saved value {index} is a bare quantized storage; a value "
+                    "kept across calls must be a tensor or a quantized wrapper tensor"
+                )
+            buffers = [t.detach() for t in flat[cursor : cursor + width]]
+            found[index] = _rebuild((entry,), buffers, 0)[0][0]
+        cursor += width
+    return tuple(found[index] for index in kept)
+
+
+# Dynamo calls these once while it traces a compiled call, and bakes in what they
+# return: the record is opened and read at trace time, around the fake kernel's run.
 _private.mark_constant_result(begin_call)
 _private.mark_constant_result(output_layout)
+_private.mark_constant_result(_call_layouts)
 
 
 # --- the generated autograd Functions' op-generic pieces ----------------------------

@@ -7,7 +7,6 @@ Generated from the bundles in `tests/codegen/fixtures/every_kind.py`; see SCHEMA
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -504,6 +503,18 @@ def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     return _r.user_outputs(FORWARD_OP, flat)
 
 
+def every_kind_compiled_keeping(
+    args: EveryKindFwdArgs, kept: tuple[int, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`every_kind_compiled(args)`, and the saved values at the indices `kept`
+    (detached, tensors or quantized wrappers): what a module keeps across calls (a
+    `_r.Keep`), handed out of the graph with the outputs."""
+    slots = flatten_every_kind_fwd_args(args)
+    _r.begin_call(FORWARD_OP)
+    flat = every_kind_fwd(*slots)
+    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+
+
 def every_kind_compile_blocker(args: EveryKindFwdArgs) -> str | None:
     """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
     registered on this torch, a quantizer cannot be a graph constant, or a reason the
@@ -518,29 +529,32 @@ def every_kind_compile_blocker(args: EveryKindFwdArgs) -> str | None:
     )
 
 
-def _call_eagerly(
-    args: EveryKindFwdArgs, keep: Callable[[EveryKindFwdArgs, tuple[Any, ...]], None] | None
-) -> tuple[Any, ...]:
+def _call_eagerly(args: EveryKindFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
     """`call_every_kind`'s eager path (also its eager fallback under torch.compile)."""
     outputs, saved = every_kind_eager(args)
     if keep is not None:
-        keep(args, saved)
+        keep.into(args, tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_every_kind(
-    args: EveryKindFwdArgs, keep: Callable[[EveryKindFwdArgs, tuple[Any, ...]], None] | None = None
-) -> tuple[Any, ...]:
+def call_every_kind(args: EveryKindFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
     """The `every_kind` op's user outputs on `args`: the only way a module reaches the op.
 
     Eagerly: the
-    impls through `_EagerNode`. `keep`, if given, receives `args` and what the forward
-    made (its `saved`, e.g. a quantized weight a module caches). Under torch.compile:
-    the custom op, or for the reason `every_kind_compile_blocker` gives, the eager path
-    (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    impls through `_EagerNode`. `keep`, if given, names the saved values the
+    module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
+    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
+    torch.compile: the custom op (with `keep`, the values leave the graph detached and
+    `keep.into` runs in the traced frame, so the graph writes the module's state), or
+    for the reason `every_kind_compile_blocker` gives, the eager path (with `keep`)
+    behind a graph break, warning once (`fullgraph=True` raises it)."""
     if torch.compiler.is_compiling():
         reason = every_kind_compile_blocker(args)
-        if reason is None:
+        if reason is None and keep is None:
             return every_kind_compiled(args)
+        if reason is None:
+            outputs, values = every_kind_compiled_keeping(args, keep.saved)
+            keep.into(args, values)
+            return outputs
         return _r.run_eagerly(reason, _call_eagerly, args, keep)
     return _call_eagerly(args, keep)
