@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..runtime import _torch_private as _private
+
 _FORMATS = ("bshd", "sbhd")
 
 
@@ -93,7 +95,7 @@ class InferenceParams:
         self.pre_step_seqlens = torch.zeros(max_batch_size, **int32)
         self.step_lens = torch.zeros(max_batch_size, **int32)
         for buffer in (self.page_table, self.pre_step_seqlens, self.step_lens):
-            torch._dynamo.mark_static_address(buffer)
+            _private.mark_static_address(buffer)
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.sequences: OrderedDict[Any, int] = OrderedDict()
         self._pages: dict[Any, list[int]] = {}
@@ -117,8 +119,8 @@ class InferenceParams:
         shape = (self.total_num_pages + 1, self.page_size, self.num_heads_kv)
         k = torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=self.device)
         v = torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=self.device)
-        torch._dynamo.mark_static_address(k)
-        torch._dynamo.mark_static_address(v)
+        _private.mark_static_address(k)
+        _private.mark_static_address(v)
         self.cache[layer_number] = (k, v)
 
     def pre_step(self, step_dict: OrderedDict) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "inductor_mode_options",
     "make_wrapper_subclass",
     "mark_constant_result",
+    "mark_static_address",
     "queue_backward_callback",
     "scaled_mm",
     "tree_leaves",
@@ -146,6 +147,14 @@ def __getattr__(name: str) -> Any:
         from torch._dynamo.comptime import comptime
 
         return comptime
+    # ``torch._dynamo.mark_static_address`` (modules/inference.py): the KV cache and the
+    # step's page table are fixed device buffers written in place between decode steps;
+    # marked static, a CUDA-graph replay reads them where they are instead of copying
+    # them into the graph's own inputs. No ``torch.compiler`` spelling on 2.11 or 2.13.
+    if name == "mark_static_address":
+        from torch._dynamo import mark_static_address
+
+        return mark_static_address
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
