@@ -46,7 +46,6 @@ __all__ = [
     "inductor_mode_options",
     "make_wrapper_subclass",
     "mark_constant_result",
-    "mark_static_address",
     "queue_backward_callback",
     "scaled_mm",
     "tree_leaves",
