@@ -249,59 +249,63 @@ block-format GEMMs, not by what is kept for backward.
         "--report-only` (or `make bench`) here merges it into this report and its plots."
     ),
     "compile_depth_analysis": """\
-**Before and after.** Issue 24 measured, on an earlier commit, 3.6x / 1.61x / 1.62x at
-8 / 32 / 64 layers in bf16 and 5.0x / 2.01x / 2.28x with FP8 current scaling (wall). The
-table above is this code, one round per depth, on a 2-core machine at load average 10-13
-(six other sessions compiling and testing), where a step's wall time was 4-8x its CPU
-time: 32 and 64 layers from one run, 8 layers from an earlier run of the same code that
-compiled its C++ in Inductor's worker pool, which CPU time cannot count (so none is
-shown). The wall ratios (bf16 0.73x and 1.02x at 32 and 64 layers) are weak evidence
-here; the CPU time (the process and its C++ compiler runs) is the steadier measure, and
-by it both goals are missed at both depths (bf16 1.32x / 1.46x, FP8 1.80x / 2.06x; see
-the targets). No change to the product came out of this profile yet: what would cut the
-most lies in the generated calling side and the module dispatch, which issue 24's
-`call-entry` work rewrites (below). So there is no separate "after" row; `make bench` on
-a quiet machine gives the figure with 3 rounds.
+**Before and after (branch `compile-cut`, on main after `call-entry`).** The table is
+this branch's code, 2 rounds at 32 and 64 layers (the goals' depths; 8 layers was not
+re-measured) on the 2-core machine shared with six
+other sessions (load average 3-4; wall time up to 3x the CPU time). The same rounds ran
+main at 9723347 in turn (each contender a fresh process, torch.nn.Linear once a round).
+CPU-time ratio to torch.nn.Linear, median of the 2 rounds, main -> this branch: 32 layers
+bf16 1.12x -> 1.15x, FP8 2.00x -> 1.52x; 64 layers bf16 1.27x -> 1.28x, FP8 1.93x -> 1.77x.
+These rounds cannot separate the two: one contender's CPU time moved by up to 50%
+between rounds (torch.nn.Linear at 64 layers: 10.92 s, then 6.45 s; our FP8 at 64 layers
+on main: Dynamo 17.1 s, then 3.4 s), far more than this branch changes (~5 ms a layer,
+~0.2-0.3 s a step). What they say about issue 24's goals on the CPU: bf16 meets <= 1.25x
+at 32 layers and misses it narrowly at 64 (1.27-1.28x); FP8 misses <= 1.5x at 64 layers
+and, by the branch's rounds, narrowly at 32 too (main's first single round here, at load ~1, had 32 layers at bf16
+0.88x and FP8 1.08x, and 64 layers at 1.85x / 1.95x: the spread again). `make bench`
+(3 rounds) on a quiet machine is what can settle them.
 
-**Where our extra time goes** (profiled on this branch; `python -m benchmarks.compile_depth
---child --kind ours --recipe bf16 --layers 32 --profile FILE` writes a cProfile):
+**What this branch changed: inline field checks.** A bundle's tensor and scalar field
+checks are generated as an exact-type test with the `runtime/boundary.py` call only as
+fallback (`v if type(v := args.x) is bool else _b.check(v, bool, "LinearFwdArgs.x")`),
+so Dynamo inlines no call for a value of the exact type. Dynamo alone (a no-op backend,
+forward, 16 layers, process CPU time): traced bytecodes a layer 1526 -> 1364 (bf16) and
+1866 -> 1704 (FP8), 21 fewer inlined calls; over 5 interleaved runs the per-layer time
+went 62.7 -> 61.4 ms (median; paired ratio median 0.92) in bf16 and 75.6 -> 69.6 ms
+(paired 0.83) in FP8. The errors are unchanged (`LinearFwdArgs.fp8_output: expected
+bool, got int`, also from a compiled call). Evaluated and dropped: the same test reading
+`args.x` twice (no gain: the second attribute read of a traced bundle costs what the
+call saved) and the op-registration test as an import-time constant (no measurable gain).
 
-* *Inductor* costs us less than `torch.nn.Linear`, not more: the kernels' marked pieces
-  (`bias_grad`, `fp32_gemm`, ...) are extern calls, where `torch.nn.Linear`'s graph has
-  its bias-gradient sums and ReLU fusions generated as C++ and compiled (at one layer,
-  Inductor 0.56 s for ours against 6.67 s wall: one C++ compile fewer). The C++ build
-  (`cpp_builder.build`) is the largest single phase for both at 8 layers.
-* *Dynamo* is our extra. With a no-op backend (Dynamo alone, 16 layers, process CPU
-  time): 85-115 ms a layer for our `Linear` against 16-21 ms for `torch.nn.Linear`; 1451
-  traced bytecodes and 58 inlined calls a layer against 60 and 2. Exclusive Dynamo time
-  per layer, by traced function: `flatten_linear_fwd_args` 35 ms (20 its own bytecodes,
-  15 in its 40 `runtime/boundary.py` checker calls); `Linear.forward` itself 17 ms (its
-  module attribute reads, each a guard); `Linear._fwd_args` 21 ms (bundle dataclass
-  `__init__` and Dynamo's `instantiate_user_defined_class_object` 6.3, `rng_state_for`
-  2.8, `_wgrad_flags` 2.0, `activation_dtype` 1.3, the rest under 1 each);
-  `linear_compiled` itself 8 ms (the op call: its fake kernel and the graph node);
-  `follows_torch_autocast`'s wrapper 3 ms; `gemm_call_reason` + `unsupported_reason`
-  3 ms; `user_outputs` + `_rebuild` 3 ms.
-* Two experiments (not committed) bound what a rewrite of that path can win. Flatten
-  without its field checks: a third fewer bytecodes, 43% fewer inlined calls, but only
-  ~8% less Dynamo time (106 -> 98 ms a layer). The op called with its slots built
-  straight from the module (no bundle object, no checks, no dispatch logic; the other
-  slots precomputed): 33 ms a layer, 140 bytecodes, 4 inlined calls. So the op call
-  itself costs ~15 ms a layer over `torch.nn.Linear`; the other ~55-80 ms are the Python
-  around it, mostly the bundle as a traced user object (36 attribute stores in
-  `__init__`, 36 loads in `flatten`) and the module's attribute reads. A generated
-  compiled path that builds the slots from the module's values, with the field checks
-  kept for values Dynamo cannot prove constant, is where the bf16 goal can be met.
-* *AOTAutograd*: a bf16 call lowers by default, and its decomposition traces the real
-  kernel: at 8 layers 1.54 s of `aot_dispatch_autograd_graph`'s 2.53 s (cProfile, loaded
-  machine), 0.98 s of it in the marked pieces and 0.22 s in `pack_and_record` (each None
-  result a traced 0-element `empty` node). Inductor's smaller C++ more than repays it.
-* *FP8*: Dynamo's time a layer is about bf16's (111 against 115 ms in one no-op-backend
-  run); at 32 layers FP8 took 2.9 s more CPU than bf16 (10.67 against 7.79 s). On the
-  CPU, FP8 calls keep their op nodes (no recipe lowers there), so there are no quantize
-  kernels to compile; at 8 layers (cProfile) the FP8 compile spent 3 s more in Dynamo and
-  1 s more in its fake kernels (`autograd_kernel` 2.31 against 1.25 s) and less in the
-  C++ build. Where the rest goes at depth was not attributed in this session.""",
+**Where our extra time goes now** (re-profiled on main after `call-entry`; Dynamo alone,
+16 layers):
+
+* *Dynamo*: ~61 ms a layer for our `Linear` against ~14 ms for `torch.nn.Linear`
+  (before `call-entry`: 85-115 against 16-21), linear in depth (54 ms a layer at 16 and
+  at 64 layers in one pair of runs). Exclusive time a layer by traced function (one run,
+  main): `flatten_linear_fwd_args` 5.5 ms and its 21 `check`/`check_optional` calls 3.3
+  ms (the calls this branch removed) and 9 quantizer/GEMM `code` calls 1.4 ms;
+  `Linear._fwd_args` 5.1 ms, the bundle dataclass `__init__` 2.4 ms plus Dynamo's
+  `instantiate_user_defined_class_object` 1.1 ms, `rng_state_for` 1.4, `_wgrad_flags` 1.0,
+  `activation_dtype` 0.6; `linear_compiled` 4.4 ms (the op call: its fake kernel and
+  graph node); `linear_compile_blocker` 3.4 ms (12 bundle reads, the quantizer test);
+  `Linear.forward` 2.7 ms; `user_outputs` + `_rebuild` 1.1 ms; ~24 ms outside inlined
+  user code (module call, parameter wrapping, guards).
+* The bundle as a traced user object is the largest piece left. A micro-benchmark
+  (Dynamo alone): building a 36-field dataclass and reading each field once costs ~8.5
+  ms of trace, passing the same 36 values as keywords to a function ~4 ms. A generated
+  keyword entry (the compiled path flattening from the module's values, no bundle
+  object) would save roughly 5-8 ms a layer more. Not done on this branch.
+* *FP8*: with Dynamo and AOTAutograd but no Inductor (`aot_eager`, first training step,
+  16 layers, 3 runs): ours bf16 ~118, FP8 ~148, `torch.nn.Linear` ~58 ms a layer; Dynamo
+  alone bf16 ~61, FP8 ~70. So FP8's extra over bf16 is ~9 ms a layer in Dynamo (its six
+  quantizers' encodings, `code` 189 bytecodes a layer against 51, and their value-opaque
+  test, 180 against 48) and ~20 ms in AOTAutograd (its fake kernels on quantized
+  specs). It is not quantize kernels: on the CPU no recipe lowers, FP8 calls keep their
+  op nodes and Inductor compiles no quantize kernel for them.
+* *AOTAutograd* in bf16: ~57 ms a layer against ~44 for `torch.nn.Linear` (`aot_eager`
+  minus Dynamo alone), the lowering's decomposition of the real kernel; not
+  re-attributed on this branch.""",
     "analysis": """\
 **Boundary (target >= 10x: missed; about 2-3x against pytree, 2x against reflection).**
 Before this work the generated round trip was no faster than pytree (ratio 1.0-1.3x):

@@ -42,6 +42,16 @@ _SCALAR_CHECK = {
     "torch.dtype": "torch.dtype",
     "torch.device": "torch.device",
 }
+# The one Python type each scalar's inline fast path tests for (anything else, e.g. a
+# SymInt or an int for a float, goes through the full check above).
+_SCALAR_EXACT = {
+    "builtins.bool": "bool",
+    "builtins.int": "int",
+    "builtins.float": "float",
+    "builtins.str": "str",
+    "torch.dtype": "torch.dtype",
+    "torch.device": "torch.device",
+}
 _TENSOR = "torch.Tensor"
 _SIZE = "torch.Size"
 _INT = "builtins.int"
@@ -81,6 +91,16 @@ class CodeInput:
     @property
     def check(self) -> str:
         return "check_optional" if self.type.optional else "check"
+
+    def checked(self, exact: str, expected: str) -> str:
+        """The field's value, type-checked: an inline exact-type test (``exact``; None
+        too where optional) that falls back to the ``_b.check`` call only for anything
+        else, which accepts subclasses or raises naming the field. Under Dynamo an
+        inlined call costs far more than the inline test, and most values pass it."""
+        passes = f"type(v := {self.value}) is {exact}"
+        if self.type.optional:
+            passes = f"(v := {self.value}) is None or type(v) is {exact}"
+        return f"v if {passes} else _b.{self.check}(v, {expected}, {self.where})"
 
 
 @dataclass(frozen=True)
@@ -313,7 +333,7 @@ KINDS: tuple[KindRecord, ...] = (
         ),
         _match_tensor,
         _one("Tensor"),
-        lambda c: f"_b.{c.check}({c.value}, torch.Tensor, {c.where})",
+        lambda c: c.checked("torch.Tensor", "torch.Tensor"),
         _slot,
         spec="spec",
         gradient=Gradient.TENSOR,
@@ -378,7 +398,7 @@ KINDS: tuple[KindRecord, ...] = (
         ),
         _match_scalar,
         lambda name, t, config: (Slot(name, SchemaType(t.schema_type, t.optional)),),
-        lambda c: f"_b.{c.check}({c.value}, {_SCALAR_CHECK[c.type.python_type]}, {c.where})",
+        lambda c: c.checked(_SCALAR_EXACT[c.type.python_type], _SCALAR_CHECK[c.type.python_type]),
         _slot,
     ),
     KindRecord(

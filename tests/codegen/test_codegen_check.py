@@ -221,7 +221,9 @@ def test_one_field_change_is_one_line_in_each_artifact(repo: Path, cli) -> None:
     schema_line, slot_line, flatten_line, unflatten_line = added
     assert schema_line.strip() == '", bool new_flag"'
     assert slot_line.strip() == '_b.SlotRow("new_flag", "scalar", "new_flag", "bool"),'
-    assert flatten_line.strip() == '_b.check(args.new_flag, bool, "LinearFwdArgs.new_flag"),'
+    assert flatten_line.strip() == (
+        'v if type(v := args.new_flag) is bool else _b.check(v, bool, "LinearFwdArgs.new_flag"),'
+    )
     assert unflatten_line.strip() == "new_flag=slot(),"
 
     added, removed = _changed_lines(old_schemas, new_schemas)

@@ -145,6 +145,10 @@ BAD_FIELDS = [
     ("tp_size", 1.0, TypeError, "LinearFwdArgs.tp_size: expected int or SymInt, got float"),
     ("input_quantizer", "fp8", TypeError, "LinearFwdArgs.input_quantizer: expected Quantizer"),
     ("activation_dtype", "bf16", TypeError, "LinearFwdArgs.activation_dtype: expected dtype"),
+    # Fields whose flatten tests the exact type inline before the full check.
+    ("fp8_output", 1, TypeError, "LinearFwdArgs.fp8_output: expected bool, got int"),
+    ("is_first_microbatch", "no", TypeError, "LinearFwdArgs.is_first_microbatch: expected bool"),
+    ("bias", 3, TypeError, "LinearFwdArgs.bias: expected Tensor or None, got int"),
 ]
 
 
@@ -157,6 +161,35 @@ def test_flatten_rejects_a_wrong_kind_value(field, value, exc, message):
         g.flatten_linear_fwd_args(args)
     assert message in str(info.value)
     assert "got" in str(info.value)
+
+
+def test_flatten_fast_path_falls_back_to_the_full_check_for_subclasses():
+    """The inline exact-type test only short-cuts; what the full check accepts (a
+    Parameter for a Tensor, a bool for an int, a SymInt-compatible int) still passes,
+    unchanged."""
+    args = make_fwd_args("bf16")
+    param = torch.nn.Parameter(args.inp.detach().clone())
+    args = dataclasses.replace(args, inp=param, tp_size=True)
+    slots = g.flatten_linear_fwd_args(args)
+    names = [row.slot for row in g.FORWARD_SLOTS]
+    assert slots[names.index("inp")] is param
+    assert slots[names.index("tp_size")] is True
+
+
+def test_compiled_call_names_a_bad_field():
+    """Under torch.compile the flatten's checks still name the field (Dynamo traces
+    the inline test and the fallback check that raises; with ``fullgraph=True`` Dynamo
+    reports the raised TypeError inside its own error, message included)."""
+    args = dataclasses.replace(make_fwd_args("bf16"), fp8_output=1)
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def call(a):
+        return g.linear_compiled(a)
+
+    torch._dynamo.reset()
+    with pytest.raises((TypeError, torch._dynamo.exc.TorchDynamoException)) as info:
+        call(args)
+    assert "LinearFwdArgs.fp8_output: expected bool, got int" in str(info.value)
 
 
 @pytest.mark.parametrize(

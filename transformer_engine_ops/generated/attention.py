@@ -163,34 +163,66 @@ BACKWARD_SLOTS = (
 def flatten_dot_product_attn_fwd_args(args: DotProductAttnFwdArgs) -> tuple[Any, ...]:
     """`DotProductAttnFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.q, torch.Tensor, "DotProductAttnFwdArgs.q"),
-        _b.check(args.k, torch.Tensor, "DotProductAttnFwdArgs.k"),
-        _b.check(args.v, torch.Tensor, "DotProductAttnFwdArgs.v"),
-        _b.check_optional(args.attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
-        _b.check_optional(args.cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
-        _b.check_optional(args.cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
-        _b.check_optional(
-            args.cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
-        ),
-        _b.check_optional(
-            args.cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
-        ),
-        _b.check_optional(
-            args.attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
-        ),
-        _b.check_optional(args.alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
-        _b.check_optional(args.rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
-        _b.check(args.q_requires_grad, bool, "DotProductAttnFwdArgs.q_requires_grad"),
-        _b.check(args.k_requires_grad, bool, "DotProductAttnFwdArgs.k_requires_grad"),
-        _b.check(args.v_requires_grad, bool, "DotProductAttnFwdArgs.v_requires_grad"),
-        _b.check(
-            args.attn_bias_requires_grad, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"
-        ),
-        _b.check(args.is_training, bool, "DotProductAttnFwdArgs.is_training"),
-        _b.check(args.max_seqlen_q, _b.INT, "DotProductAttnFwdArgs.max_seqlen_q"),
-        _b.check(args.max_seqlen_kv, _b.INT, "DotProductAttnFwdArgs.max_seqlen_kv"),
-        _b.check(args.attn_scale, _b.FLOAT, "DotProductAttnFwdArgs.attn_scale"),
-        _b.check(args.dropout_p, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
+        v
+        if type(v := args.q) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.q"),
+        v
+        if type(v := args.k) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.k"),
+        v
+        if type(v := args.v) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
+        v
+        if (v := args.attn_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
+        v
+        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
+        v
+        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
+        v
+        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"),
+        v
+        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"),
+        v
+        if (v := args.attention_mask) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"),
+        v
+        if (v := args.alibi_slopes) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
+        v
+        if (v := args.rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
+        v
+        if type(v := args.q_requires_grad) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.q_requires_grad"),
+        v
+        if type(v := args.k_requires_grad) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.k_requires_grad"),
+        v
+        if type(v := args.v_requires_grad) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.v_requires_grad"),
+        v
+        if type(v := args.attn_bias_requires_grad) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"),
+        v
+        if type(v := args.is_training) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.is_training"),
+        v
+        if type(v := args.max_seqlen_q) is int
+        else _b.check(v, _b.INT, "DotProductAttnFwdArgs.max_seqlen_q"),
+        v
+        if type(v := args.max_seqlen_kv) is int
+        else _b.check(v, _b.INT, "DotProductAttnFwdArgs.max_seqlen_kv"),
+        v
+        if type(v := args.attn_scale) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.attn_scale"),
+        v
+        if type(v := args.dropout_p) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
         _b.choice(args.qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
         _b.choice(
             args.attn_bias_type,
@@ -211,14 +243,20 @@ def flatten_dot_product_attn_fwd_args(args: DotProductAttnFwdArgs) -> tuple[Any,
             "DotProductAttnFwdArgs.attn_mask_type",
         ),
         _b.int_tuple(args.window_size, 2, "DotProductAttnFwdArgs.window_size"),
-        _b.check(args.bottom_right_diagonal, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"),
-        _b.check(args.softcap, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
+        v
+        if type(v := args.bottom_right_diagonal) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"),
+        v
+        if type(v := args.softcap) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
         _b.choice(
             args.backend,
             ("unfused", "flash", "cudnn", "efficient"),
             "DotProductAttnFwdArgs.backend",
         ),
-        _b.check(args.is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
     )
 
 
@@ -260,33 +298,69 @@ def unflatten_dot_product_attn_fwd_args(*slots: Any) -> DotProductAttnFwdArgs:
 def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any, ...]:
     """`DotProductAttnBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
-        _b.check_optional(args.grad_output, torch.Tensor, "DotProductAttnBwdArgs.grad_output"),
-        _b.check(args.q, torch.Tensor, "DotProductAttnBwdArgs.q"),
-        _b.check(args.k, torch.Tensor, "DotProductAttnBwdArgs.k"),
-        _b.check(args.v, torch.Tensor, "DotProductAttnBwdArgs.v"),
-        _b.check_optional(args.attn_bias, torch.Tensor, "DotProductAttnBwdArgs.attn_bias"),
-        _b.check_optional(args.cu_seqlens_q, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q"),
-        _b.check_optional(args.cu_seqlens_kv, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv"),
-        _b.check_optional(
-            args.cu_seqlens_q_padded, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q_padded"
-        ),
-        _b.check_optional(
-            args.cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv_padded"
-        ),
-        _b.check_optional(
-            args.attention_mask, torch.Tensor, "DotProductAttnBwdArgs.attention_mask"
-        ),
-        _b.check_optional(args.alibi_slopes, torch.Tensor, "DotProductAttnBwdArgs.alibi_slopes"),
-        _b.check_optional(args.softmax_stats, torch.Tensor, "DotProductAttnBwdArgs.softmax_stats"),
-        _b.check_optional(args.rng_state, torch.Tensor, "DotProductAttnBwdArgs.rng_state"),
-        _b.check(args.requires_dq, bool, "DotProductAttnBwdArgs.requires_dq"),
-        _b.check(args.requires_dk, bool, "DotProductAttnBwdArgs.requires_dk"),
-        _b.check(args.requires_dv, bool, "DotProductAttnBwdArgs.requires_dv"),
-        _b.check(args.requires_dbias, bool, "DotProductAttnBwdArgs.requires_dbias"),
-        _b.check(args.max_seqlen_q, _b.INT, "DotProductAttnBwdArgs.max_seqlen_q"),
-        _b.check(args.max_seqlen_kv, _b.INT, "DotProductAttnBwdArgs.max_seqlen_kv"),
-        _b.check(args.attn_scale, _b.FLOAT, "DotProductAttnBwdArgs.attn_scale"),
-        _b.check(args.dropout_p, _b.FLOAT, "DotProductAttnBwdArgs.dropout_p"),
+        v
+        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.grad_output"),
+        v
+        if type(v := args.q) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.q"),
+        v
+        if type(v := args.k) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.k"),
+        v
+        if type(v := args.v) is torch.Tensor
+        else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.v"),
+        v
+        if (v := args.attn_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.attn_bias"),
+        v
+        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q"),
+        v
+        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv"),
+        v
+        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q_padded"),
+        v
+        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv_padded"),
+        v
+        if (v := args.attention_mask) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.attention_mask"),
+        v
+        if (v := args.alibi_slopes) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.alibi_slopes"),
+        v
+        if (v := args.softmax_stats) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.softmax_stats"),
+        v
+        if (v := args.rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.rng_state"),
+        v
+        if type(v := args.requires_dq) is bool
+        else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dq"),
+        v
+        if type(v := args.requires_dk) is bool
+        else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dk"),
+        v
+        if type(v := args.requires_dv) is bool
+        else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dv"),
+        v
+        if type(v := args.requires_dbias) is bool
+        else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dbias"),
+        v
+        if type(v := args.max_seqlen_q) is int
+        else _b.check(v, _b.INT, "DotProductAttnBwdArgs.max_seqlen_q"),
+        v
+        if type(v := args.max_seqlen_kv) is int
+        else _b.check(v, _b.INT, "DotProductAttnBwdArgs.max_seqlen_kv"),
+        v
+        if type(v := args.attn_scale) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnBwdArgs.attn_scale"),
+        v
+        if type(v := args.dropout_p) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnBwdArgs.dropout_p"),
         _b.choice(args.qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnBwdArgs.qkv_format"),
         _b.choice(
             args.attn_bias_type,
@@ -307,8 +381,12 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
             "DotProductAttnBwdArgs.attn_mask_type",
         ),
         _b.int_tuple(args.window_size, 2, "DotProductAttnBwdArgs.window_size"),
-        _b.check(args.bottom_right_diagonal, bool, "DotProductAttnBwdArgs.bottom_right_diagonal"),
-        _b.check(args.softcap, _b.FLOAT, "DotProductAttnBwdArgs.softcap"),
+        v
+        if type(v := args.bottom_right_diagonal) is bool
+        else _b.check(v, bool, "DotProductAttnBwdArgs.bottom_right_diagonal"),
+        v
+        if type(v := args.softcap) is float
+        else _b.check(v, _b.FLOAT, "DotProductAttnBwdArgs.softcap"),
         _b.choice(
             args.backend,
             ("unfused", "flash", "cudnn", "efficient"),

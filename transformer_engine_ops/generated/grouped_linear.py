@@ -170,42 +170,68 @@ BACKWARD_SLOTS = (
 def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     """`GroupedLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "GroupedLinearFwdArgs.inp"),
         *_b.tensor_or_quantized_list(args.weights, "GroupedLinearFwdArgs.weights"),
         _b.optional_tensor_list(args.biases, "GroupedLinearFwdArgs.biases"),
         *_b.optional_tensor_or_quantized_list(
             args.weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
         ),
-        _b.check(args.m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
-        _b.check(args.input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
-        _b.check(args.weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
-        _b.check(args.biases_requires_grad, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
+        v
+        if type(v := args.m_splits) is torch.Tensor
+        else _b.check(v, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.weights_requires_grad) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
+        v
+        if type(v := args.biases_requires_grad) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
         _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
         _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
         _b.code_list(
             args.grad_output_quantizers, Quantizer, "GroupedLinearFwdArgs.grad_output_quantizers"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "GroupedLinearFwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "GroupedLinearFwdArgs.fp8"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
         ),
         _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
-        _b.check(args.num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
-        _b.check(args.in_features, _b.INT, "GroupedLinearFwdArgs.in_features"),
-        _b.check(args.out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
-        _b.check_optional(
-            args.is_first_microbatch, bool, "GroupedLinearFwdArgs.is_first_microbatch"
-        ),
-        _b.check(args.cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
-        _b.check(args.is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
-        _b.check(
-            args.fuse_wgrad_accumulation, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"
-        ),
-        _b.check(args.delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
+        v
+        if type(v := args.num_gemms) is int
+        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
+        v
+        if type(v := args.in_features) is int
+        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.in_features"),
+        v
+        if type(v := args.out_features) is int
+        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.out_features"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "GroupedLinearFwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.cache_weight) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.cache_weight"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"),
+        v
+        if type(v := args.delay_wgrad_compute) is bool
+        else _b.check(v, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -246,33 +272,55 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
     """`GroupedLinearBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "GroupedLinearBwdArgs.grad_outputs"),
-        _b.check(args.inp, torch.Tensor, "GroupedLinearBwdArgs.inp"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "GroupedLinearBwdArgs.inp"),
         *_b.tensor_or_quantized_list(args.weights, "GroupedLinearBwdArgs.weights"),
-        _b.check(args.m_splits, torch.Tensor, "GroupedLinearBwdArgs.m_splits"),
+        v
+        if type(v := args.m_splits) is torch.Tensor
+        else _b.check(v, torch.Tensor, "GroupedLinearBwdArgs.m_splits"),
         *_b.optional_tensor_or_quantized_list(
             args.weight_workspaces, "GroupedLinearBwdArgs.weight_workspaces"
         ),
-        _b.check(args.requires_dgrad, bool, "GroupedLinearBwdArgs.requires_dgrad"),
-        _b.check(args.requires_wgrad, bool, "GroupedLinearBwdArgs.requires_wgrad"),
-        _b.check(args.requires_bgrad, bool, "GroupedLinearBwdArgs.requires_bgrad"),
-        _b.check(args.has_biases, bool, "GroupedLinearBwdArgs.has_biases"),
+        v
+        if type(v := args.requires_dgrad) is bool
+        else _b.check(v, bool, "GroupedLinearBwdArgs.requires_dgrad"),
+        v
+        if type(v := args.requires_wgrad) is bool
+        else _b.check(v, bool, "GroupedLinearBwdArgs.requires_wgrad"),
+        v
+        if type(v := args.requires_bgrad) is bool
+        else _b.check(v, bool, "GroupedLinearBwdArgs.requires_bgrad"),
+        v
+        if type(v := args.has_biases) is bool
+        else _b.check(v, bool, "GroupedLinearBwdArgs.has_biases"),
         _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearBwdArgs.input_quantizers"),
         _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearBwdArgs.weight_quantizers"),
         _b.code_list(
             args.grad_output_quantizers, Quantizer, "GroupedLinearBwdArgs.grad_output_quantizers"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "GroupedLinearBwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "GroupedLinearBwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "GroupedLinearBwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "GroupedLinearBwdArgs.fp8"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "GroupedLinearBwdArgs.backward_override"
         ),
         _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
-        _b.check(args.num_gemms, _b.INT, "GroupedLinearBwdArgs.num_gemms"),
-        _b.check(args.in_features, _b.INT, "GroupedLinearBwdArgs.in_features"),
-        _b.check(args.out_features, _b.INT, "GroupedLinearBwdArgs.out_features"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
+        v
+        if type(v := args.num_gemms) is int
+        else _b.check(v, _b.INT, "GroupedLinearBwdArgs.num_gemms"),
+        v
+        if type(v := args.in_features) is int
+        else _b.check(v, _b.INT, "GroupedLinearBwdArgs.in_features"),
+        v
+        if type(v := args.out_features) is int
+        else _b.check(v, _b.INT, "GroupedLinearBwdArgs.out_features"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
         *_b.unsupported(args.wgrad_routes, "GroupedLinearBwdArgs.wgrad_routes"),
     )
 

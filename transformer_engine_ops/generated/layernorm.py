@@ -91,16 +91,32 @@ BACKWARD_SLOTS = (
 def flatten_layer_norm_fwd_args(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     """`LayerNormFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.inp, torch.Tensor, "LayerNormFwdArgs.inp"),
-        _b.check(args.weight, torch.Tensor, "LayerNormFwdArgs.weight"),
-        _b.check_optional(args.bias, torch.Tensor, "LayerNormFwdArgs.bias"),
-        _b.check(args.input_requires_grad, bool, "LayerNormFwdArgs.input_requires_grad"),
-        _b.check(args.weight_requires_grad, bool, "LayerNormFwdArgs.weight_requires_grad"),
-        _b.check(args.bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormFwdArgs.inp"),
+        v
+        if type(v := args.weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormFwdArgs.weight"),
+        v
+        if (v := args.bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormFwdArgs.bias"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormFwdArgs.weight_requires_grad"),
+        v
+        if type(v := args.bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormFwdArgs.bias_requires_grad"),
         _b.choice(args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
-        _b.check(args.eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormFwdArgs.zero_centered_gamma"),
-        _b.check(args.is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
+        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormFwdArgs.eps"),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormFwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "LayerNormFwdArgs.is_grad_enabled"),
     )
 
 
@@ -125,15 +141,31 @@ def flatten_layer_norm_bwd_args(args: LayerNormBwdArgs) -> tuple[Any, ...]:
     """`LayerNormBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormBwdArgs.grad_outputs"),
-        _b.check(args.inp, torch.Tensor, "LayerNormBwdArgs.inp"),
-        _b.check(args.weight, torch.Tensor, "LayerNormBwdArgs.weight"),
-        _b.check_optional(args.mu, torch.Tensor, "LayerNormBwdArgs.mu"),
-        _b.check_optional(args.rsigma, torch.Tensor, "LayerNormBwdArgs.rsigma"),
-        _b.check(args.requires_dgrad, bool, "LayerNormBwdArgs.requires_dgrad"),
-        _b.check(args.requires_wgrad, bool, "LayerNormBwdArgs.requires_wgrad"),
-        _b.check(args.requires_bgrad, bool, "LayerNormBwdArgs.requires_bgrad"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormBwdArgs.inp"),
+        v
+        if type(v := args.weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormBwdArgs.weight"),
+        v
+        if (v := args.mu) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormBwdArgs.mu"),
+        v
+        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormBwdArgs.rsigma"),
+        v
+        if type(v := args.requires_dgrad) is bool
+        else _b.check(v, bool, "LayerNormBwdArgs.requires_dgrad"),
+        v
+        if type(v := args.requires_wgrad) is bool
+        else _b.check(v, bool, "LayerNormBwdArgs.requires_wgrad"),
+        v
+        if type(v := args.requires_bgrad) is bool
+        else _b.check(v, bool, "LayerNormBwdArgs.requires_bgrad"),
         _b.choice(args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormBwdArgs.normalization"),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormBwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormBwdArgs.zero_centered_gamma"),
     )
 
 

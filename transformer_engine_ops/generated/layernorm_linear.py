@@ -214,29 +214,47 @@ BACKWARD_SLOTS = (
 def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
     """`LayerNormLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.inp, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
-        _b.check(args.ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
-        _b.check_optional(args.ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
+        v
+        if type(v := args.ln_weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
+        v
+        if (v := args.ln_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(args.weight, "LayerNormLinearFwdArgs.weight"),
-        _b.check_optional(args.bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
+        v
+        if (v := args.bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(
             args.weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
         ),
-        _b.check(args.input_requires_grad, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
-        _b.check(
-            args.ln_weight_requires_grad, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"
-        ),
-        _b.check(args.ln_bias_requires_grad, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"),
-        _b.check(args.weight_requires_grad, bool, "LayerNormLinearFwdArgs.weight_requires_grad"),
-        _b.check(args.bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.ln_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"),
+        v
+        if type(v := args.ln_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"),
+        v
+        if type(v := args.weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.weight_requires_grad"),
+        v
+        if type(v := args.bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"
         ),
-        _b.check(args.eps, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"),
-        _b.check(
-            args.return_layernorm_output, bool, "LayerNormLinearFwdArgs.return_layernorm_output"
-        ),
+        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.return_layernorm_output) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.return_layernorm_output"),
         _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"),
         _b.optional_code(
             args.weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"
@@ -253,31 +271,51 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LayerNormLinearFwdArgs.fp8"),
-        _b.check(args.fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormLinearFwdArgs.fp8"),
+        v
+        if type(v := args.fp8_output) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.fp8_output"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
         ),
         _b.code(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
-        _b.check_optional(
-            args.is_first_microbatch, bool, "LayerNormLinearFwdArgs.is_first_microbatch"
-        ),
-        _b.check(args.cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LayerNormLinearFwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.cache_weight) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.cache_weight"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormLinearFwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
-        _b.check(args.in_features, _b.INT, "LayerNormLinearFwdArgs.in_features"),
-        _b.check(args.out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
-        _b.check(args.is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
-        _b.check(
-            args.fuse_wgrad_accumulation, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"
-        ),
-        _b.check(args.delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
+        v
+        if type(v := args.tp_size) is int
+        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
+        v
+        if type(v := args.in_features) is int
+        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.in_features"),
+        v
+        if type(v := args.out_features) is int
+        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.out_features"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"),
+        v
+        if type(v := args.delay_wgrad_compute) is bool
+        else _b.check(v, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -332,28 +370,48 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
     """`LayerNormLinearBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormLinearBwdArgs.grad_outputs"),
-        _b.check(args.inp, torch.Tensor, "LayerNormLinearBwdArgs.inp"),
-        _b.check(args.ln_weight, torch.Tensor, "LayerNormLinearBwdArgs.ln_weight"),
-        _b.check_optional(args.mu, torch.Tensor, "LayerNormLinearBwdArgs.mu"),
-        _b.check_optional(args.rsigma, torch.Tensor, "LayerNormLinearBwdArgs.rsigma"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormLinearBwdArgs.inp"),
+        v
+        if type(v := args.ln_weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormLinearBwdArgs.ln_weight"),
+        v
+        if (v := args.mu) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.mu"),
+        v
+        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.rsigma"),
         *_b.optional_tensor_or_quantized(args.inputmat, "LayerNormLinearBwdArgs.inputmat"),
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LayerNormLinearBwdArgs.weight_fp8"),
         _b.size(args.ln_out_shape, "LayerNormLinearBwdArgs.ln_out_shape"),
-        _b.check(args.requires_dgrad, bool, "LayerNormLinearBwdArgs.requires_dgrad"),
-        _b.check(args.requires_wgrad, bool, "LayerNormLinearBwdArgs.requires_wgrad"),
-        _b.check(args.use_bias, bool, "LayerNormLinearBwdArgs.use_bias"),
-        _b.check(args.input_requires_grad, bool, "LayerNormLinearBwdArgs.input_requires_grad"),
-        _b.check(
-            args.ln_weight_requires_grad, bool, "LayerNormLinearBwdArgs.ln_weight_requires_grad"
-        ),
-        _b.check(args.ln_bias_requires_grad, bool, "LayerNormLinearBwdArgs.ln_bias_requires_grad"),
+        v
+        if type(v := args.requires_dgrad) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.requires_dgrad"),
+        v
+        if type(v := args.requires_wgrad) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.requires_wgrad"),
+        v
+        if type(v := args.use_bias) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.use_bias"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.input_requires_grad"),
+        v
+        if type(v := args.ln_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.ln_weight_requires_grad"),
+        v
+        if type(v := args.ln_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.ln_bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearBwdArgs.normalization"
         ),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormLinearBwdArgs.zero_centered_gamma"),
-        _b.check(
-            args.return_layernorm_output, bool, "LayerNormLinearBwdArgs.return_layernorm_output"
-        ),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.return_layernorm_output) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.return_layernorm_output"),
         _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearBwdArgs.input_quantizer"),
         _b.optional_code(
             args.weight_quantizer, Quantizer, "LayerNormLinearBwdArgs.weight_quantizer"
@@ -367,8 +425,10 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LayerNormLinearBwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LayerNormLinearBwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LayerNormLinearBwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormLinearBwdArgs.fp8"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LayerNormLinearBwdArgs.backward_override"
         ),
@@ -376,9 +436,15 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormLinearBwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
+        v
+        if type(v := args.tp_size) is int
+        else _b.check(v, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
         *_b.unsupported(args.wgrad_route, "LayerNormLinearBwdArgs.wgrad_route"),
     )
 

@@ -281,40 +281,66 @@ BACKWARD_SLOTS = (
 def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """`LayerNormMLPFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
-        _b.check(args.ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
-        _b.check_optional(args.ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
+        v
+        if type(v := args.ln_weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
+        v
+        if (v := args.ln_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(args.fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
-        _b.check_optional(args.fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
+        v
+        if (v := args.fc1_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
         *_b.tensor_or_quantized(args.fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
-        _b.check_optional(args.fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
+        v
+        if (v := args.fc2_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
         *_b.optional_tensor_or_quantized(
             args.fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
         ),
         *_b.optional_tensor_or_quantized(
             args.fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
         ),
-        _b.check_optional(
-            args.is_first_microbatch, bool, "LayerNormMLPFwdArgs.is_first_microbatch"
-        ),
-        _b.check(args.cache_weight, bool, "LayerNormMLPFwdArgs.cache_weight"),
-        _b.check(args.input_requires_grad, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
-        _b.check(args.ln_weight_requires_grad, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
-        _b.check(args.ln_bias_requires_grad, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
-        _b.check(
-            args.fc1_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"
-        ),
-        _b.check(args.fc1_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"),
-        _b.check(
-            args.fc2_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"
-        ),
-        _b.check(args.fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LayerNormMLPFwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.cache_weight) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.cache_weight"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.ln_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
+        v
+        if type(v := args.ln_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
+        v
+        if type(v := args.fc1_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"),
+        v
+        if type(v := args.fc1_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"),
+        v
+        if type(v := args.fc2_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"),
+        v
+        if type(v := args.fc2_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"
         ),
-        _b.check(args.eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
-        _b.check(args.return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
+        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.return_layernorm_output) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
         _b.choice(
             args.activation,
             (
@@ -377,21 +403,39 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
             Quantizer,
             "LayerNormMLPFwdArgs.fc2_grad_output_quantizer",
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LayerNormMLPFwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormMLPFwdArgs.fp8"),
         _b.code(args.fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
-        _b.check(args.set_parallel_mode, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
+        v
+        if type(v := args.set_parallel_mode) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormMLPFwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
-        _b.check(args.hidden_size, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
-        _b.check(args.ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
-        _b.check(args.is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
-        _b.check(args.fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
-        _b.check(args.delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
+        v
+        if type(v := args.hidden_size) is int
+        else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
+        v
+        if type(v := args.ffn_hidden_size) is int
+        else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
+        v
+        if type(v := args.delay_wgrad_compute) is bool
+        else _b.check(v, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
         _b.optional_code(
             args.activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
         ),
@@ -460,31 +504,63 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
     """`LayerNormMLPBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormMLPBwdArgs.grad_outputs"),
-        _b.check(args.inp, torch.Tensor, "LayerNormMLPBwdArgs.inp"),
-        _b.check(args.ln_weight, torch.Tensor, "LayerNormMLPBwdArgs.ln_weight"),
-        _b.check_optional(args.mu, torch.Tensor, "LayerNormMLPBwdArgs.mu"),
-        _b.check_optional(args.rsigma, torch.Tensor, "LayerNormMLPBwdArgs.rsigma"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormMLPBwdArgs.inp"),
+        v
+        if type(v := args.ln_weight) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LayerNormMLPBwdArgs.ln_weight"),
+        v
+        if (v := args.mu) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.mu"),
+        v
+        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.rsigma"),
         *_b.optional_tensor_or_quantized(args.fc1_inputmat, "LayerNormMLPBwdArgs.fc1_inputmat"),
         *_b.optional_tensor_or_quantized(args.fc1_weight_fp8, "LayerNormMLPBwdArgs.fc1_weight_fp8"),
         _b.size(args.ln_out_shape, "LayerNormMLPBwdArgs.ln_out_shape"),
-        _b.check_optional(args.fc1_out, torch.Tensor, "LayerNormMLPBwdArgs.fc1_out"),
+        v
+        if (v := args.fc1_out) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.fc1_out"),
         *_b.optional_tensor_or_quantized(args.fc2_inputmat, "LayerNormMLPBwdArgs.fc2_inputmat"),
         *_b.optional_tensor_or_quantized(args.fc2_weight_fp8, "LayerNormMLPBwdArgs.fc2_weight_fp8"),
         _b.size(args.act_shape, "LayerNormMLPBwdArgs.act_shape"),
-        _b.check(args.fc1_requires_dgrad, bool, "LayerNormMLPBwdArgs.fc1_requires_dgrad"),
-        _b.check(args.fc1_requires_wgrad, bool, "LayerNormMLPBwdArgs.fc1_requires_wgrad"),
-        _b.check(args.fc1_use_bias, bool, "LayerNormMLPBwdArgs.fc1_use_bias"),
-        _b.check(args.fc2_requires_dgrad, bool, "LayerNormMLPBwdArgs.fc2_requires_dgrad"),
-        _b.check(args.fc2_requires_wgrad, bool, "LayerNormMLPBwdArgs.fc2_requires_wgrad"),
-        _b.check(args.fc2_use_bias, bool, "LayerNormMLPBwdArgs.fc2_use_bias"),
-        _b.check(args.input_requires_grad, bool, "LayerNormMLPBwdArgs.input_requires_grad"),
-        _b.check(args.ln_weight_requires_grad, bool, "LayerNormMLPBwdArgs.ln_weight_requires_grad"),
-        _b.check(args.ln_bias_requires_grad, bool, "LayerNormMLPBwdArgs.ln_bias_requires_grad"),
+        v
+        if type(v := args.fc1_requires_dgrad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_requires_dgrad"),
+        v
+        if type(v := args.fc1_requires_wgrad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_requires_wgrad"),
+        v
+        if type(v := args.fc1_use_bias) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_use_bias"),
+        v
+        if type(v := args.fc2_requires_dgrad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_requires_dgrad"),
+        v
+        if type(v := args.fc2_requires_wgrad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_requires_wgrad"),
+        v
+        if type(v := args.fc2_use_bias) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_use_bias"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.input_requires_grad"),
+        v
+        if type(v := args.ln_weight_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.ln_weight_requires_grad"),
+        v
+        if type(v := args.ln_bias_requires_grad) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.ln_bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPBwdArgs.normalization"
         ),
-        _b.check(args.zero_centered_gamma, bool, "LayerNormMLPBwdArgs.zero_centered_gamma"),
-        _b.check(args.return_layernorm_output, bool, "LayerNormMLPBwdArgs.return_layernorm_output"),
+        v
+        if type(v := args.zero_centered_gamma) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.zero_centered_gamma"),
+        v
+        if type(v := args.return_layernorm_output) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.return_layernorm_output"),
         _b.choice(
             args.activation,
             (
@@ -541,15 +617,23 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
             Quantizer,
             "LayerNormMLPBwdArgs.fc2_grad_output_quantizer",
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LayerNormMLPBwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LayerNormMLPBwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LayerNormMLPBwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormMLPBwdArgs.fp8"),
         _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.wgrad_gemm"),
-        _b.check(args.set_parallel_mode, bool, "LayerNormMLPBwdArgs.set_parallel_mode"),
+        v
+        if type(v := args.set_parallel_mode) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.set_parallel_mode"),
         _b.optional_group_name(args.tp_group, "LayerNormMLPBwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
         *_b.unsupported(args.fc1_wgrad_route, "LayerNormMLPBwdArgs.fc1_wgrad_route"),
         *_b.unsupported(args.fc2_wgrad_route, "LayerNormMLPBwdArgs.fc2_wgrad_route"),
         _b.optional_code(

@@ -192,12 +192,22 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
     """`LinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
         *_b.tensor_or_quantized(args.weight, "LinearFwdArgs.weight"),
-        _b.check(args.inp, torch.Tensor, "LinearFwdArgs.inp"),
-        _b.check_optional(args.bias, torch.Tensor, "LinearFwdArgs.bias"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LinearFwdArgs.inp"),
+        v
+        if (v := args.bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(args.weight_workspace, "LinearFwdArgs.weight_workspace"),
-        _b.check(args.input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
-        _b.check(args.weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
-        _b.check(args.bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.weight_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.weight_requires_grad"),
+        v
+        if type(v := args.bias_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.bias_requires_grad"),
         _b.optional_code(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
         _b.optional_code(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
         _b.optional_code(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
@@ -210,31 +220,57 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LinearFwdArgs.fp8"),
-        _b.check(args.fp8_output, bool, "LinearFwdArgs.fp8_output"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LinearFwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearFwdArgs.fp8"),
+        v if type(v := args.fp8_output) is bool else _b.check(v, bool, "LinearFwdArgs.fp8_output"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LinearFwdArgs.backward_override"
         ),
         _b.code(args.fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
         _b.code(args.dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
         _b.code(args.wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
-        _b.check_optional(args.is_first_microbatch, bool, "LinearFwdArgs.is_first_microbatch"),
-        _b.check(args.cache_weight, bool, "LinearFwdArgs.cache_weight"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LinearFwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.cache_weight) is bool
+        else _b.check(v, bool, "LinearFwdArgs.cache_weight"),
         _b.optional_choice(args.parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LinearFwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LinearFwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LinearFwdArgs.sequence_parallel"),
-        _b.check(args.in_features, _b.INT, "LinearFwdArgs.in_features"),
-        _b.check(args.out_features, _b.INT, "LinearFwdArgs.out_features"),
-        _b.check(args.ub_overlap_ag_fprop, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
-        _b.check(args.ub_overlap_rs_fprop, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
-        _b.check_optional(args.ub_name, str, "LinearFwdArgs.ub_name"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearFwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LinearFwdArgs.sequence_parallel"),
+        v
+        if type(v := args.in_features) is int
+        else _b.check(v, _b.INT, "LinearFwdArgs.in_features"),
+        v
+        if type(v := args.out_features) is int
+        else _b.check(v, _b.INT, "LinearFwdArgs.out_features"),
+        v
+        if type(v := args.ub_overlap_ag_fprop) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
+        v
+        if type(v := args.ub_overlap_rs_fprop) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
+        v
+        if (v := args.ub_name) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearFwdArgs.ub_name"),
         *_b.unsupported(args.wgrad_store, "LinearFwdArgs.wgrad_store"),
-        _b.check(args.is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
-        _b.check(args.fuse_wgrad_accumulation, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
-        _b.check(args.delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "LinearFwdArgs.is_grad_enabled"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
+        v
+        if type(v := args.delay_wgrad_compute) is bool
+        else _b.check(v, bool, "LinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -288,9 +324,13 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         *_b.optional_tensor_or_quantized(args.inputmat, "LinearBwdArgs.inputmat"),
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
         _b.size(args.inp_shape, "LinearBwdArgs.inp_shape"),
-        _b.check(args.requires_dgrad, bool, "LinearBwdArgs.requires_dgrad"),
-        _b.check(args.requires_wgrad, bool, "LinearBwdArgs.requires_wgrad"),
-        _b.check(args.use_bias, bool, "LinearBwdArgs.use_bias"),
+        v
+        if type(v := args.requires_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.requires_dgrad"),
+        v
+        if type(v := args.requires_wgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.requires_wgrad"),
+        v if type(v := args.use_bias) is bool else _b.check(v, bool, "LinearBwdArgs.use_bias"),
         _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
         _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
         _b.optional_code(
@@ -302,8 +342,10 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LinearBwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LinearBwdArgs.fp8"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LinearBwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearBwdArgs.fp8"),
         _b.optional_enum_name(
             args.backward_override, BackwardOverride, "LinearBwdArgs.backward_override"
         ),
@@ -311,14 +353,24 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.code(args.wgrad_gemm, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
         _b.optional_choice(args.parallel_mode, ("column", "row"), "LinearBwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LinearBwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LinearBwdArgs.tp_size"),
-        _b.check(args.sequence_parallel, bool, "LinearBwdArgs.sequence_parallel"),
-        _b.check(args.ub_overlap_ag_dgrad, bool, "LinearBwdArgs.ub_overlap_ag_dgrad"),
-        _b.check(args.ub_overlap_rs_dgrad, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
-        _b.check(args.ub_bulk_wgrad, bool, "LinearBwdArgs.ub_bulk_wgrad"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearBwdArgs.tp_size"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LinearBwdArgs.sequence_parallel"),
+        v
+        if type(v := args.ub_overlap_ag_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_overlap_ag_dgrad"),
+        v
+        if type(v := args.ub_overlap_rs_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
+        v
+        if type(v := args.ub_bulk_wgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_bulk_wgrad"),
         *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
         *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
-        _b.check_optional(args.sr_rng_state, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
+        v
+        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
         *_b.unsupported(args.wgrad_route, "LinearBwdArgs.wgrad_route"),
     )
 

@@ -253,45 +253,93 @@ def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
         *_b.tensor_or_quantized(args.q, "FusedAttnFwdArgs.q"),
         *_b.tensor_or_quantized(args.k, "FusedAttnFwdArgs.k"),
         *_b.tensor_or_quantized(args.v, "FusedAttnFwdArgs.v"),
-        _b.check_optional(args.attn_bias, torch.Tensor, "FusedAttnFwdArgs.attn_bias"),
-        _b.check_optional(args.softmax_offset, torch.Tensor, "FusedAttnFwdArgs.softmax_offset"),
-        _b.check(args.cu_seqlens_q, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q"),
-        _b.check(args.cu_seqlens_kv, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv"),
-        _b.check_optional(
-            args.cu_seqlens_q_padded, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q_padded"
-        ),
-        _b.check_optional(
-            args.cu_seqlens_kv_padded, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv_padded"
-        ),
-        _b.check_optional(args.page_table_k, torch.Tensor, "FusedAttnFwdArgs.page_table_k"),
-        _b.check_optional(args.page_table_v, torch.Tensor, "FusedAttnFwdArgs.page_table_v"),
-        _b.check_optional(args.packed_qkv, torch.Tensor, "FusedAttnFwdArgs.packed_qkv"),
-        _b.check_optional(args.packed_kv, torch.Tensor, "FusedAttnFwdArgs.packed_kv"),
-        _b.check(args.is_training, bool, "FusedAttnFwdArgs.is_training"),
-        _b.check(args.max_seqlen_q, _b.INT, "FusedAttnFwdArgs.max_seqlen_q"),
-        _b.check(args.max_seqlen_kv, _b.INT, "FusedAttnFwdArgs.max_seqlen_kv"),
-        _b.check(args.attn_scale, _b.FLOAT, "FusedAttnFwdArgs.attn_scale"),
-        _b.check(args.dropout_p, _b.FLOAT, "FusedAttnFwdArgs.dropout_p"),
-        _b.check(args.fast_zero_fill, bool, "FusedAttnFwdArgs.fast_zero_fill"),
-        _b.check(args.qkv_layout, str, "FusedAttnFwdArgs.qkv_layout"),
-        _b.check(args.attn_bias_type, str, "FusedAttnFwdArgs.attn_bias_type"),
-        _b.check(args.attn_mask_type, str, "FusedAttnFwdArgs.attn_mask_type"),
-        _b.check(args.softmax_type, str, "FusedAttnFwdArgs.softmax_type"),
+        v
+        if (v := args.attn_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.attn_bias"),
+        v
+        if (v := args.softmax_offset) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.softmax_offset"),
+        v
+        if type(v := args.cu_seqlens_q) is torch.Tensor
+        else _b.check(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q"),
+        v
+        if type(v := args.cu_seqlens_kv) is torch.Tensor
+        else _b.check(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv"),
+        v
+        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q_padded"),
+        v
+        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv_padded"),
+        v
+        if (v := args.page_table_k) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.page_table_k"),
+        v
+        if (v := args.page_table_v) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.page_table_v"),
+        v
+        if (v := args.packed_qkv) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.packed_qkv"),
+        v
+        if (v := args.packed_kv) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.packed_kv"),
+        v
+        if type(v := args.is_training) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.is_training"),
+        v
+        if type(v := args.max_seqlen_q) is int
+        else _b.check(v, _b.INT, "FusedAttnFwdArgs.max_seqlen_q"),
+        v
+        if type(v := args.max_seqlen_kv) is int
+        else _b.check(v, _b.INT, "FusedAttnFwdArgs.max_seqlen_kv"),
+        v
+        if type(v := args.attn_scale) is float
+        else _b.check(v, _b.FLOAT, "FusedAttnFwdArgs.attn_scale"),
+        v
+        if type(v := args.dropout_p) is float
+        else _b.check(v, _b.FLOAT, "FusedAttnFwdArgs.dropout_p"),
+        v
+        if type(v := args.fast_zero_fill) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.fast_zero_fill"),
+        v if type(v := args.qkv_layout) is str else _b.check(v, str, "FusedAttnFwdArgs.qkv_layout"),
+        v
+        if type(v := args.attn_bias_type) is str
+        else _b.check(v, str, "FusedAttnFwdArgs.attn_bias_type"),
+        v
+        if type(v := args.attn_mask_type) is str
+        else _b.check(v, str, "FusedAttnFwdArgs.attn_mask_type"),
+        v
+        if type(v := args.softmax_type) is str
+        else _b.check(v, str, "FusedAttnFwdArgs.softmax_type"),
         _b.optional_int_tuple(args.window_size, 2, "FusedAttnFwdArgs.window_size"),
-        _b.check_optional(
-            args.bottom_right_diagonal, bool, "FusedAttnFwdArgs.bottom_right_diagonal"
-        ),
-        _b.check(args.fused_attention_backend, _b.INT, "FusedAttnFwdArgs.fused_attention_backend"),
-        _b.check(args.deterministic, bool, "FusedAttnFwdArgs.deterministic"),
-        _b.check(args.use_FAv2_bwd, bool, "FusedAttnFwdArgs.use_FAv2_bwd"),
-        _b.check(args.return_max_logit, bool, "FusedAttnFwdArgs.return_max_logit"),
+        v
+        if (v := args.bottom_right_diagonal) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnFwdArgs.bottom_right_diagonal"),
+        v
+        if type(v := args.fused_attention_backend) is int
+        else _b.check(v, _b.INT, "FusedAttnFwdArgs.fused_attention_backend"),
+        v
+        if type(v := args.deterministic) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.deterministic"),
+        v
+        if type(v := args.use_FAv2_bwd) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.use_FAv2_bwd"),
+        v
+        if type(v := args.return_max_logit) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.return_max_logit"),
         *_b.unsupported(args.rng_gen, "FusedAttnFwdArgs.rng_gen"),
-        _b.check(args.fp8, bool, "FusedAttnFwdArgs.fp8"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "FusedAttnFwdArgs.fp8"),
         *_b.unsupported(args.fp8_meta, "FusedAttnFwdArgs.fp8_meta"),
         *_b.unsupported(args.quantizers, "FusedAttnFwdArgs.quantizers"),
-        _b.check(args.fp8_output, bool, "FusedAttnFwdArgs.fp8_output"),
-        _b.check(args.bf16_backward, bool, "FusedAttnFwdArgs.bf16_backward"),
-        _b.check_optional(args.layer_number, _b.INT, "FusedAttnFwdArgs.layer_number"),
+        v
+        if type(v := args.fp8_output) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.fp8_output"),
+        v
+        if type(v := args.bf16_backward) is bool
+        else _b.check(v, bool, "FusedAttnFwdArgs.bf16_backward"),
+        v
+        if (v := args.layer_number) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "FusedAttnFwdArgs.layer_number"),
     )
 
 
@@ -341,56 +389,116 @@ def unflatten_fused_attn_fwd_args(*slots: Any) -> FusedAttnFwdArgs:
 def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
     """`FusedAttnBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
-        _b.check_optional(args.grad_output, torch.Tensor, "FusedAttnBwdArgs.grad_output"),
+        v
+        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.grad_output"),
         *_b.optional_tensor_or_quantized(args.q_fp8, "FusedAttnBwdArgs.q_fp8"),
         *_b.optional_tensor_or_quantized(args.k_fp8, "FusedAttnBwdArgs.k_fp8"),
         *_b.optional_tensor_or_quantized(args.v_fp8, "FusedAttnBwdArgs.v_fp8"),
         *_b.optional_tensor_or_quantized(args.out_fp8, "FusedAttnBwdArgs.out_fp8"),
-        _b.check_optional(args.q, torch.Tensor, "FusedAttnBwdArgs.q"),
-        _b.check_optional(args.k, torch.Tensor, "FusedAttnBwdArgs.k"),
-        _b.check_optional(args.v, torch.Tensor, "FusedAttnBwdArgs.v"),
-        _b.check_optional(args.out, torch.Tensor, "FusedAttnBwdArgs.out"),
-        _b.check_optional(args.cu_seqlens_q, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q"),
-        _b.check_optional(args.cu_seqlens_kv, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv"),
-        _b.check_optional(
-            args.cu_seqlens_q_padded, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q_padded"
-        ),
-        _b.check_optional(
-            args.cu_seqlens_kv_padded, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv_padded"
-        ),
-        _b.check_optional(args.softmax_stats, torch.Tensor, "FusedAttnBwdArgs.softmax_stats"),
-        _b.check_optional(args.rng_state, torch.Tensor, "FusedAttnBwdArgs.rng_state"),
-        _b.check_optional(args.aux_bias, torch.Tensor, "FusedAttnBwdArgs.aux_bias"),
-        _b.check_optional(
-            args.aux_softmax_offset, torch.Tensor, "FusedAttnBwdArgs.aux_softmax_offset"
-        ),
-        _b.check_optional(args.max_seqlen_q, _b.INT, "FusedAttnBwdArgs.max_seqlen_q"),
-        _b.check_optional(args.max_seqlen_kv, _b.INT, "FusedAttnBwdArgs.max_seqlen_kv"),
-        _b.check_optional(args.attn_scale, _b.FLOAT, "FusedAttnBwdArgs.attn_scale"),
-        _b.check_optional(args.dropout_p, _b.FLOAT, "FusedAttnBwdArgs.dropout_p"),
-        _b.check_optional(args.fast_zero_fill, bool, "FusedAttnBwdArgs.fast_zero_fill"),
-        _b.check_optional(args.qkv_layout, str, "FusedAttnBwdArgs.qkv_layout"),
-        _b.check_optional(args.dqkv_layout, str, "FusedAttnBwdArgs.dqkv_layout"),
-        _b.check_optional(args.o_format, str, "FusedAttnBwdArgs.o_format"),
-        _b.check_optional(args.attn_bias_type, str, "FusedAttnBwdArgs.attn_bias_type"),
-        _b.check_optional(args.attn_mask_type, str, "FusedAttnBwdArgs.attn_mask_type"),
-        _b.check_optional(args.softmax_type, str, "FusedAttnBwdArgs.softmax_type"),
+        v
+        if (v := args.q) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.q"),
+        v
+        if (v := args.k) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.k"),
+        v
+        if (v := args.v) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.v"),
+        v
+        if (v := args.out) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.out"),
+        v
+        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q"),
+        v
+        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv"),
+        v
+        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q_padded"),
+        v
+        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv_padded"),
+        v
+        if (v := args.softmax_stats) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.softmax_stats"),
+        v
+        if (v := args.rng_state) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.rng_state"),
+        v
+        if (v := args.aux_bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.aux_bias"),
+        v
+        if (v := args.aux_softmax_offset) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.aux_softmax_offset"),
+        v
+        if (v := args.max_seqlen_q) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.max_seqlen_q"),
+        v
+        if (v := args.max_seqlen_kv) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.max_seqlen_kv"),
+        v
+        if (v := args.attn_scale) is None or type(v) is float
+        else _b.check_optional(v, _b.FLOAT, "FusedAttnBwdArgs.attn_scale"),
+        v
+        if (v := args.dropout_p) is None or type(v) is float
+        else _b.check_optional(v, _b.FLOAT, "FusedAttnBwdArgs.dropout_p"),
+        v
+        if (v := args.fast_zero_fill) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.fast_zero_fill"),
+        v
+        if (v := args.qkv_layout) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.qkv_layout"),
+        v
+        if (v := args.dqkv_layout) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.dqkv_layout"),
+        v
+        if (v := args.o_format) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.o_format"),
+        v
+        if (v := args.attn_bias_type) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.attn_bias_type"),
+        v
+        if (v := args.attn_mask_type) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.attn_mask_type"),
+        v
+        if (v := args.softmax_type) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.softmax_type"),
         _b.optional_int_tuple(args.window_size, 2, "FusedAttnBwdArgs.window_size"),
-        _b.check_optional(
-            args.bottom_right_diagonal, bool, "FusedAttnBwdArgs.bottom_right_diagonal"
-        ),
-        _b.check_optional(
-            args.fused_attention_backend, _b.INT, "FusedAttnBwdArgs.fused_attention_backend"
-        ),
-        _b.check_optional(args.deterministic, bool, "FusedAttnBwdArgs.deterministic"),
-        _b.check_optional(args.use_FAv2_bwd, bool, "FusedAttnBwdArgs.use_FAv2_bwd"),
-        _b.check_optional(args.nominal_dtype, torch.dtype, "FusedAttnBwdArgs.nominal_dtype"),
-        _b.check_optional(args.fp8, bool, "FusedAttnBwdArgs.fp8"),
-        _b.check_optional(args.is_input_fp8, bool, "FusedAttnBwdArgs.is_input_fp8"),
-        _b.check_optional(args.bf16_backward, bool, "FusedAttnBwdArgs.bf16_backward"),
-        _b.check_optional(args.qkv_type, str, "FusedAttnBwdArgs.qkv_type"),
-        _b.check_optional(args.qkv_scale_inv_format, str, "FusedAttnBwdArgs.qkv_scale_inv_format"),
-        _b.check_optional(args.layer_number, _b.INT, "FusedAttnBwdArgs.layer_number"),
+        v
+        if (v := args.bottom_right_diagonal) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.bottom_right_diagonal"),
+        v
+        if (v := args.fused_attention_backend) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.fused_attention_backend"),
+        v
+        if (v := args.deterministic) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.deterministic"),
+        v
+        if (v := args.use_FAv2_bwd) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.use_FAv2_bwd"),
+        v
+        if (v := args.nominal_dtype) is None or type(v) is torch.dtype
+        else _b.check_optional(v, torch.dtype, "FusedAttnBwdArgs.nominal_dtype"),
+        v
+        if (v := args.fp8) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.fp8"),
+        v
+        if (v := args.is_input_fp8) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.is_input_fp8"),
+        v
+        if (v := args.bf16_backward) is None or type(v) is bool
+        else _b.check_optional(v, bool, "FusedAttnBwdArgs.bf16_backward"),
+        v
+        if (v := args.qkv_type) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.qkv_type"),
+        v
+        if (v := args.qkv_scale_inv_format) is None or type(v) is str
+        else _b.check_optional(v, str, "FusedAttnBwdArgs.qkv_scale_inv_format"),
+        v
+        if (v := args.layer_number) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.layer_number"),
         *_b.unsupported(args.QKV_quantizer, "FusedAttnBwdArgs.QKV_quantizer"),
         *_b.unsupported(args.O_quantizer, "FusedAttnBwdArgs.O_quantizer"),
         *_b.unsupported(args.S_quantizer, "FusedAttnBwdArgs.S_quantizer"),

@@ -257,12 +257,22 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
     """`LinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
         *_b.tensor_or_quantized(args.weight, "LinearFwdArgs.weight"),
-        _b.check(args.inp, torch.Tensor, "LinearFwdArgs.inp"),
-        _b.check_optional(args.bias, torch.Tensor, "LinearFwdArgs.bias"),
+        v
+        if type(v := args.inp) is torch.Tensor
+        else _b.check(v, torch.Tensor, "LinearFwdArgs.inp"),
+        v
+        if (v := args.bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(args.weight_workspace, "LinearFwdArgs.weight_workspace"),
-        _b.check(args.input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
-        _b.check(args.weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
-        _b.check(args.bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
+        v
+        if type(v := args.input_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.input_requires_grad"),
+        v
+        if type(v := args.weight_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.weight_requires_grad"),
+        v
+        if type(v := args.bias_requires_grad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.bias_requires_grad"),
         _b.optional_code(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
         _b.optional_code(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
         _b.optional_code(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
@@ -275,47 +285,87 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LinearFwdArgs.fp8"),
-        _b.check(args.fp8_calibration, bool, "LinearFwdArgs.fp8_calibration"),
-        _b.check(args.fp8_output, bool, "LinearFwdArgs.fp8_output"),
-        _b.check(args.save_original_input, bool, "LinearFwdArgs.save_original_input"),
-        _b.check_optional(args.backward_override, str, "LinearFwdArgs.backward_override"),
-        _b.check(
-            args.dgrad_use_split_accumulator, bool, "LinearFwdArgs.dgrad_use_split_accumulator"
-        ),
-        _b.check(
-            args.wgrad_use_split_accumulator, bool, "LinearFwdArgs.wgrad_use_split_accumulator"
-        ),
-        _b.check(args.custom, bool, "LinearFwdArgs.custom"),
-        _b.check(args.debug, bool, "LinearFwdArgs.debug"),
-        _b.check_optional(args.is_first_microbatch, bool, "LinearFwdArgs.is_first_microbatch"),
-        _b.check(args.cache_weight, bool, "LinearFwdArgs.cache_weight"),
-        _b.check_optional(
-            args.skip_fp8_weight_update, bool, "LinearFwdArgs.skip_fp8_weight_update"
-        ),
-        _b.check_optional(args.parallel_mode, str, "LinearFwdArgs.parallel_mode"),
+        v
+        if type(v := args.activation_dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "LinearFwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearFwdArgs.fp8"),
+        v
+        if type(v := args.fp8_calibration) is bool
+        else _b.check(v, bool, "LinearFwdArgs.fp8_calibration"),
+        v if type(v := args.fp8_output) is bool else _b.check(v, bool, "LinearFwdArgs.fp8_output"),
+        v
+        if type(v := args.save_original_input) is bool
+        else _b.check(v, bool, "LinearFwdArgs.save_original_input"),
+        v
+        if (v := args.backward_override) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearFwdArgs.backward_override"),
+        v
+        if type(v := args.dgrad_use_split_accumulator) is bool
+        else _b.check(v, bool, "LinearFwdArgs.dgrad_use_split_accumulator"),
+        v
+        if type(v := args.wgrad_use_split_accumulator) is bool
+        else _b.check(v, bool, "LinearFwdArgs.wgrad_use_split_accumulator"),
+        v if type(v := args.custom) is bool else _b.check(v, bool, "LinearFwdArgs.custom"),
+        v if type(v := args.debug) is bool else _b.check(v, bool, "LinearFwdArgs.debug"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LinearFwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.cache_weight) is bool
+        else _b.check(v, bool, "LinearFwdArgs.cache_weight"),
+        v
+        if (v := args.skip_fp8_weight_update) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LinearFwdArgs.skip_fp8_weight_update"),
+        v
+        if (v := args.parallel_mode) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearFwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LinearFwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LinearFwdArgs.tp_size"),
-        _b.check(args.tensor_parallel, bool, "LinearFwdArgs.tensor_parallel"),
-        _b.check(args.sequence_parallel, bool, "LinearFwdArgs.sequence_parallel"),
-        _b.check_optional(args.symmetric_ar_type, str, "LinearFwdArgs.symmetric_ar_type"),
-        _b.check(
-            args.backward_input_needs_gather, bool, "LinearFwdArgs.backward_input_needs_gather"
-        ),
-        _b.check_optional(args.ub_name, str, "LinearFwdArgs.ub_name"),
-        _b.check(args.ub_overlap_ag_fprop, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
-        _b.check(args.ub_overlap_rs_fprop, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
-        _b.check(args.ub_overlap_ag_dgrad, bool, "LinearFwdArgs.ub_overlap_ag_dgrad"),
-        _b.check(args.ub_overlap_rs_dgrad, bool, "LinearFwdArgs.ub_overlap_rs_dgrad"),
-        _b.check(args.ub_bulk_dgrad, bool, "LinearFwdArgs.ub_bulk_dgrad"),
-        _b.check(args.ub_bulk_wgrad, bool, "LinearFwdArgs.ub_bulk_wgrad"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearFwdArgs.tp_size"),
+        v
+        if type(v := args.tensor_parallel) is bool
+        else _b.check(v, bool, "LinearFwdArgs.tensor_parallel"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LinearFwdArgs.sequence_parallel"),
+        v
+        if (v := args.symmetric_ar_type) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearFwdArgs.symmetric_ar_type"),
+        v
+        if type(v := args.backward_input_needs_gather) is bool
+        else _b.check(v, bool, "LinearFwdArgs.backward_input_needs_gather"),
+        v
+        if (v := args.ub_name) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearFwdArgs.ub_name"),
+        v
+        if type(v := args.ub_overlap_ag_fprop) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
+        v
+        if type(v := args.ub_overlap_rs_fprop) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
+        v
+        if type(v := args.ub_overlap_ag_dgrad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_ag_dgrad"),
+        v
+        if type(v := args.ub_overlap_rs_dgrad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_overlap_rs_dgrad"),
+        v
+        if type(v := args.ub_bulk_dgrad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_bulk_dgrad"),
+        v
+        if type(v := args.ub_bulk_wgrad) is bool
+        else _b.check(v, bool, "LinearFwdArgs.ub_bulk_wgrad"),
         *_b.unsupported(args.fsdp_group, "LinearFwdArgs.fsdp_group"),
-        _b.check(args.is_fsdp2, bool, "LinearFwdArgs.is_fsdp2"),
-        _b.check(args.fuse_wgrad_accumulation, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
+        v if type(v := args.is_fsdp2) is bool else _b.check(v, bool, "LinearFwdArgs.is_fsdp2"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
         *_b.unsupported(args.wgrad_store, "LinearFwdArgs.wgrad_store"),
-        _b.check(args.cpu_offloading, bool, "LinearFwdArgs.cpu_offloading"),
-        _b.check(args.is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
+        v
+        if type(v := args.cpu_offloading) is bool
+        else _b.check(v, bool, "LinearFwdArgs.cpu_offloading"),
+        v
+        if type(v := args.is_grad_enabled) is bool
+        else _b.check(v, bool, "LinearFwdArgs.is_grad_enabled"),
     )
 
 
@@ -375,11 +425,15 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
 def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
     """`LinearBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
-        _b.check_optional(args.grad_output, torch.Tensor, "LinearBwdArgs.grad_output"),
+        v
+        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.grad_output"),
         *_b.optional_tensor_or_quantized(args.inputmat, "LinearBwdArgs.inputmat"),
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
         *_b.optional_tensor_or_quantized(args.saved_weight, "LinearBwdArgs.saved_weight"),
-        _b.check_optional(args.bias, torch.Tensor, "LinearBwdArgs.bias"),
+        v
+        if (v := args.bias) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.bias"),
         _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
         _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
         _b.optional_code(
@@ -391,55 +445,83 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         _b.optional_code(
             args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
         ),
-        _b.check(args.use_bias, bool, "LinearBwdArgs.use_bias"),
-        _b.check(args.requires_dgrad, bool, "LinearBwdArgs.requires_dgrad"),
-        _b.check(args.requires_wgrad, bool, "LinearBwdArgs.requires_wgrad"),
+        v if type(v := args.use_bias) is bool else _b.check(v, bool, "LinearBwdArgs.use_bias"),
+        v
+        if type(v := args.requires_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.requires_dgrad"),
+        v
+        if type(v := args.requires_wgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.requires_wgrad"),
         _b.optional_size(args.inp_shape, "LinearBwdArgs.inp_shape"),
-        _b.check_optional(args.activation_dtype, torch.dtype, "LinearBwdArgs.activation_dtype"),
-        _b.check(args.fp8, bool, "LinearBwdArgs.fp8"),
-        _b.check(
-            args.dgrad_use_split_accumulator, bool, "LinearBwdArgs.dgrad_use_split_accumulator"
-        ),
-        _b.check(
-            args.wgrad_use_split_accumulator, bool, "LinearBwdArgs.wgrad_use_split_accumulator"
-        ),
-        _b.check_optional(args.backward_override, str, "LinearBwdArgs.backward_override"),
-        _b.check(args.is_weight_param_quantized, bool, "LinearBwdArgs.is_weight_param_quantized"),
-        _b.check(args.custom, bool, "LinearBwdArgs.custom"),
-        _b.check(args.debug, bool, "LinearBwdArgs.debug"),
-        _b.check_optional(args.parallel_mode, str, "LinearBwdArgs.parallel_mode"),
+        v
+        if (v := args.activation_dtype) is None or type(v) is torch.dtype
+        else _b.check_optional(v, torch.dtype, "LinearBwdArgs.activation_dtype"),
+        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearBwdArgs.fp8"),
+        v
+        if type(v := args.dgrad_use_split_accumulator) is bool
+        else _b.check(v, bool, "LinearBwdArgs.dgrad_use_split_accumulator"),
+        v
+        if type(v := args.wgrad_use_split_accumulator) is bool
+        else _b.check(v, bool, "LinearBwdArgs.wgrad_use_split_accumulator"),
+        v
+        if (v := args.backward_override) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearBwdArgs.backward_override"),
+        v
+        if type(v := args.is_weight_param_quantized) is bool
+        else _b.check(v, bool, "LinearBwdArgs.is_weight_param_quantized"),
+        v if type(v := args.custom) is bool else _b.check(v, bool, "LinearBwdArgs.custom"),
+        v if type(v := args.debug) is bool else _b.check(v, bool, "LinearBwdArgs.debug"),
+        v
+        if (v := args.parallel_mode) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearBwdArgs.parallel_mode"),
         _b.optional_group_name(args.tp_group, "LinearBwdArgs.tp_group"),
-        _b.check(args.tp_size, _b.INT, "LinearBwdArgs.tp_size"),
-        _b.check(args.tensor_parallel, bool, "LinearBwdArgs.tensor_parallel"),
-        _b.check(args.sequence_parallel, bool, "LinearBwdArgs.sequence_parallel"),
-        _b.check(
-            args.backward_input_needs_gather, bool, "LinearBwdArgs.backward_input_needs_gather"
-        ),
-        _b.check_optional(args.ub_name, str, "LinearBwdArgs.ub_name"),
-        _b.check(args.ub_overlap_ag, bool, "LinearBwdArgs.ub_overlap_ag"),
-        _b.check(args.ub_overlap_rs_dgrad, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
-        _b.check(args.ub_bulk_dgrad, bool, "LinearBwdArgs.ub_bulk_dgrad"),
-        _b.check(args.ub_bulk_wgrad, bool, "LinearBwdArgs.ub_bulk_wgrad"),
+        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearBwdArgs.tp_size"),
+        v
+        if type(v := args.tensor_parallel) is bool
+        else _b.check(v, bool, "LinearBwdArgs.tensor_parallel"),
+        v
+        if type(v := args.sequence_parallel) is bool
+        else _b.check(v, bool, "LinearBwdArgs.sequence_parallel"),
+        v
+        if type(v := args.backward_input_needs_gather) is bool
+        else _b.check(v, bool, "LinearBwdArgs.backward_input_needs_gather"),
+        v
+        if (v := args.ub_name) is None or type(v) is str
+        else _b.check_optional(v, str, "LinearBwdArgs.ub_name"),
+        v
+        if type(v := args.ub_overlap_ag) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_overlap_ag"),
+        v
+        if type(v := args.ub_overlap_rs_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
+        v
+        if type(v := args.ub_bulk_dgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_bulk_dgrad"),
+        v
+        if type(v := args.ub_bulk_wgrad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.ub_bulk_wgrad"),
         *_b.unsupported(args.fsdp_group, "LinearBwdArgs.fsdp_group"),
         *_b.unsupported(args.fsdp_shapes, "LinearBwdArgs.fsdp_shapes"),
-        _b.check(args.is_fsdp2, bool, "LinearBwdArgs.is_fsdp2"),
-        _b.check_optional(args.is_first_microbatch, bool, "LinearBwdArgs.is_first_microbatch"),
-        _b.check(args.fuse_wgrad_accumulation, bool, "LinearBwdArgs.fuse_wgrad_accumulation"),
+        v if type(v := args.is_fsdp2) is bool else _b.check(v, bool, "LinearBwdArgs.is_fsdp2"),
+        v
+        if (v := args.is_first_microbatch) is None or type(v) is bool
+        else _b.check_optional(v, bool, "LinearBwdArgs.is_first_microbatch"),
+        v
+        if type(v := args.fuse_wgrad_accumulation) is bool
+        else _b.check(v, bool, "LinearBwdArgs.fuse_wgrad_accumulation"),
         *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
         *_b.unsupported(args.origin_weight_ref, "LinearBwdArgs.origin_weight_ref"),
-        _b.check(
-            args.origin_weight_overwrites_main_grad,
-            bool,
-            "LinearBwdArgs.origin_weight_overwrites_main_grad",
-        ),
+        v
+        if type(v := args.origin_weight_overwrites_main_grad) is bool
+        else _b.check(v, bool, "LinearBwdArgs.origin_weight_overwrites_main_grad"),
         *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
-        _b.check(
-            args.reduce_and_update_bwd_fp8_tensors,
-            bool,
-            "LinearBwdArgs.reduce_and_update_bwd_fp8_tensors",
-        ),
-        _b.check(args.cpu_offloading, bool, "LinearBwdArgs.cpu_offloading"),
-        _b.check(args.owns_input, bool, "LinearBwdArgs.owns_input"),
+        v
+        if type(v := args.reduce_and_update_bwd_fp8_tensors) is bool
+        else _b.check(v, bool, "LinearBwdArgs.reduce_and_update_bwd_fp8_tensors"),
+        v
+        if type(v := args.cpu_offloading) is bool
+        else _b.check(v, bool, "LinearBwdArgs.cpu_offloading"),
+        v if type(v := args.owns_input) is bool else _b.check(v, bool, "LinearBwdArgs.owns_input"),
         *_b.unsupported(args.ub_obj_gradout, "LinearBwdArgs.ub_obj_gradout"),
     )
 

@@ -164,26 +164,50 @@ BACKWARD_SLOTS = (
 def flatten_every_kind_fwd_args(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     """`EveryKindFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        _b.check(args.x, torch.Tensor, "EveryKindFwdArgs.x"),
-        _b.check_optional(args.maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
-        _b.check(args.aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
-        _b.check_optional(args.forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
-        _b.check_optional(args.pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
+        v if type(v := args.x) is torch.Tensor else _b.check(v, torch.Tensor, "EveryKindFwdArgs.x"),
+        v
+        if (v := args.maybe_x) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
+        v
+        if type(v := args.aliased) is torch.Tensor
+        else _b.check(v, torch.Tensor, "EveryKindFwdArgs.aliased"),
+        v
+        if (v := args.forward_ref) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
+        v
+        if (v := args.pipe_tensor) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
         _b.tensor_list(args.xs, "EveryKindFwdArgs.xs"),
         *_b.tensor_or_quantized(args.w, "EveryKindFwdArgs.w"),
         *_b.optional_tensor_or_quantized(args.maybe_w, "EveryKindFwdArgs.maybe_w"),
-        _b.check(args.flag, bool, "EveryKindFwdArgs.flag"),
-        _b.check_optional(args.maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
-        _b.check(args.count, _b.INT, "EveryKindFwdArgs.count"),
-        _b.check_optional(args.maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
-        _b.check(args.scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
-        _b.check_optional(args.maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
-        _b.check(args.label, str, "EveryKindFwdArgs.label"),
-        _b.check_optional(args.maybe_label, str, "EveryKindFwdArgs.maybe_label"),
-        _b.check(args.dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
-        _b.check_optional(args.maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
-        _b.check(args.device, torch.device, "EveryKindFwdArgs.device"),
-        _b.check_optional(args.maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
+        v if type(v := args.flag) is bool else _b.check(v, bool, "EveryKindFwdArgs.flag"),
+        v
+        if (v := args.maybe_flag) is None or type(v) is bool
+        else _b.check_optional(v, bool, "EveryKindFwdArgs.maybe_flag"),
+        v if type(v := args.count) is int else _b.check(v, _b.INT, "EveryKindFwdArgs.count"),
+        v
+        if (v := args.maybe_count) is None or type(v) is int
+        else _b.check_optional(v, _b.INT, "EveryKindFwdArgs.maybe_count"),
+        v if type(v := args.scale) is float else _b.check(v, _b.FLOAT, "EveryKindFwdArgs.scale"),
+        v
+        if (v := args.maybe_scale) is None or type(v) is float
+        else _b.check_optional(v, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
+        v if type(v := args.label) is str else _b.check(v, str, "EveryKindFwdArgs.label"),
+        v
+        if (v := args.maybe_label) is None or type(v) is str
+        else _b.check_optional(v, str, "EveryKindFwdArgs.maybe_label"),
+        v
+        if type(v := args.dtype) is torch.dtype
+        else _b.check(v, torch.dtype, "EveryKindFwdArgs.dtype"),
+        v
+        if (v := args.maybe_dtype) is None or type(v) is torch.dtype
+        else _b.check_optional(v, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
+        v
+        if type(v := args.device) is torch.device
+        else _b.check(v, torch.device, "EveryKindFwdArgs.device"),
+        v
+        if (v := args.maybe_device) is None or type(v) is torch.device
+        else _b.check_optional(v, torch.device, "EveryKindFwdArgs.maybe_device"),
         _b.size(args.shape, "EveryKindFwdArgs.shape"),
         _b.size(args.dims, "EveryKindFwdArgs.dims"),
         _b.size(args.alias_shape, "EveryKindFwdArgs.alias_shape"),
