@@ -68,7 +68,7 @@ _Forward = TypeVar("_Forward", bound=Callable[..., Any])
 # The device types torch.autocast knows. Written out because Dynamo on torch 2.11 cannot
 # trace ``torch.amp.is_autocast_available`` (a skipped builtin), and this check runs
 # inside every compiled module call; ``torch.is_autocast_enabled`` it folds to a constant.
-_AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia"})
+AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia"})
 
 
 def follows_torch_autocast(forward: _Forward) -> _Forward:
@@ -84,7 +84,7 @@ def follows_torch_autocast(forward: _Forward) -> _Forward:
             return forward(self, inp, *args, **kwargs)
         device_type = inp.device.type
         # (a device autocast does not know, e.g. meta, is reported by the field checks)
-        if device_type not in _AUTOCAST_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
+        if device_type not in AUTOCAST_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
             return forward(self, inp, *args, **kwargs)
         dtype = torch.get_autocast_dtype(device_type)
         if inp.is_floating_point() and inp.dtype != dtype:

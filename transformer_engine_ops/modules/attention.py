@@ -30,7 +30,7 @@ from ..ops.attention import (
 )
 from ..quantization.stochastic import draw_rng_state
 from ._base import ExtraStateMixin
-from ._call import _AUTOCAST_DEVICE_TYPES as AUTOCAST_DEVICE_TYPES
+from ._call import AUTOCAST_DEVICE_TYPES
 from .autocast import STATE
 
 _NAME = "DotProductAttention"

@@ -132,7 +132,7 @@ def _kernels(interpret: bool = False) -> tuple[Any, Any, Any]:
 
 
 @functools.lru_cache(maxsize=64)
-def _constants(fp8_dtype: torch.dtype, epsilon: float) -> tuple[float, float, dict[str, int]]:
+def fp8_constants(fp8_dtype: torch.dtype, epsilon: float) -> tuple[float, float, dict[str, int]]:
     """(fmax, epsilon rounded to fp32 as the reference's clamp sees it, bit constants)."""
     fmax = FP8_MAX[fp8_dtype]
     mbits, bias = _FORMATS[fp8_dtype]
@@ -160,7 +160,7 @@ def _cast_constexprs(
     built once per configuration (a quantize is on a host-bound path)."""
     return (
         ("PARTIAL_BLOCK", PARTIAL_BLOCK),
-        *_constants(fp8_dtype, 0.0)[2].items(),
+        *fp8_constants(fp8_dtype, 0.0)[2].items(),
         ("FORCE_POW2", force_pow_2),
         ("ROWWISE", rowwise),
         ("COLUMNWISE", columnwise),
@@ -313,7 +313,7 @@ def fused_quantize(
     elif columnwise:
         transpose = torch.empty(transposed_shape(shape), dtype=torch.uint8, device=device)
         t_arg = transpose.view(-1).view(torch.int32) if pack_t else transpose
-    fmax, eps32, _ = _constants(fp8_dtype, float(epsilon))
+    fmax, eps32, _ = fp8_constants(fp8_dtype, float(epsilon))
     grid = (max(triton_cdiv(m, BLOCK_M), 1), max(triton_cdiv(k, BLOCK_K), 1), 1)
     cast_kernel(
         grid,

@@ -107,7 +107,7 @@ def _quantize_constexprs(
     stream: int, rht: bool, stochastic: bool, two_d: bool, four_over_six: bool, mse: bool
 ) -> tuple[tuple[str, Any], ...]:
     """The quantize kernel's constexprs as hashable ``(name, value)`` pairs."""
-    e4m3_bits = cuda_kernels._constants(torch.float8_e4m3fn, 0.0)[2]
+    e4m3_bits = cuda_kernels.fp8_constants(torch.float8_e4m3fn, 0.0)[2]
     return (
         ("STREAM", stream),
         ("RHT", rht),
