@@ -1,0 +1,115 @@
+"""The Llama-8B-sized layer of ``benchmarks.transformer_layer`` under FP8, ours against
+torchao's ``Float8Linear`` (an optional bench dependency: a torchao built for the torch
+in use), one GPU, every contender compiled (``fullgraph=True``, Inductor).
+
+* torchao tensorwise (``Float8LinearConfig.from_recipe_name("tensorwise")``) on the plain
+  block's four ``nn.Linear``s against our ``Float8CurrentScaling`` (per-tensor scales);
+* torchao rowwise against our ``Float8BlockScaling`` (TE's 1x128 / 128x128 blocks: the
+  finer-grained scaling each offers);
+* the plain block and ours in bf16 for reference.
+
+Train step (forward + backward), medians of interleaved rounds; ``python -m
+benchmarks.torchao_compare [--quick] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+import transformer_engine_ops as te
+from transformer_engine_ops.quantization import Float8BlockScaling, Float8CurrentScaling
+
+from .common import interleaved, machine_info, progress, ratio_stats, stats
+from .transformer_layer import LLAMA_8B, QUICK, PlainBlock, _ours
+
+
+def _float8(block: torch.nn.Module, recipe: str) -> torch.nn.Module:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return convert_to_float8_training(block, config=config)
+
+
+def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
+    cfg = QUICK if quick else LLAMA_8B
+    device = "cuda"
+    torch.manual_seed(0)
+    ours = _ours(cfg, device)
+    blocks = {}
+    for name in ("bf16", "tensorwise", "rowwise"):
+        block = PlainBlock(cfg["hidden"], cfg["ffn"], cfg["heads"], cfg["groups"], device)
+        block.load_from(ours)
+        blocks[name] = block if name == "bf16" else _float8(block, name)
+    freqs = te.RotaryPositionEmbedding(cfg["hidden"] // cfg["heads"]).to(device)(cfg["seq"])
+    flat = freqs[:, 0, 0, :]
+    x = torch.randn(cfg["batch"], cfg["seq"], cfg["hidden"], device=device, dtype=torch.bfloat16)
+    x.requires_grad_(True)
+    grad = torch.randn_like(x)
+    ours_c = torch.compile(ours, fullgraph=True)
+    compiled = {name: torch.compile(b, fullgraph=True) for name, b in blocks.items()}
+
+    def step(fn: Any, recipe: Any = None) -> Any:
+        def run_once() -> None:
+            x.grad = None
+            if recipe is None:
+                out = fn()
+            else:
+                with te.autocast(recipe=recipe):
+                    out = fn()
+            out.backward(grad)
+
+        return run_once
+
+    contenders = {
+        "plain_bf16": step(lambda: compiled["bf16"](x, flat)),
+        "torchao_tensorwise": step(lambda: compiled["tensorwise"](x, flat)),
+        "torchao_rowwise": step(lambda: compiled["rowwise"](x, flat)),
+        "ours_bf16": step(lambda: ours_c(x, rotary_pos_emb=freqs)),
+        "ours_fp8_current": step(
+            lambda: ours_c(x, rotary_pos_emb=freqs), recipe=Float8CurrentScaling()
+        ),
+        "ours_fp8_block": step(
+            lambda: ours_c(x, rotary_pos_emb=freqs), recipe=Float8BlockScaling()
+        ),
+    }
+    for name, fn in contenders.items():
+        progress(f"torchao_compare: warming up {name}")
+        for _ in range(3):
+            fn()
+    times = interleaved(contenders, 1 if quick else rounds, 0.2 if quick else 1.0, "train step")
+    return {
+        "machine": machine_info(),
+        "config": cfg,
+        "seconds": {name: stats(samples) for name, samples in times.items()},
+        "ours_current_over_torchao_tensorwise": ratio_stats(
+            times["ours_fp8_current"], times["torchao_tensorwise"]
+        ),
+        "ours_block_over_torchao_rowwise": ratio_stats(
+            times["ours_fp8_block"], times["torchao_rowwise"]
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    result = run(args.quick)
+    for name, s in result["seconds"].items():
+        print(f"  {name:22s} {s['median'] * 1e3:8.2f} ms")
+    for key in ("ours_current_over_torchao_tensorwise", "ours_block_over_torchao_rowwise"):
+        print(f"  {key}: {result[key]['median']:.3f}x")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
