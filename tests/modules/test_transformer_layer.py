@@ -370,3 +370,23 @@ def test_bad_layer_type_and_mask_are_named() -> None:
         te.TransformerLayer(HIDDEN, FFN, HEADS, self_attn_mask_type="diagonal")
     with pytest.raises(ValueError, match="fuse_qkv_params"):
         te.TransformerLayer(HIDDEN, FFN, HEADS, fuse_wgrad_accumulation=True)
+
+
+@pytest.mark.parametrize("batch, seq", [(0, 8), (1, 1), (2, 0)])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_empty_and_one_token_batches(batch: int, seq: int, interleaved: bool) -> None:
+    """An empty batch (or sequence) gives an empty output and zero-sized gradients; a
+    single token runs as any other (fused QKV layouts both ways, GQA)."""
+    layer = make_layer(
+        seed=31,
+        num_gqa_groups=2,
+        attn_input_format="bshd",
+        fuse_qkv_params=True,
+        qkv_weight_interleaved=interleaved,
+    )
+    x = torch.randn(batch, seq, HIDDEN, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (batch, seq, HIDDEN)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in layer.parameters())

@@ -469,7 +469,11 @@ class MultiheadAttention(nn.Module):
             mixed = mixed.view(*lead, per_group + 2, groups, head_dim)
             split_dim = -3
         query, key, value = mixed.split((per_group, 1, 1), dim=split_dim)
-        return tuple(t.reshape(*lead, -1, head_dim) for t in (query, key, value))
+        # Head counts written out: a -1 is ambiguous for an empty batch.
+        heads = (groups * per_group, groups, groups)
+        return tuple(
+            t.reshape(*lead, n, head_dim) for t, n in zip((query, key, value), heads, strict=True)
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -590,7 +590,9 @@ def _scores(args: Any, plan: _Plan, lq: _Layout, lkv: _Layout) -> _Scores:
 
 def _log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
     """Row log-sum-exp [b, h, sq, 1]; +inf for a row with no key, so ``exp(L - lse)``
-    is 0 there."""
+    is 0 there (every row, when there are no keys at all: an empty sequence)."""
+    if logits.shape[-1] == 0:
+        return logits.new_full((*logits.shape[:-1], 1), math.inf)
     m = logits.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     total = torch.exp(logits - m).sum(-1, keepdim=True)
