@@ -101,9 +101,16 @@ def _scale_inv_shape(rows: Any, cols: Any, block_len: int, dim: int) -> tuple[An
 
 
 def _pad_scale_inv(scale_inv: torch.Tensor, dim: int) -> torch.Tensor:
-    """Per-block (Rb, Cb) scale-inverses -> the stored layout (transposed for 1-D, padded)."""
+    """Per-block (Rb, Cb) scale-inverses -> the stored layout (transposed for 1-D, padded):
+    a new contiguous tensor, so the block-scaled GEMM reads it as it is
+    (float8_block_gemm.py), without a copy per GEMM."""
     stored = scale_inv if dim == 2 else scale_inv.t()
-    return pad_2d(stored, stored.shape[0], round_up(stored.shape[1], 4))
+    rows, cols = stored.shape
+    padded_cols = round_up(cols, 4)
+    if padded_cols != cols:
+        return pad_2d(stored, rows, padded_cols)  # a new tensor, row-major
+    # Unpadded, a 1-D scale is a transposed view: copy it row-major (never an alias).
+    return stored.clone(memory_format=torch.contiguous_format)
 
 
 def _unpad_scale_inv(

@@ -17,14 +17,24 @@ On CUDA:
 * two per-tensor FP8 operands with dims that are multiples of 16 go through
   ``torch._scaled_mm`` on the buffers the layout reads (rowwise ``_data`` or the
   columnwise ``_transpose``, viewed column-major where cuBLAS wants it: no transpose
-  copies). A bf16/fp16 ``out_dtype`` is produced by the GEMM's epilogue (bias of that
-  dtype included); any other output is fp32 out, then the fp32 bias add and cast;
+  copies);
+* two FP8 block operands of 128-element blocks (1x128 by 128x128, 1x128 by 1x128 or
+  128x128 by 1x128) go through ``torch._scaled_mm``'s block-scaled cuBLAS GEMM
+  (Hopper, CUDA 12.9+) on the same buffers, their stored scales passed as views
+  (float8_block_gemm.py), when the contraction is whole 128-blocks (a multiple of 4
+  blocks with a 128x128 operand), the other dim of the second operand a multiple of 16
+  and the rows of the first a multiple of 4 (``float8_block_gemm.qualifies``); always
+  with the split accumulator (cuBLAS has no fast one for block scales);
+* for either FP8 GEMM, a bf16/fp16 ``out_dtype`` is produced by the GEMM's epilogue
+  (bias of that dtype included); any other output is fp32 out, then the fp32 bias add
+  and cast;
 * two plain bf16/fp16 operands with an output of their dtype run as one native GEMM
   (``addmm``);
-* other quantized operands (MXFP8, FP8 block, NVFP4, or a mix) with a bf16/fp16
-  ``out_dtype``: Hopper has no GEMM for these formats, so each operand is dequantized
-  to bf16 (exact for MXFP8 and power-of-two FP8 block scales, one bf16 rounding of the
-  fp32 value otherwise) and multiplied by one bf16 GEMM, fp32 accumulation inside.
+* other quantized operands (MXFP8, NVFP4, FP8 block shapes the block GEMM does not take,
+  or a mix of formats) with a bf16/fp16 ``out_dtype``: Hopper has no GEMM for these, so
+  each operand is dequantized to bf16 (exact for MXFP8 and power-of-two FP8 block
+  scales, one bf16 rounding of the fp32 value otherwise) and multiplied by one bf16
+  GEMM, fp32 accumulation inside.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from ..runtime import lowering
 from ..runtime.precision import math_dtype
 from ..runtime.quantizer import QuantizedData
 from .float8 import _Float8Data
+from .float8_block_gemm import block_scaled_mm_operands
 
 __all__ = ["LAYOUTS", "gemm"]
 
@@ -311,6 +322,13 @@ def gemm(
     _check(A, B, layout, bias)
     out_shape = _out_shape(A, B, layout)
     fp8 = _scaled_mm_operands(A, B, layout)
+    fast_accum = not use_split_accumulator
+    if fp8 is None and A.device.type == "cuda":
+        fp8 = block_scaled_mm_operands(A, B, layout)
+        if fp8 is not None:
+            # cuBLAS's block-scaled GEMM has no fast-accumulation mode (torch refuses
+            # it); TE's recipe asks for the split accumulator there anyway.
+            fast_accum = False
     if fp8 is not None:
         a, b, scale_a, scale_b = fp8
         if out_dtype in _HALF and (bias is None or bias.dtype == out_dtype):
@@ -322,7 +340,7 @@ def gemm(
                 scale_b=scale_b,
                 bias=bias,
                 out_dtype=out_dtype,
-                use_fast_accum=not use_split_accumulator,
+                use_fast_accum=fast_accum,
             )
             return _shaped(out, out_shape)
         out = _private.scaled_mm(
@@ -331,7 +349,7 @@ def gemm(
             scale_a=scale_a,
             scale_b=scale_b,
             out_dtype=torch.float32,
-            use_fast_accum=not use_split_accumulator,
+            use_fast_accum=fast_accum,
         )
     elif (native := _native_cuda_dtype(A, B, out_dtype)) is not None:
         left, right = _matrices(A, B, layout, native)
@@ -339,7 +357,8 @@ def gemm(
             return _addmm(bias.to(native), left, right).reshape(out_shape)
         return (left @ right).reshape(out_shape)
     elif A.device.type == "cuda" and out_dtype in _HALF:
-        # Block formats on Hopper: dequantize to bf16, one native GEMM.
+        # MXFP8, NVFP4, and FP8 block shapes cuBLAS does not take: dequantize to bf16,
+        # one native GEMM.
         left, right = _matrices(_as_bf16(A, layout, 0), _as_bf16(B, layout, 1), layout, _BF16)
         out = _addmm(bias.to(_BF16), left, right) if bias is not None else left @ right
         return out.to(out_dtype).reshape(out_shape)
