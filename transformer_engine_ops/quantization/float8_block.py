@@ -6,7 +6,9 @@ its blocks running along M. Scale-inverses are fp32, zero-padded, and stored
 "blocks-along-the-row first" as TE does: 1-D rowwise (ceil(K/b), ru(M, 4)) indexed
 [k // b, m], 1-D columnwise (ceil(M/b), ru(K, 4)) indexed [m // b, k]; 2-D rowwise
 (ceil(M/b), ru(ceil(K/b), 4)) indexed [m // b, k // b], 2-D columnwise its transpose
-(ceil(K/b), ru(ceil(M/b), 4)). Any shape is accepted: partial blocks are zero-padded.
+(ceil(K/b), ru(ceil(M/b), 4)), each a contiguous (row-major) tensor: TE's GEMM-ready
+layout, which the block-scaled GEMM reads as views (float8_block_gemm.py). Any shape is
+accepted: partial blocks are zero-padded.
 """
 
 from __future__ import annotations
