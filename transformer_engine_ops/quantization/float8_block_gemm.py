@@ -47,20 +47,31 @@ BLOCK = 128
 _READS = {"TN": (False, False), "NN": (True, False), "NT": (True, True)}
 
 
+def _stored_scale(stored: torch.Tensor, rows: Any, cols: Any, dim: int) -> torch.Tensor:
+    """The stored scale-inverses of a (rows, cols) buffer without padding, contiguous:
+    (ceil(cols/128), rows) for 1x128 blocks, (ceil(rows/128), ceil(cols/128)) for
+    128x128 ones. ``stored`` itself when :func:`qualifies` holds (no padding then)."""
+    col_blocks = ceil_div(cols, BLOCK)
+    want = (col_blocks, rows) if dim == 1 else (ceil_div(rows, BLOCK), col_blocks)
+    # Slicing costs ~6 us of host time: skipped when the shape is already the one wanted.
+    s = stored
+    if stored.shape[0] != want[0] or stored.shape[1] != want[1]:
+        s = stored[: want[0], : want[1]]
+    return s if s.is_contiguous() else s.contiguous()
+
+
 def operand_scale(stored: torch.Tensor, rows: Any, cols: Any, dim: int) -> torch.Tensor:
     """The stored scale-inverses of a (rows, cols) buffer (blocks along cols) as
-    ``torch._scaled_mm``'s ``scale_a`` for that buffer: a view of ``stored`` when
-    :func:`qualifies` holds (rows a multiple of 4 for 1x128 blocks, ceil(cols/128) a
-    multiple of 4 for 128x128 ones); otherwise a copy in that layout."""
-    col_blocks = ceil_div(cols, BLOCK)
-    if dim == 1:
-        s = stored[:col_blocks, :rows]  # (Cb, rows), entry [c // 128, r]
-        # torch's check: strides (1, rows) once transposed (a dim of size 1 has any).
-        if (rows > 1 and s.stride(1) != 1) or (col_blocks > 1 and s.stride(0) != rows):
-            s = s.contiguous()
-        return s.t()
-    s = stored[: ceil_div(rows, BLOCK), :col_blocks]  # entry [r // 128, c // 128]
-    return s if s.is_contiguous() else s.contiguous()
+    ``torch._scaled_mm``'s ``scale_a`` for that buffer (``scale_b`` is its transpose for
+    ``b.t()``): a view of ``stored`` when :func:`qualifies` holds, else a copy."""
+    s = _stored_scale(stored, rows, cols, dim)
+    return s.t() if dim == 1 else s
+
+
+def _transposed_operand_scale(stored: torch.Tensor, rows: Any, cols: Any, dim: int) -> torch.Tensor:
+    """``operand_scale(...).t()`` with no transpose of a transpose (a host call saved)."""
+    s = _stored_scale(stored, rows, cols, dim)
+    return s if dim == 1 else s.t()
 
 
 def qualifies(rows: Any, cols: Any, n: Any, dims: tuple[int, int]) -> bool:
@@ -130,5 +141,5 @@ def block_scaled_mm_operands(
         mat1.view(fb),
         mat2.view(fa).t(),
         operand_scale(b_scale, rows, c, dims[0]),
-        operand_scale(a_scale, n, c, dims[1]).t(),
+        _transposed_operand_scale(a_scale, n, c, dims[1]),
     )

@@ -99,8 +99,11 @@ tree_map = torch.utils._pytree.tree_map
 tree_leaves = torch.utils._pytree.tree_leaves
 
 # --- quantized kernels (quantization/) ------------------------------------------------
-# The FP8 GEMM (quantization/gemm.py): ``torch._scaled_mm`` has no public spelling on
-# 2.11 (the H200's), 2.13 or 2.14. Run on 2.11 (H200) and 2.13.
+# The FP8 GEMM (quantization/gemm.py), per-tensor and block-scaled (1x128 / 128x128
+# fp32 scales, quantization/float8_block_gemm.py): ``torch._scaled_mm`` has no public
+# spelling on 2.11 (the H200's), 2.13 or 2.14 (``torch.nn.functional.scaled_mm`` takes
+# the same scales plus explicit scaling kinds, and its 128x128 scale shapes differ
+# between versions). Run on 2.11 (H200) and 2.13; block scales probed on 2.11.
 scaled_mm = torch._scaled_mm
 # ``FakeTensor`` (imported above; torch imports its module at start-up, so no cost):
 # quantization/gemm.py and quantization/cuda_kernels.py tell a kernel traced for a
