@@ -73,6 +73,7 @@ def test_compiled_block_scaled_step_is_bitwise_equal_to_eager(kind, backend, sca
 def test_block_scaled_step_under_cuda_graphs_is_bitwise_equal_to_eager(kind, scaled_mm_calls):
     module, x = make(kind), make_input()
     eager = cloned(step(module, x, "fp8_block"))
+    assert len(scaled_mm_calls) == NATIVE_GEMMS[kind]
     compiled = torch.compile(module, fullgraph=True, mode="reduce-overhead")
     skips = counters["inductor"]["cudagraph_skips"]
     for _ in range(3):
