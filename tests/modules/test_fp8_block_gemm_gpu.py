@@ -14,6 +14,7 @@ from module_cases import assert_bitwise, cloned, graph_breaks, step, unique_grap
 from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
+from transformer_engine_ops.quantization import float8_block_gemm
 from transformer_engine_ops.runtime import _torch_private
 
 pytestmark = [
@@ -44,6 +45,7 @@ def make_input() -> torch.Tensor:
 @pytest.fixture
 def scaled_mm_calls(monkeypatch) -> list[int]:
     """Counts the ``torch._scaled_mm`` calls the GEMMs make."""
+    assert float8_block_gemm.runs_on(torch.cuda.current_device()), "needs Hopper, CUDA 12.9+"
     calls: list[int] = []
     real = _torch_private.scaled_mm
 
@@ -90,8 +92,6 @@ def test_native_block_scaled_linear_is_close_to_the_dequantized_one(scaled_mm_ca
     module, x = make("linear"), make_input()
     native = cloned(step(module, x, "fp8_block"))
     assert len(scaled_mm_calls) == NATIVE_GEMMS["linear"]
-    from transformer_engine_ops.quantization import float8_block_gemm
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(float8_block_gemm, "qualifies", lambda *args: False)
         dequantized = cloned(step(module, x, "fp8_block"))

@@ -24,6 +24,7 @@ from transformer_engine_ops.quantization import (
 from transformer_engine_ops.quantization.float8_block_gemm import (
     block_scaled_mm_operands,
     qualifies,
+    runs_on,
 )
 from transformer_engine_ops.runtime.quantizer import QuantizedData
 
@@ -214,6 +215,31 @@ def test_other_operands_are_not_taken():
     assert block_scaled_mm_operands(rowwise_only, grad, "NN") is None  # dgrad reads columnwise
 
 
+@pytest.mark.parametrize(
+    ("cuda", "hip", "capability", "runs"),
+    [
+        ("13.0", None, (9, 0), True),  # the H200's torch 2.11+cu130
+        ("12.9", None, (9, 0), True),
+        ("12.6", None, (9, 0), False),  # torch refuses block scales below CUDA 12.9
+        ("13.0", None, (10, 0), False),  # Blackwell: no 1x128/128x128 fp32-scale GEMM
+        ("13.0", None, (8, 9), False),  # Ada: per-tensor FP8 scaling only
+        (None, "7.0", (9, 4), False),  # ROCm
+        (None, None, (9, 0), False),  # a CPU-only build
+    ],
+)
+def test_only_hopper_under_cuda_12_9_runs_the_block_scaled_gemm(
+    monkeypatch, cuda, hip, capability, runs
+):
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    runs_on.cache_clear()
+    try:
+        assert runs_on(0) is runs
+    finally:
+        runs_on.cache_clear()
+
+
 def test_the_cpu_gemm_keeps_the_dequantized_path():
     """The block-scaled GEMM is CUDA's; on the CPU gemm multiplies the dequantized values."""
     A, B = operands("TN", 2, 1)
@@ -265,6 +291,7 @@ def within_fp8_gemm_tolerance(out, left, right, bias, out_dtype):
 def test_cuda_block_scaled_gemm_agrees_with_the_dequantized_product(
     layout, dims, pow2, out_dtype, scaled_mm_calls
 ):
+    assert runs_on(torch.cuda.current_device()), "needs Hopper and torch for CUDA 12.9+"
     A, B = operands(layout, *dims, pow2=pow2, device="cuda")
     left, right = dequantized_matrices(A, B, layout)
     bias = None

@@ -29,6 +29,7 @@ fprop and dgrad and 1x128 x 1x128 for wgrad; 128x128 x 1x128 is taken too, 128x1
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional
 
@@ -38,13 +39,27 @@ from ..runtime.quantizer import QuantizedData
 from .encoding import ceil_div
 from .float8_block import _Float8BlockData
 
-__all__ = ["BLOCK", "block_scaled_mm_operands", "operand_scale", "qualifies"]
+__all__ = ["BLOCK", "block_scaled_mm_operands", "operand_scale", "qualifies", "runs_on"]
 
 # The one block edge cuBLAS's block-scaled FP8 GEMM has.
 BLOCK = 128
 
 # layout -> (A reads columnwise, B reads columnwise), as gemm.LAYOUTS.
 _READS = {"TN": (False, False), "NN": (True, False), "NT": (True, True)}
+
+
+@functools.cache
+def runs_on(device_index: int) -> bool:
+    """Whether CUDA device ``device_index`` runs cuBLAS's block-scaled FP8 GEMM: a Hopper
+    GPU (compute capability 9.x; Blackwell's cuBLAS has no 1x128/128x128 fp32 scales, TE
+    emulates them there) under a torch built against CUDA 12.9 or later (torch refuses
+    block scales below). Cached per device: a fact of the hardware and the build."""
+    cuda = torch.version.cuda
+    if torch.version.hip is not None or cuda is None:
+        return False
+    if tuple(int(part) for part in cuda.split(".")[:2]) < (12, 9):
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def _stored_scale(stored: torch.Tensor, rows: Any, cols: Any, dim: int) -> torch.Tensor:

@@ -20,7 +20,8 @@ On CUDA:
   copies);
 * two FP8 block operands of 128-element blocks (1x128 by 128x128, 1x128 by 1x128 or
   128x128 by 1x128) go through ``torch._scaled_mm``'s block-scaled cuBLAS GEMM
-  (Hopper, CUDA 12.9+) on the same buffers, their stored scales passed as views
+  (Hopper with torch built for CUDA 12.9+: ``float8_block_gemm.runs_on``; Blackwell has
+  no such GEMM) on the same buffers, their stored scales passed as views
   (float8_block_gemm.py), when the contraction is whole 128-blocks (a multiple of 4
   blocks with a 128x128 operand), the other dim of the second operand a multiple of 16
   and the rows of the first a multiple of 4 (``float8_block_gemm.qualifies``); always
@@ -48,8 +49,8 @@ from ..runtime import _torch_private as _private
 from ..runtime import lowering
 from ..runtime.precision import math_dtype
 from ..runtime.quantizer import QuantizedData
+from . import float8_block_gemm
 from .float8 import _Float8Data
-from .float8_block_gemm import block_scaled_mm_operands
 
 __all__ = ["LAYOUTS", "gemm"]
 
@@ -323,8 +324,8 @@ def gemm(
     out_shape = _out_shape(A, B, layout)
     fp8 = _scaled_mm_operands(A, B, layout)
     fast_accum = not use_split_accumulator
-    if fp8 is None and A.device.type == "cuda":
-        fp8 = block_scaled_mm_operands(A, B, layout)
+    if fp8 is None and A.device.type == "cuda" and float8_block_gemm.runs_on(A.device.index):
+        fp8 = float8_block_gemm.block_scaled_mm_operands(A, B, layout)
         if fp8 is not None:
             # cuBLAS's block-scaled GEMM has no fast-accumulation mode (torch refuses
             # it); TE's recipe asks for the split accumulator there anyway.
