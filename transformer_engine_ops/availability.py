@@ -3,8 +3,9 @@ package on this device.
 
 TE answers whether its CUDA kernels run a format on the current GPU. This package runs
 every format on the CPU and on any CUDA device: a per-tensor FP8 GEMM natively
-(``torch._scaled_mm``) on a CUDA device of compute capability 8.9 or newer, everything
-else through its reference kernels (quantize, then dequantize and multiply in higher
+(``torch._scaled_mm``) on a CUDA device of compute capability 8.9 or newer, an FP8 block
+GEMM natively (cuBLAS's block-scaled one) on Hopper under a torch for CUDA 12.9+,
+everything else through its reference kernels (quantize, then dequantize and multiply in higher
 precision: the same numbers, slower). So every query answers True, and with
 ``return_reason=True`` the reason says which of the two runs the format here (TE gives an
 empty reason when available; a script only tests the boolean).
@@ -16,6 +17,7 @@ from typing import Union
 
 import torch
 
+from .quantization import float8_block_gemm
 from .quantization.recipes import Float8CurrentScaling, Recipe
 
 # The first compute capability whose cuBLAS runs a per-tensor FP8 GEMM.
@@ -70,8 +72,10 @@ def is_mxfp8_available(return_reason: bool = False) -> Union[bool, tuple[bool, s
 
 
 def is_fp8_block_scaling_available(return_reason: bool = False) -> Union[bool, tuple[bool, str]]:
-    """FP8 block scaling: True; emulated on every device."""
-    return _answer("FP8 block scaling", False, return_reason)
+    """FP8 block scaling: True; its GEMM native on Hopper under a torch for CUDA 12.9+
+    (for shapes of whole 128-blocks, docs/quantization.md), emulated elsewhere."""
+    native = torch.cuda.is_available() and float8_block_gemm.runs_on(torch.cuda.current_device())
+    return _answer("FP8 block scaling", native, return_reason)
 
 
 def is_nvfp4_available(return_reason: bool = False) -> Union[bool, tuple[bool, str]]:
