@@ -214,3 +214,66 @@ def test_cuda_tensors_take_the_kernels():
     assert ak.eligible(BF16, x, x)
     assert not ak.eligible(torch.float64, x)
     assert not ak.eligible(BF16, x.double())
+
+
+def _eligible_on_the_interpreter(out_dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
+    """``activation_kernels.eligible`` with CPU tensors allowed (under the interpreter)."""
+    from transformer_engine_ops.runtime import _torch_private
+
+    return (
+        out_dtype in ak.DTYPES
+        and all(type(t) is torch.Tensor and t.dtype in ak.DTYPES for t in tensors)
+        and not torch.compiler.is_compiling()
+        and _torch_private.current_dispatch_mode() is None
+    )
+
+
+def run_module_cases(backends: list[str], activations: list[str]) -> list[str]:
+    """LayerNormMLP on the CPU with the interpreted kernels in place of the reference:
+    compiled equals eager bit for bit, and the kernels ran in both (the failures)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "modules"))
+    from family_cases import make, make_input
+    from module_cases import cloned, step
+
+    ak.eligible = _eligible_on_the_interpreter
+    calls = []
+    forward = ak.fused_activation_forward
+    ak.fused_activation_forward = lambda *a: calls.append(a[0]) or forward(*a)
+    failures = []
+    for backend in backends:
+        for activation in activations:
+            module, x = make("layernorm_mlp", activation=activation), make_input()
+            del calls[:]
+            eager = cloned(step(module, x, "bf16"))
+            compiled = torch.compile(module, fullgraph=True, backend=backend)
+            got = cloned(step(compiled, x, "bf16"))
+            if calls != [activation, activation]:
+                failures.append(f"{backend} {activation}: kernel calls {calls}")
+            for what, a, b in zip(("output", "input grad"), got, eager, strict=False):
+                if not torch.equal(a, b):
+                    failures.append(f"{backend} {activation}: {what} differs")
+            for i, (a, b) in enumerate(zip(got[2], eager[2], strict=True)):
+                if not torch.equal(a, b):
+                    failures.append(f"{backend} {activation}: grad {i} differs")
+    return failures
+
+
+@needs_triton
+@pytest.mark.slow
+def test_compiled_module_runs_the_interpreted_kernels_bitwise():
+    """The integration the gpu tests check on CUDA, on the CPU: the kernels made eligible
+    for CPU tensors under the interpreter, a compiled LayerNormMLP (an op node with
+    aot_eager, its exact pieces in a lowered Inductor graph) runs them as eager does."""
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore')\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import test_activation_kernels as t\n"
+        "failures = t.run_module_cases(['aot_eager', 'inductor'], ['swiglu', 'gelu'])\n"
+        "print('\\n'.join(failures)); sys.exit(1 if failures else 0)\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
