@@ -30,10 +30,15 @@ CLAMPED_SILU = tl.constexpr(6)  # clamped_swiglu (gated only)
 # under Triton's interpreter.
 
 
+# Divisions are Triton's fp32 ``/`` (approximate, within 2 ulp; a denominator past
+# 2**126 gives 0, below fp32's smallest normal result anyway) rather than ``div_rn``'s
+# longer sequence: the kernels are memory bound only while their arithmetic stays short.
+
+
 @triton.jit
 def _sigmoid(x):
-    # 1 / (1 + e^-x), the division correctly rounded: +-Inf give 0 and 1, NaN stays NaN.
-    return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
+    # 1 / (1 + e^-x): +-Inf give 0 and 1, NaN stays NaN.
+    return 1.0 / (1.0 + tl.exp(-x))
 
 
 @triton.jit
@@ -41,7 +46,7 @@ def _value_and_slope(x, ACT: tl.constexpr):  # noqa: N803
     """``(f(x), f'(x))`` in fp32 (``layernorm_mlp._unary``'s formulas)."""
     if ACT == GELU:  # the tanh approximation, tanh(z) = 1 - 2 / (e^2z + 1)
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        t = 1.0 - tl.math.div_rn(tl.full(x.shape, 2.0, tl.float32), tl.exp(2.0 * inner) + 1.0)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
         f = 0.5 * x * (1.0 + t)
         slope = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
         d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
