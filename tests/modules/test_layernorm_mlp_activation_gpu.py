@@ -46,6 +46,27 @@ def test_compiled_equals_eager_bitwise_on_cuda(activation, backend):
     assert_bitwise(got, eager)
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "gelu", "clamped_swiglu"])
+def test_fp8_current_scaling_runs_the_kernels_bitwise(activation):
+    """Under FP8 current scaling (lowered on CUDA: the quantize and the activation each
+    recorded as an op running eager's kernel) the activation output feeds fc2's quantize."""
+    module, x = _module(activation).cuda(), make_input().cuda()
+    eager = cloned(step(module, x, "fp8_current"))
+    got = cloned(step(torch.compile(module, fullgraph=True), x, "fp8_current"))
+    assert graph_breaks() == 0
+    assert_bitwise(got, eager)
+
+
+def test_dynamic_shapes_run_the_kernels_bitwise():
+    """One graph with a symbolic sequence length: the kernels get each call's sizes."""
+    module = _module("swiglu").cuda()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    for seq in (16, 24, 40):
+        x = make_input(seq=seq).cuda()
+        assert_bitwise(cloned(step(compiled, x, "bf16")), cloned(step(module, x, "bf16")))
+    assert graph_breaks() == 0
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "gelu"])
 def test_cuda_graphs_run_the_kernels_bitwise(activation):
     module, x = _module(activation).cuda(), make_input().cuda()

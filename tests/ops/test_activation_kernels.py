@@ -77,12 +77,25 @@ def _within(got: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) -> Op
     return None
 
 
-def check_against_float64(name: str, in_dtype, out_dtype, lead, cols, device) -> Optional[str]:
-    """The kernels' forward and backward of random inputs against the float64 reference
-    (None, or what is wrong)."""
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a non-contiguous view (every other row of a taller tensor)."""
+    tall = torch.zeros((t.shape[0] * 2, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    tall[::2] = t
+    return tall[::2]
+
+
+def check_against_float64(
+    name: str, in_dtype, out_dtype, lead, cols, device, strided: bool = False
+) -> Optional[str]:
+    """The kernels' forward and backward of random inputs (non-contiguous ones with
+    ``strided``) against the float64 reference (None, or what is wrong)."""
     x, dy = _inputs(name, lead, cols, in_dtype, seed=len(name) + cols)
-    y = ak.fused_activation_forward(name, x.to(device), out_dtype, *PARAMS).cpu()
-    dx = ak.fused_activation_backward(name, dy.to(device), x.to(device), out_dtype, *PARAMS).cpu()
+    xk, dyk = x.to(device), dy.to(device)
+    if strided:
+        xk, dyk = _strided(xk), _strided(dyk)
+        assert not xk.is_contiguous() and not dyk.is_contiguous()
+    y = ak.fused_activation_forward(name, xk, out_dtype, *PARAMS).cpu()
+    dx = ak.fused_activation_backward(name, dyk, xk, out_dtype, *PARAMS).cpu()
     if y.dtype != out_dtype or dx.dtype != out_dtype:
         return f"dtypes {y.dtype}, {dx.dtype}; expected {out_dtype}"
     ref_y = activation_forward(name, x.double(), torch.float64, *PARAMS)
@@ -118,7 +131,8 @@ def check_special_values(name: str, device) -> Optional[str]:
 
 
 def run_cases(device: str) -> tuple[int, list[str]]:
-    """Every activation x dtype pair x shape, and the special values: (cases, failures)."""
+    """Every activation x dtype pair x shape, non-contiguous inputs and the special
+    values: (cases, failures)."""
     cases, failures = 0, []
     for name in ak.CODES:
         for in_dtype, out_dtype in DTYPES:
@@ -127,6 +141,10 @@ def run_cases(device: str) -> tuple[int, list[str]]:
                 wrong = check_against_float64(name, in_dtype, out_dtype, lead, cols, device)
                 if wrong:
                     failures.append(f"{name} {in_dtype}->{out_dtype} {lead}x{cols}: {wrong}")
+        cases += 1
+        wrong = check_against_float64(name, BF16, BF16, (3, 5), 33, device, strided=True)
+        if wrong:
+            failures.append(f"{name} non-contiguous: {wrong}")
         cases += 1
         wrong = check_special_values(name, device)
         if wrong:
@@ -157,7 +175,7 @@ def test_interpreted_kernels_match_the_float64_reference():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    n = len(ak.CODES) * (len(DTYPES) * len(SHAPES) + 1)
+    n = len(ak.CODES) * (len(DTYPES) * len(SHAPES) + 2)
     assert f"{n} cases" in out.stdout
 
 
@@ -192,7 +210,7 @@ def test_bad_arguments_are_named():
 def test_cuda_kernels_match_the_float64_reference():
     cases, failures = run_cases("cuda")
     assert not failures, "\n".join(failures)
-    assert cases == len(ak.CODES) * (len(DTYPES) * len(SHAPES) + 1)
+    assert cases == len(ak.CODES) * (len(DTYPES) * len(SHAPES) + 2)
 
 
 @needs_cuda
