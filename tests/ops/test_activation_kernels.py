@@ -203,6 +203,8 @@ def test_bad_arguments_are_named():
         ak.fused_activation_forward("swiglu", torch.ones(2, 5), F32)
     with pytest.raises(ValueError, match=r"dy \(2, 4\) does not fit x \(2, 4\) for swiglu"):
         ak.fused_activation_backward("swiglu", x, x, F32)
+    with pytest.raises(ValueError, match=r"config=\(1000, 4\); expected \(columns per program"):
+        ak.fused_activation_forward("gelu", x, F32, config=(1000, 4))
 
 
 @needs_cuda

@@ -113,16 +113,25 @@ def _kernels(interpret: bool = False) -> tuple[Any, Any]:
 
 
 @functools.cache
-def _constexprs(name: str) -> tuple[tuple[str, Any], ...]:
+def _constexprs(name: str, block: int) -> tuple[tuple[str, Any], ...]:
     act, gated = CODES[name]
-    return (("ACT", act), ("GATED", gated), ("BLOCK", BLOCK))
+    return (("ACT", act), ("GATED", gated), ("BLOCK", block))
 
 
 def _check(
-    fn: str, name: str, x: torch.Tensor, out_dtype: torch.dtype, dy: Optional[torch.Tensor] = None
+    fn: str,
+    name: str,
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    config: tuple[int, int],
+    dy: Optional[torch.Tensor] = None,
 ) -> tuple[bool, int]:
     """``(gated, output columns)`` of an activation call (a backward's with ``dy``); a bad
     argument raises naming it."""
+    if len(config) != 2 or any(type(n) is not int or n < 1 or n & (n - 1) for n in config):
+        raise ValueError(
+            f"{fn}: config={config!r}; expected (columns per program, warps), both powers of 2"
+        )
     if name not in CODES:
         raise ValueError(f"{fn}: unknown activation {name!r}; expected one of {', '.join(CODES)}")
     if out_dtype not in DTYPES:
@@ -157,11 +166,14 @@ def _check(
     return gated, h
 
 
-def _launch(kernel: Any, name: str, rows: int, cols: int, args: tuple[Any, ...]) -> None:
+def _launch(
+    kernel: Any, name: str, rows: int, cols: int, args: tuple[Any, ...], config: tuple[int, int]
+) -> None:
+    block, warps = config
     if rows == 0 or cols == 0:
         return
-    grid = (rows, (cols + BLOCK - 1) // BLOCK, 1)
-    kernel(grid, args, _constexprs(name), num_warps=WARPS)
+    grid = (rows, (cols + block - 1) // block, 1)
+    kernel(grid, args, _constexprs(name, block), num_warps=warps)
 
 
 def _on_its_device(x: torch.Tensor) -> Any:
@@ -178,17 +190,20 @@ def fused_activation_forward(
     limit: float = 7.0,
     alpha: float = 1.702,
     offset: float = 1.0,
+    *,
+    config: tuple[int, int] = (BLOCK, WARPS),
 ) -> torch.Tensor:
     """``name``'s activation of ``x`` in fp32, rounded once to ``out_dtype``: shaped as
     ``x`` with the last dim halved for a gated activation. ``limit``, ``alpha`` and
-    ``offset`` are clamped_swiglu's (the others do not read them)."""
-    gated, h = _check("fused_activation_forward", name, x, out_dtype)
+    ``offset`` are clamped_swiglu's (the others do not read them); ``config`` is the
+    launch's (columns per program, warps), for ``benchmarks.activation_kernels``."""
+    gated, h = _check("fused_activation_forward", name, x, out_dtype, config)
     out = torch.empty((*x.shape[:-1], h), dtype=out_dtype, device=x.device)
     rows = math.prod(x.shape[:-1])
     forward, _ = _kernels(x.device.type != "cuda")
     with _on_its_device(x):
         args = (x.contiguous(), out, h, float(limit), float(alpha), float(offset))
-        _launch(forward, name, rows, h, args)
+        _launch(forward, name, rows, h, args, config)
     return out
 
 
@@ -200,14 +215,17 @@ def fused_activation_backward(
     limit: float = 7.0,
     alpha: float = 1.702,
     offset: float = 1.0,
+    *,
+    config: tuple[int, int] = (BLOCK, WARPS),
 ) -> torch.Tensor:
     """The gradient of :func:`fused_activation_forward` at ``x`` given the output's
-    gradient ``dy``, computed in fp32 and rounded once to ``out_dtype``: shaped as ``x``."""
-    gated, h = _check("fused_activation_backward", name, x, out_dtype, dy)
+    gradient ``dy``, computed in fp32 and rounded once to ``out_dtype``: shaped as ``x``
+    (``config`` as there)."""
+    gated, h = _check("fused_activation_backward", name, x, out_dtype, config, dy)
     dx = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = math.prod(x.shape[:-1])
     _, backward = _kernels(x.device.type != "cuda")
     with _on_its_device(x):
         args = (dy.contiguous(), x.contiguous(), dx, h, float(limit), float(alpha), float(offset))
-        _launch(backward, name, rows, h, args)
+        _launch(backward, name, rows, h, args, config)
     return dx
