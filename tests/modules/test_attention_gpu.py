@@ -157,3 +157,37 @@ def test_compiled_backend_choice_on_cuda_has_no_graph_break():
     q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, H))
     eager = dpa(q, k, v)
     assert torch.equal(torch.compile(dpa, fullgraph=True)(q, k, v), eager)
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_grouped_kv_is_not_copied_per_head_where_the_kernel_takes_groups(backend, monkeypatch):
+    """GQA on flash (and cuDNN where torch's check accepts it): k and v go to the kernel
+    grouped (``enable_gqa``), forward and backward, none expanded per query head; the
+    result stays within TE's tolerance of the reference (the test above)."""
+    from torch.backends import cuda as sdp
+
+    from transformer_engine_ops.ops import attention as op_file
+
+    expanded = []
+    original = op_file._expand_groups
+    monkeypatch.setattr(
+        op_file,
+        "_expand_groups",
+        lambda x, heads: expanded.append(x.shape[1]) or original(x, heads),
+    )
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, 2))
+    can_use = sdp.can_use_flash_attention if backend == "flash" else sdp.can_use_cudnn_attention
+
+    def native(grad: bool) -> bool:
+        qb, kb, vb = (t.detach().requires_grad_(grad).permute(1, 2, 0, 3) for t in (q, k, v))
+        return bool(can_use(sdp.SDPAParams(qb, kb, vb, None, 0.0, False, True), False))
+
+    # The forward, then the backward's recomputed forward (its inputs require grad).
+    want = [] if native(False) else [2, 2]
+    want += [] if native(True) else [2, 2]
+    if backend == "flash":
+        assert want == [], "torch documents GQA on its flash kernel"
+    out = te.DotProductAttention(H, D, attn_mask_type="no_mask", num_gqa_groups=2)(q, k, v)
+    out.float().sum().backward()
+    assert expanded == want

@@ -672,18 +672,32 @@ def _sdpa_backend(name: str) -> Any:
     }[name]
 
 
+def _native_gqa(
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> bool:
+    """Whether the flash or cuDNN kernel takes the grouped k and v as they are
+    (``enable_gqa``), so neither is copied once per query head of its group (and their
+    gradients are not summed back over the copies); torch's own check of the call
+    (``can_use_*_attention``), since which kernels take groups varies by release."""
+    from torch.backends import cuda as sdp
+
+    can_use = sdp.can_use_flash_attention if backend == "flash" else sdp.can_use_cudnn_attention
+    return bool(can_use(sdp.SDPAParams(q, k, v, None, 0.0, causal, True), False))
+
+
 def _sdpa(args: Any, plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
     """``(out [b, h, sq, dv], rows with a key or None)`` through the chosen SDPA kernel."""
     from torch.nn.attention import sdpa_kernel
 
     lq, lkv = _layouts(args, plan)
-    qb = _to_bhsd(q, lq)
-    kb = _expand_groups(_to_bhsd(k, lkv), plan.heads)
-    vb = _expand_groups(_to_bhsd(v, lkv), plan.heads)
-    mask, causal, rows = None, False, None
+    qb, kb, vb = _to_bhsd(q, lq), _to_bhsd(k, lkv), _to_bhsd(v, lkv)
+    mask, causal, rows, gqa = None, False, None, False
     if args.backend in ("flash", "cudnn"):
         causal = "causal" in args.attn_mask_type
-    else:
+        gqa = kb.shape[1] != plan.heads and _native_gqa(args.backend, qb, kb, vb, causal)
+    if not gqa:
+        kb, vb = _expand_groups(kb, plan.heads), _expand_groups(vb, plan.heads)
+    if args.backend not in ("flash", "cudnn"):
         keep = _keep_mask(args, plan, q.device)
         bias, dtype = None, math_dtype(q.dtype)  # the additive mask is made in fp32
         if args.attn_bias_type == "pre_scale_bias":
@@ -701,7 +715,7 @@ def _sdpa(args: Any, plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             mask = bias.to(q.dtype).expand(plan.batch, plan.heads, plan.seq_q, plan.seq_kv)
     with sdpa_kernel(_sdpa_backend(args.backend)):
         out = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, is_causal=causal, scale=args.attn_scale
+            qb, kb, vb, attn_mask=mask, is_causal=causal, scale=args.attn_scale, enable_gqa=gqa
         )
     if rows is not None:
         out = torch.where(rows, out, torch.zeros_like(out))

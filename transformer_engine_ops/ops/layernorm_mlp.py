@@ -3,7 +3,7 @@
 The norm is ``ops/layernorm.py``'s fp32 math; fc1 and fc2 are the Linear op's own GEMM
 stages (``ops/_fused.py``), each with its own six quantizers, so each GEMM quantizes its
 input, weight and gradients as Linear does. The activation runs in fp32 on fc1's
-output; gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``,
+output (on CUDA in one fused Triton kernel each way, ``ops/activation_kernels.py``); gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``,
 ``clamped_swiglu``) gate the first half of fc1's output features with the second, as TE
 does; ``clamped_swiglu`` clamps both halves first (``activation_params``). With ``set_parallel_mode`` fc1 is
 column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
-from transformer_engine_ops.ops import _wgrad
+from transformer_engine_ops.ops import _wgrad, activation_kernels
 from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     keeps_high_precision_input,
@@ -272,8 +272,11 @@ def activation_params_of(params: ClampedSwiGLUParams | None) -> tuple[float, flo
 
 
 # Fused into one kernel, a traced activation would be FMA-contracted (other bits): kept
-# whole in a lowered graph (runtime/lowering.py). ``limit``, ``alpha`` and ``offset``
-# are clamped_swiglu's (activation_params_of); the other activations do not read them.
+# whole in a lowered graph (runtime/lowering.py). On CUDA both pieces run the fused
+# Triton kernels of ``activation_kernels`` (one read, fp32 math, one rounded write), so
+# eager and a lowered graph run the same kernel; elsewhere the torch ops below.
+# ``limit``, ``alpha`` and ``offset`` are clamped_swiglu's (activation_params_of); the
+# other activations do not read them.
 @exact(
     "activation_forward(str name, Tensor x, ScalarType out_dtype, float limit, float alpha, "
     "float offset) -> Tensor"
@@ -281,6 +284,8 @@ def activation_params_of(params: ClampedSwiGLUParams | None) -> tuple[float, flo
 def activation_forward(
     name: str, x: torch.Tensor, out_dtype: torch.dtype, limit: float, alpha: float, offset: float
 ) -> torch.Tensor:
+    if activation_kernels.eligible(out_dtype, x):
+        return activation_kernels.fused_activation_forward(name, x, out_dtype, limit, alpha, offset)
     xf = x.to(math_dtype(x.dtype))
     if name == "clamped_swiglu":
         g, lin, s, _ = _clamped_halves(xf, limit, alpha)
@@ -304,6 +309,10 @@ def activation_backward(
     alpha: float,
     offset: float,
 ) -> torch.Tensor:
+    if activation_kernels.eligible(out_dtype, dy, x):
+        return activation_kernels.fused_activation_backward(
+            name, dy, x, out_dtype, limit, alpha, offset
+        )
     dtype = math_dtype(x.dtype)
     xf, dyf = x.to(dtype), dy.to(dtype)
     if name == "clamped_swiglu":
