@@ -156,17 +156,22 @@ def test_decode_step_runs_under_cuda_graphs(paged: bool) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_steady_decode_pre_step_never_waits_for_the_device() -> None:
     """pre_step's writes go through pinned memory without blocking: a pageable copy
-    would make the host wait for the device's previous step before issuing the next."""
-    params = _params(paged=True, device="cuda")
-    params.pre_step(OrderedDict([("a", 1), ("b", 2)]))
+    would make the host wait for the device's previous step before issuing the next.
+    So do a non-paged cache's moves when a sequence finishes."""
+    paged, flat = _params(paged=True, device="cuda"), _params(paged=False, device="cuda")
+    flat.allocate_memory(1)
+    for params in (paged, flat):
+        params.pre_step(OrderedDict([("a", 1), ("b", 2)]))
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):  # b crosses a page boundary: the page table is written too
-            params.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+            paged.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+        flat.pre_step(OrderedDict([("b", 1)]))  # a finished: b's rows move to page 0
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert params.pre_step_seqlens[:2].tolist() == [3, 4]
-    assert params.page_table[1, 1].item() != params.trash_page
+    assert paged.pre_step_seqlens[:2].tolist() == [3, 4]
+    assert paged.page_table[1, 1].item() != paged.trash_page
+    assert flat.pre_step_seqlens[:1].tolist() == [2]
 
 
 def test_cross_attention_with_a_cache_is_refused_by_name() -> None:

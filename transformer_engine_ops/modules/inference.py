@@ -205,24 +205,26 @@ class InferenceParams:
         moves = [(i, old[seq]) for i, seq in enumerate(step_dict) if old.get(seq, i) != i]
         if not moves or not self.cache:
             return
-        dst = torch.tensor([d for d, _ in moves], device=self.device)
-        src = torch.tensor([s for _, s in moves], device=self.device)
+        dst = self._staged([d for d, _ in moves], torch.int64).to(self.device, non_blocking=True)
+        src = self._staged([s for _, s in moves], torch.int64).to(self.device, non_blocking=True)
         for k_cache, v_cache in self.cache.values():
             for cache in (k_cache, v_cache):
                 cache.index_copy_(0, dst, cache.index_select(0, src))
 
     def _write(self, buffer: torch.Tensor, current: list[Any], values: list[Any]) -> list[Any]:
         """Copy ``values`` into the device ``buffer`` in place unless the host's copy of
-        it (``current``) already equals them; on CUDA through pinned memory, without
-        blocking (a pageable copy would wait for the device to finish the last step)."""
+        it (``current``) already equals them."""
         if values == current:
             return current
-        host = torch.tensor(values, dtype=buffer.dtype)
-        if buffer.device.type == "cuda":
-            buffer.copy_(host.pin_memory(), non_blocking=True)
-        else:
-            buffer.copy_(host)
+        buffer.copy_(self._staged(values, buffer.dtype), non_blocking=True)
         return values
+
+    def _staged(self, values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+        """``values`` as a host tensor, pinned when the cache is on CUDA: a copy from it
+        need not wait (from pageable memory the host would wait for the device to finish
+        the previous step first)."""
+        host = torch.tensor(values, dtype=dtype)
+        return host.pin_memory() if self.device.type == "cuda" else host
 
     def get_seqlens_pre_step(self) -> torch.Tensor:
         """Each batch entry's cached length before this step (RoPE's start positions)."""
