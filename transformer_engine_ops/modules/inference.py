@@ -187,7 +187,7 @@ class InferenceParams:
 
     def _assign_pages(self, step_dict: OrderedDict, before: list[int], counts: list[int]) -> None:
         """Paged: free the pages of finished sequences, give each sequence the pages its
-        new length needs (TE's first-free order)."""
+        new length needs (the first free page first)."""
         for seq in [s for s in self.sequences if s not in step_dict]:
             self._free.extend(self._pages.pop(seq))
         for seq, cached, new in zip(step_dict, before, counts, strict=True):
