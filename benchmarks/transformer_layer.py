@@ -10,10 +10,12 @@ in plain PyTorch, all compiled (``fullgraph=True``, Inductor).
 * Decode: one new token per sequence against a KV cache (batch 8, 4096 cached
   positions), compiled with ``mode="reduce-overhead"`` (CUDA graphs): ours through
   ``te.InferenceParams``, the plain block through a static cache it updates with
-  ``index_copy_``; tokens per second.
+  ``index_copy_``, filled with ours' cached keys and values; one eager step of each is
+  first checked to give the same output (bf16 tolerance); tokens per second.
 
-Standalone: ``python -m benchmarks.transformer_layer [--quick] [--out FILE]`` (prints a
-table; ``--out`` writes the numbers as JSON). ``python -m benchmarks --device cuda``
+Standalone: ``python -m benchmarks.transformer_layer [--quick] [--only PART] [--out
+FILE]`` (prints a table; ``--only decode`` or ``--only train_step`` runs one part;
+``--out`` writes the numbers as JSON). ``python -m benchmarks --device cuda``
 runs it as its ``transformer_layer`` part. ``--quick`` shrinks every size (a smoke run,
 also on the CPU: its numbers mean nothing).
 """
@@ -217,25 +219,42 @@ def _decode(
     torch._dynamo.mark_static_address(v_cache)
     position = torch.tensor(cached, device=device)
     token = torch.randn(batch, 1, cfg["hidden"], dtype=torch.bfloat16, device=device)
+    step_dict = OrderedDict((i, 1) for i in range(batch))
     with torch.no_grad():
-        # Fill the caches: the prompt through ours eagerly (its cache), the plain
-        # block's cache with random keys and values (its content does not change the time).
+        # Fill the caches: the prompt through ours eagerly, its cached keys and values
+        # (after RoPE, as the plain block caches them) copied into the plain block's.
         params.pre_step(OrderedDict((i, cached) for i in range(batch)))
         prompt = torch.randn(batch, cached, cfg["hidden"], dtype=torch.bfloat16, device=device)
         ours(prompt, rotary_pos_emb=freqs, inference_params=params)
-        k_cache.normal_()
-        v_cache.normal_()
+        ours_k, ours_v = params.cache[ours.self_attention.layer_number]
+        k_cache.copy_(ours_k[:batch])  # non-paged: batch entry i is page i
+        v_cache.copy_(ours_v[:batch])
+        # One eager decode step each from the same caches: the same token's output.
+        params.pre_step(step_dict)
+        a = ours(token, rotary_pos_emb=freqs, inference_params=params).float()
+        b = plain.decode(token, flat_freqs, position, k_cache, v_cache).float()
+    difference, scale = (a - b).abs().max().item(), b.abs().max().item()
+    progress(
+        f"transformer_layer: decode ours vs plain max|diff| {difference:.3g} (scale {scale:.3g})"
+    )
+    if difference > 0.05 * scale:
+        raise AssertionError(f"ours' and the plain decode disagree: {difference} vs scale {scale}")
     ours_c = torch.compile(ours, fullgraph=True, mode="reduce-overhead")
     plain_c = torch.compile(plain.decode, fullgraph=True, mode="reduce-overhead")
-    step_dict = OrderedDict((i, 1) for i in range(batch))
+
+    rewind = {"steps_left": 0}
 
     def ours_step() -> None:
-        # Each step decodes at the same cache length, so the timing is of one length:
-        # the sequences are restarted host-side before every step (TE's decode loop
-        # calls pre_step every step too; this host bookkeeping is in ours' time).
-        params.reset()
-        params.pre_step(OrderedDict((i, cached) for i in range(batch)))
+        # TE's decode loop: pre_step (host bookkeeping, in ours' time), then the
+        # compiled step. Both blocks attend over their whole static cache under a length
+        # mask, so the time does not depend on the length; every max_len - cached steps
+        # the sequences are restarted at `cached` tokens (host side) to stay in the cache.
+        if rewind["steps_left"] == 0:
+            params.reset()
+            params.pre_step(OrderedDict((i, cached) for i in range(batch)))
+            rewind["steps_left"] = max_len - cached
         params.pre_step(step_dict)
+        rewind["steps_left"] -= 1
         with torch.no_grad():
             ours_c(token, rotary_pos_emb=freqs, inference_params=params)
 
@@ -259,8 +278,14 @@ def _decode(
     }
 
 
-def run(quick: bool = False, device: str = "cuda") -> dict[str, Any]:
-    """The train-step and decode comparisons (``quick``: tiny sizes, one round)."""
+PARTS = ("train_step", "decode")
+
+
+def run(
+    quick: bool = False, device: str = "cuda", parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
+    """The train-step and decode comparisons (``quick``: tiny sizes, one round), or
+    those of ``parts``."""
     cfg = QUICK if quick else LLAMA_8B
     dec = DECODE_QUICK if quick else DECODE
     rounds, min_run_time = (1, 0.05) if quick else (5, 0.5)
@@ -269,6 +294,8 @@ def run(quick: bool = False, device: str = "cuda") -> dict[str, Any]:
         ("train_step", lambda: _train(cfg, device, rounds, min_run_time)),
         ("decode", lambda: _decode(cfg, dec, device, rounds, min_run_time)),
     ):
+        if name not in parts:
+            continue
         try:
             results[name] = part()
         except Exception as exc:  # keep the other part's numbers
@@ -300,12 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (smoke)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--only", choices=PARTS, default=None, help="run one part")
     args = p.parse_args(argv)
     if args.device == "cpu" and not args.quick:
         print("error: the full sizes need a CUDA device (use --quick on the CPU)", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    results = {"machine": machine_info(), "transformer_layer": run(args.quick, args.device)}
+    parts = PARTS if args.only is None else (args.only,)
+    results = {
+        "machine": machine_info(),
+        "transformer_layer": run(args.quick, args.device, parts),
+    }
     _print(results["transformer_layer"])
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")

@@ -152,6 +152,28 @@ def test_decode_step_runs_under_cuda_graphs(paged: bool) -> None:
         torch.testing.assert_close(a, c, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_steady_decode_pre_step_never_waits_for_the_device() -> None:
+    """pre_step's writes go through pinned memory without blocking: a pageable copy
+    would make the host wait for the device's previous step before issuing the next.
+    So do a non-paged cache's moves when a sequence finishes."""
+    paged, flat = _params(paged=True, device="cuda"), _params(paged=False, device="cuda")
+    flat.allocate_memory(1)
+    for params in (paged, flat):
+        params.pre_step(OrderedDict([("a", 1), ("b", 2)]))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):  # b crosses a page boundary: the page table is written too
+            paged.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+        flat.pre_step(OrderedDict([("b", 1)]))  # a finished: b's rows move to page 0
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert paged.pre_step_seqlens[:2].tolist() == [3, 4]
+    assert paged.page_table[1, 1].item() != paged.trash_page
+    assert flat.pre_step_seqlens[:1].tolist() == [2]
+
+
 def test_cross_attention_with_a_cache_is_refused_by_name() -> None:
     layer = make_layer(seed=25, layer_type="decoder", attn_input_format="bshd")
     params = te.InferenceParams(1, MAX_LEN, HEADS, D, torch.float32, qkv_format="bshd")
@@ -161,4 +183,167 @@ def test_cross_attention_with_a_cache_is_refused_by_name() -> None:
             torch.randn(1, 2, HIDDEN),
             encoder_output=torch.randn(1, 3, HIDDEN),
             inference_params=params,
+        )
+
+
+def _decode_against_recompute(
+    layer: te.TransformerLayer, params: te.InferenceParams, schedule: list, sbhd: bool = False
+) -> None:
+    """Run ``schedule`` (a list of OrderedDicts seq -> new tokens, batch order) through
+    the cache and check each step's outputs against the layer on each whole sequence."""
+    freqs = te.RotaryPositionEmbedding(D)(MAX_LEN)
+    gen = torch.Generator().manual_seed(26)
+    seqs: dict = {}
+    with torch.no_grad():
+        for step in schedule:
+            longest = max(step.values())
+            tokens = torch.zeros(len(step), longest, HIDDEN)
+            for i, (seq, n) in enumerate(step.items()):
+                new = torch.randn(1, n, HIDDEN, generator=gen)
+                tokens[i, :n] = new[0]
+                seqs[seq] = torch.cat([seqs[seq], new], dim=1) if seq in seqs else new
+            params.pre_step(step)
+            x = tokens.transpose(0, 1) if sbhd else tokens
+            out = layer(x, rotary_pos_emb=freqs, inference_params=params)
+            out = out.transpose(0, 1) if sbhd else out
+            for i, (seq, n) in enumerate(step.items()):
+                whole = seqs[seq].transpose(0, 1) if sbhd else seqs[seq]
+                want = layer(whole, rotary_pos_emb=freqs[: whole.shape[1 - sbhd]])
+                want = want.transpose(0, 1) if sbhd else want
+                torch.testing.assert_close(out[i, :n], want[0, -n:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups", [1, HEADS])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
+def test_decode_equals_recomputing_for_mqa_mha_and_both_formats(groups: int, fmt: str) -> None:
+    """The query heads of a KV group are folded into the query's rows for attention;
+    with one group (MQA) or one head per group (MHA), in either format, each token's
+    output is still the whole sequence's."""
+    layer = make_layer(seed=27, num_gqa_groups=groups, attn_input_format=fmt).eval()
+    params = te.InferenceParams(3, MAX_LEN, groups, D, torch.float32, qkv_format=fmt)
+    schedule = [OrderedDict([("a", 4), ("b", 2)])] + [OrderedDict([("a", 1), ("b", 1)])] * 2
+    _decode_against_recompute(layer, params, schedule, sbhd=fmt == "sbhd")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_sequences_that_change_batch_position_keep_their_cache(paged: bool) -> None:
+    """When a sequence finishes, those after it move up a batch position and a new one
+    may join: the non-paged cache moves their rows with them (batch entry i owns page
+    i), the paged one changes only the page table; decoding goes on as recomputing."""
+    schedule = [
+        OrderedDict([("a", 3), ("b", 5), ("c", 2)]),
+        OrderedDict([("a", 1), ("b", 1), ("c", 1)]),
+        OrderedDict([("b", 1), ("c", 1)]),  # a finished: b and c move up
+        OrderedDict([("c", 1), ("d", 4), ("b", 1)]),  # d joins between them
+        OrderedDict([("c", 1), ("d", 1), ("b", 1)]),
+    ]
+    _decode_against_recompute(_layer(), _params(paged), schedule)
+
+
+def test_decode_with_a_sliding_window_equals_recomputing() -> None:
+    layer = make_layer(
+        seed=28, num_gqa_groups=GROUPS, attn_input_format="bshd", window_size=(3, 0)
+    ).eval()
+    schedule = [OrderedDict([("a", 6), ("b", 3)])] + [OrderedDict([("a", 1), ("b", 1)])] * 3
+    _decode_against_recompute(layer, _params(paged=True), schedule)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_through_the_memory_efficient_path_equals_recomputing(paged, monkeypatch):
+    """On CUDA the cache's length mask selects torch's memory-efficient SDPA kernel
+    (``attn_mask_type="arbitrary"``); its mask, the folded query heads and the zeroed
+    padding rows of a prefill, run on torch's CPU MATH kernel: still the whole
+    sequence's outputs."""
+    from torch.nn.attention import SDPBackend
+
+    from transformer_engine_ops.modules import attention as module_file
+    from transformer_engine_ops.ops import attention as op_file
+
+    monkeypatch.setattr(op_file, "_check_backend", lambda args: None)
+    monkeypatch.setattr(op_file, "_sdpa_backend", {"efficient": SDPBackend.MATH}.__getitem__)
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: "efficient")
+    schedule = [OrderedDict([("a", 5), ("b", 2)])] + [OrderedDict([("a", 1), ("b", 1)])] * 2
+    _decode_against_recompute(_layer(), _params(paged), schedule)
+
+
+def test_steady_decode_pre_step_writes_only_the_cached_lengths() -> None:
+    """Between two decode steps of the same sequences (no new page needed) only the
+    cached lengths change: pre_step leaves the page table and the step lengths untouched (on CUDA each write
+    is a copy the host would otherwise issue every step)."""
+    params = _params(paged=True)
+    params.pre_step(OrderedDict([("a", 1), ("b", 2)]))
+    params.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+    versions = [t._version for t in (params.page_table, params.pre_step_seqlens, params.step_lens)]
+    params.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+    table, pre, steps = (params.page_table, params.pre_step_seqlens, params.step_lens)
+    assert [table._version, pre._version, steps._version] == [
+        versions[0],
+        versions[1] + 1,
+        versions[2],
+    ]
+    assert pre[:2].tolist() == [2, 3] and steps[:3].tolist() == [1, 1, 0]
+
+
+def _aten_graph(layer, params, freqs) -> torch.fx.GraphModule:
+    """The decode step's ATen graph (Dynamo + AOTAutograd, no compiler)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    compiled = torch.compile(layer, fullgraph=True, backend=aot_autograd(fw_compiler=keep))
+    _decode_run(layer, params, freqs, 1, compiled)
+    (graph,) = graphs
+    return graph
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_step_copies_no_cache_but_the_paged_gather(paged: bool) -> None:
+    """No node of the compiled decode step makes a tensor as large as the batch's
+    cached keys, but the two in-place writes (functionalized, they name the whole cache)
+    and, for a paged cache, the gathers of each sequence's pages (keys and values):
+    a non-paged cache is read where it lies (views); attention gets as many query heads
+    as key heads, so no kernel repeats the keys per query head."""
+    layer = _layer(torch.bfloat16)
+    params = _params(paged, dtype=torch.bfloat16)
+    graph = _aten_graph(layer, params, te.RotaryPositionEmbedding(D)(MAX_LEN))
+    cache_shape = tuple(params.cache[layer.self_attention.layer_number][0].shape)
+    reads = {
+        node
+        for node in graph.graph.nodes
+        if node.op == "placeholder" and tuple(node.meta["val"].shape) == cache_shape
+    }
+    assert len(reads) == 2  # the keys' and the values' caches
+    for node in graph.graph.nodes:  # every node computed from a cache, in graph order
+        if any(arg in reads for arg in node.all_input_nodes):
+            reads.add(node)
+    one_layer = 2 * MAX_LEN * GROUPS * D  # the two sequences' keys
+    large = sorted(
+        str(node.target)
+        for node in reads
+        if node.op == "call_function"
+        and isinstance(node.meta.get("val"), torch.Tensor)
+        and node.meta["val"].numel() >= one_layer
+        and node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.view.default)
+    )
+    gathers = ["aten.index.Tensor"] * 2 if paged else []
+    assert large == sorted(["aten.index_put.default"] * 2 + gathers), large
+    (attention,) = [n for n in reads if "dot_product_attention" in str(n.target)]
+    query, keys = (attention.args[i].meta["val"] for i in (0, 1))  # the q and k slots
+    assert query.shape[2] == keys.shape[2] == GROUPS  # heads folded: no repeat of the keys
+
+
+def test_attention_biases_with_a_cache_are_refused_by_name() -> None:
+    layer = _layer()
+    params = _params(paged=False)
+    params.pre_step(OrderedDict([("a", 2)]))
+    with pytest.raises(NotImplementedError, match="core_attention_bias_type='alibi'"):
+        layer(
+            torch.randn(1, 2, HIDDEN),
+            inference_params=params,
+            core_attention_bias_type="alibi",
         )

@@ -3,18 +3,34 @@
 As in TE, the host decides between steps and the device computes within one:
 ``pre_step(OrderedDict(seq_id -> new tokens))`` (plain Python, outside any compiled
 region) assigns cache pages to new sequences, frees those that left, and writes this
-step's bookkeeping into fixed device tensors in place (``copy_``): the page table, each
-sequence's cached length before the step and its step length. A layer's forward then
-reads only those tensors: its ``step`` scatters the new keys and values into the cache
-and gathers each sequence's pages for attention, with no host read, so the decode step
-traces into one graph and replays under CUDA graphs (the cache and the bookkeeping
-tensors keep their addresses; they are marked static as TE marks its caches).
+step's bookkeeping into fixed device tensors in place: the page table, each sequence's
+cached length before the step and its step length. It keeps a host copy of each and
+copies only what changed (in steady decoding, the cached lengths), through pinned
+memory without blocking on CUDA, so the host never waits for the device between steps.
+
+A layer's forward then reads only those tensors: ``step`` writes the new keys and values
+into the cache at the step's positions (one scatter each, in place) and returns the keys
+and values to attend over; ``attention_mask`` says which cached keys each query sees.
+No host read within a step, fixed addresses: the decode step traces into one graph and
+replays under CUDA graphs (the cache and the bookkeeping tensors are marked static, as
+TE marks its caches).
 
 One layout serves both kinds: the cache is ``[pages + 1, page_size, heads, dim]``; a
 non-paged cache is one page of ``max_sequence_length`` tokens per batch slot (TE's
 ``[max_batch_size, max_seqlen, ...]``), a paged one ``total_num_pages`` pages of
 ``page_size``. The extra last page takes the writes of padding tokens (a prefill's
 shorter sequences), so every step scatters a fixed number of rows.
+
+* Non-paged, batch entry ``i`` always owns page ``i``, as in TE (whose ``pre_step``
+  reorders the cache when sequences finish): attention reads ``cache[:batch]`` in place,
+  the static cache under a length mask, as a hand-written static-cache decode does.
+  When a sequence finishes, ``pre_step`` moves the cached rows of the sequences that
+  change batch position (an eager copy, only on such steps).
+* Paged, a sequence's pages are wherever the pool had room; attention needs them in
+  order, so ``step`` gathers each batch entry's ``max_sequence_length // page_size``
+  pages (its whole page-table row: a static shape cannot follow the pages in use). That
+  gather is the paged cache's price: one copy of ``batch * max_sequence_length`` rows of
+  keys and of values per layer and step, in the cache's dtype.
 """
 
 from __future__ import annotations
@@ -88,10 +104,14 @@ class InferenceParams:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        # Per batch entry: its pages (unused entries: the trash page; non-paged: page i),
+        # its cached length before this step, and this step's token count. The host
+        # keeps what it last wrote to each, and pre_step writes only what changed.
+        self._host_table = self._empty_table()
+        self._host_pre = [0] * max_batch_size
+        self._host_steps = [0] * max_batch_size
         int32 = dict(dtype=torch.int32, device=self.device)
-        # Per batch entry: its pages (unused entries: the trash page), its cached length
-        # before this step, and this step's token count. Written in place by pre_step.
-        self.page_table = torch.full((max_batch_size, self.pages_per_seq), self.trash_page, **int32)
+        self.page_table = torch.tensor(self._host_table, **int32)
         self.pre_step_seqlens = torch.zeros(max_batch_size, **int32)
         self.step_lens = torch.zeros(max_batch_size, **int32)
         for buffer in (self.page_table, self.pre_step_seqlens, self.step_lens):
@@ -106,6 +126,13 @@ class InferenceParams:
     def trash_page(self) -> int:
         """The extra page padding tokens are written to (never read)."""
         return self.total_num_pages
+
+    def _empty_table(self) -> list[list[int]]:
+        """The page table with no sequence: the trash page everywhere, except that a
+        non-paged cache's batch entry ``i`` is page ``i`` for good."""
+        if self.is_paged:
+            return [[self.trash_page] * self.pages_per_seq for _ in range(self.max_batch_size)]
+        return [[i] for i in range(self.max_batch_size)]
 
     def reset(self) -> None:
         """Forget every sequence (the cache contents are left; they are never read
@@ -132,40 +159,72 @@ class InferenceParams:
             raise ValueError(
                 f"{cls}.pre_step: {len(step_dict)} sequences, max_batch_size={self.max_batch_size}"
             )
-        for seq in [s for s in self.sequences if s not in step_dict]:
-            self._free.extend(self._pages.pop(seq))
-            del self.sequences[seq]
-        before = []
-        for seq, new in step_dict.items():
-            cached = self.sequences.get(seq, 0)
-            total = cached + int(new)
-            if total > self.max_sequence_length:
+        counts = [int(n) for n in step_dict.values()]
+        before = [self.sequences.get(seq, 0) for seq in step_dict]
+        for seq, cached, new in zip(step_dict, before, counts, strict=True):
+            if cached + new > self.max_sequence_length:
                 raise ValueError(
-                    f"{cls}.pre_step: sequence {seq!r} would hold {total} tokens, "
+                    f"{cls}.pre_step: sequence {seq!r} would hold {cached + new} tokens, "
                     f"max_sequence_length={self.max_sequence_length}"
                 )
-            pages = self._pages.setdefault(seq, [])
-            while len(pages) * self.page_size < total:
-                if not self._free:
-                    raise RuntimeError(f"{cls}.pre_step: KV cache is full")
-                pages.append(self._free.pop(0))
-            before.append(cached)
+        if self.is_paged:
+            self._assign_pages(step_dict, before, counts)
+        else:
+            self._move_continuing_sequences(step_dict)
         self.sequences = OrderedDict(
-            (seq, before[i] + int(n)) for i, (seq, n) in enumerate(step_dict.items())
+            (seq, cached + new) for seq, cached, new in zip(step_dict, before, counts, strict=True)
         )
         self.batch_size = len(step_dict)
-        table = torch.full(
-            (self.max_batch_size, self.pages_per_seq), self.trash_page, dtype=torch.int32
-        )
-        lens = torch.zeros(self.max_batch_size, dtype=torch.int32)
-        steps = torch.zeros(self.max_batch_size, dtype=torch.int32)
-        for i, (seq, new) in enumerate(step_dict.items()):
-            pages = self._pages[seq]
-            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-            lens[i], steps[i] = before[i], int(new)
-        self.page_table.copy_(table)
-        self.pre_step_seqlens.copy_(lens)
-        self.step_lens.copy_(steps)
+        unused = self.max_batch_size - self.batch_size
+        table = self._empty_table()
+        if self.is_paged:
+            for i, seq in enumerate(step_dict):
+                pages = self._pages[seq]
+                table[i][: len(pages)] = pages
+        self._host_table = self._write(self.page_table, self._host_table, table)
+        self._host_pre = self._write(self.pre_step_seqlens, self._host_pre, before + [0] * unused)
+        self._host_steps = self._write(self.step_lens, self._host_steps, counts + [0] * unused)
+
+    def _assign_pages(self, step_dict: OrderedDict, before: list[int], counts: list[int]) -> None:
+        """Paged: free the pages of finished sequences, give each sequence the pages its
+        new length needs (the first free page first)."""
+        for seq in [s for s in self.sequences if s not in step_dict]:
+            self._free.extend(self._pages.pop(seq))
+        for seq, cached, new in zip(step_dict, before, counts, strict=True):
+            pages = self._pages.setdefault(seq, [])
+            while len(pages) * self.page_size < cached + new:
+                if not self._free:
+                    raise RuntimeError(f"{type(self).__name__}.pre_step: KV cache is full")
+                pages.append(self._free.pop(0))
+
+    def _move_continuing_sequences(self, step_dict: OrderedDict) -> None:
+        """Non-paged: batch entry ``i`` owns page ``i``, so a continuing sequence whose
+        batch position changes (one before it finished) has its cached rows moved to its
+        new page in every layer's cache (TE's non-paged ``pre_step`` reorders likewise)."""
+        old = {seq: i for i, seq in enumerate(self.sequences)}
+        moves = [(i, old[seq]) for i, seq in enumerate(step_dict) if old.get(seq, i) != i]
+        if not moves or not self.cache:
+            return
+        dst = self._staged([d for d, _ in moves], torch.int64).to(self.device, non_blocking=True)
+        src = self._staged([s for _, s in moves], torch.int64).to(self.device, non_blocking=True)
+        for k_cache, v_cache in self.cache.values():
+            for cache in (k_cache, v_cache):
+                cache.index_copy_(0, dst, cache.index_select(0, src))
+
+    def _write(self, buffer: torch.Tensor, current: list[Any], values: list[Any]) -> list[Any]:
+        """Copy ``values`` into the device ``buffer`` in place unless the host's copy of
+        it (``current``) already equals them."""
+        if values == current:
+            return current
+        buffer.copy_(self._staged(values, buffer.dtype), non_blocking=True)
+        return values
+
+    def _staged(self, values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+        """``values`` as a host tensor, pinned when the cache is on CUDA: a copy from it
+        need not wait (from pageable memory the host would wait for the device to finish
+        the previous step first)."""
+        host = torch.tensor(values, dtype=dtype)
+        return host.pin_memory() if self.device.type == "cuda" else host
 
     def get_seqlens_pre_step(self) -> torch.Tensor:
         """Each batch entry's cached length before this step (RoPE's start positions)."""
@@ -173,13 +232,12 @@ class InferenceParams:
 
     def step(
         self, layer_number: int, new_k: torch.Tensor, new_v: torch.Tensor, qkv_format: str
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Device side: write this step's keys and values (``[b, s, h, d]`` for bshd,
         ``[s, b, h, d]`` for sbhd; sequence i's first ``step_lens[i]`` tokens) into
-        ``layer_number``'s cache, and return every sequence's keys and values
-        ``[b, max_sequence_length, h, d]`` with the padding masks of the query
-        ``[b, 1, 1, s]`` and of the keys ``[b, 1, 1, max_sequence_length]`` (True:
-        padding), TE's mask convention."""
+        ``layer_number``'s cache in place, and return every sequence's keys and values
+        ``[b, max_sequence_length, h, d]``: the cache itself (non-paged) or its pages
+        gathered in order (paged). :meth:`attention_mask` says which of them to read."""
         if qkv_format not in _FORMATS:
             raise NotImplementedError(
                 f"{type(self).__name__}.step: qkv_format={qkv_format!r} (one of {_FORMATS})"
@@ -188,27 +246,48 @@ class InferenceParams:
             new_k, new_v = new_k.transpose(0, 1), new_v.transpose(0, 1)
         k_cache, v_cache = self.cache[layer_number]
         batch, steps = new_k.shape[0], new_k.shape[1]
-        device = new_k.device
-        pre = self.pre_step_seqlens[:batch].long()
+        offsets = torch.arange(steps, device=new_k.device)
         step_lens = self.step_lens[:batch].long()
-        offsets = torch.arange(steps, device=device)
-        positions = pre[:, None] + offsets[None, :]  # [b, s] logical positions
-        valid = offsets[None, :] < step_lens[:, None]
+        positions = self.pre_step_seqlens[:batch].long()[:, None] + offsets[None, :]  # [b, s]
         table = self.page_table[:batch].long()
         page = torch.gather(
             table, 1, (positions // self.page_size).clamp(max=self.pages_per_seq - 1)
         )
-        page = torch.where(valid, page, self.trash_page)
+        page = torch.where(offsets[None, :] < step_lens[:, None], page, self.trash_page)
         slot = positions % self.page_size
         k_cache.index_put_((page, slot), new_k.to(k_cache.dtype))
         v_cache.index_put_((page, slot), new_v.to(v_cache.dtype))
+        if not self.is_paged:
+            return k_cache[:batch], v_cache[:batch]
         length = self.max_sequence_length
         keys = k_cache[table].reshape(batch, length, *k_cache.shape[2:])
         values = v_cache[table].reshape(batch, length, *v_cache.shape[2:])
-        total = pre + step_lens
-        kv_pad = torch.arange(length, device=device)[None, :] >= total[:, None]
-        q_pad = ~valid
-        return keys, values, q_pad.view(batch, 1, 1, steps), kv_pad.view(batch, 1, 1, length)
+        return keys, values
+
+    def attention_mask(
+        self, batch: int, steps: int, causal: bool, window_size: tuple[int, int]
+    ) -> torch.Tensor:
+        """Which cached keys each of this step's queries must not see, ``[b, 1, s,
+        max_sequence_length]`` (True: masked, TE's convention): key ``j`` of sequence
+        ``i`` is seen by its query ``t`` (at position ``pre_step_seqlens[i] + t``) when
+        ``j`` is cached after this step, ``t`` is one of its ``step_lens[i]`` tokens, and
+        (causal) ``j`` is not after the query, within ``window_size`` of it. The causal
+        diagonal is aligned to the sequence's end, TE's bottom right."""
+        device = self.page_table.device
+        pre = self.pre_step_seqlens[:batch].long().view(batch, 1, 1)
+        step_lens = self.step_lens[:batch].long().view(batch, 1, 1)
+        query = torch.arange(steps, device=device).view(1, steps, 1)
+        key = torch.arange(self.max_sequence_length, device=device).view(1, 1, -1)
+        position = pre + query
+        seen = (key < pre + step_lens) & (query < step_lens)
+        left, right = window_size
+        if causal:
+            right = 0
+        if right >= 0:
+            seen = seen & (key <= position + right)
+        if left >= 0:
+            seen = seen & (key >= position - left)
+        return (~seen).unsqueeze(1)
 
     def __repr__(self) -> str:
         return (

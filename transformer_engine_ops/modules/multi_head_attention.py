@@ -380,6 +380,11 @@ class MultiheadAttention(nn.Module):
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)  # type: ignore[misc]
         if inference_params is not None:
+            if core_attention_bias_type != "no_bias" or alibi_slopes is not None:
+                raise NotImplementedError(
+                    f"{cls}: inference_params with core_attention_bias_type="
+                    f"{core_attention_bias_type!r} or alibi_slopes is not implemented"
+                )
             context = self._cached_attention(
                 inference_params, query, key, value, mask_type, window, softcap
             )
@@ -423,8 +428,14 @@ class MultiheadAttention(nn.Module):
         softcap: float,
     ) -> torch.Tensor:
         """Attention of this step's queries over every cached key of their sequence (TE's
-        KV-cache path): the new keys and values written into ``inference_params``' cache,
-        the causal diagonal aligned to each sequence's end (bottom right)."""
+        KV-cache path): the new keys and values written into ``inference_params``' cache
+        in place, the causal diagonal aligned to each sequence's end (bottom right).
+
+        The keys are read where they lie, ``[b, max_sequence_length, groups, d]`` under
+        the cache's length mask (``attn_mask_type="arbitrary"``), and the query heads of
+        each KV group are folded into the query's sequence dimension (``[b, s * heads /
+        groups, groups, d]``, mask rows repeated to match), so attention sees as many
+        query heads as key heads: no kernel repeats the cache for GQA."""
         cls = type(self).__name__
         if self.attention_type == "cross":
             raise NotImplementedError(
@@ -438,22 +449,28 @@ class MultiheadAttention(nn.Module):
             )
         if self.layer_number not in inference_params.cache:
             inference_params.allocate_memory(self.layer_number)
-        keys, values, q_pad, kv_pad = inference_params.step(
-            self.layer_number, key, value, self.qkv_format
-        )
+        keys, values = inference_params.step(self.layer_number, key, value, self.qkv_format)
         sbhd = self.qkv_format == "sbhd"
-        causal = "causal" in mask_type
+        query = query.transpose(0, 1) if sbhd else query  # [b, s, heads, d]
+        batch, steps, heads, head_dim = query.shape
+        groups, length, head_dim_v = keys.shape[2], keys.shape[1], values.shape[3]
+        per_group = heads // groups
+        masked = inference_params.attention_mask(batch, steps, "causal" in mask_type, window)
+        rows = steps * per_group
+        packed = query.reshape(batch, steps, groups, per_group, head_dim).transpose(2, 3)
+        masked = masked.unsqueeze(3).expand(batch, 1, steps, per_group, length)
         context = self.core_attention(
-            query.transpose(0, 1) if sbhd else query,
+            packed.reshape(batch, rows, groups, head_dim),
             keys,
             values,
-            attention_mask=(q_pad, kv_pad),
+            attention_mask=masked.reshape(batch, 1, rows, length),
             qkv_format="bshd",
-            attn_mask_type="padding_causal_bottom_right" if causal else "padding",
-            window_size=window,
-            bottom_right_diagonal=True,
+            attn_mask_type="arbitrary",
+            window_size=(-1, -1),
             softcap=softcap,
         )
+        context = context.view(batch, steps, per_group, groups, head_dim_v).transpose(2, 3)
+        context = context.reshape(batch, steps, heads * head_dim_v)
         return context.transpose(0, 1) if sbhd else context
 
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, ...]:
