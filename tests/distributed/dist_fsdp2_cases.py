@@ -293,6 +293,10 @@ def _refused(w: World, name: str) -> dict[str, Any]:
         message = str(e)
     else:
         raise AssertionError("fully_shard forward did not refuse")
+    # Every rank refused before any all-gather: the next collective pairs up.
+    ranks = torch.ones(1, device=w.device)
+    dist.all_reduce(ranks)
+    assert ranks.item() == WORLD, ranks
     return {"error": message}
 
 

@@ -66,6 +66,13 @@ def test_new_zeros_is_quantized_zeros_in_the_same_format() -> None:
     assert torch.equal(z.dequantize(), torch.zeros(3, 16, dtype=torch.bfloat16))
 
 
+def test_new_zeros_of_a_view_is_quantized_zeros_in_the_viewed_format() -> None:
+    # FSDP2 re-pads the empty shard of the last rank (a view of no rows) this way.
+    z = _weight().narrow(0, 0, 0).new_zeros((2, 16))
+    assert type(z) is Float8Tensor
+    assert torch.equal(z.dequantize(), torch.zeros(2, 16, dtype=torch.bfloat16))
+
+
 def test_identity_views_alias_the_quantized_value_and_other_views_do_not() -> None:
     w = _weight()
     for view in (w.narrow(0, 0, 8), w.view(8, 16), torch.as_strided(w, (8, 16), (16, 1), 0)):

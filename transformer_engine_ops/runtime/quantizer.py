@@ -1087,7 +1087,14 @@ class QuantizedView(torch.Tensor):
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
     ) -> Any:
-        return _dispatch_on_values(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        if func is _aten.new_zeros.default and isinstance(args[0], QuantizedView):
+            # Zeros in the viewed tensor's format, as a quantized tensor's own
+            # ``new_zeros`` (FSDP2 re-pads an empty shard, a view, into one).
+            zeros = _rule_new_zeros(func, (args[0]._quantized, *args[1:]), kwargs)
+            if zeros is not NotImplemented:
+                return zeros
+        return _dispatch_on_values(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         value = self.view_of(_dequantized(self._quantized))
