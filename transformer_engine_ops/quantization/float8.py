@@ -28,7 +28,7 @@ from ..runtime.quantizer import (
     check_float,
     check_int,
 )
-from . import cuda_kernels
+from . import cuda_kernels, fsdp2
 from .encoding import (
     FP8_MAX,
     FP32_MAX,
@@ -81,6 +81,15 @@ class _Float8Data(QuantizedData):
             values = transpose_2d_to(codes, self.shape)
         return values * self._scale_inv
 
+    def _rows(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        # One scale for the tensor: a block of rows is encoded as a tensor of its own.
+        inner = {"_scale_inv": self._scale_inv}
+        if self._data is not None:
+            inner["_data"] = self._data[start:stop]
+        if self._transpose is not None:
+            inner["_transpose"] = self._transpose[:, start:stop]
+        return inner
+
     def _derive_usage(self, columnwise: bool) -> dict[str, torch.Tensor]:
         m, k = matrix_dims(self.shape)
         if columnwise:
@@ -93,7 +102,29 @@ class Float8TensorStorage(_Float8Data, QuantizedStorage):
 
 
 class Float8Tensor(_Float8Data, QuantizedTensor):
-    """Per-tensor FP8 wrapper tensor subclass."""
+    """Per-tensor FP8 wrapper tensor subclass; as a ``fully_shard`` parameter, gathered
+    in FP8 (``quantization/fsdp2.py``)."""
+
+    def fsdp_pre_all_gather(
+        self,
+        mesh: Any,
+        orig_size: torch.Size,
+        contiguous_orig_stride: Any,
+        module: Any,
+        mp_policy: Any,
+    ) -> Any:
+        return fsdp2.pre_all_gather(self, mesh, orig_size)
+
+    def fsdp_post_all_gather(
+        self, all_gather_outputs: Any, metadata: Any, param_dtype: torch.dtype, *, out: Any = None
+    ) -> Any:
+        return fsdp2.post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
+
+    def _requantized(self, value: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        group = fsdp2.amax_group(self)
+        if group is None:
+            return super()._requantized(value)
+        return fsdp2.quantize_with_group_amax(self, value, group)
 
 
 def _scale_inv(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

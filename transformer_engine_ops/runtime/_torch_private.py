@@ -46,6 +46,7 @@ __all__ = [
     "inductor_mode_options",
     "make_wrapper_subclass",
     "mark_constant_result",
+    "preserve_version_counter",
     "queue_backward_callback",
     "scaled_mm",
     "tree_leaves",
@@ -130,6 +131,15 @@ cuda_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _built_
 # --- Dynamo, without importing it (runtime/custom_ops.py, runtime/fallback.py) ----------
 # Importing torch._dynamo costs ~0.9 s, which importing a generated op module does not
 # pay (it did not before issue 24 either).
+
+
+# --- FSDP2's refill of a gathered parameter (quantization/fsdp2.py) ---------------------
+# Before the backward FSDP2 refills an unsharded parameter with the values its forward
+# read, and keeps autograd's version counters as they were (its own copy-out uses this
+# context manager); an FP8 parameter's scale and transposed codes are refilled the same
+# way, or the backward would refuse its saved buffers as modified. No public spelling;
+# run on 2.13.
+preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
 
 
 def mark_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:

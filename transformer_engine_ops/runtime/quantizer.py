@@ -381,6 +381,12 @@ class QuantizedData:
             "high-precision tensor with that usage instead"
         )
 
+    def _rows(self, start: int, stop: int) -> Optional[dict[str, torch.Tensor]]:
+        """The present buffers of rows ``start:stop`` of dim 0 (views, no copy), when the
+        format encodes those rows exactly as a tensor of their own (one scale per tensor);
+        None otherwise. FSDP2 shards a parameter by such row blocks."""
+        return None
+
     # ----- shared behaviour -----
 
     def _init_quantized(
@@ -704,13 +710,42 @@ class QuantizedTensor(QuantizedData, torch.Tensor):
                 f"for a tensor of shape {tuple(self.shape)}"
             )
         value = value.detach().to(self.device, self._dtype)
-        fresh = self._quantizer.with_internal(True).quantize(value)
+        fresh = self._requantized(value)
         for name in self._present_names:
-            getattr(self, name).copy_(getattr(fresh, name))
+            getattr(self, name).copy_(fresh[name])
         # Autograd checks saved tensors against it; an op over a list of tensors
         # (``_foreach_add_``) reaches this tensor without torch counting a write.
         torch.autograd.graph.increment_version(self)
         return self
+
+    def _requantized(self, value: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        """The inner buffers :meth:`quantize_` writes for ``value`` (a format whose
+        shards share one scale overrides it: FSDP2's FP8 parameters)."""
+        return self._quantizer.with_internal(True).quantize(value)._inner_dict()
+
+    def fsdp_pre_all_gather(
+        self,
+        mesh: Any,
+        orig_size: torch.Size,
+        contiguous_orig_stride: Any,
+        module: Any,
+        mp_policy: Any,
+    ) -> Any:
+        """FSDP2's all-gather extension (``fully_shard``): formats that gather their
+        codes override it; the others are refused here, before any all-gather, rather
+        than gathered and kept as high-precision parameters."""
+        raise RuntimeError(
+            f"fully_shard: a {self._quantizer.format_name} quantized parameter "
+            f"({type(self).__name__}, shape {tuple(orig_size)}) cannot be sharded: FSDP2 "
+            "all-gathers quantized parameters in FP8 per-tensor current scaling only; "
+            "build this module outside quantized_model_init (its weight is quantized per "
+            "step) or with the Float8CurrentScaling recipe"
+        )
+
+    def fsdp_post_all_gather(
+        self, all_gather_outputs: Any, metadata: Any, param_dtype: Any, *, out: Any = None
+    ) -> Any:
+        raise RuntimeError(f"fully_shard: {type(self).__name__} has no FSDP2 all-gather")
 
     def _get_data(self) -> QuantizedTensor:
         return torch.Tensor.data.__get__(self, type(self))  # type: ignore[attr-defined]
@@ -806,18 +841,138 @@ def _same_format(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 def _rule_copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     """``dst.copy_(src)`` from a quantized tensor of dst's format copies its codes (the
-    value exactly, as TE does; loading a state dict round-trips bit for bit); any other
-    copy is an in-place op like the others."""
+    value exactly, as TE does; loading a state dict round-trips bit for bit), and so does
+    a copy from a block of rows of one (``w.chunk(n)[i]``, FSDP2's sharding) where the
+    format encodes rows on their own; any other copy is an in-place op like the others."""
     dst, src = args[0], args[1]
-    if not (
-        isinstance(dst, QuantizedTensor)
-        and isinstance(src, QuantizedTensor)
-        and _same_format(dst, src)
-    ):
+    if not isinstance(dst, QuantizedTensor):
+        return NotImplemented
+    if isinstance(src, QuantizedView):
+        inner = _row_block_inner(dst, src)
+        if inner is None:
+            return NotImplemented
+    elif isinstance(src, QuantizedTensor) and _same_format(dst, src):
+        inner = src._inner_dict()
+    else:
         return NotImplemented
     for name in dst.inner_names():
-        getattr(dst, name).copy_(getattr(src, name), **kwargs)
+        getattr(dst, name).copy_(inner[name], **kwargs)
     return dst
+
+
+def _row_block_inner(dst: QuantizedTensor, src: QuantizedView) -> Optional[dict[str, Any]]:
+    """The buffers of ``src`` when it is a block of dim-0 rows of a quantized tensor of
+    ``dst``'s format and shape, in a format that encodes rows on their own; else None."""
+    base = src._quantized
+    rows = _row_range(src._views, base.shape[0]) if base.dim() else None
+    if rows is None or type(base) is not type(dst) or dst._dtype != base._dtype:
+        return None
+    start, stop = rows
+    if dst.shape != (stop - start, *base.shape[1:]) or not _same_encoding_fields(dst, base):
+        return None
+    inner = base._rows(start, stop)
+    if inner is None or set(inner) != set(dst.inner_names()):
+        return None
+    return inner
+
+
+def _row_range(
+    views: tuple[tuple[Any, tuple, dict, Optional[int]], ...], rows: int
+) -> Optional[tuple[int, int]]:
+    """``(start, stop)`` when ``views`` select a contiguous block of dim-0 rows of a
+    tensor with ``rows`` rows (``split``/``chunk`` along dim 0, ``narrow``/``slice``
+    of dim 0 with step 1); None for any other view."""
+    start, stop = 0, rows
+    for func, rest, kwargs, index in views:
+        if func is _aten.split.Tensor and index is not None:
+            size, dim = rest[0], (rest[1] if len(rest) > 1 else kwargs.get("dim", 0))
+            if dim != 0 or size <= 0:
+                return None
+            first = start + index * size
+            start, stop = first, min(first + size, stop)
+        elif func is _aten.slice.Tensor and index is None:
+            dim, lo, hi, step = (*rest, *(None,) * 4)[:4]
+            dim = kwargs.get("dim", 0 if dim is None else dim)
+            lo = kwargs.get("start", lo) or 0
+            hi = kwargs.get("end", hi)
+            step = kwargs.get("step", 1 if step is None else step)
+            n = stop - start
+            if dim != 0 or step != 1 or lo < 0 or (hi is not None and hi < 0):
+                return None
+            hi = n if hi is None else min(hi, n)
+            start, stop = start + min(lo, n), start + hi
+        else:
+            return None
+        if stop < start:
+            return None
+    return start, stop
+
+
+def _same_encoding_fields(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether ``a`` and ``b`` hold codes of one quantizer configuration (its fields;
+    usage aside, which the buffer names check)."""
+    qa, qb = a._quantizer, b._quantizer
+    return type(qa) is type(qb) and all(
+        getattr(qa, f.name) == getattr(qb, f.name)
+        for f in dataclasses.fields(qa)
+        if f.name not in ("rowwise_usage", "columnwise_usage", "internal")
+    )
+
+
+def _rule_identity_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A view that is the whole tensor as it is laid out (``narrow`` of all rows,
+    ``view`` to its own shape, ``as_strided`` to its contiguous size: what FSDP2 does to
+    an evenly sharded parameter) is the same quantized value, aliased; other views are
+    :class:`QuantizedView` s as before."""
+    src = args[0]
+    if not isinstance(src, QuantizedTensor) or not _is_identity_view(func, src, args[1:], kwargs):
+        return NotImplemented
+    return src._map_inner(_aten.alias.default)
+
+
+def _is_identity_view(func: Any, src: QuantizedTensor, rest: tuple, kwargs: dict) -> bool:
+    shape = tuple(src.shape)
+    if func is _aten.view.default:
+        return tuple(rest[0]) == shape
+    if func is _aten.as_strided.default:
+        offset = rest[2] if len(rest) > 2 else kwargs.get("storage_offset")
+        return (
+            tuple(rest[0]) == shape
+            and tuple(rest[1]) == tuple(_contiguous_strides(shape))
+            and offset in (None, 0)
+        )
+    if func is _aten.slice.Tensor and src.dim() > 0:
+        rows = _row_range(((func, rest, kwargs, None),), shape[0])
+        return rows == (0, shape[0])
+    return False
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return strides[::-1]
+
+
+def _rule_new_zeros(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``q.new_zeros(size)`` is a quantized tensor of zeros in ``q``'s format (as TE's
+    quantized tensors give; FSDP2 pads a sharded parameter into one), or a plain one
+    where the format cannot take ``size``."""
+    src, size = args[0], args[1]
+    if not isinstance(src, QuantizedTensor) or kwargs.get("layout") not in (None, torch.strided):
+        return NotImplemented
+    if kwargs.get("pin_memory") or set(kwargs) - {"dtype", "device", "layout", "pin_memory"}:
+        return NotImplemented
+    dtype = kwargs.get("dtype") or src.dtype
+    if dtype not in SUPPORTED_INPUT_DTYPES:
+        return NotImplemented
+    zeros = torch.zeros(size, dtype=dtype, device=kwargs.get("device") or src.device)
+    try:
+        src._quantizer.check_shape(zeros.shape)
+    except ValueError:
+        return NotImplemented
+    return src._quantizer.with_internal(False).quantize(zeros)
 
 
 def _rule_record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -839,6 +994,10 @@ _DISPATCH_RULES: dict[Any, Any] = {
     _aten.clone.default: _rule_clone,
     _aten._to_copy.default: _rule_to_copy,
     _aten.copy_.default: _rule_copy_,
+    _aten.new_zeros.default: _rule_new_zeros,
+    _aten.view.default: _rule_identity_view,
+    _aten.as_strided.default: _rule_identity_view,
+    _aten.slice.Tensor: _rule_identity_view,
     _aten.record_stream.default: _rule_record_stream,
     **{
         overload: _rule_set_
@@ -894,6 +1053,27 @@ class QuantizedView(torch.Tensor):
 
     __torch_function__ = _private.disabled_torch_function_impl
 
+    def fsdp_pre_all_gather(
+        self,
+        mesh: Any,
+        orig_size: torch.Size,
+        contiguous_orig_stride: Any,
+        module: Any,
+        mp_policy: Any,
+    ) -> Any:
+        """FSDP2 keeps a view as the shard of a quantized parameter whose dim 0 does not
+        divide over the mesh (a padded shard): refused, as every rank's hook refuses it."""
+        raise RuntimeError(
+            f"fully_shard: a quantized parameter of shape {tuple(orig_size)} is sharded "
+            f"unevenly over the {mesh.size()} ranks of the FSDP mesh; dim 0 must divide "
+            "evenly (every shard a whole block of rows)"
+        )
+
+    def fsdp_post_all_gather(
+        self, all_gather_outputs: Any, metadata: Any, param_dtype: Any, *, out: Any = None
+    ) -> Any:
+        raise RuntimeError("fully_shard: a view of a quantized tensor has no FSDP2 all-gather")
+
     def view_of(self, base_value: torch.Tensor) -> torch.Tensor:
         """This view of ``base_value`` (a dequantized value of the base)."""
         value = base_value
@@ -907,7 +1087,14 @@ class QuantizedView(torch.Tensor):
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
     ) -> Any:
-        return _dispatch_on_values(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        if func is _aten.new_zeros.default and isinstance(args[0], QuantizedView):
+            # Zeros in the viewed tensor's format, as a quantized tensor's own
+            # ``new_zeros`` (FSDP2 re-pads an empty shard, a view, into one).
+            zeros = _rule_new_zeros(func, (args[0]._quantized, *args[1:]), kwargs)
+            if zeros is not NotImplemented:
+                return zeros
+        return _dispatch_on_values(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         value = self.view_of(_dequantized(self._quantized))
