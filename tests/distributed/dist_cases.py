@@ -415,6 +415,10 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         from dist_transformer_cases import run_transformer_case
 
         return run_transformer_case(w, name)
+    if name.startswith("spfp8-"):
+        from dist_sp_fp8_cases import run_sp_fp8_case
+
+        return run_sp_fp8_case(w, name)
     if name.startswith("grouped-"):
         from dist_grouped_cases import run_grouped_case
 

@@ -18,6 +18,10 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
+from transformer_engine_ops.quantization.float8 import (
+    Float8CurrentScalingQuantizer,
+    Float8TensorStorage,
+)
 from transformer_engine_ops.quantization.gemm import gemm, half_product
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
@@ -185,6 +189,7 @@ class _ForwardPlan(NamedTuple):
     weight_from_workspace: bool
     quantized_output: bool
     gather_input: bool  # column + sequence parallel: all-gather the input along dim 0
+    gather_quantized: bool  # ... as FP8 codes with the group's amax (gathers_quantized)
     reduce_output: str | None  # row parallel: "all_reduce", or "reduce_scatter" (+ SP)
     # What the forward returns for the backward, after the fprop GEMM dropped the usages
     # the backward does not read (the fakes declare exactly these buffers):
@@ -194,7 +199,8 @@ class _ForwardPlan(NamedTuple):
 
 class _BackwardPlan(NamedTuple):
     gather_grad_output: bool  # row + sequence parallel: all-gather dy along dim 0
-    gather_input: bool  # column + SP with a high-precision saved input: re-gather it
+    gather_grad_output_quantized: bool  # ... as FP8 codes with the group's amax
+    gather_input: bool  # column + SP with a saved local shard: re-gather it
     reduce_dgrad: str | None  # column parallel: "all_reduce", or "reduce_scatter" (+ SP)
 
 
@@ -239,18 +245,29 @@ def _parallel_forward(args: LinearFwdArgs) -> tuple[bool, str | None]:
 
 def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
     if not _tp_active(args):
-        return _BackwardPlan(False, False, None)
+        return _BackwardPlan(False, False, False, None)
     sp = args.sequence_parallel
     if args.parallel_mode == "row":
-        return _BackwardPlan(sp, False, None)
-    # Column parallel. A quantized saved input was quantized after the forward's
-    # all-gather (it is already full-length); a high-precision one is the local shard,
-    # re-gathered here as TE does (memory: one shard kept, not tp_size of them).
-    regather = sp and args.requires_wgrad and not _is_quantized(args.inputmat)
+        # dy goes to the GEMMs quantized; in FP8 on the wire too unless the wgrad GEMM
+        # reads a high-precision input (and so a high-precision dy).
+        quantized = (
+            sp
+            and _backward_quantized(args)
+            and gathers_quantized(args.grad_output_quantizer)
+            and (args.requires_dgrad or args.requires_wgrad)
+            and (not args.requires_wgrad or _is_quantized(args.inputmat))
+        )
+        return _BackwardPlan(sp, quantized, False, None)
+    # Column parallel. The saved input is the local shard (high precision, or FP8 with
+    # the group's scale: gathers_quantized), re-gathered here as TE does (memory: one
+    # shard kept, not tp_size of them); a quantized input gathered in high precision
+    # was quantized after the forward's all-gather and is kept full-length.
+    local = not _is_quantized(args.inputmat) or gathers_quantized(args.input_quantizer)
+    regather = sp and args.requires_wgrad and local
     reduce = None
     if args.requires_dgrad:
         reduce = "reduce_scatter" if sp else "all_reduce"
-    return _BackwardPlan(False, regather, reduce)
+    return _BackwardPlan(False, False, regather, reduce)
 
 
 def linear_output_shape(args: LinearFwdArgs) -> tuple[Any, ...]:
@@ -300,6 +317,44 @@ def _reduce_scatter_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -
     out = torch.empty((x.shape[0] // args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     _reduce_scatter_tensor(out, x, group=_group(args))
     return out
+
+
+def gathers_quantized(quantizer: Optional[Quantizer]) -> bool:
+    """Whether a sequence-parallel all-gather of a tensor ``quantizer`` quantizes moves
+    FP8 codes, as TE gathers them: FP8 current scaling with ``fp8_all_gather`` (the
+    default; the recipe's option). Every rank quantizes its shard with the amax of the
+    whole tensor (TE's amax reduction over the TP group), so the gathered codes are the
+    whole tensor's, bit for bit. Other formats gather in high precision and quantize the
+    gathered tensor (the same bits; docs/distributed.md says why)."""
+    return isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.fp8_all_gather
+
+
+def _all_gather_fp8(local: Any, args: LinearFwdArgs | LinearBwdArgs) -> Float8TensorStorage:
+    """The rowwise per-tensor FP8 shards of every rank (one scale on every rank), in
+    rank order along dim 0: one byte per element on the wire."""
+    data = _all_gather_rows(local._data, args)
+    quantizer = local.quantizer.with_usage(rowwise=True, columnwise=False)
+    inner = {"_data": data, "_scale_inv": local._scale_inv}
+    return Float8TensorStorage(inner, quantizer=quantizer, dtype=local.dtype, shape=data.shape)
+
+
+def _quantize_and_gather(
+    x: torch.Tensor, quantizer: Quantizer, args: LinearFwdArgs | LinearBwdArgs
+) -> tuple[Any, Float8TensorStorage]:
+    """``(local, gathered)``: ``x`` (rows, k) quantized rowwise with the amax of every
+    rank's ``x`` (a MAX all-reduce of two floats), and every rank's codes gathered."""
+    stats = quantizer.amax_stats(x)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+    local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
+    return local, _all_gather_fp8(local, args)
+
+
+def _gathered_bias_grad(dy: torch.Tensor, args: LinearBwdArgs) -> torch.Tensor:
+    """The bias gradient over every rank's rows of ``dy``: each rank's fp32 column sums,
+    gathered (tp_size x n floats) and added in rank order, so every rank holds the same
+    bits without the high-precision dy on the wire."""
+    partial = dy.sum(0, dtype=torch.float32).reshape(1, -1)
+    return _all_gather_rows(partial, args).sum(0).to(args.activation_dtype)
 
 
 def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
@@ -352,9 +407,10 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     original tensors (``HIGH_PRECISION``: nothing quantized is kept). A weight made
     for the workspace cache keeps every usage it was made with: it is the cached
     workspace, held by the module anyway, and later microbatches' fprop GEMMs read its
-    rowwise data. Inputs gathered for sequence parallelism are gathered in high
-    precision before they are quantized, so the backward never re-gathers a quantized
-    input and TE's rowwise-only exception for gathered FP8 inputs does not arise.
+    rowwise data. A sequence-parallel input gathered as FP8 (:func:`gathers_quantized`)
+    is kept as TE keeps it: the local shard's rowwise codes, re-gathered by the backward
+    (TE's rowwise-only exception for gathered per-tensor FP8 inputs); one gathered in
+    high precision is quantized after the gather and kept full-length.
     """
     _check_forward_input(args)
     backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None
@@ -376,12 +432,18 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
             saved_weight = backward_usage
     quantized_output = args.fp8_output and args.output_quantizer is not None
     gather_input, reduce_output = _parallel_forward(args)
+    gather_quantized = gather_input and gathers_quantized(args.input_quantizer)
+    if gather_quantized and save_input is not None:
+        # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
+        # only); the backward re-gathers it and makes the transpose there.
+        save_input = saved_input = _Usage(True, False)
     return _ForwardPlan(
         save_input,
         quantize_weight,
         from_workspace,
         quantized_output,
         gather_input,
+        gather_quantized,
         reduce_output,
         saved_input,
         saved_weight,
@@ -440,12 +502,16 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
-    if plan.gather_input:
-        # High-precision gather, then quantize (TE gathers the FP8 input instead).
-        x = _all_gather_rows(x, args)
-    if args.input_quantizer is not None:
-        usage = plan.save_input or _Usage(True, False)
-        x = _internal(args.input_quantizer, usage).quantize(x)
+    x_saved = None  # the quantized input kept for backward, when it is not x
+    if plan.gather_quantized:
+        # Quantize the shard with the group's amax, gather the FP8 codes (TE's way).
+        x_saved, x = _quantize_and_gather(x, args.input_quantizer, args)
+    else:
+        if plan.gather_input:  # high precision on the wire, quantized once gathered
+            x = _all_gather_rows(x, args)
+        if args.input_quantizer is not None:
+            usage = plan.save_input or _Usage(True, False)
+            x = _internal(args.input_quantizer, usage).quantize(x)
     weight = args.weight
     if plan.weight_from_workspace:
         weight = args.weight_workspace
@@ -479,7 +545,7 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
     # The fprop GEMM has run: keep only what the backward reads.
-    saved_input = _keep_usage(x, plan.saved_input)
+    saved_input = _keep_usage(x if x_saved is None else x_saved, plan.saved_input)
     saved_weight = _keep_usage(weight, plan.saved_weight)
     return (out,), (saved_input, saved_weight)
 
@@ -516,7 +582,8 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     saved_input = None
     if plan.saved_input is not None:
         quantizer = _internal(args.input_quantizer, plan.saved_input)
-        saved_input = TensorSpec((rows, inp.shape[-1]), dtype, quantizer, device=device)
+        saved_rows = math.prod(inp.shape[:-1]) if plan.gather_quantized else rows
+        saved_input = TensorSpec((saved_rows, inp.shape[-1]), dtype, quantizer, device=device)
     saved_weight = None
     if plan.saved_weight is not None:
         quantizer = _made_weight_quantizer(
@@ -629,12 +696,20 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         dy = grad_output
     else:
         dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
-    if plan.gather_grad_output:
-        dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
     dy_gemm = dy
     bgrad = None
-    if quantized:
+    if plan.gather_grad_output_quantized:
+        # Row parallel + SP: dy quantized with the group's amax, gathered as FP8 (TE's
+        # way); the bias gradient from each rank's rows. The GEMMs read only dy_gemm.
+        if args.use_bias:
+            bgrad = _gathered_bias_grad(dy, args)
+        usage = _Usage(args.requires_dgrad, args.requires_wgrad)
+        dy = dy_gemm = _quantize_and_gather(dy, args.grad_output_quantizer, args)[1]
+        dy_gemm.update_usage(rowwise_usage=usage.rowwise, columnwise_usage=usage.columnwise)
+    elif plan.gather_grad_output:
+        dy = dy_gemm = _all_gather_rows(dy, args)
+    if quantized and not plan.gather_grad_output_quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         if usage.rowwise or usage.columnwise:
             quantizer = _internal(args.grad_output_quantizer, usage)
@@ -665,11 +740,18 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
+        gathered = False
+        if plan.gather_input and isinstance(x, QuantizedData):
+            # The local FP8 shard (quantized with the group's scale): gathered as FP8,
+            # then in the layout the wgrad GEMM reads.
+            x, gathered = _all_gather_fp8(x, args), True
+            if quantized:
+                x.update_usage(rowwise_usage=False, columnwise_usage=True)
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
             if len(x.shape) != 2:
                 x = x.reshape(-1, x.shape[-1])
-            if plan.gather_input:
+            if plan.gather_input and not gathered:
                 x = _all_gather_rows(x, args)
         dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy
         split = args.wgrad_gemm.use_split_accumulator

@@ -283,10 +283,14 @@ class Float8CurrentScaling(Recipe):
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
     _: dataclasses.KW_ONLY
     amax_epsilon: float = 0.0  # extension: floor of the amax a scale is computed from
+    # Extension: sequence-parallel all-gathers move FP8 (True, TE's way) or the
+    # high-precision tensor (False); the same results, other bytes (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     def __post_init__(self) -> None:
         owner = self._owner()
         check_bool(owner, "use_power_2_scales", self.use_power_2_scales)
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
         self._check_gemms()
         self._check_common()
@@ -297,6 +301,7 @@ class Float8CurrentScaling(Recipe):
             fp8_dtype=self.fp8_format.dtype_for(role),
             force_pow_2_scales=self.use_power_2_scales,
             amax_epsilon=self.amax_epsilon,
+            fp8_all_gather=self.fp8_all_gather,
         )
 
 
