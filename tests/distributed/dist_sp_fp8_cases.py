@@ -261,8 +261,8 @@ def _lnmlp(w: World) -> dict[str, Any]:
     compiled equal to eager, and FP8 gathers equal to high-precision gathers except the
     fc2 bias gradient (per-rank partial sums)."""
     gen = torch.Generator().manual_seed(SEED + 31)
-    x = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16)
-    dy = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16)
+    x = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16).to(w.device)
+    dy = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16).to(w.device)
     x_local, dy_local = _chunk(x, 0, w.rank, w.size), _chunk(dy, 0, w.rank, w.size)
     torch.manual_seed(SEED)
     model = te.LayerNormMLP(

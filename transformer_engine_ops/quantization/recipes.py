@@ -13,7 +13,7 @@ TE's default (TE reads a few defaults from ``NVTE_*`` environment variables when
 class is defined; so do these). A value this library does not implement raises
 ``NotImplementedError`` naming the argument; a value TE itself refuses raises
 ``ValueError``. Nothing is silently ignored. Extensions of this library (``block_len``,
-``amax_epsilon``) are keyword-only, after TE's arguments.
+``amax_epsilon``, ``fp8_all_gather``) are keyword-only, after TE's arguments.
 """
 
 from __future__ import annotations
