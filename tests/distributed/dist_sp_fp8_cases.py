@@ -43,13 +43,26 @@ RECIPES: dict[str, Any] = {
     "fp8_current": Float8CurrentScaling,
     "fp8_current_hp_gather": lambda: Float8CurrentScaling(fp8_all_gather=False),
     "mxfp8": MXFP8BlockScaling,
+    "mxfp8_hp_gather": lambda: MXFP8BlockScaling(fp8_all_gather=False),
     "fp8_block": Float8BlockScaling,
     # Stochastic rounding draws per call; off, so the reference can match bit for bit.
     "nvfp4": lambda: NVFP4BlockScaling(disable_stochastic_rounding=True),
 }
 SP_FP8 = [f"spfp8-{mode}-{recipe}" for mode in ("column", "row") for recipe in RECIPES]
-SP_FP8 += ["spfp8-gather-options-agree-column", "spfp8-gather-options-agree-row"]
-SP_FP8 += ["spfp8-bytes-column", "spfp8-bytes-row", "spfp8-lnmlp-fp8_current"]
+# MXFP8 with 16-row shards: a 32-row columnwise block would straddle two shards, so
+# the input is gathered in high precision (as TE falls back).
+SP_FP8 += ["spfp8-column-mxfp8-shortshards", "spfp8-row-mxfp8-shortshards"]
+SP_FP8 += [
+    f"spfp8-gather-options-agree-{mode}-{recipe}"
+    for mode in ("column", "row")
+    for recipe in ("fp8_current", "mxfp8")
+]
+SP_FP8 += [
+    f"spfp8-bytes-{mode}-{recipe}"
+    for mode in ("column", "row")
+    for recipe in ("fp8_current", "mxfp8")
+]
+SP_FP8 += ["spfp8-lnmlp-fp8_current", "spfp8-lnmlp-mxfp8"]
 
 NAMES = ["output", "input grad", "weight grad", "bias grad"]
 
@@ -69,16 +82,16 @@ class _Null:
         return None
 
 
-def _tensors(w: World) -> dict[str, torch.Tensor]:
+def _tensors(w: World, seq: int = SEQ) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(SEED + 29)
     t = {
-        "x": torch.randn(SEQ, BATCH, IN, generator=gen),
-        "dy": torch.randn(SEQ, BATCH, OUT, generator=gen),
+        "x": torch.randn(seq, BATCH, IN, generator=gen),
+        "dy": torch.randn(seq, BATCH, OUT, generator=gen),
         "bias": torch.randn(OUT, generator=gen),
     }
     # Make rank 1's rows hold the largest magnitudes: a per-shard amax would differ.
-    t["x"][SEQ // 2 :] *= 4
-    t["dy"][SEQ // 2 :] *= 4
+    t["x"][seq // 2 :] *= 4
+    t["dy"][seq // 2 :] *= 4
     return {k: v.to(torch.bfloat16).to(w.device) for k, v in t.items()}
 
 
@@ -146,7 +159,9 @@ def _shard_reference(
     return _step(ref, x, dy, recipe)
 
 
-def _same_algorithm_reference(w: World, mode: str, t: dict[str, torch.Tensor], recipe: str):
+def _same_algorithm_reference(
+    w: World, mode: str, t: dict[str, torch.Tensor], recipe: str, quantized_gather: bool
+) -> list[torch.Tensor | None]:
     """What the distributed layer must give on this rank, bit for bit (output of the
     row-parallel layer excluded: its partial sums are reduced across ranks)."""
     r, n = w.rank, w.size
@@ -156,10 +171,10 @@ def _same_algorithm_reference(w: World, mode: str, t: dict[str, torch.Tensor], r
         other = _shard_reference(w, mode, 1 - r, t, recipe)
         dx = mine[1] + other[1]
         return [mine[0], _chunk(dx, 0, r, n), mine[2], mine[3]]
+    if not quantized_gather:  # dy gathered in high precision: one sum over all rows
+        return [None, mine[1], mine[2], mine[3]]
     dy_rows = t["dy"].reshape(-1, OUT).chunk(n, 0)
     bias_grad = torch.stack([rows.sum(0, dtype=torch.float32) for rows in dy_rows]).sum(0)
-    if not _fp8_gather(recipe):  # dy gathered in high precision: one sum over all rows
-        bias_grad = t["dy"].reshape(-1, OUT).sum(0, dtype=torch.float32)
     return [None, mine[1], mine[2], bias_grad.to(torch.bfloat16)]
 
 
@@ -172,10 +187,6 @@ def _assert_bitwise(
         assert torch.equal(g, e), f"{n}: differs from {what} (max |diff| {diff:.3g})"
 
 
-def _fp8_gather(recipe: str) -> bool:
-    return recipe == "fp8_current"
-
-
 def _inputs(w: World, mode: str, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     r, n = w.rank, w.size
     if mode == "column":
@@ -183,47 +194,50 @@ def _inputs(w: World, mode: str, t: dict[str, torch.Tensor]) -> tuple[torch.Tens
     return _chunk(t["x"], -1, r, n), _chunk(t["dy"], 0, r, n)
 
 
-def _distributed(w: World, mode: str, recipe: str) -> tuple[te.Linear, dict[str, torch.Tensor]]:
-    t = _tensors(w)
+def _distributed(w: World, mode: str, seq: int = SEQ) -> tuple[te.Linear, dict[str, torch.Tensor]]:
+    t = _tensors(w, seq)
     layer = _layer(w, IN, OUT, mode)
     with torch.no_grad():
         layer.bias.copy_(_chunk(t["bias"], 0, w.rank, w.size) if mode == "column" else t["bias"])
     return layer, t
 
 
-def _parity(w: World, mode: str, recipe: str) -> dict[str, Any]:
-    layer, t = _distributed(w, mode, recipe)
+def _parity(w: World, mode: str, recipe: str, seq: int = SEQ) -> dict[str, Any]:
+    layer, t = _distributed(w, mode, seq)
     x, dy = _inputs(w, mode, t)
     eager, info = _compiled_matches_eager(layer, x, dy, recipe, NAMES)
-    want = _same_algorithm_reference(w, mode, t, recipe)
+    # Quantized gathers in these cases: FP8 current scaling, and MXFP8 with 32-row shards.
+    quantized_gather = recipe == "fp8_current" or (recipe == "mxfp8" and seq == SEQ)
+    want = _same_algorithm_reference(w, mode, t, recipe, quantized_gather)
     pairs = [(g, e, n) for g, e, n in zip(eager, want, NAMES, strict=True) if e is not None]
     _assert_bitwise(*map(list, zip(*pairs, strict=True)), "the single-process reference")
     info["bitwise_equal_to_reference"] = [n for _, _, n in pairs]
     return info
 
 
-def _gather_options_agree(w: World, mode: str) -> dict[str, Any]:
-    """FP8 all-gather and high-precision all-gather: the same bits (a row-parallel bias
-    gradient sums per-rank partials under the FP8 gather: close, not equal)."""
-    layer, t = _distributed(w, mode, "fp8_current")
+def _gather_options_agree(w: World, mode: str, recipe: str) -> dict[str, Any]:
+    """Quantized all-gather and high-precision all-gather: the same bits (a row-parallel
+    bias gradient sums per-rank partials under the quantized gather: close, not equal)."""
+    layer, t = _distributed(w, mode)
     x, dy = _inputs(w, mode, t)
-    fp8 = _step(layer, x, dy, "fp8_current")
-    high = _step(layer, x, dy, "fp8_current_hp_gather")
+    quantized = _step(layer, x, dy, recipe)
+    high = _step(layer, x, dy, f"{recipe}_hp_gather")
     exact = NAMES if mode == "column" else NAMES[:3]
-    _assert_bitwise(fp8[: len(exact)], high[: len(exact)], exact, "the high-precision gather")
+    _assert_bitwise(quantized[: len(exact)], high[: len(exact)], exact, "the high-precision gather")
     info: dict[str, Any] = {"bitwise_equal": exact}
     if mode == "row":
-        diff = (fp8[3].float() - high[3].float()).abs().max().item()
+        diff = (quantized[3].float() - high[3].float()).abs().max().item()
         scale = high[3].float().abs().max().item()
         assert diff <= 1e-2 * scale, f"bias grad: |diff| {diff} vs max {scale}"
         info["bias_grad_max_abs_diff"] = diff
     return info
 
 
-def _bytes(w: World, mode: str) -> dict[str, Any]:
+def _bytes(w: World, mode: str, recipe: str) -> dict[str, Any]:
     """Bytes each rank sends per all-gather (eager and compiled alike call the op's
-    kernel, which calls ``linear._all_gather_tensor``), FP8 vs high-precision gather."""
-    layer, t = _distributed(w, mode, "fp8_current")
+    kernel, which calls ``linear._all_gather_tensor``): quantized vs high-precision
+    gather of the same recipe, and bf16."""
+    layer, t = _distributed(w, mode)
     x, dy = _inputs(w, mode, t)
     original = linear_op._all_gather_tensor
     sent: list[tuple[str, int]] = []
@@ -235,31 +249,43 @@ def _bytes(w: World, mode: str) -> dict[str, Any]:
     linear_op._all_gather_tensor = counting
     try:
         moved = {}
-        for recipe in ("bf16", "fp8_current", "fp8_current_hp_gather"):
+        for name in ("bf16", recipe, f"{recipe}_hp_gather"):
             sent.clear()
-            _step(layer, x, dy, recipe)
-            moved[recipe] = list(sent)
+            _step(layer, x, dy, name)
+            moved[name] = list(sent)
     finally:
         linear_op._all_gather_tensor = original
-    local_rows = SEQ // w.size * BATCH
-    if mode == "column":
-        elems = local_rows * IN  # the input shard: gathered forward (and for wgrad)
-        assert moved["bf16"] == [("bfloat16", 2 * elems)] * 2, moved["bf16"]
-        assert moved["fp8_current_hp_gather"] == [("bfloat16", 2 * elems)], moved
-        # Forward and the backward's re-gather of the kept local FP8 shard.
-        assert moved["fp8_current"] == [("uint8", elems)] * 2, moved["fp8_current"]
+    rows = SEQ // w.size * BATCH  # local rows of the gathered tensor
+    k = IN if mode == "column" else OUT
+    elems = rows * k
+    bf16 = [("bfloat16", 2 * elems)]
+    # Column: gathered for the fprop GEMM and, from the kept local shard, for wgrad
+    # (gathered in high precision, the quantized input is kept full-length instead).
+    assert moved["bf16"] == bf16 * (2 if mode == "column" else 1), moved["bf16"]
+    assert moved[f"{recipe}_hp_gather"] == bf16, moved
+    # Per-tensor FP8: the codes (the scale is the same on every rank: not sent). MXFP8:
+    # codes and one E8M0 scale per 32 elements, rowwise (1x32) then columnwise (32x1).
+    codes = [("uint8", elems)]
+    if recipe == "mxfp8":
+        row_scales, col_scales = [("uint8", elems // 32)], [("uint8", elems // 32)]
+        forward = codes + row_scales
+        for_wgrad = codes + col_scales
     else:
-        elems = local_rows * OUT  # dy's shard; the bias gradient's fp32 partials
-        assert moved["bf16"] == [("bfloat16", 2 * elems)], moved["bf16"]
-        assert moved["fp8_current_hp_gather"] == [("bfloat16", 2 * elems)], moved
-        assert moved["fp8_current"] == [("float32", 4 * OUT), ("uint8", elems)], moved
-    return {"bytes": {k: [b for _, b in v] for k, v in moved.items()}}
+        forward = for_wgrad = codes
+    if mode == "column":
+        want = forward + for_wgrad
+    else:  # dy for dgrad (rowwise) and wgrad (columnwise), after the bias partials
+        both = forward if recipe != "mxfp8" else forward + for_wgrad
+        want = [("float32", 4 * OUT)] + both
+    assert moved[recipe] == want, moved[recipe]
+    total = {name: sum(b for _, b in v) for name, v in moved.items()}
+    return {"bytes": {k: [b for _, b in v] for k, v in moved.items()}, "total": total}
 
 
-def _lnmlp(w: World) -> dict[str, Any]:
-    """LayerNormMLP (fc1 column-, fc2 row-parallel) with SP under FP8 current scaling:
-    compiled equal to eager, and FP8 gathers equal to high-precision gathers except the
-    fc2 bias gradient (per-rank partial sums)."""
+def _lnmlp(w: World, recipe: str) -> dict[str, Any]:
+    """LayerNormMLP (fc1 column-, fc2 row-parallel) with SP: compiled equal to eager,
+    and quantized gathers equal to high-precision gathers except the fc2 bias gradient
+    (per-rank partial sums)."""
     gen = torch.Generator().manual_seed(SEED + 31)
     x = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16).to(w.device)
     dy = torch.randn(SEQ, BATCH, IN, generator=gen).to(torch.bfloat16).to(w.device)
@@ -276,8 +302,8 @@ def _lnmlp(w: World) -> dict[str, Any]:
         device=w.device,
     )
     names = ["output", "input grad"] + [f"{name} grad" for name, _ in model.named_parameters()]
-    eager, info = _compiled_matches_eager(model, x_local, dy_local, "fp8_current", names)
-    high = _step(model, x_local, dy_local, "fp8_current_hp_gather")
+    eager, info = _compiled_matches_eager(model, x_local, dy_local, recipe, names)
+    high = _step(model, x_local, dy_local, f"{recipe}_hp_gather")
     exact = [i for i, n in enumerate(names) if n != "fc2_bias grad"]
     got, want = [eager[i] for i in exact], [high[i] for i in exact]
     _assert_bitwise(got, want, [names[i] for i in exact], "the high-precision gather")
@@ -286,11 +312,13 @@ def _lnmlp(w: World) -> dict[str, Any]:
 
 
 def run_sp_fp8_case(w: World, name: str) -> dict[str, Any]:
+    parts = name.split("-")
     if name.startswith("spfp8-gather-options-agree-"):
-        return _gather_options_agree(w, name.rsplit("-", 1)[1])
+        return _gather_options_agree(w, parts[-2], parts[-1])
     if name.startswith("spfp8-bytes-"):
-        return _bytes(w, name.rsplit("-", 1)[1])
-    if name == "spfp8-lnmlp-fp8_current":
-        return _lnmlp(w)
-    _, mode, recipe = name.split("-", 2)
-    return _parity(w, mode, recipe)
+        return _bytes(w, parts[-2], parts[-1])
+    if name.startswith("spfp8-lnmlp-"):
+        return _lnmlp(w, parts[-1])
+    if name.endswith("-shortshards"):  # 16 local rows
+        return _parity(w, parts[1], parts[2], seq=SEQ // 2)
+    return _parity(w, parts[1], parts[2])

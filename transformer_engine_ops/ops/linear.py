@@ -18,11 +18,10 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
-from transformer_engine_ops.quantization.float8 import (
-    Float8CurrentScalingQuantizer,
-    Float8TensorStorage,
-)
+from transformer_engine_ops.quantization.encoding import matrix_dims
+from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
 from transformer_engine_ops.quantization.gemm import gemm, half_product
+from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
@@ -189,7 +188,7 @@ class _ForwardPlan(NamedTuple):
     weight_from_workspace: bool
     quantized_output: bool
     gather_input: bool  # column + sequence parallel: all-gather the input along dim 0
-    gather_quantized: bool  # ... as FP8 codes with the group's amax (gathers_quantized)
+    gather_quantized: bool  # ... quantized first, as TE does (gathers_quantized)
     reduce_output: str | None  # row parallel: "all_reduce", or "reduce_scatter" (+ SP)
     # What the forward returns for the backward, after the fprop GEMM dropped the usages
     # the backward does not read (the fakes declare exactly these buffers):
@@ -253,16 +252,18 @@ def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
         quantized = (
             sp
             and _backward_quantized(args)
-            and gathers_quantized(args.grad_output_quantizer)
+            and gathers_quantized(args.grad_output_quantizer, args.grad_outputs[0].shape)
             and (args.requires_dgrad or args.requires_wgrad)
             and (not args.requires_wgrad or _is_quantized(args.inputmat))
         )
         return _BackwardPlan(sp, quantized, False, None)
-    # Column parallel. The saved input is the local shard (high precision, or FP8 with
-    # the group's scale: gathers_quantized), re-gathered here as TE does (memory: one
+    # Column parallel. The saved input is the local shard (high precision, or quantized
+    # before the gather: gathers_quantized), re-gathered here as TE does (memory: one
     # shard kept, not tp_size of them); a quantized input gathered in high precision
     # was quantized after the forward's all-gather and is kept full-length.
-    local = not _is_quantized(args.inputmat) or gathers_quantized(args.input_quantizer)
+    local = not _is_quantized(args.inputmat) or gathers_quantized(
+        args.input_quantizer, args.inp_shape
+    )
     regather = sp and args.requires_wgrad and local
     reduce = None
     if args.requires_dgrad:
@@ -319,34 +320,59 @@ def _reduce_scatter_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -
     return out
 
 
-def gathers_quantized(quantizer: Optional[Quantizer]) -> bool:
-    """Whether a sequence-parallel all-gather of a tensor ``quantizer`` quantizes moves
-    FP8 codes, as TE gathers them: FP8 current scaling with ``fp8_all_gather`` (the
-    default; the recipe's option). Every rank quantizes its shard with the amax of the
-    whole tensor (TE's amax reduction over the TP group), so the gathered codes are the
-    whole tensor's, bit for bit. Other formats gather in high precision and quantize the
-    gathered tensor (the same bits; docs/distributed.md says why)."""
-    return isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.fp8_all_gather
+def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
+    """Whether a sequence-parallel all-gather of a shard of ``shard_shape`` that
+    ``quantizer`` quantizes moves quantized data, as TE gathers it (the recipe's
+    ``fp8_all_gather``, default True, chooses):
+
+    * FP8 current scaling: every rank quantizes its shard with the amax of the whole
+      tensor (TE's amax reduction over the TP group) and the codes are gathered;
+    * MXFP8 (1-D blocks): codes and E8M0 scales, when the shard's rows are a multiple
+      of 32, so no columnwise block straddles two shards (else high precision, as TE).
+
+    Either way the gathered value holds the bits of the whole tensor quantized at once.
+    Other formats gather in high precision and quantize the gathered tensor."""
+    if isinstance(quantizer, Float8CurrentScalingQuantizer):
+        return quantizer.fp8_all_gather
+    if isinstance(quantizer, MXFP8Quantizer):
+        m, k = matrix_dims(shard_shape)
+        return (
+            quantizer.fp8_all_gather
+            and not quantizer.with_2d_quantization
+            and m % MXFP8_BLOCK == 0
+            and k % MXFP8_BLOCK == 0
+        )
+    return False
 
 
-def _all_gather_fp8(local: Any, args: LinearFwdArgs | LinearBwdArgs) -> Float8TensorStorage:
-    """The rowwise per-tensor FP8 shards of every rank (one scale on every rank), in
-    rank order along dim 0: one byte per element on the wire."""
-    data = _all_gather_rows(local._data, args)
-    quantizer = local.quantizer.with_usage(rowwise=True, columnwise=False)
-    inner = {"_data": data, "_scale_inv": local._scale_inv}
-    return Float8TensorStorage(inner, quantizer=quantizer, dtype=local.dtype, shape=data.shape)
+def _all_gather_quantized(
+    local: Any, args: LinearFwdArgs | LinearBwdArgs, rowwise: bool, columnwise: bool
+) -> Any:
+    """Every rank's ``local`` (a quantized shard; one scale on every rank where the
+    format has one per tensor), concatenated along dim 0 in rank order, holding the
+    usages asked for (the format's ``gathered_rows``)."""
+    return local.gathered_rows(
+        lambda t: _all_gather_rows(t, args), args.tp_size, rowwise=rowwise, columnwise=columnwise
+    )
 
 
 def _quantize_and_gather(
-    x: torch.Tensor, quantizer: Quantizer, args: LinearFwdArgs | LinearBwdArgs
-) -> tuple[Any, Float8TensorStorage]:
-    """``(local, gathered)``: ``x`` (rows, k) quantized rowwise with the amax of every
-    rank's ``x`` (a MAX all-reduce of two floats), and every rank's codes gathered."""
-    stats = quantizer.amax_stats(x)
-    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
-    local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
-    return local, _all_gather_fp8(local, args)
+    x: torch.Tensor,
+    quantizer: Quantizer,
+    usage: _Usage,
+    gather: _Usage,
+    args: LinearFwdArgs | LinearBwdArgs,
+) -> tuple[Any, Any]:
+    """``(local, gathered)``: ``x`` (rows, k) quantized with ``usage`` (per-tensor FP8:
+    rowwise, with the amax of every rank's ``x``, a MAX all-reduce of two floats), and
+    every rank's shard gathered with the usages ``gather``."""
+    if isinstance(quantizer, Float8CurrentScalingQuantizer):
+        stats = quantizer.amax_stats(x)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+        local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
+    else:
+        local = _internal(quantizer, usage).quantize(x)
+    return local, _all_gather_quantized(local, args, gather.rowwise, gather.columnwise)
 
 
 def _gathered_bias_grad(dy: torch.Tensor, args: LinearBwdArgs) -> torch.Tensor:
@@ -432,10 +458,12 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
             saved_weight = backward_usage
     quantized_output = args.fp8_output and args.output_quantizer is not None
     gather_input, reduce_output = _parallel_forward(args)
-    gather_quantized = gather_input and gathers_quantized(args.input_quantizer)
-    if gather_quantized and save_input is not None:
+    gather_quantized = gather_input and gathers_quantized(args.input_quantizer, args.inp.shape)
+    per_tensor = isinstance(args.input_quantizer, Float8CurrentScalingQuantizer)
+    if gather_quantized and per_tensor and save_input is not None:
         # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
-        # only); the backward re-gathers it and makes the transpose there.
+        # only); the backward re-gathers it and makes the transpose there. Block formats
+        # keep the shard in the usage the backward reads and gather that.
         save_input = saved_input = _Usage(True, False)
     return _ForwardPlan(
         save_input,
@@ -504,8 +532,11 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
     x_saved = None  # the quantized input kept for backward, when it is not x
     if plan.gather_quantized:
-        # Quantize the shard with the group's amax, gather the FP8 codes (TE's way).
-        x_saved, x = _quantize_and_gather(x, args.input_quantizer, args)
+        # Quantize the shard (per-tensor FP8: with the group's amax), gather its rowwise
+        # data for the fprop GEMM (TE's way); the backward re-gathers the kept shard.
+        usage = plan.save_input or _Usage(True, False)
+        rowwise = _Usage(True, False)
+        x_saved, x = _quantize_and_gather(x, args.input_quantizer, usage, rowwise, args)
     else:
         if plan.gather_input:  # high precision on the wire, quantized once gathered
             x = _all_gather_rows(x, args)
@@ -700,13 +731,14 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     dy_gemm = dy
     bgrad = None
     if plan.gather_grad_output_quantized:
-        # Row parallel + SP: dy quantized with the group's amax, gathered as FP8 (TE's
-        # way); the bias gradient from each rank's rows. The GEMMs read only dy_gemm.
+        # Row parallel + SP: dy quantized (per-tensor FP8: with the group's amax) and
+        # gathered quantized (TE's way); the bias gradient from each rank's rows. The
+        # GEMMs read only dy_gemm.
         if args.use_bias:
             bgrad = _gathered_bias_grad(dy, args)
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
-        dy = dy_gemm = _quantize_and_gather(dy, args.grad_output_quantizer, args)[1]
-        dy_gemm.update_usage(rowwise_usage=usage.rowwise, columnwise_usage=usage.columnwise)
+        gq = args.grad_output_quantizer
+        dy = dy_gemm = _quantize_and_gather(dy, gq, usage, usage, args)[1]
     elif plan.gather_grad_output:
         dy = dy_gemm = _all_gather_rows(dy, args)
     if quantized and not plan.gather_grad_output_quantized:
@@ -742,11 +774,10 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         x = args.inputmat
         gathered = False
         if plan.gather_input and isinstance(x, QuantizedData):
-            # The local FP8 shard (quantized with the group's scale): gathered as FP8,
-            # then in the layout the wgrad GEMM reads.
-            x, gathered = _all_gather_fp8(x, args), True
-            if quantized:
-                x.update_usage(rowwise_usage=False, columnwise_usage=True)
+            # The local quantized shard the forward kept: gathered quantized, in the
+            # layout the wgrad GEMM reads (columnwise; rowwise to dequantize).
+            x = _all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
+            gathered = True
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
             if len(x.shape) != 2:

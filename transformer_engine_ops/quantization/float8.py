@@ -11,7 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Optional, Union
 
 import torch
@@ -80,6 +80,34 @@ class _Float8Data(QuantizedData):
             codes = fp8_to_float(self._transpose, self._fp8_dtype).reshape(k, m)
             values = transpose_2d_to(codes, self.shape)
         return values * self._scale_inv
+
+    def gathered_rows(
+        self,
+        all_gather: Callable[[torch.Tensor], torch.Tensor],
+        parts: int,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+    ) -> Float8TensorStorage:
+        """Every rank's shard concatenated along dim 0 (``all_gather(t)`` gathers a
+        contiguous ``t`` of each rank), 2-D, with the usages asked for. The rowwise
+        codes move (one byte per element; the transposed codes cannot be gathered along
+        dim 0, TE's neither) and the transpose is derived after. The shards must share
+        one scale (a reduced amax): the scale-inverse is this shard's, not sent."""
+        if self._data is None:
+            raise ValueError(
+                f"{type(self).__name__}: only rowwise FP8 data is gathered along dim 0; "
+                "this value holds columnwise data only"
+            )
+        m, k = matrix_dims(self.shape)
+        data = all_gather(self._data.reshape(m, k).contiguous())
+        quantizer = self._quantizer.with_usage(rowwise=True, columnwise=False).with_internal(True)
+        inner = {"_data": data, "_scale_inv": self._scale_inv}
+        gathered = Float8TensorStorage(
+            inner, quantizer=quantizer, dtype=self._dtype, shape=(m * parts, k)
+        )
+        gathered.update_usage(rowwise_usage=rowwise, columnwise_usage=columnwise)
+        return gathered
 
     def _derive_usage(self, columnwise: bool) -> dict[str, torch.Tensor]:
         m, k = matrix_dims(self.shape)

@@ -316,9 +316,14 @@ class MXFP8BlockScaling(Recipe):
     fp8_mha: bool = False
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
     enable_2d_quantization: bool = False
+    _: dataclasses.KW_ONLY
+    # Extension: sequence-parallel all-gathers move MXFP8 codes and scales (True, TE's
+    # way) or the high-precision tensor (False); the same results (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     def __post_init__(self) -> None:
         owner = self._owner()
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         self._set("margin", check_int(owner, "margin", self.margin, 0, 64))
         if self.margin != 0:
             raise NotImplementedError(f"{owner}: margin={self.margin} is not implemented; use 0")
@@ -330,7 +335,11 @@ class MXFP8BlockScaling(Recipe):
         """With ``enable_2d_quantization`` the weight gets 32x32 tiles (as TE's recipe
         state gives its Linear and GroupedLinear weights)."""
         two_d = self.enable_2d_quantization and role == "weight"
-        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role), with_2d_quantization=two_d)
+        return MXFP8Quantizer(
+            fp8_dtype=self.fp8_format.dtype_for(role),
+            with_2d_quantization=two_d,
+            fp8_all_gather=self.fp8_all_gather,
+        )
 
 
 @dataclasses.dataclass
