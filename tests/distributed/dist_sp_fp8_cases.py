@@ -44,7 +44,10 @@ RECIPES: dict[str, Any] = {
     "fp8_current_hp_gather": lambda: Float8CurrentScaling(fp8_all_gather=False),
     "mxfp8": MXFP8BlockScaling,
     "mxfp8_hp_gather": lambda: MXFP8BlockScaling(fp8_all_gather=False),
-    "fp8_block": Float8BlockScaling,
+    "fp8_block": Float8BlockScaling,  # 128-row blocks, 32-row shards: high precision
+    # 16-row blocks (TE's 128 scaled down) on 32-row shards: gathered quantized.
+    "fp8_block16": lambda: Float8BlockScaling(block_len=16),
+    "fp8_block16_hp_gather": lambda: Float8BlockScaling(block_len=16, fp8_all_gather=False),
     # Stochastic rounding draws per call; off, so the reference can match bit for bit.
     "nvfp4": lambda: NVFP4BlockScaling(disable_stochastic_rounding=True),
 }
@@ -55,12 +58,12 @@ SP_FP8 += ["spfp8-column-mxfp8-shortshards", "spfp8-row-mxfp8-shortshards"]
 SP_FP8 += [
     f"spfp8-gather-options-agree-{mode}-{recipe}"
     for mode in ("column", "row")
-    for recipe in ("fp8_current", "mxfp8")
+    for recipe in ("fp8_current", "mxfp8", "fp8_block16")
 ]
 SP_FP8 += [
     f"spfp8-bytes-{mode}-{recipe}"
     for mode in ("column", "row")
-    for recipe in ("fp8_current", "mxfp8")
+    for recipe in ("fp8_current", "mxfp8", "fp8_block16")
 ]
 SP_FP8 += ["spfp8-lnmlp-fp8_current", "spfp8-lnmlp-mxfp8"]
 
@@ -207,7 +210,9 @@ def _parity(w: World, mode: str, recipe: str, seq: int = SEQ) -> dict[str, Any]:
     x, dy = _inputs(w, mode, t)
     eager, info = _compiled_matches_eager(layer, x, dy, recipe, NAMES)
     # Quantized gathers in these cases: FP8 current scaling, and MXFP8 with 32-row shards.
-    quantized_gather = recipe == "fp8_current" or (recipe == "mxfp8" and seq == SEQ)
+    quantized_gather = recipe in ("fp8_current", "fp8_block16") or (
+        recipe == "mxfp8" and seq == SEQ
+    )
     want = _same_algorithm_reference(w, mode, t, recipe, quantized_gather)
     pairs = [(g, e, n) for g, e, n in zip(eager, want, NAMES, strict=True) if e is not None]
     _assert_bitwise(*map(list, zip(*pairs, strict=True)), "the single-process reference")
@@ -263,19 +268,21 @@ def _bytes(w: World, mode: str, recipe: str) -> dict[str, Any]:
     # (gathered in high precision, the quantized input is kept full-length instead).
     assert moved["bf16"] == bf16 * (2 if mode == "column" else 1), moved["bf16"]
     assert moved[f"{recipe}_hp_gather"] == bf16, moved
-    # Per-tensor FP8: the codes (the scale is the same on every rank: not sent). MXFP8:
-    # codes and one E8M0 scale per 32 elements, rowwise (1x32) then columnwise (32x1).
+    # Per-tensor FP8: the codes (the scale is the same on every rank: not sent). Block
+    # formats: codes and scales, rowwise (the fprop GEMM) then columnwise (wgrad).
     codes = [("uint8", elems)]
-    if recipe == "mxfp8":
-        row_scales, col_scales = [("uint8", elems // 32)], [("uint8", elems // 32)]
-        forward = codes + row_scales
-        for_wgrad = codes + col_scales
+    if recipe == "mxfp8":  # one E8M0 byte per 32 elements
+        forward = codes + [("uint8", elems // 32)]
+        for_wgrad = codes + [("uint8", elems // 32)]
+    elif recipe == "fp8_block16":  # one fp32 scale per 16 elements (1x16, then 16x1)
+        forward = codes + [("float32", 4 * elems // 16)]
+        for_wgrad = codes + [("float32", 4 * elems // 16)]
     else:
         forward = for_wgrad = codes
     if mode == "column":
         want = forward + for_wgrad
     else:  # dy for dgrad (rowwise) and wgrad (columnwise), after the bias partials
-        both = forward if recipe != "mxfp8" else forward + for_wgrad
+        both = forward if recipe == "fp8_current" else forward + for_wgrad
         want = [("float32", 4 * OUT)] + both
     assert moved[recipe] == want, moved[recipe]
     total = {name: sum(b for _, b in v) for name, v in moved.items()}

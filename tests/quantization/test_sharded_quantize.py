@@ -14,8 +14,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from transformer_engine_ops.quantization import Float8CurrentScaling, MXFP8BlockScaling
+from transformer_engine_ops.quantization import (
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+)
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
+from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.mxfp8 import MXFP8Quantizer
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -93,7 +98,9 @@ def test_malformed_stats_are_refused_naming_the_method(stats: torch.Tensor, frag
     assert fragment in str(info.value)
 
 
-@pytest.mark.parametrize("recipe_cls", [Float8CurrentScaling, MXFP8BlockScaling])
+@pytest.mark.parametrize(
+    "recipe_cls", [Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling]
+)
 def test_the_gather_option_is_validated_and_reaches_every_quantizer(recipe_cls: type) -> None:
     assert all(recipe_cls().make_quantizer(role).fp8_all_gather for role in ROLES)
     off = recipe_cls(fp8_all_gather=False)
@@ -181,3 +188,46 @@ def test_mxfp8_gathers_only_the_usages_a_shard_holds() -> None:
     shard = MXFP8Quantizer(internal=True, columnwise_usage=False).quantize(torch.ones(32, 32))
     with pytest.raises(ValueError, match="no columnwise data"):
         shard.gathered_rows(lambda t: t, 1, rowwise=False, columnwise=True)
+
+
+@pytest.mark.parametrize(("rowwise", "columnwise"), USAGES)
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("pow2", [True, False])
+def test_fp8_block_shards_of_whole_blocks_gather_into_the_whole_tensors_bits(
+    rowwise: bool, columnwise: bool, parts: int, pow2: bool
+) -> None:
+    """1-D blocks (16 here: TE's 128 scaled down), K not a multiple of the block: codes
+    and fp32 scales, re-laid out as the whole tensor's (transposed codes, padded scales)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(16 * parts, 40, generator=gen) * torch.logspace(-2, 2, 40)).bfloat16()
+    x[17, 3] = float("inf")
+    q = Float8BlockQuantizer(
+        internal=True,
+        block_len=16,
+        force_pow_2_scales=pow2,
+        rowwise_usage=rowwise,
+        columnwise_usage=columnwise,
+    )
+    whole = q.quantize(x)
+    local = [q.quantize(s) for s in x.chunk(parts, 0)]
+    for got in _gathered(local, rowwise, columnwise):
+        assert got.shape == whole.shape
+        assert got.inner_names() == whole.inner_names()
+        for name in got.inner_names():
+            assert torch.equal(getattr(got, name), getattr(whole, name)), name
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "rows"),
+    [
+        (Float8BlockQuantizer(block_len=16, block_scaling_dim=2), 16),
+        (Float8BlockQuantizer(block_len=16), 8),
+    ],
+    ids=["2-D blocks", "a columnwise block straddles shards"],
+)
+def test_fp8_block_shards_that_cannot_be_gathered_are_refused(
+    quantizer: Float8BlockQuantizer, rows: int
+) -> None:
+    shard = quantizer.quantize(torch.ones(rows, 32))
+    with pytest.raises(ValueError, match="gathers 1-D blocks of shards of whole blocks"):
+        shard.gathered_rows(lambda t: t, 2, rowwise=True, columnwise=True)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.quantization.encoding import matrix_dims
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
+from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.gemm import gemm, half_product
 from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
@@ -198,7 +199,7 @@ class _ForwardPlan(NamedTuple):
 
 class _BackwardPlan(NamedTuple):
     gather_grad_output: bool  # row + sequence parallel: all-gather dy along dim 0
-    gather_grad_output_quantized: bool  # ... as FP8 codes with the group's amax
+    gather_grad_output_quantized: bool  # ... quantized first (gathers_quantized)
     gather_input: bool  # column + SP with a saved local shard: re-gather it
     reduce_dgrad: str | None  # column parallel: "all_reduce", or "reduce_scatter" (+ SP)
 
@@ -247,8 +248,8 @@ def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
         return _BackwardPlan(False, False, False, None)
     sp = args.sequence_parallel
     if args.parallel_mode == "row":
-        # dy goes to the GEMMs quantized; in FP8 on the wire too unless the wgrad GEMM
-        # reads a high-precision input (and so a high-precision dy).
+        # dy goes to the GEMMs quantized; quantized on the wire too unless the wgrad
+        # GEMM reads a high-precision input (and so a high-precision dy).
         quantized = (
             sp
             and _backward_quantized(args)
@@ -328,7 +329,9 @@ def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
     * FP8 current scaling: every rank quantizes its shard with the amax of the whole
       tensor (TE's amax reduction over the TP group) and the codes are gathered;
     * MXFP8 (1-D blocks): codes and E8M0 scales, when the shard's rows are a multiple
-      of 32, so no columnwise block straddles two shards (else high precision, as TE).
+      of 32, so no columnwise block straddles two shards (else high precision, as TE);
+    * FP8 block scaling with 1-D blocks: codes and fp32 scales, when the shard's rows
+      are a multiple of the block length (else, and for 2-D blocks, high precision).
 
     Either way the gathered value holds the bits of the whole tensor quantized at once.
     Other formats gather in high precision and quantize the gathered tensor."""
@@ -341,6 +344,13 @@ def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
             and not quantizer.with_2d_quantization
             and m % MXFP8_BLOCK == 0
             and k % MXFP8_BLOCK == 0
+        )
+    if isinstance(quantizer, Float8BlockQuantizer):
+        m, _ = matrix_dims(shard_shape)
+        return (
+            quantizer.fp8_all_gather
+            and quantizer.block_scaling_dim == 1
+            and m % quantizer.block_len == 0
         )
     return False
 
@@ -433,10 +443,11 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     original tensors (``HIGH_PRECISION``: nothing quantized is kept). A weight made
     for the workspace cache keeps every usage it was made with: it is the cached
     workspace, held by the module anyway, and later microbatches' fprop GEMMs read its
-    rowwise data. A sequence-parallel input gathered as FP8 (:func:`gathers_quantized`)
-    is kept as TE keeps it: the local shard's rowwise codes, re-gathered by the backward
-    (TE's rowwise-only exception for gathered per-tensor FP8 inputs); one gathered in
-    high precision is quantized after the gather and kept full-length.
+    rowwise data. A sequence-parallel input gathered quantized (:func:`gathers_quantized`)
+    is kept as TE keeps it, as the local shard the backward re-gathers: per-tensor FP8
+    keeps its rowwise codes (TE's rowwise-only exception for gathered per-tensor FP8
+    inputs), MXFP8 the usage above; one gathered in high precision is quantized after
+    the gather and kept full-length.
     """
     _check_forward_input(args)
     backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None

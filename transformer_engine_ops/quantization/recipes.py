@@ -360,6 +360,9 @@ class Float8BlockScaling(Recipe):
     _: dataclasses.KW_ONLY
     block_len: int = 128  # extension: the block edge (TE's kernels use 128)
     amax_epsilon: float = 0.0  # extension: floor of each block's amax
+    # Extension: sequence-parallel all-gathers move codes and scales (True, TE's way)
+    # or the high-precision tensor (False); the same results (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     _DIMS: ClassVar[tuple[str, ...]] = (
         "x_block_scaling_dim",
@@ -381,6 +384,7 @@ class Float8BlockScaling(Recipe):
         self._check_common()
         self._set("block_len", check_int(owner, "block_len", self.block_len, 1, MAX_BLOCK_LEN))
         self._set("amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon))
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
 
     def make_quantizer(self, role: str) -> Quantizer:
         if _check_role(role) == "weight":
@@ -395,6 +399,7 @@ class Float8BlockScaling(Recipe):
             block_scaling_dim=dim,
             force_pow_2_scales=not self.use_f32_scales,
             amax_epsilon=self.amax_epsilon,
+            fp8_all_gather=self.fp8_all_gather,
         )
 
 
