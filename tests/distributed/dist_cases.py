@@ -419,6 +419,10 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         from dist_fsdp2_cases import run_fsdp2_case
 
         return run_fsdp2_case(w, name)
+    if name.startswith("spfp8-"):
+        from dist_sp_fp8_cases import run_sp_fp8_case
+
+        return run_sp_fp8_case(w, name)
     if name.startswith("grouped-"):
         from dist_grouped_cases import run_grouped_case
 

@@ -18,7 +18,11 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
+from transformer_engine_ops.quantization.encoding import matrix_dims
+from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
+from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.gemm import gemm, half_product
+from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
@@ -185,6 +189,7 @@ class _ForwardPlan(NamedTuple):
     weight_from_workspace: bool
     quantized_output: bool
     gather_input: bool  # column + sequence parallel: all-gather the input along dim 0
+    gather_quantized: bool  # ... quantized first, as TE does (gathers_quantized)
     reduce_output: str | None  # row parallel: "all_reduce", or "reduce_scatter" (+ SP)
     # What the forward returns for the backward, after the fprop GEMM dropped the usages
     # the backward does not read (the fakes declare exactly these buffers):
@@ -194,7 +199,8 @@ class _ForwardPlan(NamedTuple):
 
 class _BackwardPlan(NamedTuple):
     gather_grad_output: bool  # row + sequence parallel: all-gather dy along dim 0
-    gather_input: bool  # column + SP with a high-precision saved input: re-gather it
+    gather_grad_output_quantized: bool  # ... quantized first (gathers_quantized)
+    gather_input: bool  # column + SP with a saved local shard: re-gather it
     reduce_dgrad: str | None  # column parallel: "all_reduce", or "reduce_scatter" (+ SP)
 
 
@@ -239,18 +245,31 @@ def _parallel_forward(args: LinearFwdArgs) -> tuple[bool, str | None]:
 
 def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
     if not _tp_active(args):
-        return _BackwardPlan(False, False, None)
+        return _BackwardPlan(False, False, False, None)
     sp = args.sequence_parallel
     if args.parallel_mode == "row":
-        return _BackwardPlan(sp, False, None)
-    # Column parallel. A quantized saved input was quantized after the forward's
-    # all-gather (it is already full-length); a high-precision one is the local shard,
-    # re-gathered here as TE does (memory: one shard kept, not tp_size of them).
-    regather = sp and args.requires_wgrad and not _is_quantized(args.inputmat)
+        # dy goes to the GEMMs quantized; quantized on the wire too unless the wgrad
+        # GEMM reads a high-precision input (and so a high-precision dy).
+        quantized = (
+            sp
+            and _backward_quantized(args)
+            and gathers_quantized(args.grad_output_quantizer, args.grad_outputs[0].shape)
+            and (args.requires_dgrad or args.requires_wgrad)
+            and (not args.requires_wgrad or _is_quantized(args.inputmat))
+        )
+        return _BackwardPlan(sp, quantized, False, None)
+    # Column parallel. The saved input is the local shard (high precision, or quantized
+    # before the gather: gathers_quantized), re-gathered here as TE does (memory: one
+    # shard kept, not tp_size of them); a quantized input gathered in high precision
+    # was quantized after the forward's all-gather and is kept full-length.
+    local = not _is_quantized(args.inputmat) or gathers_quantized(
+        args.input_quantizer, args.inp_shape
+    )
+    regather = sp and args.requires_wgrad and local
     reduce = None
     if args.requires_dgrad:
         reduce = "reduce_scatter" if sp else "all_reduce"
-    return _BackwardPlan(False, regather, reduce)
+    return _BackwardPlan(False, False, regather, reduce)
 
 
 def linear_output_shape(args: LinearFwdArgs) -> tuple[Any, ...]:
@@ -300,6 +319,78 @@ def _reduce_scatter_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -
     out = torch.empty((x.shape[0] // args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     _reduce_scatter_tensor(out, x, group=_group(args))
     return out
+
+
+def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
+    """Whether a sequence-parallel all-gather of a shard of ``shard_shape`` that
+    ``quantizer`` quantizes moves quantized data, as TE gathers it (the recipe's
+    ``fp8_all_gather``, default True, chooses):
+
+    * FP8 current scaling: every rank quantizes its shard with the amax of the whole
+      tensor (TE's amax reduction over the TP group) and the codes are gathered;
+    * MXFP8 (1-D blocks): codes and E8M0 scales, when the shard's rows are a multiple
+      of 32, so no columnwise block straddles two shards (else high precision, as TE);
+    * FP8 block scaling with 1-D blocks: codes and fp32 scales, when the shard's rows
+      are a multiple of the block length (else, and for 2-D blocks, high precision).
+
+    Either way the gathered value holds the bits of the whole tensor quantized at once.
+    Other formats gather in high precision and quantize the gathered tensor."""
+    if isinstance(quantizer, Float8CurrentScalingQuantizer):
+        return quantizer.fp8_all_gather
+    if isinstance(quantizer, MXFP8Quantizer):
+        m, k = matrix_dims(shard_shape)
+        return (
+            quantizer.fp8_all_gather
+            and not quantizer.with_2d_quantization
+            and m % MXFP8_BLOCK == 0
+            and k % MXFP8_BLOCK == 0
+        )
+    if isinstance(quantizer, Float8BlockQuantizer):
+        m, _ = matrix_dims(shard_shape)
+        return (
+            quantizer.fp8_all_gather
+            and quantizer.block_scaling_dim == 1
+            and m % quantizer.block_len == 0
+        )
+    return False
+
+
+def _all_gather_quantized(
+    local: Any, args: LinearFwdArgs | LinearBwdArgs, rowwise: bool, columnwise: bool
+) -> Any:
+    """Every rank's ``local`` (a quantized shard; one scale on every rank where the
+    format has one per tensor), concatenated along dim 0 in rank order, holding the
+    usages asked for (the format's ``gathered_rows``)."""
+    return local.gathered_rows(
+        lambda t: _all_gather_rows(t, args), args.tp_size, rowwise=rowwise, columnwise=columnwise
+    )
+
+
+def _quantize_and_gather(
+    x: torch.Tensor,
+    quantizer: Quantizer,
+    usage: _Usage,
+    gather: _Usage,
+    args: LinearFwdArgs | LinearBwdArgs,
+) -> tuple[Any, Any]:
+    """``(local, gathered)``: ``x`` (rows, k) quantized with ``usage`` (per-tensor FP8:
+    rowwise, with the amax of every rank's ``x``, a MAX all-reduce of two floats), and
+    every rank's shard gathered with the usages ``gather``."""
+    if isinstance(quantizer, Float8CurrentScalingQuantizer):
+        stats = quantizer.amax_stats(x)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+        local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
+    else:
+        local = _internal(quantizer, usage).quantize(x)
+    return local, _all_gather_quantized(local, args, gather.rowwise, gather.columnwise)
+
+
+def _gathered_bias_grad(dy: torch.Tensor, args: LinearBwdArgs) -> torch.Tensor:
+    """The bias gradient over every rank's rows of ``dy``: each rank's fp32 column sums,
+    gathered (tp_size x n floats) and added in rank order, so every rank holds the same
+    bits without the high-precision dy on the wire."""
+    partial = dy.sum(0, dtype=torch.float32).reshape(1, -1)
+    return _all_gather_rows(partial, args).sum(0).to(args.activation_dtype)
 
 
 def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
@@ -352,9 +443,11 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     original tensors (``HIGH_PRECISION``: nothing quantized is kept). A weight made
     for the workspace cache keeps every usage it was made with: it is the cached
     workspace, held by the module anyway, and later microbatches' fprop GEMMs read its
-    rowwise data. Inputs gathered for sequence parallelism are gathered in high
-    precision before they are quantized, so the backward never re-gathers a quantized
-    input and TE's rowwise-only exception for gathered FP8 inputs does not arise.
+    rowwise data. A sequence-parallel input gathered quantized (:func:`gathers_quantized`)
+    is kept as TE keeps it, as the local shard the backward re-gathers: per-tensor FP8
+    keeps its rowwise codes (TE's rowwise-only exception for gathered per-tensor FP8
+    inputs), MXFP8 the usage above; one gathered in high precision is quantized after
+    the gather and kept full-length.
     """
     _check_forward_input(args)
     backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None
@@ -376,12 +469,20 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
             saved_weight = backward_usage
     quantized_output = args.fp8_output and args.output_quantizer is not None
     gather_input, reduce_output = _parallel_forward(args)
+    gather_quantized = gather_input and gathers_quantized(args.input_quantizer, args.inp.shape)
+    per_tensor = isinstance(args.input_quantizer, Float8CurrentScalingQuantizer)
+    if gather_quantized and per_tensor and save_input is not None:
+        # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
+        # only); the backward re-gathers it and makes the transpose there. Block formats
+        # keep the shard in the usage the backward reads and gather that.
+        save_input = saved_input = _Usage(True, False)
     return _ForwardPlan(
         save_input,
         quantize_weight,
         from_workspace,
         quantized_output,
         gather_input,
+        gather_quantized,
         reduce_output,
         saved_input,
         saved_weight,
@@ -440,12 +541,19 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
-    if plan.gather_input:
-        # High-precision gather, then quantize (TE gathers the FP8 input instead).
-        x = _all_gather_rows(x, args)
-    if args.input_quantizer is not None:
+    x_saved = None  # the quantized input kept for backward, when it is not x
+    if plan.gather_quantized:
+        # Quantize the shard (per-tensor FP8: with the group's amax), gather its rowwise
+        # data for the fprop GEMM (TE's way); the backward re-gathers the kept shard.
         usage = plan.save_input or _Usage(True, False)
-        x = _internal(args.input_quantizer, usage).quantize(x)
+        rowwise = _Usage(True, False)
+        x_saved, x = _quantize_and_gather(x, args.input_quantizer, usage, rowwise, args)
+    else:
+        if plan.gather_input:  # high precision on the wire, quantized once gathered
+            x = _all_gather_rows(x, args)
+        if args.input_quantizer is not None:
+            usage = plan.save_input or _Usage(True, False)
+            x = _internal(args.input_quantizer, usage).quantize(x)
     weight = args.weight
     if plan.weight_from_workspace:
         weight = args.weight_workspace
@@ -479,7 +587,7 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     if plan.quantized_output:
         out = args.output_quantizer.with_internal(False).quantize(out)
     # The fprop GEMM has run: keep only what the backward reads.
-    saved_input = _keep_usage(x, plan.saved_input)
+    saved_input = _keep_usage(x if x_saved is None else x_saved, plan.saved_input)
     saved_weight = _keep_usage(weight, plan.saved_weight)
     return (out,), (saved_input, saved_weight)
 
@@ -516,7 +624,8 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     saved_input = None
     if plan.saved_input is not None:
         quantizer = _internal(args.input_quantizer, plan.saved_input)
-        saved_input = TensorSpec((rows, inp.shape[-1]), dtype, quantizer, device=device)
+        saved_rows = math.prod(inp.shape[:-1]) if plan.gather_quantized else rows
+        saved_input = TensorSpec((saved_rows, inp.shape[-1]), dtype, quantizer, device=device)
     saved_weight = None
     if plan.saved_weight is not None:
         quantizer = _made_weight_quantizer(
@@ -629,12 +738,21 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         dy = grad_output
     else:
         dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
-    if plan.gather_grad_output:
-        dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
     dy_gemm = dy
     bgrad = None
-    if quantized:
+    if plan.gather_grad_output_quantized:
+        # Row parallel + SP: dy quantized (per-tensor FP8: with the group's amax) and
+        # gathered quantized (TE's way); the bias gradient from each rank's rows. The
+        # GEMMs read only dy_gemm.
+        if args.use_bias:
+            bgrad = _gathered_bias_grad(dy, args)
+        usage = _Usage(args.requires_dgrad, args.requires_wgrad)
+        gq = args.grad_output_quantizer
+        dy = dy_gemm = _quantize_and_gather(dy, gq, usage, usage, args)[1]
+    elif plan.gather_grad_output:
+        dy = dy_gemm = _all_gather_rows(dy, args)
+    if quantized and not plan.gather_grad_output_quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         if usage.rowwise or usage.columnwise:
             quantizer = _internal(args.grad_output_quantizer, usage)
@@ -665,11 +783,17 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
+        gathered = False
+        if plan.gather_input and isinstance(x, QuantizedData):
+            # The local quantized shard the forward kept: gathered quantized, in the
+            # layout the wgrad GEMM reads (columnwise; rowwise to dequantize).
+            x = _all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
+            gathered = True
         if not (quantized and isinstance(x, QuantizedData)):
             x = _high_precision(x, dtype)
             if len(x.shape) != 2:
                 x = x.reshape(-1, x.shape[-1])
-            if plan.gather_input:
+            if plan.gather_input and not gathered:
                 x = _all_gather_rows(x, args)
         dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy
         split = args.wgrad_gemm.use_split_accumulator

@@ -11,8 +11,8 @@ import contextlib
 import copy
 import dataclasses
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Optional
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 
@@ -89,6 +89,34 @@ class _Float8Data(QuantizedData):
         if self._transpose is not None:
             inner["_transpose"] = self._transpose[:, start:stop]
         return inner
+
+    def gathered_rows(
+        self,
+        all_gather: Callable[[torch.Tensor], torch.Tensor],
+        parts: int,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+    ) -> Float8TensorStorage:
+        """Every rank's shard concatenated along dim 0 (``all_gather(t)`` gathers a
+        contiguous ``t`` of each rank), 2-D, with the usages asked for. The rowwise
+        codes move (one byte per element; the transposed codes cannot be gathered along
+        dim 0, TE's neither) and the transpose is derived after. The shards must share
+        one scale (a reduced amax): the scale-inverse is this shard's, not sent."""
+        if self._data is None:
+            raise ValueError(
+                f"{type(self).__name__}: only rowwise FP8 data is gathered along dim 0; "
+                "this value holds columnwise data only"
+            )
+        m, k = matrix_dims(self.shape)
+        data = all_gather(self._data.reshape(m, k).contiguous())
+        quantizer = self._quantizer.with_usage(rowwise=True, columnwise=False).with_internal(True)
+        inner = {"_data": data, "_scale_inv": self._scale_inv}
+        gathered = Float8TensorStorage(
+            inner, quantizer=quantizer, dtype=self._dtype, shape=(m * parts, k)
+        )
+        gathered.update_usage(rowwise_usage=rowwise, columnwise_usage=columnwise)
+        return gathered
 
     def _derive_usage(self, columnwise: bool) -> dict[str, torch.Tensor]:
         m, k = matrix_dims(self.shape)
@@ -183,6 +211,11 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
 
     force_pow_2_scales: bool = False
     amax_epsilon: float = 0.0
+    # Extension (TE always gathers FP8): a sequence-parallel all-gather of a tensor this
+    # quantizer quantizes moves FP8 codes quantized with the group's amax (True), or the
+    # high-precision tensor, quantized once gathered (False). Both give the same bits;
+    # FP8 moves half the bytes of bf16 (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     format_name: ClassVar[str] = "FP8 current scaling"
 
@@ -194,6 +227,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         super()._init_fields()
         owner = type(self).__name__
         check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         object.__setattr__(
             self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
         )
@@ -235,12 +269,57 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         )
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        return self._scale_of_amax(tensor_amax(x))
+
+    def _scale_of_amax(self, amax: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(
-            tensor_amax(x),
+            amax,
             FP8_MAX[self.fp8_dtype],
             force_pow_2=self.force_pow_2_scales,
             epsilon=self.amax_epsilon,
         )
+
+    # ----- amax reduction (TE's ``with_amax_reduction``) -----
+
+    def amax_stats(self, x: torch.Tensor) -> torch.Tensor:
+        """What the scale of ``x`` depends on, as fp32 ``(2,)``: its finite amax, and 1
+        where it holds an Inf (0 otherwise). The element-wise maximum of the stats of
+        several tensors is exactly the stats of their concatenation, so a MAX all-reduce
+        of each rank's stats gives every rank the stats of the whole tensor."""
+        self.check_input(x)
+        x32 = x.detach().float()
+        return torch.stack([tensor_amax(x32), has_inf(x32).float()])
+
+    def quantize_with_stats(
+        self, x: torch.Tensor, stats: torch.Tensor
+    ) -> Union[QuantizedStorage, QuantizedTensor]:
+        """``x`` quantized with the scale of ``stats`` (:meth:`amax_stats` of a larger
+        tensor ``x`` is part of) instead of its own: every shard of a tensor quantized
+        with the reduced stats holds exactly the codes and scale-inverse of the whole
+        tensor quantized at once. The plain-PyTorch path on every device (the fused CUDA
+        kernels compute their own amax; they give the same bits as this one)."""
+        self.check_input(x)
+        if tuple(stats.shape) != (2,) or stats.dtype != torch.float32:
+            raise ValueError(
+                f"{type(self).__name__}.quantize_with_stats: stats must be the fp32 (2,) "
+                f"tensor amax_stats returns, got {stats.dtype} {tuple(stats.shape)}"
+            )
+        x32 = x.detach().float()
+        scale = self._scale_of_amax(stats[0])
+        data = cast_to_fp8(x32 * scale, self.fp8_dtype)
+        inv = 1.0 / scale
+        inv = torch.where(stats[1] > 0, torch.full_like(inv, float("inf")), inv).reshape(1)
+        m, k = matrix_dims(x.shape)
+        inner = {
+            "_data": data if self.rowwise_usage else None,
+            "_transpose": (
+                transpose_2d_to(data.reshape(m, k), transposed_shape(x.shape))
+                if self.columnwise_usage
+                else None
+            ),
+            "_scale_inv": inv,
+        }
+        return self._quantized_value(inner, x)
 
 
 # Longest amax history a delayed-scaling quantizer keeps (TE defaults to 1024).

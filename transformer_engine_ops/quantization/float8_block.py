@@ -14,7 +14,7 @@ accepted: partial blocks are zero-padded.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -94,6 +94,47 @@ class _Float8BlockData(RowwiseColumnwisePairs):
             "_rowwise_scale_inv": _pad_scale_inv(scale_inv.t(), 2),
         }
 
+    def gathered_rows(
+        self,
+        all_gather: Callable[[torch.Tensor], torch.Tensor],
+        parts: int,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+    ) -> Float8BlockwiseQTensorStorage:
+        """Every rank's shard concatenated along dim 0, 2-D, with the usages asked for
+        (this shard must hold them): ``all_gather(t)`` gathers a contiguous ``t`` of each
+        rank along dim 0. 1-D blocks only: rowwise 1 x b blocks lie within a row,
+        columnwise b x 1 blocks within a shard whose rows are a multiple of b. Codes and
+        unpadded fp32 scales move, then take the whole tensor's layout (transposed
+        codes, padded scales): the bits of the whole tensor quantized at once."""
+        q: Float8BlockQuantizer = self._quantizer  # type: ignore[assignment]
+        m, k = matrix_dims(self.shape)
+        b = q.block_len
+        if q.block_scaling_dim != 1 or (columnwise and m % b != 0):
+            raise ValueError(
+                f"FP8 block scaling gathers 1-D blocks of shards of whole blocks; got "
+                f"block_scaling_dim={q.block_scaling_dim}, {m} rows, block_len={b}"
+            )
+        for usage, held in ((rowwise, self.rowwise_usage), (columnwise, self.columnwise_usage)):
+            if usage and not held:
+                raise ValueError("FP8 block scaling: this shard lacks a usage to gather")
+        inner: dict[str, torch.Tensor] = {}
+        if rowwise:
+            inner["_rowwise_data"] = all_gather(self._rowwise_data.reshape(m, k).contiguous())
+            scale_inv = _unpad_scale_inv(self._rowwise_scale_inv, m, k, b, 1)  # (m, K blocks)
+            inner["_rowwise_scale_inv"] = _pad_scale_inv(all_gather(scale_inv.contiguous()), 1)
+        if columnwise:
+            codes = all_gather(self._columnwise_data.reshape(k, m).t().contiguous())
+            inner["_columnwise_data"] = codes.t().contiguous()
+            scale_inv = _unpad_scale_inv(self._columnwise_scale_inv, k, m, b, 1)  # (k, m / b)
+            gathered = all_gather(scale_inv.t().contiguous())  # (M / b, k)
+            inner["_columnwise_scale_inv"] = _pad_scale_inv(gathered.t(), 1)
+        quantizer = q.with_internal(True)
+        return Float8BlockwiseQTensorStorage(
+            inner, quantizer=quantizer, dtype=self._dtype, shape=(m * parts, k)
+        )
+
 
 def _scale_inv_shape(rows: Any, cols: Any, block_len: int, dim: int) -> tuple[Any, Any]:
     """Padded scale shape for a (rows, cols) matrix whose blocks run along cols."""
@@ -142,6 +183,9 @@ class Float8BlockQuantizer(Quantizer):
     block_scaling_dim: int = 1
     force_pow_2_scales: bool = True
     amax_epsilon: float = 0.0
+    # Extension: sequence-parallel all-gathers move codes and scales (True, TE's way)
+    # or the high-precision tensor (False): the same bits (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     storage_cls: ClassVar[type] = Float8BlockwiseQTensorStorage
     wrapper_cls: ClassVar[type] = Float8BlockwiseQTensor
@@ -159,6 +203,7 @@ class Float8BlockQuantizer(Quantizer):
             "amax_epsilon": check_float(owner, "amax_epsilon", self.amax_epsilon),
         }
         check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         for name, value in checked.items():  # exact ints/floats (an IntEnum becomes int)
             object.__setattr__(self, name, value)
 

@@ -14,7 +14,7 @@ row (rowwise) or column (columnwise) entry the tile spans.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -69,6 +69,43 @@ class _MXFP8Data(RowwiseColumnwisePairs):
         scale_inv = e8m0_to_float(codes[: m // rows, : k // cols])
         return apply_block_scale(values, scale_inv, rows, cols).reshape(self.shape)
 
+    def gathered_rows(
+        self,
+        all_gather: Callable[[torch.Tensor], torch.Tensor],
+        parts: int,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+    ) -> MXFP8TensorStorage:
+        """Every rank's shard concatenated along dim 0, 2-D, with the usages asked for
+        (this shard must hold them): ``all_gather(t)`` gathers a contiguous ``t`` of each
+        rank along dim 0. Codes and
+        E8M0 scales move unpadded (rowwise 1x32 blocks lie within a row; columnwise 32x1
+        blocks within a shard of a multiple of 32 rows), then the scales are padded as a
+        whole tensor's are: the bits of the whole tensor quantized at once."""
+        if self._quantizer.with_2d_quantization:
+            raise ValueError("MXFP8 with 32x32 tiles (with_2d_quantization) is not gathered")
+        m, k = matrix_dims(self.shape)
+        total = m * parts
+        inner: dict[str, torch.Tensor] = {}
+        for usage, prefix in ((False, "_rowwise"), (True, "_columnwise")):
+            if not (columnwise if usage else rowwise):
+                continue
+            if not (self.columnwise_usage if usage else self.rowwise_usage):
+                raise ValueError(f"MXFP8: this shard holds no {prefix[1:]} data to gather")
+            rows, cols = _block_shape(usage)
+            data = all_gather(getattr(self, prefix + "_data").reshape(m, k).contiguous())
+            codes = getattr(self, prefix + "_scale_inv")[: m // rows, : k // cols]
+            codes = all_gather(codes.contiguous())
+            if usage:
+                codes = pad_2d(codes, round_up(total // MXFP8_BLOCK, 4), round_up(k, 128))
+            else:
+                codes = pad_2d(codes, round_up(total, 128), round_up(k // MXFP8_BLOCK, 4))
+            inner[prefix + "_data"] = data
+            inner[prefix + "_scale_inv"] = codes
+        quantizer = self._quantizer.with_internal(True)
+        return MXFP8TensorStorage(inner, quantizer=quantizer, dtype=self._dtype, shape=(total, k))
+
 
 class MXFP8TensorStorage(_MXFP8Data, QuantizedStorage):
     """Bare MXFP8 value."""
@@ -85,6 +122,9 @@ class MXFP8Quantizer(Quantizer):
 
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
     with_2d_quantization: bool = False
+    # Extension: sequence-parallel all-gathers move MXFP8 codes and scales (True, TE's
+    # way) or the high-precision tensor (False): the same bits (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     storage_cls: ClassVar[type] = MXFP8TensorStorage
     wrapper_cls: ClassVar[type] = MXFP8Tensor
@@ -94,6 +134,7 @@ class MXFP8Quantizer(Quantizer):
         super()._init_fields()
         require_fp8_dtype("MXFP8Quantizer", self.fp8_dtype)
         check_bool("MXFP8Quantizer", "with_2d_quantization", self.with_2d_quantization)
+        check_bool("MXFP8Quantizer", "fp8_all_gather", self.fp8_all_gather)
 
     def check_shape(self, shape: Sequence[Any]) -> None:
         super().check_shape(shape)

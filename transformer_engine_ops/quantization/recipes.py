@@ -13,7 +13,7 @@ TE's default (TE reads a few defaults from ``NVTE_*`` environment variables when
 class is defined; so do these). A value this library does not implement raises
 ``NotImplementedError`` naming the argument; a value TE itself refuses raises
 ``ValueError``. Nothing is silently ignored. Extensions of this library (``block_len``,
-``amax_epsilon``) are keyword-only, after TE's arguments.
+``amax_epsilon``, ``fp8_all_gather``) are keyword-only, after TE's arguments.
 """
 
 from __future__ import annotations
@@ -283,10 +283,14 @@ class Float8CurrentScaling(Recipe):
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
     _: dataclasses.KW_ONLY
     amax_epsilon: float = 0.0  # extension: floor of the amax a scale is computed from
+    # Extension: sequence-parallel all-gathers move FP8 (True, TE's way) or the
+    # high-precision tensor (False); the same results, other bytes (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     def __post_init__(self) -> None:
         owner = self._owner()
         check_bool(owner, "use_power_2_scales", self.use_power_2_scales)
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         self._check_format("fp8_format", (Format.E4M3, Format.HYBRID))
         self._check_gemms()
         self._check_common()
@@ -297,6 +301,7 @@ class Float8CurrentScaling(Recipe):
             fp8_dtype=self.fp8_format.dtype_for(role),
             force_pow_2_scales=self.use_power_2_scales,
             amax_epsilon=self.amax_epsilon,
+            fp8_all_gather=self.fp8_all_gather,
         )
 
 
@@ -311,9 +316,14 @@ class MXFP8BlockScaling(Recipe):
     fp8_mha: bool = False
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
     enable_2d_quantization: bool = False
+    _: dataclasses.KW_ONLY
+    # Extension: sequence-parallel all-gathers move MXFP8 codes and scales (True, TE's
+    # way) or the high-precision tensor (False); the same results (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     def __post_init__(self) -> None:
         owner = self._owner()
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         self._set("margin", check_int(owner, "margin", self.margin, 0, 64))
         if self.margin != 0:
             raise NotImplementedError(f"{owner}: margin={self.margin} is not implemented; use 0")
@@ -325,7 +335,11 @@ class MXFP8BlockScaling(Recipe):
         """With ``enable_2d_quantization`` the weight gets 32x32 tiles (as TE's recipe
         state gives its Linear and GroupedLinear weights)."""
         two_d = self.enable_2d_quantization and role == "weight"
-        return MXFP8Quantizer(fp8_dtype=self.fp8_format.dtype_for(role), with_2d_quantization=two_d)
+        return MXFP8Quantizer(
+            fp8_dtype=self.fp8_format.dtype_for(role),
+            with_2d_quantization=two_d,
+            fp8_all_gather=self.fp8_all_gather,
+        )
 
 
 @dataclasses.dataclass
@@ -346,6 +360,9 @@ class Float8BlockScaling(Recipe):
     _: dataclasses.KW_ONLY
     block_len: int = 128  # extension: the block edge (TE's kernels use 128)
     amax_epsilon: float = 0.0  # extension: floor of each block's amax
+    # Extension: sequence-parallel all-gathers move codes and scales (True, TE's way)
+    # or the high-precision tensor (False); the same results (docs/distributed.md).
+    fp8_all_gather: bool = True
 
     _DIMS: ClassVar[tuple[str, ...]] = (
         "x_block_scaling_dim",
@@ -367,6 +384,7 @@ class Float8BlockScaling(Recipe):
         self._check_common()
         self._set("block_len", check_int(owner, "block_len", self.block_len, 1, MAX_BLOCK_LEN))
         self._set("amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon))
+        check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
 
     def make_quantizer(self, role: str) -> Quantizer:
         if _check_role(role) == "weight":
@@ -381,6 +399,7 @@ class Float8BlockScaling(Recipe):
             block_scaling_dim=dim,
             force_pow_2_scales=not self.use_f32_scales,
             amax_epsilon=self.amax_epsilon,
+            fp8_all_gather=self.fp8_all_gather,
         )
 
 
