@@ -76,3 +76,16 @@ class WeightWorkspace:
         # Eagerly made: ordinary memory at a fixed address, written in place from now
         # on. Made inside a graph: a graph output, replaced by the next keep.
         self.in_place = not torch.compiler.is_compiling()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ``buffers`` are ``value``'s own inner tensors: a copy (``copy.deepcopy`` of the
+        # module, pickling) takes them from the copied value, never copies them apart,
+        # or writes into the copy's buffers would miss the value its ops read.
+        return {"value": self.value, "layout": self.layout, "in_place": self.in_place}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.value, self.layout, self.in_place = state["value"], state["layout"], state["in_place"]
+        value = self.value
+        self.buffers = (
+            () if value is None else tuple(getattr(value, n) for n in value._present_names)
+        )
