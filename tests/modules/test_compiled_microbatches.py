@@ -394,16 +394,33 @@ def test_a_workspace_cached_without_grad_is_remade_by_a_compiled_call_that_needs
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kind", ["layernorm_mlp", "grouped_linear"])
-def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
-    """The same loop through Inductor (the recipes keep their op nodes on the CPU)."""
+@pytest.mark.parametrize(
+    ("kind", "warm_up"),
+    [
+        ("layernorm_mlp", False),
+        ("grouped_linear", False),
+        ("layernorm_mlp", True),
+        ("grouped_linear", True),
+    ],
+)
+def test_microbatch_loop_under_inductor_matches_eager(kind, warm_up, monkeypatch):
+    """The same loop through Inductor (the recipes keep their op nodes on the CPU); after
+    an eager warm-up, the flag-True graph writes the kept buffers in place (their
+    addresses never change)."""
     torch._dynamo.reset()
     counter = WeightQuantizations(monkeypatch)
     eager_module = build(kind)
     compiled_module = copy.deepcopy(eager_module)
+    make_recipe = RECIPES["NVFP4BlockScaling"]
+    for module in (eager_module, compiled_module) if warm_up else ():
+        torch.manual_seed(7)
+        forward_of(module)(
+            _input(99).requires_grad_(True), True, make_recipe()
+        ).float().sum().backward()
+        module.zero_grad(set_to_none=True)
+    addresses = [[b.data_ptr() for b in c.buffers] for c in weight_caches(compiled_module)]
     backend = CompileCounterWithBackend("inductor")
     compiled = torch.compile(forward_of(compiled_module), fullgraph=True, backend=backend)
-    make_recipe = RECIPES["NVFP4BlockScaling"]
     eager_mb, eager_steps = train(eager_module, forward_of(eager_module), make_recipe, counter)
     got_mb, got_steps = train(compiled_module, compiled, make_recipe, counter)
     for (y, dx), (y_ref, dx_ref) in zip(got_mb, eager_mb, strict=True):
@@ -411,7 +428,12 @@ def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
     for got, want in zip(got_steps, eager_steps, strict=True):
         assert all(torch.equal(g, g_ref) for g, g_ref in zip(got[0], want[0], strict=True))
         assert got[1] == want[1] == len(weights(eager_module))
+        for buffers, buffers_ref in zip(got[2], want[2], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(buffers, buffers_ref, strict=True))
     assert backend.frame_count == 2
+    if warm_up:
+        caches = weight_caches(compiled_module)
+        assert [[b.data_ptr() for b in c.buffers] for c in caches] == addresses
 
 
 @pytest.mark.parametrize("kind", KINDS)
