@@ -79,6 +79,20 @@ def test_a_workspace_made_without_grad_is_replaced_by_one_with_the_columnwise_da
     assert module._weight_workspace is not old and module._weight_workspace.columnwise_usage
 
 
+def test_a_workspace_made_under_inference_mode_is_replaced_not_written():
+    """torch refuses writes to inference tensors outside ``inference_mode``: such a
+    workspace is replaced by the next first microbatch, which then matches a fresh one."""
+    module, fresh = _linear(), _linear()
+    with torch.inference_mode(), te.autocast(recipe=recipe.Float8CurrentScaling()):
+        module(torch.randn(32, 64, dtype=torch.bfloat16), is_first_microbatch=True)
+    assert not module._weight_cache.in_place
+    _call(module, True)
+    _call(fresh, True)
+    assert module._weight_cache.in_place
+    for a, b in zip(module._weight_cache.buffers, fresh._weight_cache.buffers, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
 def test_a_copied_module_writes_into_its_own_kept_weight(how):
     """A copy keeps the invariant: its buffers are its own value's inner tensors, so a

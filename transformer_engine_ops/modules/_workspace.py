@@ -74,8 +74,10 @@ class WeightWorkspace:
             return
         self.value, self.buffers, self.layout = made, inner, layout
         # Eagerly made: ordinary memory at a fixed address, written in place from now
-        # on. Made inside a graph: a graph output, replaced by the next keep.
-        self.in_place = not torch.compiler.is_compiling()
+        # on (unless made under inference_mode: torch refuses writes to inference
+        # tensors outside it). Made inside a graph: a graph output, replaced by the next
+        # keep.
+        self.in_place = not torch.compiler.is_compiling() and not inner[0].is_inference()
 
     def __getstate__(self) -> dict[str, Any]:
         # ``buffers`` are ``value``'s own inner tensors: a copy (``copy.deepcopy`` of the
