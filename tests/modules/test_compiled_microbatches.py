@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 import torch
 from family_cases import make
+from functorch.compile import make_boxed_func
 from module_cases import graph_breaks
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
 from transformer_engine_ops import recipe
@@ -220,6 +223,115 @@ def test_microbatch_loop_compiles_one_graph_per_flag_and_matches_eager(kind, nam
     assert nodes and all(n.op == "placeholder" for n in nodes), read
 
 
+def weight_caches(module: torch.nn.Module) -> list[Any]:
+    """Every ``WeightWorkspace`` the module keeps its cached quantized weights in."""
+    inner = getattr(module, "inner", module)
+    if isinstance(inner, te.GroupedLinear):
+        return list(inner._weight_caches)
+    if isinstance(inner, te.LayerNormMLP):
+        return [inner._fc1_weight_cache, inner._fc2_weight_cache]
+    return [inner._weight_cache]
+
+
+class StaticInputsBackend:
+    """``aot_eager``, recording for each captured graph what CUDA-graph trees decide
+    on (``cudagraph_utils.check_for_mutation``: a graph that mutates an input which is
+    not a static input is run without CUDA graphs): the placeholders Dynamo marked
+    static, and for the forward graph AOTAutograd made, the inputs it mutates and the
+    static input indices Inductor hands to ``cudagraphify``."""
+
+    def __init__(self) -> None:
+        self.graphs: list[dict[str, Any]] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        record: dict[str, Any] = {"gm": gm}
+        record["dynamo_static"] = {
+            node._dynamo_source.name: bool(
+                node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+            )
+            for node in gm.graph.find_nodes(op="placeholder")
+        }
+        self.graphs.append(record)
+
+        def forward_compiler(fw: torch.fx.GraphModule, inputs: Any) -> Any:
+            placeholders = list(fw.graph.find_nodes(op="placeholder"))
+            record["mutated"] = [
+                placeholders.index(node.args[0])
+                for node in fw.graph.nodes
+                if node.op == "call_function"
+                and node.target is torch.ops.aten.copy_.default
+                and node.args[0].op == "placeholder"
+            ]
+            record["static"] = set(
+                torch._guards.TracingContext.get().fw_metadata.static_input_indices
+            )
+            return make_boxed_func(fw)
+
+        return aot_autograd(
+            fw_compiler=forward_compiler,
+            bw_compiler=lambda bw, inputs: make_boxed_func(bw),
+            keep_inference_input_mutations=True,  # as Inductor asks
+        )(gm, example_inputs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_workspace_made_eagerly_is_written_in_place_by_the_compiled_first_microbatch(
+    kind, monkeypatch
+):
+    """What ``mode="reduce-overhead"`` needs (docs/te.md, departure 9): after one eager
+    caching call (the warm-up CUDA graphs are given), the workspace stays at its
+    addresses; the flag-True graph writes the fresh quantized weights into them (a
+    mutation of static inputs only, which CUDA-graph trees replay in place) and the
+    flag-False graph reads them as static inputs. One graph per flag, eager's bits."""
+    torch._dynamo.reset()
+    counter = WeightQuantizations(monkeypatch)
+    eager_module = build(kind)
+    compiled_module = copy.deepcopy(eager_module)
+    make_recipe = recipe.Float8CurrentScaling
+    for module in (eager_module, compiled_module):  # the eager warm-up
+        forward_of(module)(
+            _input(99).requires_grad_(True), True, make_recipe()
+        ).float().sum().backward()
+        module.zero_grad(set_to_none=True)
+    caches = weight_caches(compiled_module)
+    assert all(cache.in_place for cache in caches)
+    kept = [cache.value for cache in caches]
+    addresses = [[b.data_ptr() for b in cache.buffers] for cache in caches]
+    backend = StaticInputsBackend()
+    compiled = torch.compile(forward_of(compiled_module), fullgraph=True, backend=backend)
+
+    eager_mb, eager_steps = train(eager_module, forward_of(eager_module), make_recipe, counter)
+    got_mb, got_steps = train(compiled_module, compiled, make_recipe, counter)
+
+    for (y, dx), (y_ref, dx_ref) in zip(got_mb, eager_mb, strict=True):
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    for got, want in zip(got_steps, eager_steps, strict=True):
+        assert all(torch.equal(g, g_ref) for g, g_ref in zip(got[0], want[0], strict=True))
+        assert got[1] == want[1] == len(weights(eager_module))
+        for buffers, buffers_ref in zip(got[2], want[2], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(buffers, buffers_ref, strict=True))
+    # Both steps refreshed the same workspace objects, at the warm-up's addresses.
+    assert all(cache.value is value for cache, value in zip(caches, kept, strict=True))
+    assert all(a is b for a, b in zip(got_steps[1][3], kept, strict=True))
+    assert [[b.data_ptr() for b in cache.buffers] for cache in caches] == addresses
+
+    assert len(backend.graphs) == 2
+    by_flag = {}
+    for record in backend.graphs:
+        (call,) = _forward_op_calls(record["gm"])
+        by_flag[call["is_first_microbatch"]] = record
+    first, later = by_flag[True], by_flag[False]
+    # Every kept buffer (True: written; False: read) enters as a static input.
+    for record in (first, later):
+        cached = {n: s for n, s in record["dynamo_static"].items() if "weight_cache" in n}
+        assert cached and all(cached.values()), record["dynamo_static"]
+    # True writes each kept buffer, and only static inputs; False writes nothing.
+    n_buffers = sum(len(cache.buffers) for cache in caches)
+    assert len(first["mutated"]) == n_buffers
+    assert set(first["mutated"]) <= first["static"]
+    assert later["mutated"] == []
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_false_before_any_true_quantizes_and_keeps_the_workspace_as_te_does(kind, monkeypatch):
     """TE's cache miss: ``is_first_microbatch=False`` with nothing cached quantizes the
@@ -282,16 +394,33 @@ def test_a_workspace_cached_without_grad_is_remade_by_a_compiled_call_that_needs
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kind", ["layernorm_mlp", "grouped_linear"])
-def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
-    """The same loop through Inductor (the recipes keep their op nodes on the CPU)."""
+@pytest.mark.parametrize(
+    ("kind", "warm_up"),
+    [
+        ("layernorm_mlp", False),
+        ("grouped_linear", False),
+        ("layernorm_mlp", True),
+        ("grouped_linear", True),
+    ],
+)
+def test_microbatch_loop_under_inductor_matches_eager(kind, warm_up, monkeypatch):
+    """The same loop through Inductor (the recipes keep their op nodes on the CPU); after
+    an eager warm-up, the flag-True graph writes the kept buffers in place (their
+    addresses never change)."""
     torch._dynamo.reset()
     counter = WeightQuantizations(monkeypatch)
     eager_module = build(kind)
     compiled_module = copy.deepcopy(eager_module)
+    make_recipe = RECIPES["NVFP4BlockScaling"]
+    for module in (eager_module, compiled_module) if warm_up else ():
+        torch.manual_seed(7)
+        forward_of(module)(
+            _input(99).requires_grad_(True), True, make_recipe()
+        ).float().sum().backward()
+        module.zero_grad(set_to_none=True)
+    addresses = [[b.data_ptr() for b in c.buffers] for c in weight_caches(compiled_module)]
     backend = CompileCounterWithBackend("inductor")
     compiled = torch.compile(forward_of(compiled_module), fullgraph=True, backend=backend)
-    make_recipe = RECIPES["NVFP4BlockScaling"]
     eager_mb, eager_steps = train(eager_module, forward_of(eager_module), make_recipe, counter)
     got_mb, got_steps = train(compiled_module, compiled, make_recipe, counter)
     for (y, dx), (y_ref, dx_ref) in zip(got_mb, eager_mb, strict=True):
@@ -299,7 +428,12 @@ def test_microbatch_loop_under_inductor_matches_eager(kind, monkeypatch):
     for got, want in zip(got_steps, eager_steps, strict=True):
         assert all(torch.equal(g, g_ref) for g, g_ref in zip(got[0], want[0], strict=True))
         assert got[1] == want[1] == len(weights(eager_module))
+        for buffers, buffers_ref in zip(got[2], want[2], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(buffers, buffers_ref, strict=True))
     assert backend.frame_count == 2
+    if warm_up:
+        caches = weight_caches(compiled_module)
+        assert [[b.data_ptr() for b in c.buffers] for c in caches] == addresses
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -359,3 +493,58 @@ def test_transformer_layer_microbatch_loop_compiles_two_graphs_and_matches_eager
     assert all(w is not None for w in workspaces(mlps[0]))
     assert backend.frame_count == 2
     assert graph_breaks() == breaks
+
+
+def _cuda_graph_schedule(module, forward, make_recipe):
+    """``STEPS`` steps of ``SCHEDULE`` on CUDA, each microbatch's output and gradients
+    cloned as soon as it ran (CUDA-graph trees reuse their outputs' memory), then an
+    SGD update from the last microbatch's weight gradients."""
+    results = []
+    recipe_value = make_recipe()
+    for s in range(STEPS):
+        for i, first in enumerate(SCHEDULE):
+            module.zero_grad(set_to_none=True)
+            x = _input(10 * s + i).cuda().requires_grad_(True)
+            torch.manual_seed(1000 + 10 * s + i)  # stochastic rounding's (seed, offset)
+            y = forward(x, first, recipe_value)
+            y.float().sum().backward()
+            results.append(
+                (y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in module.parameters()))
+            )
+        with torch.no_grad():
+            for p in module.parameters():
+                p.sub_(0.5 * p.grad)
+    return results
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_microbatch_loop_under_cuda_graphs_matches_eager(kind, name):
+    """``mode="reduce-overhead"`` after one eager warm-up (which makes the workspaces
+    in ordinary memory): every microbatch of two steps bitwise equal to eager, no
+    CUDA-graph skip, the kept buffers never moved (the True graph writes them in
+    place, docs/te.md, departure 9)."""
+    torch._dynamo.reset()
+    eager_module = build(kind).cuda()
+    compiled_module = copy.deepcopy(eager_module)
+    for module in (eager_module, compiled_module):  # the eager warm-up
+        x = _input(99).cuda().requires_grad_(True)
+        torch.manual_seed(7)
+        forward_of(module)(x, True, RECIPES[name]()).float().sum().backward()
+    caches = weight_caches(compiled_module)
+    addresses = [[b.data_ptr() for b in cache.buffers] for cache in caches]
+    compiled = torch.compile(forward_of(compiled_module), fullgraph=True, mode="reduce-overhead")
+    skips, breaks = counters["inductor"]["cudagraph_skips"], graph_breaks()
+
+    want = _cuda_graph_schedule(eager_module, forward_of(eager_module), RECIPES[name])
+    got = _cuda_graph_schedule(compiled_module, compiled, RECIPES[name])
+    torch.cuda.synchronize()
+
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        for j, (t, t_ref) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(t, t_ref), f"microbatch {i}: tensor {j} differs"
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert graph_breaks() == breaks
+    assert [[b.data_ptr() for b in cache.buffers] for cache in caches] == addresses

@@ -245,29 +245,7 @@ def test_te_linear_compile_with_fp8_output(compile_mode):
             )
 
 
-# Marked change (docs/te.md, departure 9): under CUDA graphs the cached weight is an
-# output of the flag-True graph, which CUDA graph trees reclaim when the next step starts,
-# so a later flag-False replay reads freed memory and torch raises. The fix is a static
-# workspace the True graph copies into (a buffer mutation), not done yet.
-_caching_modes = [
-    _compile_modes[0],
-    pytest.param(
-        "reduce-overhead",
-        id="reduce-overhead",
-        marks=(
-            pytest.mark.gpu,
-            pytest.mark.xfail(
-                raises=RuntimeError,
-                strict=True,
-                reason="the cached weight is a CUDA-graph output that the next generation "
-                "overwrites (docs/te.md, departure 9)",
-            ),
-        ),
-    ),
-]
-
-
-@pytest.mark.parametrize("compile_mode", _caching_modes)
+@pytest.mark.parametrize("compile_mode", _compile_modes)
 def test_te_linear_compile_is_first_microbatch(compile_mode):
     """``te.Linear`` across a microbatch schedule that caches the FP8 weight
     (``is_first_microbatch``) stays aligned with eager under compile."""

@@ -65,6 +65,7 @@ from ._call import (
     zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling
+from ._workspace import WeightWorkspace
 from .autocast import STATE
 
 
@@ -214,7 +215,8 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
-        self._weight_workspaces: list[Any] | None = None
+        # One quantized weight per GEMM, kept across microbatches (``is_first_microbatch``).
+        self._weight_caches = [WeightWorkspace() for _ in range(num_gemms)]
         # Every rank draws the same full weights (same init_method, or the default init
         # on an identically seeded RNG) and keeps its shard, so a single-process module
         # built the same way holds the concatenation of the shards.
@@ -358,7 +360,17 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         microbatches reuse them without running the weight quantizers (TE's contract: a
         weight changed in place is seen at the next first microbatch)."""
         if any(m is not None for m in made):
-            self._weight_workspaces = list(made)
+            quantizers = args.weight_quantizers
+            for cache, weight, quantizer in zip(self._weight_caches, made, quantizers, strict=True):
+                cache.keep(weight, quantizer)
+
+    @property
+    def _weight_workspaces(self) -> list[Any] | None:
+        """The kept quantized weights, one per GEMM (None until a caching call made
+        them; None for a GEMM whose weight that call did not quantize)."""
+        if all(cache.value is None for cache in self._weight_caches):
+            return None
+        return [cache.value for cache in self._weight_caches]
 
     def extra_repr(self) -> str:
         text = (

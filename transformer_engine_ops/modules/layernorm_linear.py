@@ -36,6 +36,7 @@ from ._call import (
     recipe_gemm_fields,
 )
 from ._wgrad import WgradScheduling
+from ._workspace import WeightWorkspace
 from .autocast import STATE
 from .linear import _check_parallelism
 
@@ -165,7 +166,8 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         else:
             self.register_parameter("bias", None)
-        self._weight_workspace: Any = None
+        # The quantized weight kept across microbatches (``is_first_microbatch``).
+        self._weight_cache = WeightWorkspace()
         self._teops_init_methods = (init_method,)
 
     def reset_parameters(self) -> None:
@@ -276,8 +278,14 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     def _keep_weight_workspace(self, args: LayerNormLinearFwdArgs, kept: tuple[Any, ...]) -> None:
         """Keep the quantized weight a first microbatch made (the forward's saved value
         4: mu, rsigma, ln_out, GEMM input, GEMM weight); later microbatches
-        (``is_first_microbatch=False``) reuse it without quantizing, compiled too."""
-        (self._weight_workspace,) = kept
+        (``is_first_microbatch=False``) reuse it without quantizing, compiled too
+        (written into the kept buffers where an eager call made them)."""
+        self._weight_cache.keep(kept[0], args.weight_quantizer)
+
+    @property
+    def _weight_workspace(self) -> Any:
+        """The kept quantized weight (None until a caching call made one)."""
+        return self._weight_cache.value
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)

@@ -34,6 +34,7 @@ from ._call import (
     recipe_gemm_fields,
 )
 from ._wgrad import WgradScheduling
+from ._workspace import WeightWorkspace
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
@@ -155,8 +156,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         else:
             self.register_parameter("fc2_bias", None)
         # The quantized weights kept across microbatches (``is_first_microbatch``).
-        self._fc1_weight_workspace: Any = None
-        self._fc2_weight_workspace: Any = None
+        self._fc1_weight_cache = WeightWorkspace()
+        self._fc2_weight_cache = WeightWorkspace()
         self._teops_init_methods = (init_method, output_layer_init_method)
 
     def reset_parameters(self) -> None:
@@ -303,12 +304,23 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         """Keep the quantized weights a call made where it had no workspace (the saved
         values 6 and 8, fc1's and fc2's weights, of mu, rsigma, ln_out, fc1_out,
         act_out, fc1 input, fc1 weight, fc2 input, fc2 weight), with every usage they
-        were made with, for the later microbatches (compiled too)."""
+        were made with, for the later microbatches (compiled too; written into the
+        kept buffers where an eager call made them)."""
         fc1, fc2 = kept
         if args.fc1_weight_workspace is None and fc1 is not None:
-            self._fc1_weight_workspace = fc1
+            self._fc1_weight_cache.keep(fc1, args.fc1_weight_quantizer)
         if args.fc2_weight_workspace is None and fc2 is not None:
-            self._fc2_weight_workspace = fc2
+            self._fc2_weight_cache.keep(fc2, args.fc2_weight_quantizer)
+
+    @property
+    def _fc1_weight_workspace(self) -> Any:
+        """fc1's kept quantized weight (None until a caching call made one)."""
+        return self._fc1_weight_cache.value
+
+    @property
+    def _fc2_weight_workspace(self) -> Any:
+        """fc2's kept quantized weight (None until a caching call made one)."""
+        return self._fc2_weight_cache.value
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.fc2_weight, self.fc1_weight)  # TE's backward_dw: fc2's GEMM first

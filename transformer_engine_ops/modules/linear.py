@@ -34,6 +34,7 @@ from ._call import (
     zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling
+from ._workspace import WeightWorkspace
 from .autocast import STATE, RecipeQuantizers
 
 
@@ -180,7 +181,8 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             if bias
             else None
         )
-        self._weight_workspace: Any = None
+        # The quantized weight kept across microbatches (``is_first_microbatch``).
+        self._weight_cache = WeightWorkspace()
         self._teops_init_methods = (init_method,)
 
     def reset_parameters(self) -> None:
@@ -291,11 +293,17 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             return out, None if bias is None else bias.to(args.activation_dtype)
         return out
 
+    @property
+    def _weight_workspace(self) -> Any:
+        """The kept quantized weight (None until a caching call made one)."""
+        return self._weight_cache.value
+
     def _keep_weight_workspace(self, args: LinearFwdArgs, kept: tuple[Any, ...]) -> None:
         """Keep the quantized weight a first microbatch made (the forward's saved value
         1); later microbatches reuse it without quantizing. Compiled too: the graph
-        hands the weight out and this runs in the traced frame (one graph per flag)."""
-        (self._weight_workspace,) = kept
+        hands the weight out and this runs in the traced frame (one graph per flag),
+        writing it into the kept buffers where an eager call made them."""
+        self._weight_cache.keep(kept[0], args.weight_quantizer)
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)
