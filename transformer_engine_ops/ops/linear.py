@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.quantization.gemm import gemm, half_product
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
+from transformer_engine_ops.runtime import comm_overlap
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
@@ -310,6 +311,15 @@ def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArg
     return x
 
 
+def _overlap_group(args: LinearFwdArgs | LinearBwdArgs, sp_comm: bool, *operands: Any) -> Any:
+    """The TP group when this call's sequence-parallel collective runs fused with the GEMM
+    beside it (``runtime/comm_overlap.py``: opted in, NCCL, plain CUDA operands); else None."""
+    if not sp_comm:
+        return None
+    group = _group(args)
+    return group if comm_overlap.fused_reason(group, *operands) is None else None
+
+
 def _check_forward_input(args: LinearFwdArgs) -> None:
     """What the GEMM needs of the input, checked before any work so that the real kernel
     and the spec fake (under torch.compile) raise the same message."""
@@ -440,7 +450,10 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
-    if plan.gather_input:
+    sp_comm = plan.gather_input or plan.reduce_output == "reduce_scatter"
+    hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
+    overlap = _overlap_group(args, sp_comm and hp_gemm, x, args.weight)
+    if plan.gather_input and overlap is None:
         # High-precision gather, then quantize (TE gathers the FP8 input instead).
         x = _all_gather_rows(x, args)
     if args.input_quantizer is not None:
@@ -459,18 +472,23 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     bias = args.bias
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
-    out = gemm(
-        weight,
-        x,
-        layout="TN",
-        out_dtype=args.activation_dtype,
-        bias=None if plan.reduce_output else bias,
-        use_split_accumulator=args.fprop_gemm.use_split_accumulator,
-    )
-    if plan.reduce_output:
-        # Row parallel: sum the partial products, then add the (full) bias once, in
-        # fp32 as the GEMM epilogue does.
+    if overlap is not None and plan.gather_input:
+        _, out = comm_overlap.all_gather_matmul(x, weight.t(), overlap, return_gathered=False)
+    elif overlap is not None:
+        out = comm_overlap.matmul_reduce_scatter(x, weight.t(), overlap)
+    else:
+        out = gemm(
+            weight,
+            x,
+            layout="TN",
+            out_dtype=args.activation_dtype,
+            bias=None if plan.reduce_output else bias,
+            use_split_accumulator=args.fprop_gemm.use_split_accumulator,
+        )
         out = _reduce(out, plan.reduce_output, args)
+    if plan.reduce_output or overlap is not None:
+        # Row parallel (or a fused GEMM, which takes no bias): add the (full) bias once,
+        # after the reduction, in fp32 as the GEMM epilogue does.
         if bias is not None:
             dtype = math_dtype(out.dtype)
             out = (out.to(dtype) + bias.to(dtype)).to(args.activation_dtype)
@@ -629,9 +647,17 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         dy = grad_output
     else:
         dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
-    if plan.gather_grad_output:
-        dy = _all_gather_rows(dy, args)
     quantized = _backward_quantized(args)
+    weight = dgrad = None
+    if args.requires_dgrad:
+        weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
+    sp_comm = plan.gather_grad_output or plan.reduce_dgrad == "reduce_scatter"
+    overlap = _overlap_group(args, sp_comm and args.requires_dgrad and not quantized, dy, weight)
+    if plan.gather_grad_output and overlap is not None:
+        # Row parallel: the gathered dy also feeds wgrad and the bias grad below.
+        dy, dgrad = comm_overlap.all_gather_matmul(dy, weight, overlap, return_gathered=True)
+    elif plan.gather_grad_output:
+        dy = _all_gather_rows(dy, args)
     dy_gemm = dy
     bgrad = None
     if quantized:
@@ -650,17 +676,19 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
                 dy_gemm, bgrad = quantized_dy
             else:
                 dy_gemm = quantized_dy
-    dgrad = wgrad = None
+    wgrad = None
     if args.requires_dgrad:
-        weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
-        dgrad = gemm(
-            weight,
-            dy_gemm,
-            layout="NN",
-            out_dtype=dtype,
-            use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
-        )
-        dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
+        if overlap is not None and plan.reduce_dgrad == "reduce_scatter":
+            dgrad = comm_overlap.matmul_reduce_scatter(dy_gemm, weight, overlap)
+        elif dgrad is None:  # (a fused all-gather computed it above)
+            dgrad = gemm(
+                weight,
+                dy_gemm,
+                layout="NN",
+                out_dtype=dtype,
+                use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
+            )
+            dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
         if len(args.inp_shape) != 2:  # a 2-D input's gradient has its shape already
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:

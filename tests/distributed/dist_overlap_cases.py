@@ -1,0 +1,122 @@
+"""What each rank runs for the comm-GEMM overlap tests (``runtime/comm_overlap.py``),
+dispatched from ``dist_cases.run_case``.
+
+Each case runs one training step of a sequence-parallel module with overlap off, then
+enables it for the TP group and runs the same step eagerly and compiled (fullgraph,
+three steps, one graph, no break). Compiled always equals eager overlapped, bit for
+bit. Against the non-overlapped step: on gloo (and for FP8 GEMMs, which the fused ops
+do not take) the calls fall back to the plain collective and GEMM, so the results are
+bitwise equal and no fused op runs; on NCCL the bf16 calls run the symmetric-memory
+fused ops (counted) and agree within bf16 GEMM rounding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from dist_cases import (
+    RECIPES,
+    SEED,
+    World,
+    _assert_equal,
+    _chunk,
+    _compiled_matches_eager,
+    _rel_error,
+    _step,
+)
+
+import transformer_engine_ops as te
+from transformer_engine_ops.runtime import comm_overlap
+
+SEQ, BATCH, HIDDEN, FFN = 8, 2, 64, 128
+
+OVERLAP = [f"overlap-{kind}-{recipe}" for kind in ("column", "row", "mlp") for recipe in RECIPES]
+# Overlapped vs non-overlapped on NCCL, relative Frobenius error (bf16 GEMMs chunked
+# by rank, and the reduce-scatter summed in another order).
+NCCL_TOL = 2e-2
+
+
+def _module(w: World, kind: str) -> torch.nn.Module:
+    torch.manual_seed(SEED)
+    common = dict(tp_group=w.group, tp_size=w.size, sequence_parallel=True)
+    common.update(params_dtype=torch.bfloat16, device=w.device)
+    if kind == "mlp":
+        return te.LayerNormMLP(HIDDEN, FFN, set_parallel_mode=True, **common)
+    return te.Linear(HIDDEN, FFN if kind == "column" else HIDDEN, parallel_mode=kind, **common)
+
+
+def _inputs(w: World, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's input and output gradient: sequence shards where SP shards them."""
+    gen = torch.Generator().manual_seed(SEED + 11)
+    x = torch.randn(SEQ, BATCH, HIDDEN, generator=gen)
+    out_features = FFN if kind == "column" else HIDDEN
+    dy = torch.randn(SEQ, BATCH, out_features, generator=gen)
+    r, n = w.rank, w.size
+    if kind == "column":  # sequence-sharded input, feature-sharded output
+        x, dy = _chunk(x, 0, r, n), _chunk(dy, -1, r, n)
+    elif kind == "row":  # feature-sharded input, sequence-sharded output
+        x, dy = _chunk(x, -1, r, n), _chunk(dy, 0, r, n)
+    else:  # LayerNormMLP: sequence shards in and out
+        x, dy = _chunk(x, 0, r, n), _chunk(dy, 0, r, n)
+    return x.to(torch.bfloat16).to(w.device), dy.to(torch.bfloat16).to(w.device)
+
+
+class _CountFused:
+    """Counts calls of the fused ops for the duration of a ``with`` block."""
+
+    def __enter__(self) -> Counter:
+        self.saved = comm_overlap.all_gather_matmul, comm_overlap.matmul_reduce_scatter
+        self.calls: Counter = Counter()
+        ag, rs = self.saved
+
+        def all_gather_matmul(*args: Any, **kwargs: Any) -> Any:
+            self.calls["all_gather_matmul"] += 1
+            return ag(*args, **kwargs)
+
+        def matmul_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
+            self.calls["matmul_reduce_scatter"] += 1
+            return rs(*args, **kwargs)
+
+        comm_overlap.all_gather_matmul = all_gather_matmul
+        comm_overlap.matmul_reduce_scatter = matmul_reduce_scatter
+        return self.calls
+
+    def __exit__(self, *exc: Any) -> None:
+        comm_overlap.all_gather_matmul, comm_overlap.matmul_reduce_scatter = self.saved
+
+
+def run_overlap_case(w: World, name: str) -> dict[str, Any]:
+    _, kind, recipe = name.split("-", 2)
+    module = _module(w, kind)
+    params = list(module.parameters())
+    names = ["output", "input grad"] + [f"{n} grad" for n, _ in module.named_parameters()]
+    x, dy = _inputs(w, kind)
+    assert not comm_overlap.enabled(w.group)
+    plain = _step(module, params, x, dy, recipe)
+    comm_overlap.enable(w.group)
+    try:
+        reason = comm_overlap.fused_reason(w.group, x)
+        with _CountFused() as calls:
+            overlapped, info = _compiled_matches_eager(
+                module, params, x, dy, recipe, "aot_eager", None, names
+            )
+    finally:
+        comm_overlap.disable(w.group)
+    assert not comm_overlap.enabled(w.group)
+    info["fused_reason"] = reason
+    info["fused_calls"] = dict(calls)
+    fused = reason is None and RECIPES[recipe] is None
+    if not fused:
+        assert not calls, f"a fused op ran although {reason or recipe} rules it out: {calls}"
+        _assert_equal(overlapped, plain, names)
+        return info
+    # One eager and three compiled steps; each runs every SP collective of the module.
+    per_step = {"column": 2, "row": 2, "mlp": 4}[kind]
+    assert sum(calls.values()) == 4 * per_step, dict(calls)
+    errors = {n: _rel_error(o, p) for n, o, p in zip(names, overlapped, plain, strict=True)}
+    info["rel_error_vs_plain"] = errors
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= NCCL_TOL, f"{worst}: overlapped vs plain {errors[worst]:.3g}"
+    return info
