@@ -1,6 +1,6 @@
 """``runtime/comm_overlap.py`` on a one-rank group: the per-group switch, the reasons a
 call falls back to the plain collective and GEMM, and (``gpu``) the fused
-symmetric-memory ops on a one-rank NCCL group against a plain GEMM. The two-rank
+symmetric-memory ops on a one-rank NCCL group against a plain (or FP8) GEMM. The two-rank
 behaviour inside the ops is ``tests/distributed/test_overlap_distributed.py``."""
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ def test_fallback_reasons(group: dist.ProcessGroup) -> None:
     assert comm_overlap.fused_reason(group, x) == ("symmetric memory needs an NCCL group, not gloo")
 
 
+@pytest.mark.parametrize("group", ["cpu:gloo"], indirect=True)
+def test_a_per_device_backend_without_nccl_falls_back(group: dist.ProcessGroup) -> None:
+    comm_overlap.enable(group)
+    reason = comm_overlap.fused_reason(group, torch.ones(2, 2))
+    assert reason is not None and reason.startswith("symmetric memory needs an NCCL group")
+
+
 def test_a_non_group_is_refused() -> None:
     with pytest.raises(TypeError, match="expected a torch.distributed.ProcessGroup, got str"):
         comm_overlap.enable("tp")
@@ -69,3 +76,13 @@ def test_fused_ops_on_one_rank_equal_the_plain_gemm(group: dist.ProcessGroup) ->
     _, out = comm_overlap.all_gather_matmul(a, b, group, return_gathered=False)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(comm_overlap.matmul_reduce_scatter(a, b, group), want)
+    # FP8: row-major A, column-major B, tensorwise scales, as the FP8 GEMM passes them.
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+    scale_a = torch.full((1,), 0.5, device="cuda")
+    scale_b = torch.full((1,), 2.0, device="cuda")
+    want8 = torch._scaled_mm(a8, b8, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    got8 = comm_overlap.scaled_matmul_reduce_scatter(
+        a8, b8, scale_a, scale_b, group, out_dtype=torch.bfloat16, use_fast_accum=False
+    )
+    torch.testing.assert_close(got8, want8)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
-from transformer_engine_ops.quantization.gemm import gemm, half_product
+from transformer_engine_ops.quantization.gemm import _scaled_mm_operands, gemm, half_product
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime import comm_overlap
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
@@ -320,6 +320,38 @@ def _overlap_group(args: LinearFwdArgs | LinearBwdArgs, sp_comm: bool, *operands
     return group if comm_overlap.fused_reason(group, *operands) is None else None
 
 
+def _overlapped_reduce_scatter(
+    A: Any, B: Any, layout: str, config: GemmConfig, args: LinearFwdArgs | LinearBwdArgs
+) -> torch.Tensor | None:
+    """``gemm(A, B, layout)`` reduce-scattered along dim 0 by one fused op (plain, or FP8
+    with tensorwise scales: the operands ``gemm`` itself would pass ``_scaled_mm``), or
+    None where none serves (the caller runs the GEMM, then the collective)."""
+    group = _group(args)
+    if comm_overlap.fused_reason(group) is not None:
+        return None
+    if type(A) in _PLAIN_TENSORS and type(B) in _PLAIN_TENSORS:
+        right = A.t() if layout == "TN" else A  # TN: x @ W.t(); NN: dy @ W
+        if comm_overlap.fused_reason(group, B, right) is not None:
+            return None
+        return comm_overlap.matmul_reduce_scatter(B, right, group)
+    fp8 = _scaled_mm_operands(A, B, layout)
+    out_dtype = args.activation_dtype
+    if fp8 is None or out_dtype not in _CUDA_HALF or fp8[0].shape[0] % (16 * args.tp_size):
+        return None
+    a, b, scale_a, scale_b = fp8
+    if comm_overlap.fused_reason(group, a, b) is not None:
+        return None
+    return comm_overlap.scaled_matmul_reduce_scatter(
+        a,
+        b,
+        scale_a,
+        scale_b,
+        group,
+        out_dtype=out_dtype,
+        use_fast_accum=not config.use_split_accumulator,
+    )
+
+
 def _check_forward_input(args: LinearFwdArgs) -> None:
     """What the GEMM needs of the input, checked before any work so that the real kernel
     and the spec fake (under torch.compile) raise the same message."""
@@ -450,9 +482,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
-    sp_comm = plan.gather_input or plan.reduce_output == "reduce_scatter"
     hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
-    overlap = _overlap_group(args, sp_comm and hp_gemm, x, args.weight)
+    overlap = _overlap_group(args, plan.gather_input and hp_gemm, x, args.weight)
     if plan.gather_input and overlap is None:
         # High-precision gather, then quantize (TE gathers the FP8 input instead).
         x = _all_gather_rows(x, args)
@@ -472,11 +503,13 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     bias = args.bias
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
-    if overlap is not None and plan.gather_input:
+    out = None
+    if overlap is not None:
         _, out = comm_overlap.all_gather_matmul(x, weight.t(), overlap, return_gathered=False)
-    elif overlap is not None:
-        out = comm_overlap.matmul_reduce_scatter(x, weight.t(), overlap)
-    else:
+    elif plan.reduce_output == "reduce_scatter":
+        out = _overlapped_reduce_scatter(weight, x, "TN", args.fprop_gemm, args)
+    fused = out is not None
+    if not fused:
         out = gemm(
             weight,
             x,
@@ -486,7 +519,7 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
             use_split_accumulator=args.fprop_gemm.use_split_accumulator,
         )
         out = _reduce(out, plan.reduce_output, args)
-    if plan.reduce_output or overlap is not None:
+    if plan.reduce_output or fused:
         # Row parallel (or a fused GEMM, which takes no bias): add the (full) bias once,
         # after the reduction, in fp32 as the GEMM epilogue does.
         if bias is not None:
@@ -617,6 +650,12 @@ def _high_precision(value: Any, dtype: torch.dtype) -> Any:
     return value if value.dtype == dtype else value.to(dtype)
 
 
+def _wgrad_input(inputmat: Any, dtype: torch.dtype) -> torch.Tensor:
+    """The saved input as the high-precision (rows, k) matrix the wgrad GEMM reads."""
+    x = _high_precision(inputmat, dtype)
+    return x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1])
+
+
 def _check_no_double_backward(args: LinearBwdArgs) -> None:
     """A quantized backward is not differentiable (quantization has no useful second
     derivative, and the GEMMs read quantized codes): refuse ``create_graph=True`` rather
@@ -651,14 +690,20 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     weight = dgrad = None
     if args.requires_dgrad:
         weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
-    sp_comm = plan.gather_grad_output or plan.reduce_dgrad == "reduce_scatter"
-    overlap = _overlap_group(args, sp_comm and args.requires_dgrad and not quantized, dy, weight)
-    if plan.gather_grad_output and overlap is not None:
+    fuse_gather = plan.gather_grad_output and args.requires_dgrad and not quantized
+    overlap = _overlap_group(args, fuse_gather, dy, weight)
+    if overlap is not None:
         # Row parallel: the gathered dy also feeds wgrad and the bias grad below.
         dy, dgrad = comm_overlap.all_gather_matmul(dy, weight, overlap, return_gathered=True)
     elif plan.gather_grad_output:
         dy = _all_gather_rows(dy, args)
     dy_gemm = dy
+    pending_input = None
+    if plan.gather_input and comm_overlap.enabled(_group(args)):
+        # Column + SP: the wgrad input's re-gather travels behind the dgrad GEMM.
+        pending_input = comm_overlap.start_all_gather_rows(
+            _wgrad_input(args.inputmat, dtype), _group(args)
+        )
     bgrad = None
     if quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
@@ -678,9 +723,9 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
                 dy_gemm = quantized_dy
     wgrad = None
     if args.requires_dgrad:
-        if overlap is not None and plan.reduce_dgrad == "reduce_scatter":
-            dgrad = comm_overlap.matmul_reduce_scatter(dy_gemm, weight, overlap)
-        elif dgrad is None:  # (a fused all-gather computed it above)
+        if plan.reduce_dgrad == "reduce_scatter":
+            dgrad = _overlapped_reduce_scatter(weight, dy_gemm, "NN", args.dgrad_gemm, args)
+        if dgrad is None:  # (unless a fused all-gather or reduce-scatter computed it)
             dgrad = gemm(
                 weight,
                 dy_gemm,
@@ -693,10 +738,10 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
-        if not (quantized and isinstance(x, QuantizedData)):
-            x = _high_precision(x, dtype)
-            if len(x.shape) != 2:
-                x = x.reshape(-1, x.shape[-1])
+        if pending_input is not None:
+            x = pending_input.wait()
+        elif not (quantized and isinstance(x, QuantizedData)):
+            x = _wgrad_input(x, dtype)
             if plan.gather_input:
                 x = _all_gather_rows(x, args)
         dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy

@@ -14,7 +14,15 @@ are set up once per job: the flag is keyed by the group's c10d name, so two grou
 cannot collide and no call changes another's state. A call takes the fused path only
 where it can (:func:`fused_reason`): an NCCL group, plain CUDA tensors of a 16- or
 32-bit float type, the op present in this torch; anything else (gloo on the CPU, an
-FP8 GEMM) runs the plain collective and GEMM, bit for bit the non-overlapped path.
+block-scaled GEMM) runs the plain collective and GEMM, bit for bit the non-overlapped
+path. An FP8 (tensorwise) GEMM before a reduce-scatter runs fused too
+(:func:`scaled_matmul_reduce_scatter`); one after an all-gather cannot, while the
+input is quantized after the gather with the gathered tensor's scale.
+
+One more collective needs no fused op: column parallelism's backward re-gathers its
+input for the weight gradient, a transfer no GEMM before it waits on; with overlap on
+it is started before the dgrad GEMM and awaited at wgrad (:func:`start_all_gather_rows`,
+TE's bulk overlap), on every backend.
 """
 
 from __future__ import annotations
@@ -25,7 +33,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_FLOAT_TYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FLOAT_TYPES = (
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float8_e4m3fn,  # the FP8 GEMM's operands (scaled_matmul_reduce_scatter)
+    torch.float8_e5m2,
+)
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 # c10d group names that opted in; written by enable/disable (set-up), read by kernels.
@@ -70,9 +84,12 @@ def _symm_mem_ops() -> Any:
     except ImportError:
         return None
     ops = torch.ops.symm_mem
-    if not (
-        hasattr(ops, "fused_all_gather_matmul") and hasattr(ops, "fused_matmul_reduce_scatter")
-    ):
+    names = (
+        "fused_all_gather_matmul",
+        "fused_matmul_reduce_scatter",
+        "fused_scaled_matmul_reduce_scatter",
+    )
+    if not all(hasattr(ops, name) for name in names):
         return None
     return ops
 
@@ -82,17 +99,41 @@ def fused_reason(group: dist.ProcessGroup, *tensors: Any) -> str | None:
     None when it takes the fused symmetric-memory path."""
     if not enabled(group):
         return "overlap is not enabled for the group"
-    backend = dist.get_backend(group)
-    if backend != "nccl":
+    backend = dist.get_backend(group)  # "nccl", or per device: "cpu:gloo,cuda:nccl"
+    if "nccl" not in backend.replace(":", ",").split(","):
         return f"symmetric memory needs an NCCL group, not {backend}"
     for t in tensors:
         if type(t) not in _PLAIN_TENSORS:
             return f"a {type(t).__name__} operand (the fused ops take plain tensors)"
         if not t.is_cuda or t.dtype not in _FLOAT_TYPES:
-            return f"a {t.dtype} operand on {t.device} (the fused ops take CUDA floats)"
+            return f"a {t.dtype} operand on {t.device} (the fused ops take CUDA floats or FP8)"
     if _symm_mem_ops() is None:
         return f"torch {torch.__version__} has no torch.ops.symm_mem fused ops"
     return None
+
+
+class PendingGather:
+    """An all-gather in flight (:func:`start_all_gather_rows`); :meth:`wait` returns its
+    output once it has landed."""
+
+    def __init__(self, out: torch.Tensor, work: Any) -> None:
+        self._out, self._work = out, work
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        return self._out
+
+
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def start_all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> PendingGather:
+    """Start gathering ``x`` (rows, k) of every rank in rank order along dim 0, without
+    waiting: the GEMMs issued before :meth:`PendingGather.wait` overlap the transfer (any
+    backend; the same collective, so the same bits, as a blocking gather)."""
+    x = x.contiguous()
+    out = x.new_empty((x.shape[0] * group.size(), *x.shape[1:]))
+    return PendingGather(out, _all_gather_tensor(out, x, group=group, async_op=True))
 
 
 def all_gather_matmul(
@@ -115,4 +156,36 @@ def matmul_reduce_scatter(
     is None."""
     return _symm_mem_ops().fused_matmul_reduce_scatter(
         a.contiguous(), b, "sum", 0, group.group_name
+    )
+
+
+def scaled_matmul_reduce_scatter(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    out_dtype: torch.dtype,
+    use_fast_accum: bool,
+) -> torch.Tensor:
+    """:func:`matmul_reduce_scatter` of an FP8 GEMM: ``torch._scaled_mm(a, b, scale_a,
+    scale_b)`` ((rows, k) row-major FP8 @ (k, n) column-major FP8, tensorwise scales) in
+    ``out_dtype``, summed over ranks, this rank's rows kept. The GEMM runs per rank's
+    block of rows, so ``rows / group.size()`` must suit ``_scaled_mm`` (a multiple of 16).
+    Only where :func:`fused_reason` is None."""
+    return _symm_mem_ops().fused_scaled_matmul_reduce_scatter(
+        a,
+        b,
+        scale_a,
+        scale_b,
+        "sum",
+        0,
+        0,
+        group.group_name,
+        [a.shape[0], b.shape[1]],
+        None,
+        None,
+        out_dtype,
+        use_fast_accum,
     )
