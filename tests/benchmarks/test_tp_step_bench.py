@@ -46,3 +46,10 @@ def test_quick_gloo_run_counts_the_sequence_parallel_bytes() -> None:
         assert summary["bytes_off"] == summary["bytes_on"] == sum(calls.values()) * MOVED
         assert summary["hidden_share"] is not None
     assert data["summary"]["mlp/fp8_over_bf16_bytes"] == pytest.approx(4 / 5)
+    # The report's section (docs/benchmarks.md, from an H200 run's "tp" part) lists them.
+    section = "\n".join(tp_step.report_lines(data))
+    for config in CALLS:
+        assert f"| {config} | " in section, section
+    assert [row[0] for row in tp_step.report_targets(data)] == [
+        f"TP=2 {config}: comm hidden by overlap" for config in CALLS
+    ]
