@@ -32,9 +32,13 @@ import transformer_engine_ops as te
 from transformer_engine_ops.runtime import comm_overlap
 
 # 64 rows: each rank's block of 32 suits the FP8 GEMM of the fused reduce-scatter.
-SEQ, BATCH, HIDDEN, FFN = 32, 2, 64, 128
+SEQ, BATCH, HIDDEN, FFN, HEADS, GROUPS = 32, 2, 64, 128, 4, 2
 
-OVERLAP = [f"overlap-{kind}-{recipe}" for kind in ("column", "row", "mlp") for recipe in RECIPES]
+OVERLAP = [
+    f"overlap-{kind}-{recipe}"
+    for kind in ("column", "row", "mlp", "transformer")
+    for recipe in RECIPES
+]
 # Overlapped vs non-overlapped on NCCL, relative Frobenius error (bf16 GEMMs chunked
 # by rank, and the reduce-scatter summed in another order).
 NCCL_TOL = 2e-2
@@ -46,6 +50,17 @@ def _module(w: World, kind: str) -> torch.nn.Module:
     common.update(params_dtype=torch.bfloat16, device=w.device)
     if kind == "mlp":
         return te.LayerNormMLP(HIDDEN, FFN, set_parallel_mode=True, **common)
+    if kind == "transformer":  # QKV, fc1 column-; proj, fc2 row-parallel
+        return te.TransformerLayer(
+            HIDDEN,
+            FFN,
+            HEADS,
+            num_gqa_groups=GROUPS,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            set_parallel_mode=True,
+            **common,
+        )
     return te.Linear(HIDDEN, FFN if kind == "column" else HIDDEN, parallel_mode=kind, **common)
 
 
@@ -60,22 +75,24 @@ def _inputs(w: World, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, dy = _chunk(x, 0, r, n), _chunk(dy, -1, r, n)
     elif kind == "row":  # feature-sharded input, sequence-sharded output
         x, dy = _chunk(x, -1, r, n), _chunk(dy, 0, r, n)
-    else:  # LayerNormMLP: sequence shards in and out
+    else:  # LayerNormMLP, TransformerLayer: sequence shards in and out
         x, dy = _chunk(x, 0, r, n), _chunk(dy, 0, r, n)
     return x.to(torch.bfloat16).to(w.device), dy.to(torch.bfloat16).to(w.device)
 
 
 FUSED = ("all_gather_matmul", "matmul_reduce_scatter", "scaled_matmul_reduce_scatter")
 # Fused calls per training step: bf16 fuses every SP collective beside a GEMM (Linear: 2,
-# LayerNormMLP: 4); FP8 current scaling only its reduce-scatters (the input is quantized
+# LayerNormMLP: 4, TransformerLayer: 8); FP8 current scaling only its reduce-scatters (the input is quantized
 # after the all-gather, with the gathered tensor's scale).
 PER_STEP = {
     ("column", "bf16"): 2,
     ("row", "bf16"): 2,
     ("mlp", "bf16"): 4,
+    ("transformer", "bf16"): 8,
     ("column", "fp8_current"): 1,
     ("row", "fp8_current"): 1,
     ("mlp", "fp8_current"): 2,
+    ("transformer", "fp8_current"): 4,
 }
 
 

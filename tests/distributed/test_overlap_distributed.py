@@ -1,5 +1,5 @@
 """Comm-GEMM overlap (``runtime/comm_overlap.py``) on two ranks: sequence-parallel
-Linear (column, row) and LayerNormMLP, bf16 and FP8 current scaling, overlap off vs on.
+Linear (column, row), LayerNormMLP and TransformerLayer, bf16 and FP8 current scaling, overlap off vs on.
 Compiled (fullgraph) equals eager overlapped bit for bit everywhere; on gloo the
 overlapped step falls back to the plain collectives, bitwise equal to the
 non-overlapped step; on NCCL (``-m "gpu and distributed"``, two CUDA devices) the
