@@ -13,7 +13,7 @@ Overlap is opted into per tensor-parallel group (:func:`enable`), as TE's userbu
 are set up once per job: the flag is keyed by the group's c10d name, so two groups
 cannot collide and no call changes another's state. A call takes the fused path only
 where it can (:func:`fused_reason`): an NCCL group, plain CUDA tensors of a 16- or
-32-bit float type, the op present in this torch; anything else (gloo on the CPU, an
+32-bit float type, the op present in this torch; anything else (gloo on the CPU, a
 block-scaled GEMM) runs the plain collective and GEMM, bit for bit the non-overlapped
 path. An FP8 (tensorwise) GEMM before a reduce-scatter runs fused too
 (:func:`scaled_matmul_reduce_scatter`); one after an all-gather cannot, while the
