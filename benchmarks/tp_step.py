@@ -33,6 +33,7 @@ exact). ``python -m benchmarks --device cuda --gpu-parts tp`` runs it as a part.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -205,9 +206,7 @@ def _model(kind: str, cfg: dict[str, int], group: Any, device: torch.device) -> 
 
 def _autocast(recipe: str) -> Any:
     factory = RECIPES[recipe]
-    if factory is None:
-        return torch.autocast("cpu", enabled=False)  # a no-op context
-    return te.autocast(recipe=factory())
+    return contextlib.nullcontext() if factory is None else te.autocast(recipe=factory())
 
 
 def _timed_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[float]:
