@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from transformer_engine_ops.runtime import _torch_private as _private
+
 _FLOAT_TYPES = (
     torch.bfloat16,
     torch.float16,
@@ -77,13 +79,11 @@ def _group_name(group: Any) -> str:
 
 
 def _symm_mem_ops() -> Any:
-    """``torch.ops.symm_mem`` once torch's symmetric-memory module has defined its ops
-    (importing it defines them), or None when this torch has none."""
-    try:
-        import torch.distributed._symmetric_memory  # noqa: F401  (defines the ops)
-    except ImportError:
+    """``torch.ops.symm_mem`` with the fused ops used here defined, or None when this
+    torch lacks one."""
+    ops = _private.symm_mem_ops()
+    if ops is None:
         return None
-    ops = torch.ops.symm_mem
     names = (
         "fused_all_gather_matmul",
         "fused_matmul_reduce_scatter",
