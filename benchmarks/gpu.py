@@ -69,7 +69,7 @@ from transformer_engine_ops.quantization import (
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
-from . import transformer_layer
+from . import tp_step, transformer_layer
 from .common import interleaved, progress, ratio_stats, stats
 from .models import LAYERS, SHAPES, make_input, make_model
 
@@ -564,6 +564,8 @@ def run(
         "memory": lambda: _memory(*SHAPES["large"]),
         "sustained": lambda: _sustained(tuple(RECIPES) if recipes is None else recipes),
         "transformer_layer": lambda: transformer_layer.run(device=device),
+        # Two GPUs (spawns its own NCCL ranks); not in the default parts.
+        "tp": lambda: tp_step.run("nccl"),
     }
     for name in parts:
         part = runners[name]

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import tp_step
 from .common import ratio_stats
 from .compile_depth import GOAL_DEPTHS, GOALS
 from .memory import FINDINGS as MEMORY_FINDINGS
@@ -114,6 +115,7 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
     rows += _block_targets(cpu)
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
+        rows += tp_step.report_targets(gpu["gpu"].get("tp", {}))
     elif gpu:
         rows += _gpu_targets_v1(gpu["gpu"])
     else:
@@ -867,6 +869,8 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
     su = g.get("sustained")
     if su and "runs" in su:
         out += _sustained_table(su)
+    if "tp" in g:
+        out += tp_step.report_lines(g["tp"])
     if "gpu_analysis" in NOTES:
         out += ["### Where the H200 time goes", "", NOTES["gpu_analysis"], ""]
     return out

@@ -427,6 +427,10 @@ def run_case(w: World, name: str) -> dict[str, Any]:
         from dist_grouped_cases import run_grouped_case
 
         return run_grouped_case(w, name)
+    if name.startswith("overlap-"):
+        from dist_overlap_cases import run_overlap_case
+
+        return run_overlap_case(w, name)
     return _errors(w, name)
 
 

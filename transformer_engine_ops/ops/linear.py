@@ -21,9 +21,10 @@ from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.quantization.encoding import matrix_dims
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
 from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
-from transformer_engine_ops.quantization.gemm import gemm, half_product
+from transformer_engine_ops.quantization.gemm import _scaled_mm_operands, gemm, half_product
 from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
+from transformer_engine_ops.runtime import comm_overlap
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
@@ -401,6 +402,47 @@ def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArg
     return x
 
 
+def _overlap_group(args: LinearFwdArgs | LinearBwdArgs, sp_comm: bool, *operands: Any) -> Any:
+    """The TP group when this call's sequence-parallel collective runs fused with the GEMM
+    beside it (``runtime/comm_overlap.py``: opted in, NCCL, plain CUDA operands); else None."""
+    if not sp_comm:
+        return None
+    group = _group(args)
+    return group if comm_overlap.fused_reason(group, *operands) is None else None
+
+
+def _overlapped_reduce_scatter(
+    A: Any, B: Any, layout: str, config: GemmConfig, args: LinearFwdArgs | LinearBwdArgs
+) -> torch.Tensor | None:
+    """``gemm(A, B, layout)`` reduce-scattered along dim 0 by one fused op (plain, or FP8
+    with tensorwise scales: the operands ``gemm`` itself would pass ``_scaled_mm``), or
+    None where none serves (the caller runs the GEMM, then the collective)."""
+    group = _group(args)
+    if comm_overlap.fused_reason(group) is not None:
+        return None
+    if type(A) in _PLAIN_TENSORS and type(B) in _PLAIN_TENSORS:
+        right = A.t() if layout == "TN" else A  # TN: x @ W.t(); NN: dy @ W
+        if comm_overlap.fused_reason(group, B, right) is not None:
+            return None
+        return comm_overlap.matmul_reduce_scatter(B, right, group)
+    fp8 = _scaled_mm_operands(A, B, layout)
+    out_dtype = args.activation_dtype
+    if fp8 is None or out_dtype not in _CUDA_HALF or fp8[0].shape[0] % (16 * args.tp_size):
+        return None
+    a, b, scale_a, scale_b = fp8
+    if comm_overlap.fused_reason(group, a, b) is not None:
+        return None
+    return comm_overlap.scaled_matmul_reduce_scatter(
+        a,
+        b,
+        scale_a,
+        scale_b,
+        group,
+        out_dtype=out_dtype,
+        use_fast_accum=not config.use_split_accumulator,
+    )
+
+
 def _check_forward_input(args: LinearFwdArgs) -> None:
     """What the GEMM needs of the input, checked before any work so that the real kernel
     and the spec fake (under torch.compile) raise the same message."""
@@ -541,6 +583,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
+    hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
+    overlap = _overlap_group(args, plan.gather_input and hp_gemm, x, args.weight)
     x_saved = None  # the quantized input kept for backward, when it is not x
     if plan.gather_quantized:
         # Quantize the shard (per-tensor FP8: with the group's amax), gather its rowwise
@@ -549,7 +593,9 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         rowwise = _Usage(True, False)
         x_saved, x = _quantize_and_gather(x, args.input_quantizer, usage, rowwise, args)
     else:
-        if plan.gather_input:  # high precision on the wire, quantized once gathered
+        if plan.gather_input and overlap is None:
+            # High precision on the wire, quantized once gathered (the fused overlap
+            # gathers inside its GEMM below).
             x = _all_gather_rows(x, args)
         if args.input_quantizer is not None:
             usage = plan.save_input or _Usage(True, False)
@@ -567,18 +613,25 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     bias = args.bias
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
-    out = gemm(
-        weight,
-        x,
-        layout="TN",
-        out_dtype=args.activation_dtype,
-        bias=None if plan.reduce_output else bias,
-        use_split_accumulator=args.fprop_gemm.use_split_accumulator,
-    )
-    if plan.reduce_output:
-        # Row parallel: sum the partial products, then add the (full) bias once, in
-        # fp32 as the GEMM epilogue does.
+    out = None
+    if overlap is not None:
+        _, out = comm_overlap.all_gather_matmul(x, weight.t(), overlap, return_gathered=False)
+    elif plan.reduce_output == "reduce_scatter":
+        out = _overlapped_reduce_scatter(weight, x, "TN", args.fprop_gemm, args)
+    fused = out is not None
+    if not fused:
+        out = gemm(
+            weight,
+            x,
+            layout="TN",
+            out_dtype=args.activation_dtype,
+            bias=None if plan.reduce_output else bias,
+            use_split_accumulator=args.fprop_gemm.use_split_accumulator,
+        )
         out = _reduce(out, plan.reduce_output, args)
+    if plan.reduce_output or fused:
+        # Row parallel (or a fused GEMM, which takes no bias): add the (full) bias once,
+        # after the reduction, in fp32 as the GEMM epilogue does.
         if bias is not None:
             dtype = math_dtype(out.dtype)
             out = (out.to(dtype) + bias.to(dtype)).to(args.activation_dtype)
@@ -708,6 +761,12 @@ def _high_precision(value: Any, dtype: torch.dtype) -> Any:
     return value if value.dtype == dtype else value.to(dtype)
 
 
+def _wgrad_input(inputmat: Any, dtype: torch.dtype) -> torch.Tensor:
+    """The saved input as the high-precision (rows, k) matrix the wgrad GEMM reads."""
+    x = _high_precision(inputmat, dtype)
+    return x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1])
+
+
 def _check_no_double_backward(args: LinearBwdArgs) -> None:
     """A quantized backward is not differentiable (quantization has no useful second
     derivative, and the GEMMs read quantized codes): refuse ``create_graph=True`` rather
@@ -739,9 +798,18 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     else:
         dy = grad_output.reshape(-1, grad_output.shape[-1]).to(dtype)
     quantized = _backward_quantized(args)
+    weight = dgrad = None
+    if args.requires_dgrad:
+        weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
+    fuse_gather = plan.gather_grad_output and args.requires_dgrad and not quantized
+    overlap = _overlap_group(args, fuse_gather, dy, weight)
     dy_gemm = dy
     bgrad = None
-    if plan.gather_grad_output_quantized:
+    if overlap is not None:
+        # Row parallel: the gathered dy also feeds wgrad and the bias grad below.
+        dy, dgrad = comm_overlap.all_gather_matmul(dy, weight, overlap, return_gathered=True)
+        dy_gemm = dy
+    elif plan.gather_grad_output_quantized:
         # Row parallel + SP: dy quantized (per-tensor FP8: with the group's amax) and
         # gathered quantized (TE's way); the bias gradient from each rank's rows. The
         # GEMMs read only dy_gemm.
@@ -752,6 +820,13 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         dy = dy_gemm = _quantize_and_gather(dy, gq, usage, usage, args)[1]
     elif plan.gather_grad_output:
         dy = dy_gemm = _all_gather_rows(dy, args)
+    pending_input = None
+    hp_input = not isinstance(args.inputmat, QuantizedData)
+    if plan.gather_input and hp_input and comm_overlap.enabled(_group(args)):
+        # Column + SP: the wgrad input's re-gather travels behind the dgrad GEMM.
+        pending_input = comm_overlap.start_all_gather_rows(
+            _wgrad_input(args.inputmat, dtype), _group(args)
+        )
     if quantized and not plan.gather_grad_output_quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         if usage.rowwise or usage.columnwise:
@@ -768,31 +843,34 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
                 dy_gemm, bgrad = quantized_dy
             else:
                 dy_gemm = quantized_dy
-    dgrad = wgrad = None
+    wgrad = None
     if args.requires_dgrad:
-        weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
-        dgrad = gemm(
-            weight,
-            dy_gemm,
-            layout="NN",
-            out_dtype=dtype,
-            use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
-        )
-        dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
+        if plan.reduce_dgrad == "reduce_scatter":
+            dgrad = _overlapped_reduce_scatter(weight, dy_gemm, "NN", args.dgrad_gemm, args)
+        if dgrad is None:  # (unless a fused all-gather or reduce-scatter computed it)
+            dgrad = gemm(
+                weight,
+                dy_gemm,
+                layout="NN",
+                out_dtype=dtype,
+                use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
+            )
+            dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
         if len(args.inp_shape) != 2:  # a 2-D input's gradient has its shape already
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
         x = args.inputmat
         gathered = False
-        if plan.gather_input and isinstance(x, QuantizedData):
+        if pending_input is not None:
+            x = pending_input.wait()
+            gathered = True
+        elif plan.gather_input and isinstance(x, QuantizedData):
             # The local quantized shard the forward kept: gathered quantized, in the
             # layout the wgrad GEMM reads (columnwise; rowwise to dequantize).
             x = _all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
             gathered = True
         if not (quantized and isinstance(x, QuantizedData)):
-            x = _high_precision(x, dtype)
-            if len(x.shape) != 2:
-                x = x.reshape(-1, x.shape[-1])
+            x = _wgrad_input(x, dtype)
             if plan.gather_input and not gathered:
                 x = _all_gather_rows(x, args)
         dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy

@@ -49,6 +49,7 @@ __all__ = [
     "preserve_version_counter",
     "queue_backward_callback",
     "scaled_mm",
+    "symm_mem_ops",
     "tree_leaves",
     "tree_map",
 ]
@@ -98,6 +99,24 @@ disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 tree_map = torch.utils._pytree.tree_map
 # The tensors among nested args/kwargs (an in-place op's written arguments, issue 25).
 tree_leaves = torch.utils._pytree.tree_leaves
+
+# --- comm-GEMM overlap (runtime/comm_overlap.py) ---------------------------------------
+# ``torch.ops.symm_mem``'s fused all-gather + matmul and matmul + reduce-scatter are
+# defined by importing ``torch.distributed._symmetric_memory``; no public module defines
+# them. Imported on first use (after the group checks), never at package import. 2.13
+# (defined on the CPU build; the kernels need CUDA and NCCL); the H200's 2.11 ran the
+# bf16 ops on a one-rank NCCL group.
+
+
+def symm_mem_ops() -> Any:
+    """``torch.ops.symm_mem`` with torch's symmetric-memory ops defined, or None where
+    this torch cannot import them."""
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401  (defines the ops)
+    except ImportError:
+        return None
+    return torch.ops.symm_mem
+
 
 # --- quantized kernels (quantization/) ------------------------------------------------
 # The FP8 GEMM (quantization/gemm.py), per-tensor and block-scaled (1x128 / 128x128

@@ -1,0 +1,55 @@
+"""The TP=2 bench (``benchmarks/tp_step.py``) runs end to end over gloo at its quick
+sizes: every model x recipe x overlap measured, and the bytes it counts are exactly the
+sequence-parallel collectives docs/distributed.md lists (its step times on a shared
+CPU mean nothing and are not checked beyond being positive)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import tp_step
+
+# Per rank of two, each collective of a (seq * batch, hidden) bf16 activation moves half
+# of it: 16 * 1 * 64 * 2 bytes / 2.
+MOVED = 16 * 1 * 64 * 2 // 2
+# LayerNormMLP with SP: all-gather the norm output (forward), reduce-scatter fc2's
+# output, all-gather fc2's output gradient, reduce-scatter fc1's dgrad; bf16 also
+# re-gathers the norm output for fc1's wgrad (FP8 keeps the gathered quantized input).
+# The TransformerLayer does the same around QKV/proj and fc1/fc2.
+CALLS = {
+    "mlp/bf16": {"all_gather": 3, "reduce_scatter": 2},
+    "mlp/fp8_current": {"all_gather": 2, "reduce_scatter": 2},
+    "transformer/bf16": {"all_gather": 6, "reduce_scatter": 4},
+    "transformer/fp8_current": {"all_gather": 4, "reduce_scatter": 4},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_quick_gloo_run_counts_the_sequence_parallel_bytes() -> None:
+    assert tp_step.QUICK["seq"] == 16 and tp_step.QUICK["hidden"] == 64
+    data = tp_step.run("gloo", quick=True, steps=1)
+    results = data["results"]
+    assert sorted(results) == sorted(
+        f"{m}/{r}/overlap-{o}"
+        for m in tp_step.MODELS
+        for r in tp_step.RECIPES
+        for o in ("off", "on")
+    )
+    for config, calls in CALLS.items():
+        for state in ("off", "on"):  # gloo: overlap falls back to the same collectives
+            r = results[f"{config}/overlap-{state}"]
+            assert r["calls"] == calls, (config, state, r["calls"])
+            assert r["bytes"] == {k: n * MOVED for k, n in calls.items()}, (config, r["bytes"])
+            assert r["step_s"] > 0 and r["comm_s"] > 0
+        summary = data["summary"][config]
+        assert summary["bytes_off"] == summary["bytes_on"] == sum(calls.values()) * MOVED
+        assert summary["hidden_share"] is not None
+    assert data["summary"]["mlp/fp8_over_bf16_bytes"] == pytest.approx(4 / 5)
+    # The report's section (docs/benchmarks.md, from an H200 run's "tp" part) lists them.
+    section = "\n".join(tp_step.report_lines(data))
+    for config in CALLS:
+        assert f"| {config} | " in section, section
+    assert [row[0] for row in tp_step.report_targets(data)] == [
+        f"TP=2 {config}: comm hidden by overlap" for config in CALLS
+    ]
