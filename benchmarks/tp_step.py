@@ -5,9 +5,10 @@ step time, overlap off and on.
   ``te.TransformerLayer`` (GQA; QKV and fc1 column-, proj and fc2 row-parallel), both
   with ``sequence_parallel=True``, at Llama-70B's sizes: hidden 8192, FFN 28672, 64 heads
   in 8 KV groups, sequence 8192, batch 1, bf16 parameters and activations.
-* Recipes: bf16 and FP8 current scaling. Today the sequence-parallel input is gathered
-  in high precision under either (docs/distributed.md); the FP8 all-gather is a recipe
-  option to come, added to :data:`RECIPES` as one more entry when it exists.
+* Recipes: bf16; FP8 current scaling as TE runs it (the sequence-parallel input and
+  output gradient quantized with the TP group's amax and all-gathered in FP8,
+  docs/distributed.md); and the same recipe with ``fp8_all_gather=False`` (gathered in
+  high precision, quantized after): the bytes and time the FP8 all-gather saves.
 * Overlap: off, or on through ``runtime/comm_overlap.enable(tp_group)`` (the symmetric
   memory fused all-gather + GEMM and GEMM + reduce-scatter on NCCL; gloo falls back to
   the plain collectives, so on the CPU "on" measures the same work).
@@ -61,7 +62,11 @@ QUICK = dict(hidden=64, ffn=128, heads=4, groups=2, seq=16, batch=1)
 MODELS = ("mlp", "transformer")
 # Recipe name -> recipe factory (None: bf16). The FP8 all-gather joins as another entry
 # (FP8 current scaling with the option that gathers the quantized shard).
-RECIPES: dict[str, Callable[[], Any] | None] = {"bf16": None, "fp8_current": Float8CurrentScaling}
+RECIPES: dict[str, Callable[[], Any] | None] = {
+    "bf16": None,
+    "fp8_current": Float8CurrentScaling,
+    "fp8_current_hp_gather": lambda: Float8CurrentScaling(fp8_all_gather=False),
+}
 # NVLink multicast stays off in every rank (the H200 machines' rule, docs/gpu.md).
 RANK_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
 PG_TIMEOUT_S = 300

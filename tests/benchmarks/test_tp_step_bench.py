@@ -12,15 +12,34 @@ from benchmarks import tp_step
 # Per rank of two, each collective of a (seq * batch, hidden) bf16 activation moves half
 # of it: 16 * 1 * 64 * 2 bytes / 2.
 MOVED = 16 * 1 * 64 * 2 // 2
+# An all-reduce of the amax and Inf flag (two fp32) moves twice 8 bytes / 2 per rank.
+AMAX = 8
 # LayerNormMLP with SP: all-gather the norm output (forward), reduce-scatter fc2's
-# output, all-gather fc2's output gradient, reduce-scatter fc1's dgrad; bf16 also
-# re-gathers the norm output for fc1's wgrad (FP8 keeps the gathered quantized input).
-# The TransformerLayer does the same around QKV/proj and fc1/fc2.
-CALLS = {
-    "mlp/bf16": {"all_gather": 3, "reduce_scatter": 2},
-    "mlp/fp8_current": {"all_gather": 2, "reduce_scatter": 2},
-    "transformer/bf16": {"all_gather": 6, "reduce_scatter": 4},
-    "transformer/fp8_current": {"all_gather": 4, "reduce_scatter": 4},
+# output, all-gather fc2's output gradient, reduce-scatter fc1's dgrad, re-gather the
+# norm output for fc1's wgrad. bf16 moves bf16. FP8 current scaling as TE runs it
+# quantizes the gathered tensors first (one amax all-reduce each for the norm output and
+# fc2's output gradient) and moves one byte an element, re-gathering the kept local FP8
+# shard for wgrad; with fp8_all_gather=False it gathers bf16 and keeps the gathered
+# quantized input (no re-gather). The TransformerLayer does the same around QKV/proj and
+# fc1/fc2. Each entry: kind -> (calls, bytes).
+EXPECTED = {
+    "mlp/bf16": {"all_gather": (3, 3 * MOVED), "reduce_scatter": (2, 2 * MOVED)},
+    "mlp/fp8_current": {
+        "all_reduce": (2, 2 * AMAX),
+        "all_gather": (3, 3 * MOVED // 2),
+        "reduce_scatter": (2, 2 * MOVED),
+    },
+    "mlp/fp8_current_hp_gather": {"all_gather": (2, 2 * MOVED), "reduce_scatter": (2, 2 * MOVED)},
+    "transformer/bf16": {"all_gather": (6, 6 * MOVED), "reduce_scatter": (4, 4 * MOVED)},
+    "transformer/fp8_current": {
+        "all_reduce": (4, 4 * AMAX),
+        "all_gather": (6, 6 * MOVED // 2),
+        "reduce_scatter": (4, 4 * MOVED),
+    },
+    "transformer/fp8_current_hp_gather": {
+        "all_gather": (4, 4 * MOVED),
+        "reduce_scatter": (4, 4 * MOVED),
+    },
 }
 
 
@@ -36,20 +55,25 @@ def test_quick_gloo_run_counts_the_sequence_parallel_bytes() -> None:
         for r in tp_step.RECIPES
         for o in ("off", "on")
     )
-    for config, calls in CALLS.items():
+    for config, expected in EXPECTED.items():
+        calls = {kind: n for kind, (n, _) in expected.items()}
+        moved = {kind: b for kind, (_, b) in expected.items()}
         for state in ("off", "on"):  # gloo: overlap falls back to the same collectives
             r = results[f"{config}/overlap-{state}"]
             assert r["calls"] == calls, (config, state, r["calls"])
-            assert r["bytes"] == {k: n * MOVED for k, n in calls.items()}, (config, r["bytes"])
+            assert r["bytes"] == moved, (config, r["bytes"])
             assert r["step_s"] > 0 and r["comm_s"] > 0
         summary = data["summary"][config]
-        assert summary["bytes_off"] == summary["bytes_on"] == sum(calls.values()) * MOVED
+        assert summary["bytes_off"] == summary["bytes_on"] == sum(moved.values())
         assert summary["hidden_share"] is not None
-    assert data["summary"]["mlp/fp8_over_bf16_bytes"] == pytest.approx(4 / 5)
+    # FP8's gathers move half of bf16's bytes; its reduce-scatters stay bf16.
+    assert data["summary"]["mlp/fp8_over_bf16_bytes"] == pytest.approx(
+        (3.5 * MOVED + 16) / (5 * MOVED)
+    )
     # The report's section (docs/benchmarks.md, from an H200 run's "tp" part) lists them.
     section = "\n".join(tp_step.report_lines(data))
-    for config in CALLS:
+    for config in EXPECTED:
         assert f"| {config} | " in section, section
     assert [row[0] for row in tp_step.report_targets(data)] == [
-        f"TP=2 {config}: comm hidden by overlap" for config in CALLS
+        f"TP=2 {config}: comm hidden by overlap" for config in EXPECTED
     ]
