@@ -12,10 +12,12 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
 
@@ -105,3 +107,47 @@ def assert_case_passed(result: dict, case: str) -> None:
 def assert_launch_finished(result: dict, world: int, timeout_s: float) -> None:
     assert not result["timed_out"], f"the launch hit its {timeout_s} s deadline"
     assert result["exitcodes"] == [0] * world, result["exitcodes"]
+
+
+def backend_params(world: int, *marks: Any) -> list[Any]:
+    """``backend`` parameters: gloo on the CPU; NCCL on ``world`` CUDA devices, marked
+    ``gpu`` and skipped with the reason where the machine has fewer. Both carry
+    ``distributed`` and ``marks``."""
+    return [
+        pytest.param("gloo", marks=[pytest.mark.distributed, *marks], id="gloo"),
+        pytest.param(
+            "nccl",
+            marks=[
+                pytest.mark.distributed,
+                *marks,
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available() or torch.cuda.device_count() < world,
+                    reason=f"needs {world} CUDA devices",
+                ),
+            ],
+            id="nccl",
+        ),
+    ]
+
+
+def launch_per_backend(
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    cases: Sequence[str] | Callable[[str], Sequence[str]],
+    world: int,
+    timeout_s: float,
+) -> Callable[[str], dict[str, Any]]:
+    """``get(backend)``: one launch of ``cases`` (or ``cases(backend)``) per backend, made
+    on first use and kept by the returned function, so a module-scoped fixture returning
+    it shares each launch among the module's tests."""
+    done: dict[str, dict[str, Any]] = {}
+
+    def get(backend: str) -> dict[str, Any]:
+        if backend not in done:
+            names = list(cases(backend) if callable(cases) else cases)
+            out = tmp_path_factory.mktemp(f"{prefix}-{backend}")
+            done[backend] = launch(backend, names, out, world, timeout_s)
+        return done[backend]
+
+    return get

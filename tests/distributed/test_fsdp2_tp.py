@@ -8,45 +8,26 @@ CUDA devices, NCCL."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import torch
 from dist_fsdp2_cases import FSDP2, WORLD
-from dist_launcher import assert_case_passed, assert_launch_finished, launch
+from dist_launcher import (
+    assert_case_passed,
+    assert_launch_finished,
+    backend_params,
+    launch_per_backend,
+)
 
 LAUNCH_TIMEOUT_S = 420
 
-BACKENDS = [
-    pytest.param("gloo", marks=[pytest.mark.distributed, pytest.mark.slow], id="gloo"),
-    pytest.param(
-        "nccl",
-        marks=[
-            pytest.mark.distributed,
-            pytest.mark.slow,
-            pytest.mark.gpu,
-            pytest.mark.skipif(
-                not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
-                reason=f"needs {WORLD} CUDA devices",
-            ),
-        ],
-        id="nccl",
-    ),
-]
+BACKENDS = backend_params(WORLD, pytest.mark.slow)
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], dict]]:
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict]:
     """One launch per backend, made on first use and shared by the module's tests."""
-    done: dict[str, dict] = {}
-
-    def get(backend: str) -> dict:
-        if backend not in done:
-            out = tmp_path_factory.mktemp(f"dist-fsdp2-{backend}")
-            done[backend] = launch(backend, FSDP2, out, WORLD, LAUNCH_TIMEOUT_S)
-        return done[backend]
-
-    yield get
+    return launch_per_backend(tmp_path_factory, "dist-fsdp2", FSDP2, WORLD, LAUNCH_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

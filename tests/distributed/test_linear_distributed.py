@@ -13,48 +13,23 @@ still runs its collective; bad configurations fail with a clear error on every r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-import torch
 from dist_cases import cases_for
-from dist_launcher import launch
+from dist_launcher import backend_params, launch_per_backend
 
 WORLD = 2
 # Bounds the whole launch; each rank's collectives also time out (dist_cases.PG_TIMEOUT_S).
 LAUNCH_TIMEOUT_S = 270
 
-BACKENDS = [
-    pytest.param("gloo", marks=pytest.mark.distributed, id="gloo"),
-    pytest.param(
-        "nccl",
-        marks=[
-            pytest.mark.distributed,
-            pytest.mark.gpu,
-            pytest.mark.skipif(
-                not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
-                reason=f"needs {WORLD} CUDA devices",
-            ),
-        ],
-        id="nccl",
-    ),
-]
-
-_LAUNCHES: dict[str, dict] = {}
+BACKENDS = backend_params(WORLD)
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory: pytest.TempPathFactory):
-    """Launches per backend, made on first use and shared by every test of the module."""
-
-    def get(backend: str) -> dict:
-        if backend not in _LAUNCHES:
-            out = tmp_path_factory.mktemp(f"dist-{backend}")
-            _LAUNCHES[backend] = launch(
-                backend, cases_for(backend), out, WORLD, timeout_s=LAUNCH_TIMEOUT_S
-            )
-        return _LAUNCHES[backend]
-
-    yield get
-    _LAUNCHES.clear()
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict]:
+    """One launch per backend, made on first use and shared by the module's tests."""
+    return launch_per_backend(tmp_path_factory, "dist", cases_for, WORLD, LAUNCH_TIMEOUT_S)
 
 
 def _params() -> list:

@@ -10,42 +10,27 @@ the fused path's wiring inside the ops, the fused ops computed by their definiti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-import torch
-from dist_launcher import assert_case_passed, assert_launch_finished, launch
+from dist_launcher import (
+    assert_case_passed,
+    assert_launch_finished,
+    backend_params,
+    launch_per_backend,
+)
 from dist_overlap_cases import EMULATED, OVERLAP
 
 WORLD = 2
 LAUNCH_TIMEOUT_S = 270
 
-BACKENDS = [
-    pytest.param("gloo", marks=[pytest.mark.distributed, pytest.mark.slow], id="gloo"),
-    pytest.param(
-        "nccl",
-        marks=[
-            pytest.mark.distributed,
-            pytest.mark.gpu,
-            pytest.mark.skipif(
-                not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
-                reason=f"needs {WORLD} CUDA devices",
-            ),
-        ],
-        id="nccl",
-    ),
-]
-_LAUNCHES: dict[str, dict] = {}
+BACKENDS = backend_params(WORLD, pytest.mark.slow)
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory: pytest.TempPathFactory):
-    def get(backend: str) -> dict:
-        if backend not in _LAUNCHES:
-            out = tmp_path_factory.mktemp(f"dist-overlap-{backend}")
-            _LAUNCHES[backend] = launch(backend, _cases(backend), out, WORLD, LAUNCH_TIMEOUT_S)
-        return _LAUNCHES[backend]
-
-    yield get
-    _LAUNCHES.clear()
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict]:
+    """One launch per backend, made on first use and shared by the module's tests."""
+    return launch_per_backend(tmp_path_factory, "dist-overlap", _cases, WORLD, LAUNCH_TIMEOUT_S)
 
 
 def _cases(backend: str) -> list[str]:

@@ -8,45 +8,27 @@ with ``-m "gpu and distributed"`` on two CUDA devices."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-import torch
-from dist_launcher import assert_case_passed, assert_launch_finished, launch
+from dist_launcher import (
+    assert_case_passed,
+    assert_launch_finished,
+    backend_params,
+    launch_per_backend,
+)
 from dist_sp_fp8_cases import SP_FP8
 
 WORLD = 2
 LAUNCH_TIMEOUT_S = 270
 
-BACKENDS = [
-    pytest.param("gloo", marks=[pytest.mark.distributed, pytest.mark.slow], id="gloo"),
-    pytest.param(
-        "nccl",
-        marks=[
-            pytest.mark.distributed,
-            pytest.mark.gpu,
-            pytest.mark.skipif(
-                not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
-                reason=f"needs {WORLD} CUDA devices",
-            ),
-        ],
-        id="nccl",
-    ),
-]
-
-_LAUNCHES: dict[str, dict] = {}
+BACKENDS = backend_params(WORLD, pytest.mark.slow)
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory: pytest.TempPathFactory):
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict]:
     """One launch per backend, made on first use and shared by the module's tests."""
-
-    def get(backend: str) -> dict:
-        if backend not in _LAUNCHES:
-            out = tmp_path_factory.mktemp(f"dist-sp-fp8-{backend}")
-            _LAUNCHES[backend] = launch(backend, SP_FP8, out, WORLD, LAUNCH_TIMEOUT_S)
-        return _LAUNCHES[backend]
-
-    yield get
-    _LAUNCHES.clear()
+    return launch_per_backend(tmp_path_factory, "dist-sp-fp8", SP_FP8, WORLD, LAUNCH_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
