@@ -768,7 +768,6 @@ class _PlainLinear(torch.autograd.Function):
 
 
 def linear_plain_call(
-    *,
     weight: Any,
     inp: Any,
     bias: Any,
@@ -806,7 +805,7 @@ def linear_plain_call(
     activation dtype on one CPU or CUDA device, and requires-grad flags that say what
     the tensors say. None for any other call, which the generic path serves (and
     reports, when something is wrong with it). The generated ``call_linear`` passes the
-    fields named here before it builds a bundle; the fields left out (``fp8_output``,
+    fields named here (positionally, in this order) before it builds a bundle; the fields left out (``fp8_output``,
     ``cache_weight``, the GEMM configurations) change nothing for such a call."""
     dtype = activation_dtype
     if (

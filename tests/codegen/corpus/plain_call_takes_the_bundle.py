@@ -1,5 +1,5 @@
-# expect: 26:5 plain call `plain` must take keyword-only parameters named after fields
-"""Corpus: a `plain_call` takes the bundle positionally, not its fields by name."""
+# expect: 26:11 plain call parameter `args` is no field of FwdArgs
+"""Corpus: a `plain_call` takes the bundle, not the fields it reads."""
 
 from __future__ import annotations
 
