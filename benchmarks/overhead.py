@@ -58,7 +58,7 @@ def _dtype(device: str) -> torch.dtype:
     return torch.float32 if device == "cpu" else torch.bfloat16
 
 
-def _call_fields(module: Linear, x: torch.Tensor) -> dict[str, Any]:
+def module_call_fields(module: Linear, x: torch.Tensor) -> dict[str, Any]:
     """The fields our module's call on ``x`` hands ``call_linear`` (recorded)."""
     from transformer_engine_ops.modules import linear as linear_module
 
@@ -81,8 +81,8 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
     xg = x.clone().requires_grad_(True)
     dy = torch.ones(rows, hidden, dtype=dtype, device=device)
     with torch.no_grad():
-        args = LinearFwdArgs(**_call_fields(ours, x))
-    fields_g = _call_fields(ours, xg)
+        args = LinearFwdArgs(**module_call_fields(ours, x))
+    fields_g = module_call_fields(ours, xg)
     args_g = LinearFwdArgs(**fields_g)
     slots = g.flatten_linear_fwd_args(args)
     op = g.linear_fwd
