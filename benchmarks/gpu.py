@@ -265,12 +265,15 @@ def _quantization(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
 
 def _op_overhead(rows: int, hidden: int, rounds: int) -> dict[str, Any]:
     from transformer_engine_ops.generated.linear import flatten_linear_fwd_args, linear_fwd
+    from transformer_engine_ops.ops.linear import LinearFwdArgs
+
+    from .overhead import module_call_fields
 
     layer = Linear(hidden, hidden, params_dtype=torch.bfloat16, device=_DEV[0])
     ref = torch.nn.Linear(hidden, hidden, dtype=torch.bfloat16, device=_DEV[0])
     x = torch.randn(rows, hidden, device=_DEV[0], dtype=torch.bfloat16)
     with torch.no_grad():
-        args = layer._fwd_args(x, None, None, False)
+        args = LinearFwdArgs(**module_call_fields(layer, x))
     fns = {
         "op call (teops::linear_fwd via dispatcher)": lambda: linear_fwd(
             *flatten_linear_fwd_args(args)

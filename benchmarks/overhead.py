@@ -8,7 +8,7 @@ called in turn (``common.interleaved``):
   conversion, unflatten, result packing); ``compiled call`` (``linear_compiled``:
   flatten + op + user outputs, what a compiled graph's trace is made of, run eagerly);
   ``eager call`` (``linear_eager``: field checks + impl); ``module`` (our ``Linear``:
-  bundle construction + eager call);
+  its fields by name into ``call_linear``, whose plain call serves this one);
 * forward + backward (autograd): the same, each followed by ``backward`` (``kernel``:
   ``linear_forward`` + ``linear_setup_context`` + ``linear_backward`` called directly).
 
@@ -33,7 +33,12 @@ from torch.utils import benchmark
 
 from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.modules.linear import Linear
-from transformer_engine_ops.ops.linear import linear_backward, linear_forward, linear_setup_context
+from transformer_engine_ops.ops.linear import (
+    LinearFwdArgs,
+    linear_backward,
+    linear_forward,
+    linear_setup_context,
+)
 from transformer_engine_ops.runtime.lowering import inductor_backend
 
 from .common import progress, ratio_stats, stats
@@ -53,6 +58,20 @@ def _dtype(device: str) -> torch.dtype:
     return torch.float32 if device == "cpu" else torch.bfloat16
 
 
+def module_call_fields(module: Linear, x: torch.Tensor) -> dict[str, Any]:
+    """The fields our module's call on ``x`` hands ``call_linear`` (recorded)."""
+    from transformer_engine_ops.modules import linear as linear_module
+
+    seen: list[dict[str, Any]] = []
+    entry = linear_module.call_linear
+    linear_module.call_linear = lambda **kw: seen.append(kw) or entry(**kw)
+    try:
+        module(x)
+    finally:
+        linear_module.call_linear = entry
+    return {k: v for k, v in seen[0].items() if k != "keep"}
+
+
 def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
     dtype = _dtype(device)
     torch.manual_seed(0)
@@ -62,8 +81,9 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
     xg = x.clone().requires_grad_(True)
     dy = torch.ones(rows, hidden, dtype=dtype, device=device)
     with torch.no_grad():
-        args = ours._fwd_args(x, None, None, False)
-    args_g = ours._fwd_args(xg, None, None, False)
+        args = LinearFwdArgs(**module_call_fields(ours, x))
+    fields_g = module_call_fields(ours, xg)
+    args_g = LinearFwdArgs(**fields_g)
     slots = g.flatten_linear_fwd_args(args)
     op = g.linear_fwd
 
@@ -80,20 +100,24 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
         bwd.grad_outputs = [dy]
         linear_backward(bwd)
 
-    def bundle() -> Any:  # a fresh bundle per call, as the module makes
-        return ours._fwd_args(xg, None, None, False)
+    def bundle() -> Any:  # a fresh bundle per call, as the op path makes
+        return LinearFwdArgs(**fields_g)
 
     fns = {
         "no grad/torch": no_grad(lambda: ref(x)),
         "no grad/kernel": no_grad(lambda: linear_forward(args)),
         "no grad/op": no_grad(lambda: op(*slots)),
-        "no grad/compiled call": no_grad(lambda: g.linear_compiled(args)),
+        "no grad/compiled call": no_grad(
+            lambda: g.linear_compiled(g.flatten_linear_fwd_args(args))
+        ),
         "no grad/eager call": no_grad(lambda: g.linear_eager(args)),
         "no grad/module": no_grad(lambda: ours(x)),
         "autograd/torch": lambda: ref(xg).backward(dy),
         "autograd/kernel": kernel_step,
         "autograd/op": lambda: op(*g.flatten_linear_fwd_args(bundle()))[0].backward(dy),
-        "autograd/compiled call": lambda: g.linear_compiled(bundle())[0].backward(dy),
+        "autograd/compiled call": lambda: g.linear_compiled(g.flatten_linear_fwd_args(bundle()))[0][
+            0
+        ].backward(dy),
         "autograd/eager call": lambda: g.linear_eager(bundle())[0][0].backward(dy),
         "autograd/module": lambda: ours(xg).backward(dy),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import builtins
 import functools
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from . import FORMAT_VERSION, kinds
 from .config import Config
+from .errors import CodegenError
 from .model import (
     GRAD_OUTPUT_FIELD,
     GRAD_OUTPUTS_FIELD,
@@ -28,6 +30,7 @@ class FieldCode:
     kind: str
     pack: str  # one element (or a starred group) of the flatten tuple
     unpack: str  # one keyword value of the unflatten constructor call
+    pack_local: str  # ``pack`` reading the field from a local of its name
 
 
 @dataclass(frozen=True)
@@ -111,13 +114,15 @@ def _tuple_literal(items: tuple[str, ...]) -> str:
 
 def _field_code(bundle: Bundle, field: Field, imports: _Imports) -> FieldCode:
     rec = kinds.record(field.type.kind)
-    code = kinds.CodeInput(
-        value=f"args.{field.name}",
-        where=kinds.pyrepr(f"{bundle.name}.{field.name}"),
-        type=field.type,
-        local=imports.use,
+
+    def code(value: str) -> kinds.CodeInput:
+        where = kinds.pyrepr(f"{bundle.name}.{field.name}")
+        return kinds.CodeInput(value=value, where=where, type=field.type, local=imports.use)
+
+    bundled = code(f"args.{field.name}")
+    return FieldCode(
+        field.name, rec.name, rec.pack(bundled), rec.unpack(bundled), rec.pack(code(field.name))
     )
-    return FieldCode(field.name, rec.name, rec.pack(code), rec.unpack(code))
 
 
 def schema_string(bundle: Bundle) -> str:
@@ -227,7 +232,7 @@ def _eager_reasons(op: Op) -> list[EagerReason]:
     reasons = []
     for entry in op.eager_when:
         terms = [
-            f"isinstance(args.{name}, _r.QuantizedData)" if quantized else f"args.{name}"
+            f"isinstance({name}, _r.QuantizedData)" if quantized else name
             for name, quantized in entry.terms
         ]
         reasons.append(EagerReason(" and ".join(terms), kinds.pyrepr(entry.reason)))
@@ -239,10 +244,56 @@ def _quantizer_values(bundle: Bundle) -> list[str]:
     values = []
     for f in bundle.fields:
         if f.type.kind is Kind.QUANTIZER:
-            values.append(f"args.{f.name}")
+            values.append(f.name)
         elif f.type.kind is Kind.QUANTIZER_LIST:
-            values.append(f"*(args.{f.name} or ())")
+            values.append(f"*({f.name} or ())")
     return values
+
+
+def _blocker_fields(op: Op) -> list[str]:
+    """The forward fields the compile blocker reads, in bundle order."""
+    read = {name for entry in op.eager_when for name, _ in entry.terms}
+    quantizers = (Kind.QUANTIZER, Kind.QUANTIZER_LIST)
+    return [f.name for f in op.forward.fields if f.name in read or f.type.kind in quantizers]
+
+
+@dataclass(frozen=True)
+class EntryParam:
+    """One keyword-only parameter of ``call_<op>``: a forward field and its default."""
+
+    name: str
+    default: str | None  # a literal's source text, or None (the caller passes it)
+
+
+def _literal_default(field: Field) -> str | None:
+    """The field's default where it is a literal (``None``, ``False``, ``(1, 2)``); a
+    computed default (``field(default_factory=list)``) leaves the keyword required."""
+    if field.default is None:
+        return None
+    try:
+        ast.literal_eval(field.default)
+    except (ValueError, SyntaxError):
+        return None
+    return field.default
+
+
+# Names the generated entry and slot function use besides the fields (and the
+# module-level names `_reserved_names` lists): a field of one of these names would
+# shadow it there.
+_ENTRY_NAMES = frozenset(
+    {"Any", "torch", "_b", "_r", "keep", "reason", "outputs", "values", "args"}
+)
+
+
+def _check_entry_fields(op: Op, generated: frozenset[str]) -> None:
+    for f in op.forward.fields:
+        if f.name in _ENTRY_NAMES or f.name in generated:
+            raise CodegenError(
+                f.location,
+                f"field `{f.name}` of {op.forward.name} would shadow `{f.name}` in the "
+                f"generated `call_{op.name}`, which takes each field as a keyword",
+                "rename the field",
+            )
 
 
 def calling_side_context(op: Op) -> dict:
@@ -286,6 +337,9 @@ def calling_side_context(op: Op) -> dict:
         "backward_values": backward_values,
         "eager_reasons": _eager_reasons(op),
         "quantizer_values": _quantizer_values(op.forward),
+        "blocker_fields": _blocker_fields(op),
+        "entry_params": [EntryParam(f.name, _literal_default(f)) for f in op.forward.fields],
+        "plain_fields": op.plain_fields,
         "group_fields": [
             (f.name, kinds.pyrepr(f"{op.forward.name}.{f.name}"))
             for f in op.forward.fields
@@ -307,14 +361,27 @@ def _template_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _reserved_names(op: Op) -> frozenset[str]:
-    generated = {f"{op.name}_fwd", f"{op.name}_bwd"}
+def _generated_names(op: Op) -> frozenset[str]:
+    """The module-level names a generated op module defines for its op."""
+    generated = {f"{op.name}_fwd", f"{op.name}_bwd", f"{op.name}_fwd_slots"}
     generated |= {f"call_{op.name}", f"{op.name}_eager", f"{op.name}_compiled"}
     generated |= {f"{op.name}_compile_blocker"}
     for bundle in (op.forward, op.backward):
         s = snake(bundle.name)
         generated |= {f"flatten_{s}", f"unflatten_{s}", f"spec_{s}"}
-    return _template_names() | generated
+    return frozenset(generated)
+
+
+# Module-level names every generated op module with impls defines.
+_TEMPLATE_GLOBALS = frozenset(
+    {"FORWARD_OP", "BACKWARD_OP", "_call_eagerly", "_EagerNode", "_OpNode"}
+)
+
+
+def _reserved_names(op: Op) -> frozenset[str]:
+    # The forward fields too: `call_<op>` and the slot function take them as locals.
+    fields = {f.name for f in op.forward.fields}
+    return _template_names() | _generated_names(op) | fields
 
 
 def op_module_context(source: SourceModule, config: Config) -> dict:
@@ -324,6 +391,10 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
         imports.use(bundle.qualname)
     registration: dict = {"impls": op.impls}
     if op.impls is not None:
+        _check_entry_fields(op, _generated_names(op) | _TEMPLATE_GLOBALS)
+        if op.plain_problem is not None:
+            p = op.plain_problem
+            raise CodegenError(p.location, p.message, p.hint)
         registration["impls"] = Impls(
             **{key: imports.use(f"{source.module}.{name}") for key, name in vars(op.impls).items()}
         )

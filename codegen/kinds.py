@@ -96,11 +96,17 @@ class CodeInput:
         """The field's value, type-checked: an inline exact-type test (``exact``; None
         too where optional) that falls back to the ``_b.check`` call only for anything
         else, which accepts subclasses or raises naming the field. Under Dynamo an
-        inlined call costs far more than the inline test, and most values pass it."""
-        passes = f"type(v := {self.value}) is {exact}"
+        inlined call costs far more than the inline test, and most values pass it. A
+        value read from a local (``call_<op>``'s keywords) is named as is, else once
+        through ``v``."""
+        if self.value.isidentifier():
+            v, bound = self.value, self.value
+        else:
+            v, bound = "v", f"v := {self.value}"
+        passes = f"type({bound}) is {exact}"
         if self.type.optional:
-            passes = f"(v := {self.value}) is None or type(v) is {exact}"
-        return f"v if {passes} else _b.{self.check}(v, {expected}, {self.where})"
+            passes = f"({bound}) is None or type({v}) is {exact}"
+        return f"{v} if {passes} else _b.{self.check}({v}, {expected}, {self.where})"
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,15 @@ class EagerWhen:
 
 
 @dataclass(frozen=True)
+class Problem:
+    """A positioned generator error kept for later (``CodegenError``'s arguments)."""
+
+    location: Location
+    message: str
+    hint: str
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     forward: Bundle
@@ -189,6 +198,12 @@ class Op:
     # The declaration's ``plain_call``: an op-module function serving a plain eager call
     # more cheaply than the generic path (None: it does not serve this call).
     plain_call: str | None = None
+    # The forward fields the plain call reads (its keyword-only parameters).
+    plain_fields: tuple[str, ...] = ()
+    # Why the plain call's parameters cannot be passed from the fields, raised when the
+    # calling side is generated (not when reading: `codegen diff` reads revisions whose
+    # plain call took the bundle).
+    plain_problem: Problem | None = None
 
 
 @dataclass(frozen=True)

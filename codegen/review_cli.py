@@ -127,7 +127,9 @@ def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> d
                 emit.op_module_context(module, config)
             )
             constants = _rendered_constants(code)
-        except (jinja2.TemplateError, SyntaxError, ValueError, KeyError) as exc:
+        except (jinja2.TemplateError, SyntaxError, ValueError, KeyError, CodegenError) as exc:
+            # CodegenError: REV's op module is one this generator reads but would not
+            # generate (a plain call taking the bundle, from before the keyword entry).
             notes.append(
                 f"{label}: {module.path}: its schemas come from the bundles, not the templates "
                 f"({type(exc).__name__}: {exc})"

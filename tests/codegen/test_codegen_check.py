@@ -217,14 +217,17 @@ def test_one_field_change_is_one_line_in_each_artifact(repo: Path, cli) -> None:
 
     added, removed = _changed_lines(old_module, new_module)
     assert removed == [], "no header digest or other line changes"
-    assert len(added) == 4, added
-    schema_line, slot_line, flatten_line, unflatten_line = added
-    assert schema_line.strip() == '", bool new_flag"'
-    assert slot_line.strip() == '_b.SlotRow("new_flag", "scalar", "new_flag", "bool"),'
-    assert flatten_line.strip() == (
-        'v if type(v := args.new_flag) is bool else _b.check(v, bool, "LinearFwdArgs.new_flag"),'
-    )
-    assert unflatten_line.strip() == "new_flag=slot(),"
+    assert [line.strip() for line in added] == [
+        '", bool new_flag"',  # the schema
+        '_b.SlotRow("new_flag", "scalar", "new_flag", "bool"),',  # the slot table
+        "args.new_flag,",  # flatten_linear_fwd_args: the bundle's field to the slot function
+        "new_flag: Any,",  # linear_fwd_slots: its parameter
+        'new_flag if type(new_flag) is bool else _b.check(new_flag, bool, "LinearFwdArgs.new_flag"),',
+        "new_flag=slot(),",  # unflatten
+        "new_flag: Any,",  # call_linear: its keyword
+        "new_flag,",  # call_linear: to linear_fwd_slots (compiled)
+        "new_flag=new_flag,",  # call_linear: into the bundle (the eager op path)
+    ]
 
     added, removed = _changed_lines(old_schemas, new_schemas)
     assert removed == []

@@ -143,3 +143,25 @@ def run_in_threads(fn: Any, names: list[str]) -> dict[str, Any]:
         t.join()
     assert not errors, errors
     return results
+
+
+def linear_call_bundle(layer: Linear, *args: Any, **kwargs: Any) -> Any:
+    """The ``LinearFwdArgs`` a ``Linear`` call hands its op: the fields it passes the
+    generated ``call_linear`` by name, recorded (the call itself runs as usual)."""
+    from transformer_engine_ops.modules import linear as linear_module
+    from transformer_engine_ops.ops.linear import LinearFwdArgs
+
+    seen: list[dict[str, Any]] = []
+    entry = linear_module.call_linear
+
+    def record(**fields: Any) -> Any:
+        seen.append({k: v for k, v in fields.items() if k != "keep"})
+        return entry(**fields)
+
+    linear_module.call_linear = record
+    try:
+        layer(*args, **kwargs)
+    finally:
+        linear_module.call_linear = entry
+    (fields,) = seen
+    return LinearFwdArgs(**fields)

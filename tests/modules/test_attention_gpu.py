@@ -111,7 +111,7 @@ def test_hopper_selects_cudnn_for_plain_causal_bf16():
         pytest.skip("TE's preference for the fused backend is Hopper and newer")
     seen = []
     original = module_file.call_dot_product_attention
-    module_file.call_dot_product_attention = lambda args: seen.append(args.backend) or (None,)
+    module_file.call_dot_product_attention = lambda **kw: seen.append(kw["backend"]) or (None,)
     try:
         te.DotProductAttention(H, D)(*(t.cuda() for t in _inputs(torch.bfloat16, H)))
     finally:

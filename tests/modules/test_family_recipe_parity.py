@@ -7,6 +7,8 @@ metadata per GEMM), saved in ``_extra_state`` and loadable with ``weights_only=T
 from __future__ import annotations
 
 import io
+import types
+from typing import Any
 
 import pytest
 import torch
@@ -65,10 +67,16 @@ def _recipe_with_gemms(split: bool) -> te.recipe.Float8CurrentScaling:
 
 
 def _captured(module_file, monkeypatch, call):
-    """The bundle a module hands its ``call_<op>`` (the op itself not run)."""
+    """The fields a module hands its ``call_<op>`` by name, as attributes (the op itself
+    not run)."""
     seen = []
     entry = "call_" + module_file.__name__.rsplit(".", 1)[-1]
-    monkeypatch.setattr(module_file, entry, lambda args, keep=None: seen.append(args) or (0,))
+
+    def record(keep: Any = None, **fields: Any) -> tuple[int]:
+        seen.append(types.SimpleNamespace(**fields))
+        return (0,)
+
+    monkeypatch.setattr(module_file, entry, record)
     call()
     return seen[0]
 

@@ -3,6 +3,8 @@ against the plain formula, dynamic batch sizes, TE's constructor and state-dict 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from family_cases import (
@@ -188,11 +190,15 @@ def test_state_dict_has_te_keys_and_loads_strictly_both_ways(bias):
 
 def _captured_bundle(module, monkeypatch, recipe):
     from transformer_engine_ops.modules import layernorm_mlp
+    from transformer_engine_ops.ops.layernorm_mlp import LayerNormMLPFwdArgs
 
     seen = []
-    monkeypatch.setattr(
-        layernorm_mlp, "call_layernorm_mlp", lambda args, keep=None: seen.append(args) or (0,)
-    )
+
+    def record(keep: Any = None, **fields: Any) -> tuple[int]:
+        seen.append(LayerNormMLPFwdArgs(**fields))
+        return (0,)
+
+    monkeypatch.setattr(layernorm_mlp, "call_layernorm_mlp", record)
     with te.autocast(recipe=recipe):
         module(make_input())
     return seen[0]

@@ -14,6 +14,7 @@ from module_cases import (
     RECIPES,
     assert_bitwise,
     graph_breaks,
+    linear_call_bundle,
     make_input,
     make_mlp,
     recipe_context,
@@ -22,8 +23,10 @@ from module_cases import (
 )
 from torch._dynamo.utils import counters
 
+from transformer_engine_ops.modules import linear as linear_module
 from transformer_engine_ops.modules.autocast import autocast, quantized_model_init
 from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.ops.linear import LinearFwdArgs
 from transformer_engine_ops.quantization import DelayedScaling, Float8CurrentScaling
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
 from transformer_engine_ops.runtime.quantizer import QuantizedTensor
@@ -304,8 +307,13 @@ def test_module_rejects_a_non_tensor_input_naming_the_field():
 
 
 def test_module_args_match_the_bundle_the_ops_take():
-    """The module fills every bundle field (none left to a default)."""
+    """The module passes every bundle field (none left to a default)."""
     layer = Linear(64, 32, params_dtype=torch.bfloat16)
-    args = layer._fwd_args(make_input(), None, None, False)
-    assert {f.name for f in dataclasses.fields(args)} == set(vars(args))
+    seen: list[set[str]] = []
+    entry = linear_module.call_linear
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(linear_module, "call_linear", lambda **kw: seen.append(set(kw)) or entry(**kw))
+        layer(make_input())
+    assert seen == [{f.name for f in dataclasses.fields(LinearFwdArgs)} | {"keep"}]
+    args = linear_call_bundle(layer, make_input())
     assert args.fp8 is False and args.input_quantizer is None and args.weight_workspace is None

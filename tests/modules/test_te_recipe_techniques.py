@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from module_cases import graph_breaks, unique_graphs
+from module_cases import graph_breaks, linear_call_bundle, unique_graphs
 
 import transformer_engine_ops as te
 from transformer_engine_ops.generated import linear as generated_linear
@@ -168,22 +168,17 @@ def test_training_follows_the_unquantized_loss_curve():
 
 def test_an_op_call_that_rounds_stochastically_never_lowers_into_inductor():
     module, x = make("linear"), make_input()
-    args = module[0]._fwd_args(x, _quantizers(), None, False)
+    with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
+        args = linear_call_bundle(module[0], x)
     assert args.sr_rng_state is not None
     slots = generated_linear.flatten_linear_fwd_args(args)
     assert not Lowerable(generated_linear.FORWARD_SLOTS)(slots)
 
 
-def _quantizers() -> Any:
-    from transformer_engine_ops.modules.autocast import RecipeQuantizers
-
-    return RecipeQuantizers.from_recipe(te.recipe.NVFP4BlockScaling())
-
-
 def test_a_missing_rng_state_names_the_field():
     module, x = make("linear"), make_input().reshape(-1, 64)
-    q = _quantizers()
-    args = module[0]._fwd_args(x.requires_grad_(True), q, None, False)
+    with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
+        args = linear_call_bundle(module[0], x.requires_grad_(True))
     args.sr_rng_state = None
     (y,), _ = generated_linear.linear_eager(args)
     with pytest.raises(ValueError, match=r"LinearBwdArgs.sr_rng_state: .* needs an int64"):

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from module_cases import RECIPES, recipe_context
+from module_cases import RECIPES, linear_call_bundle, recipe_context
 
 import transformer_engine_ops as te
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning, reset_warnings
@@ -258,7 +258,7 @@ def test_the_ops_fake_refuses_a_wgrad_side_effect(flag: str) -> None:
     from transformer_engine_ops.ops.linear import linear_forward_spec
 
     module = _linear(torch.float32, **{flag: True})
-    args = module._fwd_args(_input(torch.float32, 1), None, None, False)
+    args = linear_call_bundle(module, _input(torch.float32, 1))
     assert getattr(args, flag)
     spec_args = spec_linear_fwd_args(*flatten_linear_fwd_args(args))
     with pytest.raises(ValueError, match=f"LinearFwdArgs.{flag}: .* cannot be traced"):

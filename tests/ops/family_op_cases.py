@@ -13,17 +13,22 @@ from linear_cases import RECIPES as LINEAR_RECIPES
 from test_linear_ops import _layout, _real_and_fake
 
 from transformer_engine_ops.modules.autocast import autocast
+from transformer_engine_ops.runtime.lowering_check import forward_bundle
 
 # The ops' recipes, as the Linear op tests make them.
 RECIPES: dict[str, Any] = LINEAR_RECIPES
 
 
 class _Recorder:
-    def __init__(self) -> None:
+    """Stands in for a module's ``call_<op>``: keeps the fields it is given, as the
+    op's forward bundle."""
+
+    def __init__(self, bundle: type) -> None:
+        self.bundle = bundle
         self.args: Any = None
 
-    def __call__(self, args: Any, keep: Any = None) -> tuple[Any, ...]:
-        self.args = args
+    def __call__(self, keep: Any = None, **fields: Any) -> tuple[Any, ...]:
+        self.args = self.bundle(**fields)
         return (None, None)
 
 
@@ -31,7 +36,8 @@ def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str, *extra
     """The forward bundle ``module(x, *extra)`` hands its op under ``recipe`` (op not run)."""
     owner: ModuleType = sys.modules[type(module).__module__]
     (entry,) = [name for name in vars(owner) if name.startswith("call_")]  # its call_<op>
-    recorder, original = _Recorder(), getattr(owner, entry)
+    original = getattr(owner, entry)
+    recorder = _Recorder(forward_bundle(sys.modules[original.__module__]))
     setattr(owner, entry, recorder)
     factory = RECIPES[recipe]
     context = autocast(recipe=factory()) if factory is not None else contextlib.nullcontext()

@@ -9,6 +9,7 @@ import torch
 import transformer_engine_ops as te
 from transformer_engine_ops.generated import attention as g
 from transformer_engine_ops.modules import attention as module_file
+from transformer_engine_ops.ops.attention import DotProductAttnFwdArgs
 
 H, D = 4, 8
 
@@ -17,7 +18,9 @@ def _capture(ctor, inputs, seed=0, grad=True, **kw):
     """The forward bundle ``DotProductAttention(H, D, **ctor)(*inputs, **kw)`` builds."""
     seen = []
     original = module_file.call_dot_product_attention
-    module_file.call_dot_product_attention = lambda args: seen.append(args) or (None,)
+    module_file.call_dot_product_attention = lambda **fields: seen.append(
+        DotProductAttnFwdArgs(**fields)
+    ) or (None,)
     try:
         torch.manual_seed(seed)
         with torch.set_grad_enabled(grad):

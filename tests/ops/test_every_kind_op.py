@@ -210,7 +210,7 @@ def test_unsupported_field_must_be_none(g):
 
 def test_a_bad_literal_is_named(g):
     with pytest.raises(ValueError, match="EveryKindOpFwdArgs.reduction: expected one of"):
-        g.call_every_kind_op(make_args(reduction="max"))
+        g.call_every_kind_op(**vars(make_args(reduction="max")))
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -230,7 +230,7 @@ def test_opcheck_forward_and_backward(g, name):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_eager_autograd_equals_plain_pytorch(g, name):
     args, ref = _variant(name), _variant(name)
-    out = g.call_every_kind_op(args)
+    out = g.call_every_kind_op(**vars(args))
     want = plain_pytorch(ref)
     for o, w in zip(out, want, strict=True):
         torch.testing.assert_close(o, w)
@@ -248,7 +248,9 @@ def _run(g: ModuleType, args: op.EveryKindOpFwdArgs, compiled: Any) -> Any:
 
 def _compiled_call(g: ModuleType, template: op.EveryKindOpFwdArgs, backend: str) -> Any:
     def f(x, w, b, extras):
-        return g.call_every_kind_op(dataclasses.replace(template, x=x, w=w, b=b, extras=extras))
+        return g.call_every_kind_op(
+            **vars(dataclasses.replace(template, x=x, w=w, b=b, extras=extras))
+        )
 
     return torch.compile(f, fullgraph=True, backend=backend)
 
@@ -260,7 +262,7 @@ def _compiled_call(g: ModuleType, template: op.EveryKindOpFwdArgs, backend: str)
 def test_compiled_equals_eager_bit_for_bit(g, name, backend):
     torch._dynamo.reset()
     eager_args, comp_args = _variant(name), _variant(name)
-    eager = _run(g, eager_args, lambda x, w, b, e: g.call_every_kind_op(eager_args))
+    eager = _run(g, eager_args, lambda x, w, b, e: g.call_every_kind_op(**vars(eager_args)))
     got = _run(g, comp_args, _compiled_call(g, comp_args, backend))
     for a, b in zip([*eager[0], *eager[1]], [*got[0], *got[1]], strict=True):
         assert (a is None and b is None) or torch.equal(a.detach(), b.detach())
@@ -271,7 +273,11 @@ def test_two_backward_passes_with_retain_graph(g, compiled):
     torch._dynamo.reset()
     args, ref = make_args(), make_args()
     call = _compiled_call(g, args, "aot_eager") if compiled else None
-    out = call(args.x, args.w, args.b, args.extras) if compiled else g.call_every_kind_op(args)
+    out = (
+        call(args.x, args.w, args.b, args.extras)
+        if compiled
+        else g.call_every_kind_op(**vars(args))
+    )
     want = plain_pytorch(ref)
     for outputs in (out, want):
         _loss(outputs).backward(retain_graph=True)
@@ -289,7 +295,7 @@ def test_eager_path_saves_every_backward_tensor_through_save_for_backward(g):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        g.call_every_kind_op(args)
+        g.call_every_kind_op(**vars(args))
     assert any(t is args.x for t in packed) and any(t is args.w for t in packed)
 
 

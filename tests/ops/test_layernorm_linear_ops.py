@@ -13,6 +13,7 @@ from family_op_cases import RECIPES, capture_bundle, check_fake_layouts, check_o
 import transformer_engine_ops as te
 from transformer_engine_ops.generated import layernorm_linear as g
 from transformer_engine_ops.modules.autocast import STATE
+from transformer_engine_ops.ops.layernorm_linear import LayerNormLinearFwdArgs
 
 NAME = "layernorm_linear"
 FLAT = (g.flatten_layer_norm_linear_fwd_args, g.flatten_layer_norm_linear_bwd_args)
@@ -42,7 +43,7 @@ def _bundle(
         return _workspace_bundle(module, x, recipe)
     if override is not None:
         with te.autocast(recipe=RECIPES[recipe](backward_override=override)):
-            return module._fwd_args(x, STATE.autocast, None, False)
+            return LayerNormLinearFwdArgs(**module._op_fields(x, STATE.autocast, None, False))
     with contextlib.nullcontext() if grad else torch.no_grad():
         return capture_bundle(module, x, recipe, None, fp8_output)
 
@@ -51,7 +52,7 @@ def _workspace_bundle(module, x, recipe):
     """The bundle of a later microbatch: the weight workspace the first one cached."""
     with te.autocast(recipe=RECIPES[recipe]()):
         module(x, is_first_microbatch=True)
-        fwd = module._fwd_args(x, STATE.autocast, False, False)
+        fwd = LayerNormLinearFwdArgs(**module._op_fields(x, STATE.autocast, False, False))
     assert fwd.weight_workspace is not None
     return fwd
 

@@ -115,7 +115,7 @@ def test_op_autograd_matches_direct_implementation(recipe):
     (out_ref,), _ = g.linear_eager(ref)
     out_ref.sum().backward()
     op_args = make_fwd_args(recipe)
-    (out,) = g.linear_compiled(op_args)
+    (out,), _ = g.linear_compiled(g.flatten_linear_fwd_args(op_args))
     out.sum().backward()
     assert torch.equal(out, out_ref)
     for field in ("inp", "weight", "bias"):
@@ -184,7 +184,7 @@ def test_compiled_call_names_a_bad_field():
 
     @torch.compile(backend="eager", fullgraph=True)
     def call(a):
-        return g.linear_compiled(a)
+        return g.linear_compiled(g.flatten_linear_fwd_args(a))
 
     torch._dynamo.reset()
     with pytest.raises((TypeError, torch._dynamo.exc.TorchDynamoException)) as info:

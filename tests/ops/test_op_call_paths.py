@@ -40,7 +40,7 @@ def test_eager_op_autograd_runs_no_spec_and_no_backward_flatten(monkeypatch, rec
     (out_ref,), _ = g.linear_eager(ref)
     out_ref.sum().backward()
     args = make_fwd_args(recipe)
-    (out,) = g.linear_compiled(args)
+    (out,), _ = g.linear_compiled(g.flatten_linear_fwd_args(args))
     out.sum().backward()
     assert spec[0] == 0 and flatten_bwd[0] == 0
     assert torch.equal(out, out_ref)
@@ -94,7 +94,7 @@ def test_compiled_keeping_hands_out_the_saved_weight_detached_as_eager_saves_it(
     ref = make_fwd_args("fp8_current", cache_weight=True)
     (out_ref,), saved_ref = g.linear_eager(ref)
     args = make_fwd_args("fp8_current", cache_weight=True)
-    (out,), (weight,) = g.linear_compiled_keeping(args, (1,))
+    (out,), (weight,) = g.linear_compiled(g.flatten_linear_fwd_args(args), (1,))
     assert torch.equal(out, out_ref)
     assert type(weight) is type(saved_ref[1]) and not weight.requires_grad
     assert all(not t.requires_grad for t in _buffers(weight))
@@ -112,7 +112,7 @@ def test_compiled_keeping_hands_out_the_saved_weight_detached_as_eager_saves_it(
 def test_compiled_keeping_refuses_what_a_call_cannot_keep(kept, error, text):
     args = make_fwd_args("fp8_current", cache_weight=True)
     with pytest.raises(error, match=text):
-        g.linear_compiled_keeping(args, kept)
+        g.linear_compiled(g.flatten_linear_fwd_args(args), kept)
 
 
 @pytest.mark.slow  # one compile
@@ -121,10 +121,10 @@ def test_call_with_keep_hands_the_same_values_to_into_eager_and_compiled():
     kept: dict[str, tuple[Any, ...]] = {}
 
     def call(args: Any, where: str) -> torch.Tensor:
-        def into(bundle: Any, values: tuple[Any, ...]) -> None:
+        def into(values: tuple[Any, ...]) -> None:
             kept[where] = values
 
-        return g.call_linear(args, Keep((1,), into))[0]
+        return g.call_linear(**vars(args), keep=Keep((1,), into))[0]
 
     out_ref = call(make_fwd_args("fp8_current", cache_weight=True), "eager")
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")

@@ -162,75 +162,141 @@ BACKWARD_SLOTS = (
 
 def flatten_dot_product_attn_fwd_args(args: DotProductAttnFwdArgs) -> tuple[Any, ...]:
     """`DotProductAttnFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return dot_product_attention_fwd_slots(
+        args.q,
+        args.k,
+        args.v,
+        args.attn_bias,
+        args.cu_seqlens_q,
+        args.cu_seqlens_kv,
+        args.cu_seqlens_q_padded,
+        args.cu_seqlens_kv_padded,
+        args.attention_mask,
+        args.alibi_slopes,
+        args.rng_state,
+        args.q_requires_grad,
+        args.k_requires_grad,
+        args.v_requires_grad,
+        args.attn_bias_requires_grad,
+        args.is_training,
+        args.max_seqlen_q,
+        args.max_seqlen_kv,
+        args.attn_scale,
+        args.dropout_p,
+        args.qkv_format,
+        args.attn_bias_type,
+        args.attn_mask_type,
+        args.window_size,
+        args.bottom_right_diagonal,
+        args.softcap,
+        args.backend,
+        args.is_grad_enabled,
+    )
+
+
+def dot_product_attention_fwd_slots(
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_bias: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_kv: Any,
+    cu_seqlens_q_padded: Any,
+    cu_seqlens_kv_padded: Any,
+    attention_mask: Any,
+    alibi_slopes: Any,
+    rng_state: Any,
+    q_requires_grad: Any,
+    k_requires_grad: Any,
+    v_requires_grad: Any,
+    attn_bias_requires_grad: Any,
+    is_training: Any,
+    max_seqlen_q: Any,
+    max_seqlen_kv: Any,
+    attn_scale: Any,
+    dropout_p: Any,
+    qkv_format: Any,
+    attn_bias_type: Any,
+    attn_mask_type: Any,
+    window_size: Any,
+    bottom_right_diagonal: Any,
+    softcap: Any,
+    backend: Any,
+    is_grad_enabled: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `DotProductAttnFwdArgs` (`call_dot_product_attention` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v
-        if type(v := args.q) is torch.Tensor
-        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.q"),
-        v
-        if type(v := args.k) is torch.Tensor
-        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.k"),
-        v
-        if type(v := args.v) is torch.Tensor
-        else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
-        v
-        if (v := args.attn_bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
-        v
-        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
-        v
-        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
-        v
-        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"),
-        v
-        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"),
-        v
-        if (v := args.attention_mask) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"),
-        v
-        if (v := args.alibi_slopes) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
-        v
-        if (v := args.rng_state) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
-        v
-        if type(v := args.q_requires_grad) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.q_requires_grad"),
-        v
-        if type(v := args.k_requires_grad) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.k_requires_grad"),
-        v
-        if type(v := args.v_requires_grad) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.v_requires_grad"),
-        v
-        if type(v := args.attn_bias_requires_grad) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"),
-        v
-        if type(v := args.is_training) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.is_training"),
-        v
-        if type(v := args.max_seqlen_q) is int
-        else _b.check(v, _b.INT, "DotProductAttnFwdArgs.max_seqlen_q"),
-        v
-        if type(v := args.max_seqlen_kv) is int
-        else _b.check(v, _b.INT, "DotProductAttnFwdArgs.max_seqlen_kv"),
-        v
-        if type(v := args.attn_scale) is float
-        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.attn_scale"),
-        v
-        if type(v := args.dropout_p) is float
-        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
-        _b.choice(args.qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
+        q if type(q) is torch.Tensor else _b.check(q, torch.Tensor, "DotProductAttnFwdArgs.q"),
+        k if type(k) is torch.Tensor else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
+        v if type(v) is torch.Tensor else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
+        attn_bias
+        if (attn_bias) is None or type(attn_bias) is torch.Tensor
+        else _b.check_optional(attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
+        cu_seqlens_q
+        if (cu_seqlens_q) is None or type(cu_seqlens_q) is torch.Tensor
+        else _b.check_optional(cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
+        cu_seqlens_kv
+        if (cu_seqlens_kv) is None or type(cu_seqlens_kv) is torch.Tensor
+        else _b.check_optional(cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
+        cu_seqlens_q_padded
+        if (cu_seqlens_q_padded) is None or type(cu_seqlens_q_padded) is torch.Tensor
+        else _b.check_optional(
+            cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
+        ),
+        cu_seqlens_kv_padded
+        if (cu_seqlens_kv_padded) is None or type(cu_seqlens_kv_padded) is torch.Tensor
+        else _b.check_optional(
+            cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
+        ),
+        attention_mask
+        if (attention_mask) is None or type(attention_mask) is torch.Tensor
+        else _b.check_optional(
+            attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
+        ),
+        alibi_slopes
+        if (alibi_slopes) is None or type(alibi_slopes) is torch.Tensor
+        else _b.check_optional(alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
+        rng_state
+        if (rng_state) is None or type(rng_state) is torch.Tensor
+        else _b.check_optional(rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
+        q_requires_grad
+        if type(q_requires_grad) is bool
+        else _b.check(q_requires_grad, bool, "DotProductAttnFwdArgs.q_requires_grad"),
+        k_requires_grad
+        if type(k_requires_grad) is bool
+        else _b.check(k_requires_grad, bool, "DotProductAttnFwdArgs.k_requires_grad"),
+        v_requires_grad
+        if type(v_requires_grad) is bool
+        else _b.check(v_requires_grad, bool, "DotProductAttnFwdArgs.v_requires_grad"),
+        attn_bias_requires_grad
+        if type(attn_bias_requires_grad) is bool
+        else _b.check(
+            attn_bias_requires_grad, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"
+        ),
+        is_training
+        if type(is_training) is bool
+        else _b.check(is_training, bool, "DotProductAttnFwdArgs.is_training"),
+        max_seqlen_q
+        if type(max_seqlen_q) is int
+        else _b.check(max_seqlen_q, _b.INT, "DotProductAttnFwdArgs.max_seqlen_q"),
+        max_seqlen_kv
+        if type(max_seqlen_kv) is int
+        else _b.check(max_seqlen_kv, _b.INT, "DotProductAttnFwdArgs.max_seqlen_kv"),
+        attn_scale
+        if type(attn_scale) is float
+        else _b.check(attn_scale, _b.FLOAT, "DotProductAttnFwdArgs.attn_scale"),
+        dropout_p
+        if type(dropout_p) is float
+        else _b.check(dropout_p, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
+        _b.choice(qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
         _b.choice(
-            args.attn_bias_type,
+            attn_bias_type,
             ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi"),
             "DotProductAttnFwdArgs.attn_bias_type",
         ),
         _b.choice(
-            args.attn_mask_type,
+            attn_mask_type,
             (
                 "no_mask",
                 "padding",
@@ -242,21 +308,19 @@ def flatten_dot_product_attn_fwd_args(args: DotProductAttnFwdArgs) -> tuple[Any,
             ),
             "DotProductAttnFwdArgs.attn_mask_type",
         ),
-        _b.int_tuple(args.window_size, 2, "DotProductAttnFwdArgs.window_size"),
-        v
-        if type(v := args.bottom_right_diagonal) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"),
-        v
-        if type(v := args.softcap) is float
-        else _b.check(v, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
+        _b.int_tuple(window_size, 2, "DotProductAttnFwdArgs.window_size"),
+        bottom_right_diagonal
+        if type(bottom_right_diagonal) is bool
+        else _b.check(bottom_right_diagonal, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"),
+        softcap
+        if type(softcap) is float
+        else _b.check(softcap, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
         _b.choice(
-            args.backend,
-            ("unfused", "flash", "cudnn", "efficient"),
-            "DotProductAttnFwdArgs.backend",
+            backend, ("unfused", "flash", "cudnn", "efficient"), "DotProductAttnFwdArgs.backend"
         ),
-        v
-        if type(v := args.is_grad_enabled) is bool
-        else _b.check(v, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
+        is_grad_enabled
+        if type(is_grad_enabled) is bool
+        else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
     )
 
 
@@ -615,10 +679,11 @@ _r.register_quantized_dispatch(dot_product_attention_bwd, BACKWARD_QUANTIZED_SLO
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_dot_product_attention` is the one entry a module has to this op. Eagerly it runs
-# `dot_product_attention_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `dot_product_attention_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `dot_product_attention_compile_blocker` names.
+# `call_dot_product_attention` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `dot_product_attention_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `dot_product_attention_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `dot_product_attention_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -719,65 +784,150 @@ def dot_product_attention_eager(
     return attention_forward(args)
 
 
-def dot_product_attention_compiled(args: DotProductAttnFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::dot_product_attention_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_dot_product_attn_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = dot_product_attention_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def dot_product_attention_compiled_keeping(
-    args: DotProductAttnFwdArgs, kept: tuple[int, ...]
+def dot_product_attention_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`dot_product_attention_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_dot_product_attn_fwd_args(args)
+    """The user outputs of `teops::dot_product_attention_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = dot_product_attention_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def dot_product_attention_compile_blocker(args: DotProductAttnFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def dot_product_attention_compile_blocker() -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if dot_product_attention_fwd is None or dot_product_attention_bwd is None:
         return _r.registration_error()
     return None
 
 
 def _call_eagerly(args: DotProductAttnFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_dot_product_attention`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_dot_product_attention`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = dot_product_attention_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
 def call_dot_product_attention(
-    args: DotProductAttnFwdArgs, keep: _r.Keep | None = None
+    *,
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_bias: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_kv: Any,
+    cu_seqlens_q_padded: Any,
+    cu_seqlens_kv_padded: Any,
+    attention_mask: Any,
+    alibi_slopes: Any,
+    rng_state: Any,
+    q_requires_grad: Any,
+    k_requires_grad: Any,
+    v_requires_grad: Any,
+    attn_bias_requires_grad: Any,
+    is_training: Any,
+    max_seqlen_q: Any,
+    max_seqlen_kv: Any,
+    attn_scale: Any,
+    dropout_p: Any,
+    qkv_format: Any,
+    attn_bias_type: Any,
+    attn_mask_type: Any,
+    window_size: Any,
+    bottom_right_diagonal: Any,
+    softcap: Any,
+    backend: Any,
+    is_grad_enabled: Any,
+    keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
-    """The `dot_product_attention` op's user outputs on `args`: the only way a module reaches the op.
+    """The `dot_product_attention` op's user outputs on the fields of a `DotProductAttnFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `dot_product_attention_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `dot_product_attention_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = dot_product_attention_compile_blocker(args)
-        if reason is None and keep is None:
-            return dot_product_attention_compiled(args)
+        reason = dot_product_attention_compile_blocker()
         if reason is None:
-            outputs, values = dot_product_attention_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = dot_product_attention_compiled(
+                dot_product_attention_fwd_slots(
+                    q,
+                    k,
+                    v,
+                    attn_bias,
+                    cu_seqlens_q,
+                    cu_seqlens_kv,
+                    cu_seqlens_q_padded,
+                    cu_seqlens_kv_padded,
+                    attention_mask,
+                    alibi_slopes,
+                    rng_state,
+                    q_requires_grad,
+                    k_requires_grad,
+                    v_requires_grad,
+                    attn_bias_requires_grad,
+                    is_training,
+                    max_seqlen_q,
+                    max_seqlen_kv,
+                    attn_scale,
+                    dropout_p,
+                    qkv_format,
+                    attn_bias_type,
+                    attn_mask_type,
+                    window_size,
+                    bottom_right_diagonal,
+                    softcap,
+                    backend,
+                    is_grad_enabled,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = DotProductAttnFwdArgs(
+        q=q,
+        k=k,
+        v=v,
+        attn_bias=attn_bias,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_kv=cu_seqlens_kv,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        attention_mask=attention_mask,
+        alibi_slopes=alibi_slopes,
+        rng_state=rng_state,
+        q_requires_grad=q_requires_grad,
+        k_requires_grad=k_requires_grad,
+        v_requires_grad=v_requires_grad,
+        attn_bias_requires_grad=attn_bias_requires_grad,
+        is_training=is_training,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv,
+        attn_scale=attn_scale,
+        dropout_p=dropout_p,
+        qkv_format=qkv_format,
+        attn_bias_type=attn_bias_type,
+        attn_mask_type=attn_mask_type,
+        window_size=window_size,
+        bottom_right_diagonal=bottom_right_diagonal,
+        softcap=softcap,
+        backend=backend,
+        is_grad_enabled=is_grad_enabled,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

@@ -169,69 +169,133 @@ BACKWARD_SLOTS = (
 
 def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     """`GroupedLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return grouped_linear_fwd_slots(
+        args.inp,
+        args.weights,
+        args.biases,
+        args.weight_workspaces,
+        args.m_splits,
+        args.input_requires_grad,
+        args.weights_requires_grad,
+        args.biases_requires_grad,
+        args.input_quantizers,
+        args.weight_quantizers,
+        args.grad_output_quantizers,
+        args.activation_dtype,
+        args.fp8,
+        args.backward_override,
+        args.fprop_gemm,
+        args.dgrad_gemm,
+        args.wgrad_gemm,
+        args.num_gemms,
+        args.in_features,
+        args.out_features,
+        args.is_first_microbatch,
+        args.cache_weight,
+        args.is_grad_enabled,
+        args.sr_rng_state,
+        args.fuse_wgrad_accumulation,
+        args.delay_wgrad_compute,
+    )
+
+
+def grouped_linear_fwd_slots(
+    inp: Any,
+    weights: Any,
+    biases: Any,
+    weight_workspaces: Any,
+    m_splits: Any,
+    input_requires_grad: Any,
+    weights_requires_grad: Any,
+    biases_requires_grad: Any,
+    input_quantizers: Any,
+    weight_quantizers: Any,
+    grad_output_quantizers: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    backward_override: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    num_gemms: Any,
+    in_features: Any,
+    out_features: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `GroupedLinearFwdArgs` (`call_grouped_linear` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v
-        if type(v := args.inp) is torch.Tensor
-        else _b.check(v, torch.Tensor, "GroupedLinearFwdArgs.inp"),
-        *_b.tensor_or_quantized_list(args.weights, "GroupedLinearFwdArgs.weights"),
-        _b.optional_tensor_list(args.biases, "GroupedLinearFwdArgs.biases"),
+        inp
+        if type(inp) is torch.Tensor
+        else _b.check(inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
+        *_b.tensor_or_quantized_list(weights, "GroupedLinearFwdArgs.weights"),
+        _b.optional_tensor_list(biases, "GroupedLinearFwdArgs.biases"),
         *_b.optional_tensor_or_quantized_list(
-            args.weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
+            weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
         ),
-        v
-        if type(v := args.m_splits) is torch.Tensor
-        else _b.check(v, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
-        v
-        if type(v := args.input_requires_grad) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.input_requires_grad"),
-        v
-        if type(v := args.weights_requires_grad) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
-        v
-        if type(v := args.biases_requires_grad) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
-        _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
-        _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
+        m_splits
+        if type(m_splits) is torch.Tensor
+        else _b.check(m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
+        input_requires_grad
+        if type(input_requires_grad) is bool
+        else _b.check(input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
+        weights_requires_grad
+        if type(weights_requires_grad) is bool
+        else _b.check(weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
+        biases_requires_grad
+        if type(biases_requires_grad) is bool
+        else _b.check(biases_requires_grad, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
+        _b.code_list(input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
+        _b.code_list(weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
         _b.code_list(
-            args.grad_output_quantizers, Quantizer, "GroupedLinearFwdArgs.grad_output_quantizers"
+            grad_output_quantizers, Quantizer, "GroupedLinearFwdArgs.grad_output_quantizers"
         ),
-        v
-        if type(v := args.activation_dtype) is torch.dtype
-        else _b.check(v, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "GroupedLinearFwdArgs.fp8"),
+        activation_dtype
+        if type(activation_dtype) is torch.dtype
+        else _b.check(activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
+        fp8 if type(fp8) is bool else _b.check(fp8, bool, "GroupedLinearFwdArgs.fp8"),
         _b.optional_enum_name(
-            args.backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
+            backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
         ),
-        _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
-        _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
-        v
-        if type(v := args.num_gemms) is int
-        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
-        v
-        if type(v := args.in_features) is int
-        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.in_features"),
-        v
-        if type(v := args.out_features) is int
-        else _b.check(v, _b.INT, "GroupedLinearFwdArgs.out_features"),
-        v
-        if (v := args.is_first_microbatch) is None or type(v) is bool
-        else _b.check_optional(v, bool, "GroupedLinearFwdArgs.is_first_microbatch"),
-        v
-        if type(v := args.cache_weight) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.cache_weight"),
-        v
-        if type(v := args.is_grad_enabled) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
-        v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
-        v
-        if type(v := args.fuse_wgrad_accumulation) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"),
-        v
-        if type(v := args.delay_wgrad_compute) is bool
-        else _b.check(v, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
+        _b.code(fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
+        _b.code(dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
+        _b.code(wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
+        num_gemms
+        if type(num_gemms) is int
+        else _b.check(num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
+        in_features
+        if type(in_features) is int
+        else _b.check(in_features, _b.INT, "GroupedLinearFwdArgs.in_features"),
+        out_features
+        if type(out_features) is int
+        else _b.check(out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
+        is_first_microbatch
+        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        else _b.check_optional(
+            is_first_microbatch, bool, "GroupedLinearFwdArgs.is_first_microbatch"
+        ),
+        cache_weight
+        if type(cache_weight) is bool
+        else _b.check(cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
+        is_grad_enabled
+        if type(is_grad_enabled) is bool
+        else _b.check(is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
+        sr_rng_state
+        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        else _b.check_optional(sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
+        fuse_wgrad_accumulation
+        if type(fuse_wgrad_accumulation) is bool
+        else _b.check(
+            fuse_wgrad_accumulation, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"
+        ),
+        delay_wgrad_compute
+        if type(delay_wgrad_compute) is bool
+        else _b.check(delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -504,10 +568,11 @@ _r.register_quantized_dispatch(grouped_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_grouped_linear` is the one entry a module has to this op. Eagerly it runs
-# `grouped_linear_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `grouped_linear_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `grouped_linear_compile_blocker` names.
+# `call_grouped_linear` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `grouped_linear_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `grouped_linear_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `grouped_linear_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -585,76 +650,169 @@ def grouped_linear_eager(args: GroupedLinearFwdArgs) -> tuple[tuple[Any, ...], t
     return grouped_linear_forward(args)
 
 
-def grouped_linear_compiled(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::grouped_linear_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_grouped_linear_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = grouped_linear_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def grouped_linear_compiled_keeping(
-    args: GroupedLinearFwdArgs, kept: tuple[int, ...]
+def grouped_linear_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`grouped_linear_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_grouped_linear_fwd_args(args)
+    """The user outputs of `teops::grouped_linear_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = grouped_linear_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def grouped_linear_compile_blocker(args: GroupedLinearFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def grouped_linear_compile_blocker(
+    inp: Any,
+    input_quantizers: Any,
+    weight_quantizers: Any,
+    grad_output_quantizers: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+) -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if grouped_linear_fwd is None or grouped_linear_bwd is None:
         return _r.registration_error()
     reason = _r.quantizer_blocker(
-        *(args.input_quantizers or ()),
-        *(args.weight_quantizers or ()),
-        *(args.grad_output_quantizers or ()),
+        *(input_quantizers or ()), *(weight_quantizers or ()), *(grad_output_quantizers or ())
     )
     if reason is not None:
         return reason
-    if isinstance(args.inp, _r.QuantizedData):
+    if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
-    if args.fuse_wgrad_accumulation:
+    if fuse_wgrad_accumulation:
         return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
-    if args.delay_wgrad_compute:
+    if delay_wgrad_compute:
         return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
     return None
 
 
 def _call_eagerly(args: GroupedLinearFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_grouped_linear`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_grouped_linear`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = grouped_linear_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_grouped_linear(args: GroupedLinearFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
-    """The `grouped_linear` op's user outputs on `args`: the only way a module reaches the op.
+def call_grouped_linear(
+    *,
+    inp: Any,
+    weights: Any,
+    biases: Any,
+    weight_workspaces: Any,
+    m_splits: Any,
+    input_requires_grad: Any,
+    weights_requires_grad: Any,
+    biases_requires_grad: Any,
+    input_quantizers: Any,
+    weight_quantizers: Any,
+    grad_output_quantizers: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    backward_override: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    num_gemms: Any,
+    in_features: Any,
+    out_features: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any = None,
+    fuse_wgrad_accumulation: Any = False,
+    delay_wgrad_compute: Any = False,
+    keep: _r.Keep | None = None,
+) -> tuple[Any, ...]:
+    """The `grouped_linear` op's user outputs on the fields of a `GroupedLinearFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `grouped_linear_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `grouped_linear_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = grouped_linear_compile_blocker(args)
-        if reason is None and keep is None:
-            return grouped_linear_compiled(args)
+        reason = grouped_linear_compile_blocker(
+            inp,
+            input_quantizers,
+            weight_quantizers,
+            grad_output_quantizers,
+            fuse_wgrad_accumulation,
+            delay_wgrad_compute,
+        )
         if reason is None:
-            outputs, values = grouped_linear_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = grouped_linear_compiled(
+                grouped_linear_fwd_slots(
+                    inp,
+                    weights,
+                    biases,
+                    weight_workspaces,
+                    m_splits,
+                    input_requires_grad,
+                    weights_requires_grad,
+                    biases_requires_grad,
+                    input_quantizers,
+                    weight_quantizers,
+                    grad_output_quantizers,
+                    activation_dtype,
+                    fp8,
+                    backward_override,
+                    fprop_gemm,
+                    dgrad_gemm,
+                    wgrad_gemm,
+                    num_gemms,
+                    in_features,
+                    out_features,
+                    is_first_microbatch,
+                    cache_weight,
+                    is_grad_enabled,
+                    sr_rng_state,
+                    fuse_wgrad_accumulation,
+                    delay_wgrad_compute,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = GroupedLinearFwdArgs(
+        inp=inp,
+        weights=weights,
+        biases=biases,
+        weight_workspaces=weight_workspaces,
+        m_splits=m_splits,
+        input_requires_grad=input_requires_grad,
+        weights_requires_grad=weights_requires_grad,
+        biases_requires_grad=biases_requires_grad,
+        input_quantizers=input_quantizers,
+        weight_quantizers=weight_quantizers,
+        grad_output_quantizers=grad_output_quantizers,
+        activation_dtype=activation_dtype,
+        fp8=fp8,
+        backward_override=backward_override,
+        fprop_gemm=fprop_gemm,
+        dgrad_gemm=dgrad_gemm,
+        wgrad_gemm=wgrad_gemm,
+        num_gemms=num_gemms,
+        in_features=in_features,
+        out_features=out_features,
+        is_first_microbatch=is_first_microbatch,
+        cache_weight=cache_weight,
+        is_grad_enabled=is_grad_enabled,
+        sr_rng_state=sr_rng_state,
+        fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+        delay_wgrad_compute=delay_wgrad_compute,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

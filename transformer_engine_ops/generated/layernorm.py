@@ -90,33 +90,59 @@ BACKWARD_SLOTS = (
 
 def flatten_layer_norm_fwd_args(args: LayerNormFwdArgs) -> tuple[Any, ...]:
     """`LayerNormFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return layernorm_fwd_slots(
+        args.inp,
+        args.weight,
+        args.bias,
+        args.input_requires_grad,
+        args.weight_requires_grad,
+        args.bias_requires_grad,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        args.is_grad_enabled,
+    )
+
+
+def layernorm_fwd_slots(
+    inp: Any,
+    weight: Any,
+    bias: Any,
+    input_requires_grad: Any,
+    weight_requires_grad: Any,
+    bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    is_grad_enabled: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `LayerNormFwdArgs` (`call_layernorm` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v
-        if type(v := args.inp) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormFwdArgs.inp"),
-        v
-        if type(v := args.weight) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormFwdArgs.weight"),
-        v
-        if (v := args.bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormFwdArgs.bias"),
-        v
-        if type(v := args.input_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormFwdArgs.input_requires_grad"),
-        v
-        if type(v := args.weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormFwdArgs.weight_requires_grad"),
-        v
-        if type(v := args.bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormFwdArgs.bias_requires_grad"),
-        _b.choice(args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
-        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormFwdArgs.eps"),
-        v
-        if type(v := args.zero_centered_gamma) is bool
-        else _b.check(v, bool, "LayerNormFwdArgs.zero_centered_gamma"),
-        v
-        if type(v := args.is_grad_enabled) is bool
-        else _b.check(v, bool, "LayerNormFwdArgs.is_grad_enabled"),
+        inp if type(inp) is torch.Tensor else _b.check(inp, torch.Tensor, "LayerNormFwdArgs.inp"),
+        weight
+        if type(weight) is torch.Tensor
+        else _b.check(weight, torch.Tensor, "LayerNormFwdArgs.weight"),
+        bias
+        if (bias) is None or type(bias) is torch.Tensor
+        else _b.check_optional(bias, torch.Tensor, "LayerNormFwdArgs.bias"),
+        input_requires_grad
+        if type(input_requires_grad) is bool
+        else _b.check(input_requires_grad, bool, "LayerNormFwdArgs.input_requires_grad"),
+        weight_requires_grad
+        if type(weight_requires_grad) is bool
+        else _b.check(weight_requires_grad, bool, "LayerNormFwdArgs.weight_requires_grad"),
+        bias_requires_grad
+        if type(bias_requires_grad) is bool
+        else _b.check(bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
+        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
+        eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
+        zero_centered_gamma
+        if type(zero_centered_gamma) is bool
+        else _b.check(zero_centered_gamma, bool, "LayerNormFwdArgs.zero_centered_gamma"),
+        is_grad_enabled
+        if type(is_grad_enabled) is bool
+        else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
     )
 
 
@@ -313,10 +339,11 @@ _r.register_quantized_dispatch(layernorm_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm` is the one entry a module has to this op. Eagerly it runs
-# `layernorm_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `layernorm_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `layernorm_compile_blocker` names.
+# `call_layernorm` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `layernorm_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `layernorm_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `layernorm_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -373,65 +400,100 @@ def layernorm_eager(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tuple[Any,
     return layernorm_forward(args)
 
 
-def layernorm_compiled(args: LayerNormFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::layernorm_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_layer_norm_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = layernorm_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def layernorm_compiled_keeping(
-    args: LayerNormFwdArgs, kept: tuple[int, ...]
+def layernorm_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`layernorm_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_layer_norm_fwd_args(args)
+    """The user outputs of `teops::layernorm_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def layernorm_compile_blocker(args: LayerNormFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def layernorm_compile_blocker(
+    inp: Any,
+) -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if layernorm_fwd is None or layernorm_bwd is None:
         return _r.registration_error()
-    if isinstance(args.inp, _r.QuantizedData):
+    if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     return None
 
 
 def _call_eagerly(args: LayerNormFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_layernorm`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_layernorm`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_layernorm(args: LayerNormFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
-    """The `layernorm` op's user outputs on `args`: the only way a module reaches the op.
+def call_layernorm(
+    *,
+    inp: Any,
+    weight: Any,
+    bias: Any,
+    input_requires_grad: Any,
+    weight_requires_grad: Any,
+    bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    is_grad_enabled: Any,
+    keep: _r.Keep | None = None,
+) -> tuple[Any, ...]:
+    """The `layernorm` op's user outputs on the fields of a `LayerNormFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `layernorm_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `layernorm_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = layernorm_compile_blocker(args)
-        if reason is None and keep is None:
-            return layernorm_compiled(args)
+        reason = layernorm_compile_blocker(inp)
         if reason is None:
-            outputs, values = layernorm_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = layernorm_compiled(
+                layernorm_fwd_slots(
+                    inp,
+                    weight,
+                    bias,
+                    input_requires_grad,
+                    weight_requires_grad,
+                    bias_requires_grad,
+                    normalization,
+                    eps,
+                    zero_centered_gamma,
+                    is_grad_enabled,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = LayerNormFwdArgs(
+        inp=inp,
+        weight=weight,
+        bias=bias,
+        input_requires_grad=input_requires_grad,
+        weight_requires_grad=weight_requires_grad,
+        bias_requires_grad=bias_requires_grad,
+        normalization=normalization,
+        eps=eps,
+        zero_centered_gamma=zero_centered_gamma,
+        is_grad_enabled=is_grad_enabled,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

@@ -213,109 +213,199 @@ BACKWARD_SLOTS = (
 
 def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
     """`LayerNormLinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return layernorm_linear_fwd_slots(
+        args.inp,
+        args.ln_weight,
+        args.ln_bias,
+        args.weight,
+        args.bias,
+        args.weight_workspace,
+        args.input_requires_grad,
+        args.ln_weight_requires_grad,
+        args.ln_bias_requires_grad,
+        args.weight_requires_grad,
+        args.bias_requires_grad,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        args.return_layernorm_output,
+        args.input_quantizer,
+        args.weight_quantizer,
+        args.output_quantizer,
+        args.grad_input_quantizer,
+        args.grad_weight_quantizer,
+        args.grad_output_quantizer,
+        args.activation_dtype,
+        args.fp8,
+        args.fp8_output,
+        args.backward_override,
+        args.fprop_gemm,
+        args.dgrad_gemm,
+        args.wgrad_gemm,
+        args.is_first_microbatch,
+        args.cache_weight,
+        args.parallel_mode,
+        args.tp_group,
+        args.tp_size,
+        args.sequence_parallel,
+        args.in_features,
+        args.out_features,
+        args.is_grad_enabled,
+        args.sr_rng_state,
+        args.fuse_wgrad_accumulation,
+        args.delay_wgrad_compute,
+    )
+
+
+def layernorm_linear_fwd_slots(
+    inp: Any,
+    ln_weight: Any,
+    ln_bias: Any,
+    weight: Any,
+    bias: Any,
+    weight_workspace: Any,
+    input_requires_grad: Any,
+    ln_weight_requires_grad: Any,
+    ln_bias_requires_grad: Any,
+    weight_requires_grad: Any,
+    bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    return_layernorm_output: Any,
+    input_quantizer: Any,
+    weight_quantizer: Any,
+    output_quantizer: Any,
+    grad_input_quantizer: Any,
+    grad_weight_quantizer: Any,
+    grad_output_quantizer: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    fp8_output: Any,
+    backward_override: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    parallel_mode: Any,
+    tp_group: Any,
+    tp_size: Any,
+    sequence_parallel: Any,
+    in_features: Any,
+    out_features: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `LayerNormLinearFwdArgs` (`call_layernorm_linear` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v
-        if type(v := args.inp) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
-        v
-        if type(v := args.ln_weight) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
-        v
-        if (v := args.ln_bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
-        *_b.tensor_or_quantized(args.weight, "LayerNormLinearFwdArgs.weight"),
-        v
-        if (v := args.bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
+        inp
+        if type(inp) is torch.Tensor
+        else _b.check(inp, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
+        ln_weight
+        if type(ln_weight) is torch.Tensor
+        else _b.check(ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
+        ln_bias
+        if (ln_bias) is None or type(ln_bias) is torch.Tensor
+        else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
+        *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
+        bias
+        if (bias) is None or type(bias) is torch.Tensor
+        else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(
-            args.weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
+            weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
         ),
-        v
-        if type(v := args.input_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
-        v
-        if type(v := args.ln_weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"),
-        v
-        if type(v := args.ln_bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"),
-        v
-        if type(v := args.weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.weight_requires_grad"),
-        v
-        if type(v := args.bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
-        _b.choice(
-            args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"
+        input_requires_grad
+        if type(input_requires_grad) is bool
+        else _b.check(input_requires_grad, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
+        ln_weight_requires_grad
+        if type(ln_weight_requires_grad) is bool
+        else _b.check(
+            ln_weight_requires_grad, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"
         ),
-        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
-        v
-        if type(v := args.zero_centered_gamma) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"),
-        v
-        if type(v := args.return_layernorm_output) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.return_layernorm_output"),
-        _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"),
+        ln_bias_requires_grad
+        if type(ln_bias_requires_grad) is bool
+        else _b.check(ln_bias_requires_grad, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"),
+        weight_requires_grad
+        if type(weight_requires_grad) is bool
+        else _b.check(weight_requires_grad, bool, "LayerNormLinearFwdArgs.weight_requires_grad"),
+        bias_requires_grad
+        if type(bias_requires_grad) is bool
+        else _b.check(bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
+        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"),
+        eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
+        zero_centered_gamma
+        if type(zero_centered_gamma) is bool
+        else _b.check(zero_centered_gamma, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"),
+        return_layernorm_output
+        if type(return_layernorm_output) is bool
+        else _b.check(
+            return_layernorm_output, bool, "LayerNormLinearFwdArgs.return_layernorm_output"
+        ),
+        _b.optional_code(input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"),
+        _b.optional_code(weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"),
+        _b.optional_code(output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer"),
         _b.optional_code(
-            args.weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"
-        ),
-        _b.optional_code(
-            args.output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer"
-        ),
-        _b.optional_code(
-            args.grad_input_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_input_quantizer"
+            grad_input_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_input_quantizer"
         ),
         _b.optional_code(
-            args.grad_weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_weight_quantizer"
+            grad_weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_weight_quantizer"
         ),
         _b.optional_code(
-            args.grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
+            grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
         ),
-        v
-        if type(v := args.activation_dtype) is torch.dtype
-        else _b.check(v, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormLinearFwdArgs.fp8"),
-        v
-        if type(v := args.fp8_output) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.fp8_output"),
+        activation_dtype
+        if type(activation_dtype) is torch.dtype
+        else _b.check(activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
+        fp8 if type(fp8) is bool else _b.check(fp8, bool, "LayerNormLinearFwdArgs.fp8"),
+        fp8_output
+        if type(fp8_output) is bool
+        else _b.check(fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
         _b.optional_enum_name(
-            args.backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
+            backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
         ),
-        _b.code(args.fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
-        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
-        v
-        if (v := args.is_first_microbatch) is None or type(v) is bool
-        else _b.check_optional(v, bool, "LayerNormLinearFwdArgs.is_first_microbatch"),
-        v
-        if type(v := args.cache_weight) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.cache_weight"),
-        _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LayerNormLinearFwdArgs.tp_group"),
-        v
-        if type(v := args.tp_size) is int
-        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
-        v
-        if type(v := args.sequence_parallel) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
-        v
-        if type(v := args.in_features) is int
-        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.in_features"),
-        v
-        if type(v := args.out_features) is int
-        else _b.check(v, _b.INT, "LayerNormLinearFwdArgs.out_features"),
-        v
-        if type(v := args.is_grad_enabled) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
-        v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
-        v
-        if type(v := args.fuse_wgrad_accumulation) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"),
-        v
-        if type(v := args.delay_wgrad_compute) is bool
-        else _b.check(v, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
+        _b.code(fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
+        _b.code(dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
+        _b.code(wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
+        is_first_microbatch
+        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        else _b.check_optional(
+            is_first_microbatch, bool, "LayerNormLinearFwdArgs.is_first_microbatch"
+        ),
+        cache_weight
+        if type(cache_weight) is bool
+        else _b.check(cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
+        _b.optional_choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
+        _b.optional_group_name(tp_group, "LayerNormLinearFwdArgs.tp_group"),
+        tp_size
+        if type(tp_size) is int
+        else _b.check(tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
+        sequence_parallel
+        if type(sequence_parallel) is bool
+        else _b.check(sequence_parallel, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
+        in_features
+        if type(in_features) is int
+        else _b.check(in_features, _b.INT, "LayerNormLinearFwdArgs.in_features"),
+        out_features
+        if type(out_features) is int
+        else _b.check(out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
+        is_grad_enabled
+        if type(is_grad_enabled) is bool
+        else _b.check(is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
+        sr_rng_state
+        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
+        fuse_wgrad_accumulation
+        if type(fuse_wgrad_accumulation) is bool
+        else _b.check(
+            fuse_wgrad_accumulation, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"
+        ),
+        delay_wgrad_compute
+        if type(delay_wgrad_compute) is bool
+        else _b.check(delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
     )
 
 
@@ -660,10 +750,11 @@ _r.register_quantized_dispatch(layernorm_linear_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm_linear` is the one entry a module has to this op. Eagerly it runs
-# `layernorm_linear_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `layernorm_linear_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `layernorm_linear_compile_blocker` names.
+# `call_layernorm_linear` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `layernorm_linear_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `layernorm_linear_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `layernorm_linear_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -763,83 +854,228 @@ def layernorm_linear_eager(args: LayerNormLinearFwdArgs) -> tuple[tuple[Any, ...
     return layernorm_linear_forward(args)
 
 
-def layernorm_linear_compiled(args: LayerNormLinearFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::layernorm_linear_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_layer_norm_linear_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = layernorm_linear_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def layernorm_linear_compiled_keeping(
-    args: LayerNormLinearFwdArgs, kept: tuple[int, ...]
+def layernorm_linear_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`layernorm_linear_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_layer_norm_linear_fwd_args(args)
+    """The user outputs of `teops::layernorm_linear_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_linear_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def layernorm_linear_compile_blocker(args: LayerNormLinearFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def layernorm_linear_compile_blocker(
+    inp: Any,
+    input_quantizer: Any,
+    weight_quantizer: Any,
+    output_quantizer: Any,
+    grad_input_quantizer: Any,
+    grad_weight_quantizer: Any,
+    grad_output_quantizer: Any,
+    fp8_output: Any,
+    is_grad_enabled: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+) -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if layernorm_linear_fwd is None or layernorm_linear_bwd is None:
         return _r.registration_error()
     reason = _r.quantizer_blocker(
-        args.input_quantizer,
-        args.weight_quantizer,
-        args.output_quantizer,
-        args.grad_input_quantizer,
-        args.grad_weight_quantizer,
-        args.grad_output_quantizer,
+        input_quantizer,
+        weight_quantizer,
+        output_quantizer,
+        grad_input_quantizer,
+        grad_weight_quantizer,
+        grad_output_quantizer,
     )
     if reason is not None:
         return reason
-    if isinstance(args.inp, _r.QuantizedData):
+    if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
-    if args.fuse_wgrad_accumulation:
+    if fuse_wgrad_accumulation:
         return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
-    if args.delay_wgrad_compute:
+    if delay_wgrad_compute:
         return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
-    if args.fp8_output and args.is_grad_enabled:
+    if fp8_output and is_grad_enabled:
         return "fp8_output=True with autograd enabled (a differentiable quantized output)"
     return None
 
 
 def _call_eagerly(args: LayerNormLinearFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_layernorm_linear`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_layernorm_linear`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_linear_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
 def call_layernorm_linear(
-    args: LayerNormLinearFwdArgs, keep: _r.Keep | None = None
+    *,
+    inp: Any,
+    ln_weight: Any,
+    ln_bias: Any,
+    weight: Any,
+    bias: Any,
+    weight_workspace: Any,
+    input_requires_grad: Any,
+    ln_weight_requires_grad: Any,
+    ln_bias_requires_grad: Any,
+    weight_requires_grad: Any,
+    bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    return_layernorm_output: Any,
+    input_quantizer: Any,
+    weight_quantizer: Any,
+    output_quantizer: Any,
+    grad_input_quantizer: Any,
+    grad_weight_quantizer: Any,
+    grad_output_quantizer: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    fp8_output: Any,
+    backward_override: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    parallel_mode: Any,
+    tp_group: Any,
+    tp_size: Any,
+    sequence_parallel: Any,
+    in_features: Any,
+    out_features: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any = None,
+    fuse_wgrad_accumulation: Any = False,
+    delay_wgrad_compute: Any = False,
+    keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
-    """The `layernorm_linear` op's user outputs on `args`: the only way a module reaches the op.
+    """The `layernorm_linear` op's user outputs on the fields of a `LayerNormLinearFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `layernorm_linear_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `layernorm_linear_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = layernorm_linear_compile_blocker(args)
-        if reason is None and keep is None:
-            return layernorm_linear_compiled(args)
+        reason = layernorm_linear_compile_blocker(
+            inp,
+            input_quantizer,
+            weight_quantizer,
+            output_quantizer,
+            grad_input_quantizer,
+            grad_weight_quantizer,
+            grad_output_quantizer,
+            fp8_output,
+            is_grad_enabled,
+            fuse_wgrad_accumulation,
+            delay_wgrad_compute,
+        )
         if reason is None:
-            outputs, values = layernorm_linear_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = layernorm_linear_compiled(
+                layernorm_linear_fwd_slots(
+                    inp,
+                    ln_weight,
+                    ln_bias,
+                    weight,
+                    bias,
+                    weight_workspace,
+                    input_requires_grad,
+                    ln_weight_requires_grad,
+                    ln_bias_requires_grad,
+                    weight_requires_grad,
+                    bias_requires_grad,
+                    normalization,
+                    eps,
+                    zero_centered_gamma,
+                    return_layernorm_output,
+                    input_quantizer,
+                    weight_quantizer,
+                    output_quantizer,
+                    grad_input_quantizer,
+                    grad_weight_quantizer,
+                    grad_output_quantizer,
+                    activation_dtype,
+                    fp8,
+                    fp8_output,
+                    backward_override,
+                    fprop_gemm,
+                    dgrad_gemm,
+                    wgrad_gemm,
+                    is_first_microbatch,
+                    cache_weight,
+                    parallel_mode,
+                    tp_group,
+                    tp_size,
+                    sequence_parallel,
+                    in_features,
+                    out_features,
+                    is_grad_enabled,
+                    sr_rng_state,
+                    fuse_wgrad_accumulation,
+                    delay_wgrad_compute,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = LayerNormLinearFwdArgs(
+        inp=inp,
+        ln_weight=ln_weight,
+        ln_bias=ln_bias,
+        weight=weight,
+        bias=bias,
+        weight_workspace=weight_workspace,
+        input_requires_grad=input_requires_grad,
+        ln_weight_requires_grad=ln_weight_requires_grad,
+        ln_bias_requires_grad=ln_bias_requires_grad,
+        weight_requires_grad=weight_requires_grad,
+        bias_requires_grad=bias_requires_grad,
+        normalization=normalization,
+        eps=eps,
+        zero_centered_gamma=zero_centered_gamma,
+        return_layernorm_output=return_layernorm_output,
+        input_quantizer=input_quantizer,
+        weight_quantizer=weight_quantizer,
+        output_quantizer=output_quantizer,
+        grad_input_quantizer=grad_input_quantizer,
+        grad_weight_quantizer=grad_weight_quantizer,
+        grad_output_quantizer=grad_output_quantizer,
+        activation_dtype=activation_dtype,
+        fp8=fp8,
+        fp8_output=fp8_output,
+        backward_override=backward_override,
+        fprop_gemm=fprop_gemm,
+        dgrad_gemm=dgrad_gemm,
+        wgrad_gemm=wgrad_gemm,
+        is_first_microbatch=is_first_microbatch,
+        cache_weight=cache_weight,
+        parallel_mode=parallel_mode,
+        tp_group=tp_group,
+        tp_size=tp_size,
+        sequence_parallel=sequence_parallel,
+        in_features=in_features,
+        out_features=out_features,
+        is_grad_enabled=is_grad_enabled,
+        sr_rng_state=sr_rng_state,
+        fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+        delay_wgrad_compute=delay_wgrad_compute,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

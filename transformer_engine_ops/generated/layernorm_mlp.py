@@ -280,69 +280,183 @@ BACKWARD_SLOTS = (
 
 def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
     """`LayerNormMLPFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return layernorm_mlp_fwd_slots(
+        args.inp,
+        args.ln_weight,
+        args.ln_bias,
+        args.fc1_weight,
+        args.fc1_bias,
+        args.fc2_weight,
+        args.fc2_bias,
+        args.fc1_weight_workspace,
+        args.fc2_weight_workspace,
+        args.is_first_microbatch,
+        args.cache_weight,
+        args.input_requires_grad,
+        args.ln_weight_requires_grad,
+        args.ln_bias_requires_grad,
+        args.fc1_weight_requires_grad,
+        args.fc1_bias_requires_grad,
+        args.fc2_weight_requires_grad,
+        args.fc2_bias_requires_grad,
+        args.normalization,
+        args.eps,
+        args.zero_centered_gamma,
+        args.return_layernorm_output,
+        args.activation,
+        args.fc1_input_quantizer,
+        args.fc1_weight_quantizer,
+        args.fc1_output_quantizer,
+        args.fc1_grad_input_quantizer,
+        args.fc1_grad_weight_quantizer,
+        args.fc1_grad_output_quantizer,
+        args.fc2_input_quantizer,
+        args.fc2_weight_quantizer,
+        args.fc2_output_quantizer,
+        args.fc2_grad_input_quantizer,
+        args.fc2_grad_weight_quantizer,
+        args.fc2_grad_output_quantizer,
+        args.activation_dtype,
+        args.fp8,
+        args.fprop_gemm,
+        args.dgrad_gemm,
+        args.wgrad_gemm,
+        args.set_parallel_mode,
+        args.tp_group,
+        args.tp_size,
+        args.sequence_parallel,
+        args.hidden_size,
+        args.ffn_hidden_size,
+        args.is_grad_enabled,
+        args.sr_rng_state,
+        args.fuse_wgrad_accumulation,
+        args.delay_wgrad_compute,
+        args.activation_params,
+    )
+
+
+def layernorm_mlp_fwd_slots(
+    inp: Any,
+    ln_weight: Any,
+    ln_bias: Any,
+    fc1_weight: Any,
+    fc1_bias: Any,
+    fc2_weight: Any,
+    fc2_bias: Any,
+    fc1_weight_workspace: Any,
+    fc2_weight_workspace: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    input_requires_grad: Any,
+    ln_weight_requires_grad: Any,
+    ln_bias_requires_grad: Any,
+    fc1_weight_requires_grad: Any,
+    fc1_bias_requires_grad: Any,
+    fc2_weight_requires_grad: Any,
+    fc2_bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    return_layernorm_output: Any,
+    activation: Any,
+    fc1_input_quantizer: Any,
+    fc1_weight_quantizer: Any,
+    fc1_output_quantizer: Any,
+    fc1_grad_input_quantizer: Any,
+    fc1_grad_weight_quantizer: Any,
+    fc1_grad_output_quantizer: Any,
+    fc2_input_quantizer: Any,
+    fc2_weight_quantizer: Any,
+    fc2_output_quantizer: Any,
+    fc2_grad_input_quantizer: Any,
+    fc2_grad_weight_quantizer: Any,
+    fc2_grad_output_quantizer: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    set_parallel_mode: Any,
+    tp_group: Any,
+    tp_size: Any,
+    sequence_parallel: Any,
+    hidden_size: Any,
+    ffn_hidden_size: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+    activation_params: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `LayerNormMLPFwdArgs` (`call_layernorm_mlp` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v
-        if type(v := args.inp) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
-        v
-        if type(v := args.ln_weight) is torch.Tensor
-        else _b.check(v, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
-        v
-        if (v := args.ln_bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
-        *_b.tensor_or_quantized(args.fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
-        v
-        if (v := args.fc1_bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
-        *_b.tensor_or_quantized(args.fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
-        v
-        if (v := args.fc2_bias) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
+        inp
+        if type(inp) is torch.Tensor
+        else _b.check(inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
+        ln_weight
+        if type(ln_weight) is torch.Tensor
+        else _b.check(ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
+        ln_bias
+        if (ln_bias) is None or type(ln_bias) is torch.Tensor
+        else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
+        *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
+        fc1_bias
+        if (fc1_bias) is None or type(fc1_bias) is torch.Tensor
+        else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
+        *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
+        fc2_bias
+        if (fc2_bias) is None or type(fc2_bias) is torch.Tensor
+        else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
         *_b.optional_tensor_or_quantized(
-            args.fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+            fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
         ),
         *_b.optional_tensor_or_quantized(
-            args.fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+            fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
         ),
-        v
-        if (v := args.is_first_microbatch) is None or type(v) is bool
-        else _b.check_optional(v, bool, "LayerNormMLPFwdArgs.is_first_microbatch"),
-        v
-        if type(v := args.cache_weight) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.cache_weight"),
-        v
-        if type(v := args.input_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
-        v
-        if type(v := args.ln_weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
-        v
-        if type(v := args.ln_bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
-        v
-        if type(v := args.fc1_weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"),
-        v
-        if type(v := args.fc1_bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"),
-        v
-        if type(v := args.fc2_weight_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"),
-        v
-        if type(v := args.fc2_bias_requires_grad) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
-        _b.choice(
-            args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"
+        is_first_microbatch
+        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        else _b.check_optional(
+            is_first_microbatch, bool, "LayerNormMLPFwdArgs.is_first_microbatch"
         ),
-        v if type(v := args.eps) is float else _b.check(v, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
-        v
-        if type(v := args.zero_centered_gamma) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
-        v
-        if type(v := args.return_layernorm_output) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
+        cache_weight
+        if type(cache_weight) is bool
+        else _b.check(cache_weight, bool, "LayerNormMLPFwdArgs.cache_weight"),
+        input_requires_grad
+        if type(input_requires_grad) is bool
+        else _b.check(input_requires_grad, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
+        ln_weight_requires_grad
+        if type(ln_weight_requires_grad) is bool
+        else _b.check(ln_weight_requires_grad, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
+        ln_bias_requires_grad
+        if type(ln_bias_requires_grad) is bool
+        else _b.check(ln_bias_requires_grad, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
+        fc1_weight_requires_grad
+        if type(fc1_weight_requires_grad) is bool
+        else _b.check(
+            fc1_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"
+        ),
+        fc1_bias_requires_grad
+        if type(fc1_bias_requires_grad) is bool
+        else _b.check(fc1_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"),
+        fc2_weight_requires_grad
+        if type(fc2_weight_requires_grad) is bool
+        else _b.check(
+            fc2_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"
+        ),
+        fc2_bias_requires_grad
+        if type(fc2_bias_requires_grad) is bool
+        else _b.check(fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
+        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"),
+        eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
+        zero_centered_gamma
+        if type(zero_centered_gamma) is bool
+        else _b.check(zero_centered_gamma, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
+        return_layernorm_output
+        if type(return_layernorm_output) is bool
+        else _b.check(return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
         _b.choice(
-            args.activation,
+            activation,
             (
                 "gelu",
                 "relu",
@@ -359,85 +473,75 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
             ),
             "LayerNormMLPFwdArgs.activation",
         ),
+        _b.optional_code(fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer"),
         _b.optional_code(
-            args.fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer"
+            fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer"
         ),
         _b.optional_code(
-            args.fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer"
+            fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer"
         ),
         _b.optional_code(
-            args.fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer"
+            fc1_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_input_quantizer"
         ),
         _b.optional_code(
-            args.fc1_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_input_quantizer"
+            fc1_grad_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer"
         ),
         _b.optional_code(
-            args.fc1_grad_weight_quantizer,
-            Quantizer,
-            "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer",
+            fc1_grad_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_output_quantizer"
+        ),
+        _b.optional_code(fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer"),
+        _b.optional_code(
+            fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer"
         ),
         _b.optional_code(
-            args.fc1_grad_output_quantizer,
-            Quantizer,
-            "LayerNormMLPFwdArgs.fc1_grad_output_quantizer",
+            fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer"
         ),
         _b.optional_code(
-            args.fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer"
+            fc2_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_input_quantizer"
         ),
         _b.optional_code(
-            args.fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer"
+            fc2_grad_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer"
         ),
         _b.optional_code(
-            args.fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer"
+            fc2_grad_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_output_quantizer"
         ),
+        activation_dtype
+        if type(activation_dtype) is torch.dtype
+        else _b.check(activation_dtype, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
+        fp8 if type(fp8) is bool else _b.check(fp8, bool, "LayerNormMLPFwdArgs.fp8"),
+        _b.code(fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
+        _b.code(dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
+        _b.code(wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
+        set_parallel_mode
+        if type(set_parallel_mode) is bool
+        else _b.check(set_parallel_mode, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
+        _b.optional_group_name(tp_group, "LayerNormMLPFwdArgs.tp_group"),
+        tp_size
+        if type(tp_size) is int
+        else _b.check(tp_size, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
+        sequence_parallel
+        if type(sequence_parallel) is bool
+        else _b.check(sequence_parallel, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
+        hidden_size
+        if type(hidden_size) is int
+        else _b.check(hidden_size, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
+        ffn_hidden_size
+        if type(ffn_hidden_size) is int
+        else _b.check(ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
+        is_grad_enabled
+        if type(is_grad_enabled) is bool
+        else _b.check(is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
+        sr_rng_state
+        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
+        fuse_wgrad_accumulation
+        if type(fuse_wgrad_accumulation) is bool
+        else _b.check(fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
+        delay_wgrad_compute
+        if type(delay_wgrad_compute) is bool
+        else _b.check(delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
         _b.optional_code(
-            args.fc2_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_input_quantizer"
-        ),
-        _b.optional_code(
-            args.fc2_grad_weight_quantizer,
-            Quantizer,
-            "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer",
-        ),
-        _b.optional_code(
-            args.fc2_grad_output_quantizer,
-            Quantizer,
-            "LayerNormMLPFwdArgs.fc2_grad_output_quantizer",
-        ),
-        v
-        if type(v := args.activation_dtype) is torch.dtype
-        else _b.check(v, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormMLPFwdArgs.fp8"),
-        _b.code(args.fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
-        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
-        v
-        if type(v := args.set_parallel_mode) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LayerNormMLPFwdArgs.tp_group"),
-        v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
-        v
-        if type(v := args.sequence_parallel) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
-        v
-        if type(v := args.hidden_size) is int
-        else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
-        v
-        if type(v := args.ffn_hidden_size) is int
-        else _b.check(v, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
-        v
-        if type(v := args.is_grad_enabled) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
-        v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
-        v
-        if type(v := args.fuse_wgrad_accumulation) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
-        v
-        if type(v := args.delay_wgrad_compute) is bool
-        else _b.check(v, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
-        _b.optional_code(
-            args.activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
+            activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
         ),
     )
 
@@ -897,10 +1001,11 @@ _r.register_quantized_dispatch(layernorm_mlp_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_layernorm_mlp` is the one entry a module has to this op. Eagerly it runs
-# `layernorm_mlp_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `layernorm_mlp_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `layernorm_mlp_compile_blocker` names.
+# `call_layernorm_mlp` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `layernorm_mlp_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `layernorm_mlp_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `layernorm_mlp_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -1034,85 +1139,273 @@ def layernorm_mlp_eager(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tup
     return layernorm_mlp_forward(args)
 
 
-def layernorm_mlp_compiled(args: LayerNormMLPFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::layernorm_mlp_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_layer_norm_mlp_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = layernorm_mlp_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def layernorm_mlp_compiled_keeping(
-    args: LayerNormMLPFwdArgs, kept: tuple[int, ...]
+def layernorm_mlp_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`layernorm_mlp_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_layer_norm_mlp_fwd_args(args)
+    """The user outputs of `teops::layernorm_mlp_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_mlp_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def layernorm_mlp_compile_blocker(args: LayerNormMLPFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def layernorm_mlp_compile_blocker(
+    inp: Any,
+    fc1_input_quantizer: Any,
+    fc1_weight_quantizer: Any,
+    fc1_output_quantizer: Any,
+    fc1_grad_input_quantizer: Any,
+    fc1_grad_weight_quantizer: Any,
+    fc1_grad_output_quantizer: Any,
+    fc2_input_quantizer: Any,
+    fc2_weight_quantizer: Any,
+    fc2_output_quantizer: Any,
+    fc2_grad_input_quantizer: Any,
+    fc2_grad_weight_quantizer: Any,
+    fc2_grad_output_quantizer: Any,
+    fuse_wgrad_accumulation: Any,
+    delay_wgrad_compute: Any,
+) -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if layernorm_mlp_fwd is None or layernorm_mlp_bwd is None:
         return _r.registration_error()
     reason = _r.quantizer_blocker(
-        args.fc1_input_quantizer,
-        args.fc1_weight_quantizer,
-        args.fc1_output_quantizer,
-        args.fc1_grad_input_quantizer,
-        args.fc1_grad_weight_quantizer,
-        args.fc1_grad_output_quantizer,
-        args.fc2_input_quantizer,
-        args.fc2_weight_quantizer,
-        args.fc2_output_quantizer,
-        args.fc2_grad_input_quantizer,
-        args.fc2_grad_weight_quantizer,
-        args.fc2_grad_output_quantizer,
+        fc1_input_quantizer,
+        fc1_weight_quantizer,
+        fc1_output_quantizer,
+        fc1_grad_input_quantizer,
+        fc1_grad_weight_quantizer,
+        fc1_grad_output_quantizer,
+        fc2_input_quantizer,
+        fc2_weight_quantizer,
+        fc2_output_quantizer,
+        fc2_grad_input_quantizer,
+        fc2_grad_weight_quantizer,
+        fc2_grad_output_quantizer,
     )
     if reason is not None:
         return reason
-    if isinstance(args.inp, _r.QuantizedData):
+    if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
-    if args.fuse_wgrad_accumulation:
+    if fuse_wgrad_accumulation:
         return "fused wgrad accumulation into main_grad (fuse_wgrad_accumulation)"
-    if args.delay_wgrad_compute:
+    if delay_wgrad_compute:
         return "delayed wgrad compute (delay_wgrad_compute, run by backward_dw)"
     return None
 
 
 def _call_eagerly(args: LayerNormMLPFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_layernorm_mlp`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_layernorm_mlp`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = layernorm_mlp_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_layernorm_mlp(args: LayerNormMLPFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
-    """The `layernorm_mlp` op's user outputs on `args`: the only way a module reaches the op.
+def call_layernorm_mlp(
+    *,
+    inp: Any,
+    ln_weight: Any,
+    ln_bias: Any,
+    fc1_weight: Any,
+    fc1_bias: Any,
+    fc2_weight: Any,
+    fc2_bias: Any,
+    fc1_weight_workspace: Any,
+    fc2_weight_workspace: Any,
+    is_first_microbatch: Any,
+    cache_weight: Any,
+    input_requires_grad: Any,
+    ln_weight_requires_grad: Any,
+    ln_bias_requires_grad: Any,
+    fc1_weight_requires_grad: Any,
+    fc1_bias_requires_grad: Any,
+    fc2_weight_requires_grad: Any,
+    fc2_bias_requires_grad: Any,
+    normalization: Any,
+    eps: Any,
+    zero_centered_gamma: Any,
+    return_layernorm_output: Any,
+    activation: Any,
+    fc1_input_quantizer: Any,
+    fc1_weight_quantizer: Any,
+    fc1_output_quantizer: Any,
+    fc1_grad_input_quantizer: Any,
+    fc1_grad_weight_quantizer: Any,
+    fc1_grad_output_quantizer: Any,
+    fc2_input_quantizer: Any,
+    fc2_weight_quantizer: Any,
+    fc2_output_quantizer: Any,
+    fc2_grad_input_quantizer: Any,
+    fc2_grad_weight_quantizer: Any,
+    fc2_grad_output_quantizer: Any,
+    activation_dtype: Any,
+    fp8: Any,
+    fprop_gemm: Any,
+    dgrad_gemm: Any,
+    wgrad_gemm: Any,
+    set_parallel_mode: Any,
+    tp_group: Any,
+    tp_size: Any,
+    sequence_parallel: Any,
+    hidden_size: Any,
+    ffn_hidden_size: Any,
+    is_grad_enabled: Any,
+    sr_rng_state: Any = None,
+    fuse_wgrad_accumulation: Any = False,
+    delay_wgrad_compute: Any = False,
+    activation_params: Any = None,
+    keep: _r.Keep | None = None,
+) -> tuple[Any, ...]:
+    """The `layernorm_mlp` op's user outputs on the fields of a `LayerNormMLPFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `layernorm_mlp_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `layernorm_mlp_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = layernorm_mlp_compile_blocker(args)
-        if reason is None and keep is None:
-            return layernorm_mlp_compiled(args)
+        reason = layernorm_mlp_compile_blocker(
+            inp,
+            fc1_input_quantizer,
+            fc1_weight_quantizer,
+            fc1_output_quantizer,
+            fc1_grad_input_quantizer,
+            fc1_grad_weight_quantizer,
+            fc1_grad_output_quantizer,
+            fc2_input_quantizer,
+            fc2_weight_quantizer,
+            fc2_output_quantizer,
+            fc2_grad_input_quantizer,
+            fc2_grad_weight_quantizer,
+            fc2_grad_output_quantizer,
+            fuse_wgrad_accumulation,
+            delay_wgrad_compute,
+        )
         if reason is None:
-            outputs, values = layernorm_mlp_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = layernorm_mlp_compiled(
+                layernorm_mlp_fwd_slots(
+                    inp,
+                    ln_weight,
+                    ln_bias,
+                    fc1_weight,
+                    fc1_bias,
+                    fc2_weight,
+                    fc2_bias,
+                    fc1_weight_workspace,
+                    fc2_weight_workspace,
+                    is_first_microbatch,
+                    cache_weight,
+                    input_requires_grad,
+                    ln_weight_requires_grad,
+                    ln_bias_requires_grad,
+                    fc1_weight_requires_grad,
+                    fc1_bias_requires_grad,
+                    fc2_weight_requires_grad,
+                    fc2_bias_requires_grad,
+                    normalization,
+                    eps,
+                    zero_centered_gamma,
+                    return_layernorm_output,
+                    activation,
+                    fc1_input_quantizer,
+                    fc1_weight_quantizer,
+                    fc1_output_quantizer,
+                    fc1_grad_input_quantizer,
+                    fc1_grad_weight_quantizer,
+                    fc1_grad_output_quantizer,
+                    fc2_input_quantizer,
+                    fc2_weight_quantizer,
+                    fc2_output_quantizer,
+                    fc2_grad_input_quantizer,
+                    fc2_grad_weight_quantizer,
+                    fc2_grad_output_quantizer,
+                    activation_dtype,
+                    fp8,
+                    fprop_gemm,
+                    dgrad_gemm,
+                    wgrad_gemm,
+                    set_parallel_mode,
+                    tp_group,
+                    tp_size,
+                    sequence_parallel,
+                    hidden_size,
+                    ffn_hidden_size,
+                    is_grad_enabled,
+                    sr_rng_state,
+                    fuse_wgrad_accumulation,
+                    delay_wgrad_compute,
+                    activation_params,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = LayerNormMLPFwdArgs(
+        inp=inp,
+        ln_weight=ln_weight,
+        ln_bias=ln_bias,
+        fc1_weight=fc1_weight,
+        fc1_bias=fc1_bias,
+        fc2_weight=fc2_weight,
+        fc2_bias=fc2_bias,
+        fc1_weight_workspace=fc1_weight_workspace,
+        fc2_weight_workspace=fc2_weight_workspace,
+        is_first_microbatch=is_first_microbatch,
+        cache_weight=cache_weight,
+        input_requires_grad=input_requires_grad,
+        ln_weight_requires_grad=ln_weight_requires_grad,
+        ln_bias_requires_grad=ln_bias_requires_grad,
+        fc1_weight_requires_grad=fc1_weight_requires_grad,
+        fc1_bias_requires_grad=fc1_bias_requires_grad,
+        fc2_weight_requires_grad=fc2_weight_requires_grad,
+        fc2_bias_requires_grad=fc2_bias_requires_grad,
+        normalization=normalization,
+        eps=eps,
+        zero_centered_gamma=zero_centered_gamma,
+        return_layernorm_output=return_layernorm_output,
+        activation=activation,
+        fc1_input_quantizer=fc1_input_quantizer,
+        fc1_weight_quantizer=fc1_weight_quantizer,
+        fc1_output_quantizer=fc1_output_quantizer,
+        fc1_grad_input_quantizer=fc1_grad_input_quantizer,
+        fc1_grad_weight_quantizer=fc1_grad_weight_quantizer,
+        fc1_grad_output_quantizer=fc1_grad_output_quantizer,
+        fc2_input_quantizer=fc2_input_quantizer,
+        fc2_weight_quantizer=fc2_weight_quantizer,
+        fc2_output_quantizer=fc2_output_quantizer,
+        fc2_grad_input_quantizer=fc2_grad_input_quantizer,
+        fc2_grad_weight_quantizer=fc2_grad_weight_quantizer,
+        fc2_grad_output_quantizer=fc2_grad_output_quantizer,
+        activation_dtype=activation_dtype,
+        fp8=fp8,
+        fprop_gemm=fprop_gemm,
+        dgrad_gemm=dgrad_gemm,
+        wgrad_gemm=wgrad_gemm,
+        set_parallel_mode=set_parallel_mode,
+        tp_group=tp_group,
+        tp_size=tp_size,
+        sequence_parallel=sequence_parallel,
+        hidden_size=hidden_size,
+        ffn_hidden_size=ffn_hidden_size,
+        is_grad_enabled=is_grad_enabled,
+        sr_rng_state=sr_rng_state,
+        fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+        delay_wgrad_compute=delay_wgrad_compute,
+        activation_params=activation_params,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

@@ -23,7 +23,6 @@ from ..ops.attention import (
     ATTN_BIAS_TYPES,
     ATTN_MASK_TYPES,
     QKV_FORMATS,
-    DotProductAttnFwdArgs,
     backend_support,
     default_alibi_slopes,
     select_backend,
@@ -353,7 +352,7 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             ),
             q.device,
         )
-        args = DotProductAttnFwdArgs(
+        fields = dict(
             q=q,
             k=k,
             v=v,
@@ -384,9 +383,9 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             is_grad_enabled=grad,
         )
         if autocast_device is None:
-            return call_dot_product_attention(args)[0]
+            return call_dot_product_attention(**fields)[0]
         with torch.autocast(autocast_device, enabled=False):
-            return call_dot_product_attention(args)[0]
+            return call_dot_product_attention(**fields)[0]
 
     def extra_repr(self) -> str:
         return (

@@ -36,6 +36,7 @@ own amax.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -45,7 +46,6 @@ import torch
 from torch import nn
 
 from ..generated.grouped_linear import call_grouped_linear
-from ..ops.grouped_linear import GroupedLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
@@ -126,15 +126,17 @@ def _gemm(i: int) -> str | None:
     return f"gemm{i}" if i else None
 
 
-def _workspaces_fit(args: GroupedLinearFwdArgs) -> bool:
+def _workspaces_fit(fields: dict[str, Any]) -> bool:
     """Whether every cached workspace has the usages this call needs (dgrad reads the
     columnwise data)."""
     needs_columnwise = (
-        args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
+        fields["is_grad_enabled"]
+        and fields["input_requires_grad"]
+        and fields["backward_override"] is None
     )
     return not needs_columnwise or all(
         bool(getattr(w, "columnwise_usage", True))
-        for w in args.weight_workspaces or ()
+        for w in fields["weight_workspaces"] or ()
         if w is not None
     )
 
@@ -317,7 +319,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         caching = is_first_microbatch is not None and any(
             quantizes_weight(wq, w) for wq, w in zip(weight_quantizers, weights, strict=True)
         )
-        args = GroupedLinearFwdArgs(
+        fields = dict(
             inp=inp,
             weights=weights,
             biases=biases,
@@ -348,19 +350,21 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         )
         keep = None
         if caching:
-            if args.weight_workspaces is not None and not _workspaces_fit(args):
-                args.weight_workspaces = None  # remade with every usage this call needs
-            if args.weight_workspaces is None:
+            if fields["weight_workspaces"] is not None and not _workspaces_fit(fields):
+                fields["weight_workspaces"] = None  # remade with every usage this call needs
+            if fields["weight_workspaces"] is None:
                 # The op saves exactly the quantized weight of each GEMM.
-                keep = Keep(tuple(range(n)), self._keep_weight_workspaces)
-        return call_grouped_linear(args, keep)[0]
+                keep = Keep(
+                    tuple(range(n)),
+                    functools.partial(self._keep_weight_workspaces, fields["weight_quantizers"]),
+                )
+        return call_grouped_linear(**fields, keep=keep)[0]
 
-    def _keep_weight_workspaces(self, args: GroupedLinearFwdArgs, made: tuple[Any, ...]) -> None:
+    def _keep_weight_workspaces(self, quantizers: Any, made: tuple[Any, ...]) -> None:
         """Keep the quantized weights a first microbatch made (one per GEMM); later
         microbatches reuse them without running the weight quantizers (TE's contract: a
         weight changed in place is seen at the next first microbatch)."""
         if any(m is not None for m in made):
-            quantizers = args.weight_quantizers
             for cache, weight, quantizer in zip(self._weight_caches, made, quantizers, strict=True):
                 cache.keep(weight, quantizer)
 

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from ..generated.layernorm import call_layernorm
-from ..ops.layernorm import LayerNormFwdArgs
 from ._base import ExtraStateMixin
 from ._call import activation_dtype, follows_torch_autocast
 
@@ -96,7 +95,7 @@ class _Norm(ExtraStateMixin, nn.Module):
         is_tensor = isinstance(inp, torch.Tensor)
         activation_dtype(type(self).__name__, inp, self.weight.dtype)  # refuses integers
         bias = self.bias
-        args = LayerNormFwdArgs(
+        return call_layernorm(
             inp=inp,
             weight=self.weight,
             bias=bias,
@@ -107,8 +106,7 @@ class _Norm(ExtraStateMixin, nn.Module):
             eps=self.eps,
             zero_centered_gamma=self.zero_centered_gamma,
             is_grad_enabled=torch.is_grad_enabled(),
-        )
-        return call_layernorm(args)[0]
+        )[0]
 
     def extra_repr(self) -> str:
         return (

@@ -17,6 +17,7 @@ the module's own weight quantizer, its scale seeded from the weight's amax.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,6 @@ import torch
 from torch import nn
 
 from ..generated.layernorm_linear import call_layernorm_linear
-from ..ops.layernorm_linear import LayerNormLinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.keep import Keep
 from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
@@ -41,15 +41,20 @@ from .autocast import STATE
 from .linear import _check_parallelism
 
 
-def _workspace_fits(args: LayerNormLinearFwdArgs) -> bool:
+def _workspace_fits(fields: dict[str, Any]) -> bool:
     """Whether the cached weight workspace has every usage this call needs: the
     columnwise data the dgrad GEMM reads when a gradient flows into the norm."""
     needs_columnwise = (
-        args.is_grad_enabled
-        and args.backward_override is None
-        and (args.input_requires_grad or args.ln_weight_requires_grad or args.ln_bias_requires_grad)
+        fields["is_grad_enabled"]
+        and fields["backward_override"] is None
+        and (
+            fields["input_requires_grad"]
+            or fields["ln_weight_requires_grad"]
+            or fields["ln_bias_requires_grad"]
+        )
     )
-    return not needs_columnwise or bool(getattr(args.weight_workspace, "columnwise_usage", True))
+    workspace = fields["weight_workspace"]
+    return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
 def check_normalization(cls: str, normalization: str) -> None:
@@ -202,34 +207,39 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         q: Any = self._recipe_quantizers(STATE.autocast)
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
-        args = self._fwd_args(inp, q, is_first_microbatch, fp8_output)
+        fields = self._op_fields(inp, q, is_first_microbatch, fp8_output)
         keep = None
-        if args.cache_weight:
-            if args.weight_workspace is not None and not _workspace_fits(args):
-                args.weight_workspace = None  # remade with every usage this call needs
-            if args.weight_workspace is None:
-                keep = Keep((4,), self._keep_weight_workspace)
-        outputs = call_layernorm_linear(args, keep)
+        if fields["cache_weight"]:
+            if fields["weight_workspace"] is not None and not _workspace_fits(fields):
+                fields["weight_workspace"] = None  # remade with every usage this call needs
+            if fields["weight_workspace"] is None:
+                keep = Keep(
+                    (4,),
+                    functools.partial(self._keep_weight_workspace, fields["weight_quantizer"]),
+                )
+        outputs = call_layernorm_linear(**fields, keep=keep)
         out = outputs[0]
         extra: tuple[Any, ...] = ()
         if self.return_bias:
-            extra += (None if self.bias is None else self.bias.to(args.activation_dtype),)
+            extra += (None if self.bias is None else self.bias.to(fields["activation_dtype"]),)
         if self.return_layernorm_output:
             extra += (outputs[1],)
         return (out, *extra) if extra else out
 
-    def _fwd_args(
+    def _op_fields(
         self,
         inp: torch.Tensor,
         q: Any,
         is_first_microbatch: bool | None,
         fp8_output: bool,
-    ) -> LayerNormLinearFwdArgs:
+    ) -> dict[str, Any]:
+        """This call's ``LayerNormLinearFwdArgs`` fields by name, as
+        ``call_layernorm_linear`` takes them (no bundle is built on the compiled path)."""
         is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
-        return LayerNormLinearFwdArgs(
+        return dict(
             inp=inp,
             ln_weight=ln_weight,
             ln_bias=ln_bias,
@@ -275,12 +285,12 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(self.weight),
         )
 
-    def _keep_weight_workspace(self, args: LayerNormLinearFwdArgs, kept: tuple[Any, ...]) -> None:
+    def _keep_weight_workspace(self, weight_quantizer: Any, kept: tuple[Any, ...]) -> None:
         """Keep the quantized weight a first microbatch made (the forward's saved value
         4: mu, rsigma, ln_out, GEMM input, GEMM weight); later microbatches
         (``is_first_microbatch=False``) reuse it without quantizing, compiled too
         (written into the kept buffers where an eager call made them)."""
-        self._weight_cache.keep(kept[0], args.weight_quantizer)
+        self._weight_cache.keep(kept[0], weight_quantizer)
 
     @property
     def _weight_workspace(self) -> Any:

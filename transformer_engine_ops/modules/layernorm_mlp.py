@@ -10,6 +10,7 @@ shard (for a gated activation, its shard of each half).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -196,29 +197,40 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         shared = self._forward_recipe(STATE.autocast)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None
-        args = self._fwd_args(inp, shared, is_first_microbatch)
+        fields = self._op_fields(inp, shared, is_first_microbatch)
         keep = None
-        if args.cache_weight:
+        if fields["cache_weight"]:
             # A kept workspace that lacks a usage this call needs (made under no_grad,
             # now read by a dgrad GEMM) is remade.
-            fc1_needs, fc2_needs = cached_weights_need_columnwise(args)
-            if fc1_needs and _lacks_columnwise(args.fc1_weight_workspace):
-                args.fc1_weight_workspace = None
-            if fc2_needs and _lacks_columnwise(args.fc2_weight_workspace):
-                args.fc2_weight_workspace = None
-            keep = Keep((6, 8), self._keep_weight_workspaces)
-        outputs = call_layernorm_mlp(args, keep)
+            fc1_needs, fc2_needs = cached_weights_need_columnwise(LayerNormMLPFwdArgs(**fields))
+            if fc1_needs and _lacks_columnwise(fields["fc1_weight_workspace"]):
+                fields["fc1_weight_workspace"] = None
+            if fc2_needs and _lacks_columnwise(fields["fc2_weight_workspace"]):
+                fields["fc2_weight_workspace"] = None
+            keep = Keep(
+                (6, 8),
+                functools.partial(
+                    self._keep_weight_workspaces,
+                    fields["fc1_weight_workspace"] is None,
+                    fields["fc2_weight_workspace"] is None,
+                    fields["fc1_weight_quantizer"],
+                    fields["fc2_weight_quantizer"],
+                ),
+            )
+        outputs = call_layernorm_mlp(**fields, keep=keep)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
             bias = self.fc2_bias
-            extra += (None if bias is None else bias.to(args.activation_dtype),)
+            extra += (None if bias is None else bias.to(fields["activation_dtype"]),)
         if self.return_layernorm_output:
             extra += (outputs[1],)
         return (outputs[0], *extra) if extra else outputs[0]
 
-    def _fwd_args(
+    def _op_fields(
         self, inp: Any, shared: RecipeQuantizers | None, is_first_microbatch: bool | None
-    ) -> LayerNormMLPFwdArgs:
+    ) -> dict[str, Any]:
+        """This call's ``LayerNormMLPFwdArgs`` fields by name, as ``call_layernorm_mlp``
+        takes them (no bundle is built on the compiled path)."""
         # fc1 and fc2 each take their own quantizers: the recipe's, or under delayed
         # scaling each GEMM's own stateful ones (TE keeps FP8 metadata per GEMM).
         if shared is not None and shared.backward_override is not None:
@@ -244,7 +256,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         )
         later = cache and is_first_microbatch is False
-        return LayerNormMLPFwdArgs(
+        return dict(
             inp=inp,
             ln_weight=ln_weight,
             ln_bias=ln_bias,
@@ -300,17 +312,24 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             **self._wgrad_flags(fc1_weight, fc2_weight),
         )
 
-    def _keep_weight_workspaces(self, args: LayerNormMLPFwdArgs, kept: tuple[Any, ...]) -> None:
+    def _keep_weight_workspaces(
+        self,
+        fc1_missing: bool,
+        fc2_missing: bool,
+        fc1_quantizer: Any,
+        fc2_quantizer: Any,
+        kept: tuple[Any, ...],
+    ) -> None:
         """Keep the quantized weights a call made where it had no workspace (the saved
         values 6 and 8, fc1's and fc2's weights, of mu, rsigma, ln_out, fc1_out,
         act_out, fc1 input, fc1 weight, fc2 input, fc2 weight), with every usage they
         were made with, for the later microbatches (compiled too; written into the
         kept buffers where an eager call made them)."""
         fc1, fc2 = kept
-        if args.fc1_weight_workspace is None and fc1 is not None:
-            self._fc1_weight_cache.keep(fc1, args.fc1_weight_quantizer)
-        if args.fc2_weight_workspace is None and fc2 is not None:
-            self._fc2_weight_cache.keep(fc2, args.fc2_weight_quantizer)
+        if fc1_missing and fc1 is not None:
+            self._fc1_weight_cache.keep(fc1, fc1_quantizer)
+        if fc2_missing and fc2 is not None:
+            self._fc2_weight_cache.keep(fc2, fc2_quantizer)
 
     @property
     def _fc1_weight_workspace(self) -> Any:

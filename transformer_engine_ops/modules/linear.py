@@ -8,13 +8,13 @@ how the op is dispatched, saved or rebuilt.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..generated.linear import call_linear
-from ..ops.linear import LinearFwdArgs
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
@@ -35,15 +35,11 @@ from ._call import (
 )
 from ._wgrad import WgradScheduling
 from ._workspace import WeightWorkspace
-from .autocast import STATE, RecipeQuantizers
+from .autocast import STATE
 
 
-def _workspace_fits(args: LinearFwdArgs) -> bool:
+def _workspace_fits(workspace: Any, needs_columnwise: bool) -> bool:
     """Whether the cached weight workspace has every usage this call needs."""
-    workspace = args.weight_workspace
-    needs_columnwise = (
-        args.is_grad_enabled and args.input_requires_grad and args.backward_override is None
-    )
     return not needs_columnwise or bool(getattr(workspace, "columnwise_usage", True))
 
 
@@ -203,59 +199,6 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         self._reset_weight("weight", weight)
         self._reset_filled(("bias",), 0.0)
 
-    def _fwd_args(
-        self,
-        inp: torch.Tensor,
-        quantizers: RecipeQuantizers | None,
-        is_first_microbatch: bool | None,
-        fp8_output: bool,
-    ) -> LinearFwdArgs:
-        q: Any = self._role_quantizers(quantizers)  # a CustomRecipe's, for this module
-        grad = torch.is_grad_enabled()
-        # A non-tensor input reaches the bundle as is and is reported by its field check.
-        is_tensor = isinstance(inp, torch.Tensor)
-        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
-        bias = None if self.return_bias else self.bias
-        override = backward_override_of(q)
-        return LinearFwdArgs(
-            weight=self.weight,
-            inp=inp,
-            bias=bias,
-            weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
-            input_requires_grad=is_tensor and inp.requires_grad,
-            weight_requires_grad=self.weight.requires_grad,
-            bias_requires_grad=bias is not None and bias.requires_grad,
-            input_quantizer=q and q.input,
-            weight_quantizer=q and q.weight,
-            output_quantizer=q and q.output,
-            grad_input_quantizer=q and q.grad_input,
-            grad_weight_quantizer=q and q.grad_weight,
-            grad_output_quantizer=q and q.grad_output,
-            activation_dtype=dtype,
-            fp8_output=fp8_output,
-            backward_override=override,
-            **recipe_gemm_fields(q),
-            is_first_microbatch=is_first_microbatch,
-            # Caching only means something where this call quantizes the weight.
-            cache_weight=is_first_microbatch is not None
-            and quantizes_weight(q and q.weight, self.weight),
-            parallel_mode=self.parallel_mode,
-            tp_group=self.tp_group,
-            tp_size=self.tp_size,
-            sequence_parallel=self.sequence_parallel,
-            in_features=self.in_features,
-            out_features=self.out_features,
-            ub_overlap_ag_fprop=False,
-            ub_overlap_rs_fprop=False,
-            ub_name=None,
-            wgrad_store=None,
-            is_grad_enabled=grad,
-            sr_rng_state=rng_state_for(
-                (q and q.grad_output,), inp, self.weight.device, grad and override is None
-            ),
-            **self._wgrad_flags(self.weight),
-        )
-
     @follows_torch_autocast
     def forward(
         self,
@@ -280,17 +223,71 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
                 return out, None if self.bias is None else self.bias.to(out.dtype)
             return out
         quantizers = self._stateful_quantizers(self._recipe_of_this_forward(STATE.autocast))
-        args = self._fwd_args(inp, quantizers, is_first_microbatch, fp8_output)
+        q: Any = self._role_quantizers(quantizers)  # a CustomRecipe's, for this module
+        weight = self.weight
+        grad = torch.is_grad_enabled()
+        # A non-tensor input reaches the op as is and is reported by its field check.
+        input_requires_grad = isinstance(inp, torch.Tensor) and inp.requires_grad
+        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
+        bias = None if self.return_bias else self.bias
+        override = backward_override_of(q)
+        # Caching only means something where this call quantizes the weight.
+        cache_weight = is_first_microbatch is not None and quantizes_weight(q and q.weight, weight)
+        workspace = self._weight_workspace if is_first_microbatch is False else None
+        # Named keywords only: a ``**`` in the call would rebuild every keyword as a dict.
+        gemms = recipe_gemm_fields(q)
+        wgrad = self._wgrad_flags(weight)
         keep = None
-        if args.cache_weight:
-            if args.weight_workspace is not None and not _workspace_fits(args):
-                args.weight_workspace = None  # remade with every usage this call needs
-            if args.weight_workspace is None:
-                keep = Keep((1,), self._keep_weight_workspace)
-        (out,) = call_linear(args, keep)
+        if cache_weight:
+            needs_columnwise = grad and input_requires_grad and override is None
+            if workspace is not None and not _workspace_fits(workspace, needs_columnwise):
+                workspace = None  # remade with every usage this call needs
+            if workspace is None:
+                keep = Keep((1,), functools.partial(self._keep_weight_workspace, q and q.weight))
+        (out,) = call_linear(
+            weight=weight,
+            inp=inp,
+            bias=bias,
+            weight_workspace=workspace,
+            input_requires_grad=input_requires_grad,
+            weight_requires_grad=weight.requires_grad,
+            bias_requires_grad=bias is not None and bias.requires_grad,
+            input_quantizer=q and q.input,
+            weight_quantizer=q and q.weight,
+            output_quantizer=q and q.output,
+            grad_input_quantizer=q and q.grad_input,
+            grad_weight_quantizer=q and q.grad_weight,
+            grad_output_quantizer=q and q.grad_output,
+            activation_dtype=dtype,
+            fp8_output=fp8_output,
+            backward_override=override,
+            fp8=gemms["fp8"],
+            fprop_gemm=gemms["fprop_gemm"],
+            dgrad_gemm=gemms["dgrad_gemm"],
+            wgrad_gemm=gemms["wgrad_gemm"],
+            is_first_microbatch=is_first_microbatch,
+            cache_weight=cache_weight,
+            parallel_mode=self.parallel_mode,
+            tp_group=self.tp_group,
+            tp_size=self.tp_size,
+            sequence_parallel=self.sequence_parallel,
+            in_features=self.in_features,
+            out_features=self.out_features,
+            ub_overlap_ag_fprop=False,
+            ub_overlap_rs_fprop=False,
+            ub_name=None,
+            wgrad_store=None,
+            is_grad_enabled=grad,
+            sr_rng_state=rng_state_for(
+                (q and q.grad_output,), inp, weight.device, grad and override is None
+            ),
+            fuse_wgrad_accumulation=wgrad["fuse_wgrad_accumulation"],
+            delay_wgrad_compute=wgrad["delay_wgrad_compute"],
+            keep=keep,
+        )
         if self.return_bias:
             bias = self.bias
-            return out, None if bias is None else bias.to(args.activation_dtype)
+            return out, None if bias is None else bias.to(dtype)
         return out
 
     @property
@@ -298,12 +295,12 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         """The kept quantized weight (None until a caching call made one)."""
         return self._weight_cache.value
 
-    def _keep_weight_workspace(self, args: LinearFwdArgs, kept: tuple[Any, ...]) -> None:
+    def _keep_weight_workspace(self, weight_quantizer: Any, kept: tuple[Any, ...]) -> None:
         """Keep the quantized weight a first microbatch made (the forward's saved value
         1); later microbatches reuse it without quantizing. Compiled too: the graph
         hands the weight out and this runs in the traced frame (one graph per flag),
         writing it into the kept buffers where an eager call made them."""
-        self._weight_cache.keep(kept[0], args.weight_quantizer)
+        self._weight_cache.keep(kept[0], weight_quantizer)
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)

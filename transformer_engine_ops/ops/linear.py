@@ -969,55 +969,86 @@ class _PlainLinear(torch.autograd.Function):
         return dgrad, wgrad, bgrad
 
 
-def linear_plain_call(args: LinearFwdArgs) -> tuple[torch.Tensor] | None:
+def linear_plain_call(
+    weight: Any,
+    inp: Any,
+    bias: Any,
+    weight_workspace: Any,
+    input_requires_grad: bool,
+    weight_requires_grad: bool,
+    bias_requires_grad: bool,
+    input_quantizer: Any,
+    weight_quantizer: Any,
+    output_quantizer: Any,
+    grad_input_quantizer: Any,
+    grad_weight_quantizer: Any,
+    grad_output_quantizer: Any,
+    activation_dtype: torch.dtype,
+    fp8: bool,
+    backward_override: Any,
+    is_first_microbatch: bool | None,
+    parallel_mode: str | None,
+    tp_group: Any,
+    tp_size: int,
+    sequence_parallel: bool,
+    in_features: int,
+    out_features: int,
+    ub_overlap_ag_fprop: bool,
+    ub_overlap_rs_fprop: bool,
+    ub_name: str | None,
+    wgrad_store: Any,
+    is_grad_enabled: bool,
+    sr_rng_state: Any,
+    fuse_wgrad_accumulation: bool,
+    delay_wgrad_compute: bool,
+) -> tuple[torch.Tensor] | None:
     """``linear_forward``'s outputs for a plain eager call, through :class:`_PlainLinear`:
     no recipe or workspace, one rank, no wgrad scheduling, plain 2-D tensors of the
     activation dtype on one CPU or CUDA device, and requires-grad flags that say what
     the tensors say. None for any other call, which the generic path serves (and
-    reports, when something is wrong with it)."""
-    inp, weight, bias = args.inp, args.weight, args.bias
-    dtype = args.activation_dtype
+    reports, when something is wrong with it). The generated ``call_linear`` passes the
+    fields named here (positionally, in this order) before it builds a bundle; the fields left out (``fp8_output``,
+    ``cache_weight``, the GEMM configurations) change nothing for such a call."""
+    dtype = activation_dtype
     if (
-        args.fp8
-        or args.input_quantizer is not None
-        or args.weight_quantizer is not None
-        or args.output_quantizer is not None
-        or args.grad_input_quantizer is not None
-        or args.grad_weight_quantizer is not None
-        or args.grad_output_quantizer is not None
-        or args.backward_override is not None
-        or args.weight_workspace is not None
-        or args.is_first_microbatch is not None
-        or args.tp_group is not None
-        or args.tp_size != 1
-        or args.parallel_mode is not None
-        or args.sequence_parallel
-        or args.ub_overlap_ag_fprop
-        or args.ub_overlap_rs_fprop
-        or args.ub_name is not None
-        or args.wgrad_store is not None
-        or args.sr_rng_state is not None
-        or args.fuse_wgrad_accumulation
-        or args.delay_wgrad_compute
+        fp8
+        or input_quantizer is not None
+        or weight_quantizer is not None
+        or output_quantizer is not None
+        or grad_input_quantizer is not None
+        or grad_weight_quantizer is not None
+        or grad_output_quantizer is not None
+        or backward_override is not None
+        or weight_workspace is not None
+        or is_first_microbatch is not None
+        or tp_group is not None
+        or tp_size != 1
+        or parallel_mode is not None
+        or sequence_parallel
+        or ub_overlap_ag_fprop
+        or ub_overlap_rs_fprop
+        or ub_name is not None
+        or wgrad_store is not None
+        or sr_rng_state is not None
+        or fuse_wgrad_accumulation
+        or delay_wgrad_compute
         or type(inp) not in _PLAIN_TENSORS
         or type(weight) not in _PLAIN_TENSORS
         or len(inp.shape) != 2
         or inp.dtype != dtype
         or weight.dtype != dtype
-        or tuple(weight.shape) != (args.out_features, args.in_features)
-        or inp.shape[1] != args.in_features
+        or tuple(weight.shape) != (out_features, in_features)
+        or inp.shape[1] != in_features
         or inp.device != weight.device
         or inp.device.type not in _PLAIN_DEVICES
         or (bias is not None and (type(bias) not in _PLAIN_TENSORS or bias.dtype != dtype))
-        or args.is_grad_enabled is not torch.is_grad_enabled()
-        or args.input_requires_grad is not inp.requires_grad
-        or args.weight_requires_grad is not weight.requires_grad
-        or args.bias_requires_grad is not (bias is not None and bias.requires_grad)
+        or is_grad_enabled is not torch.is_grad_enabled()
+        or input_requires_grad is not inp.requires_grad
+        or weight_requires_grad is not weight.requires_grad
+        or bias_requires_grad is not (bias is not None and bias.requires_grad)
     ):
         return None
-    if args.is_grad_enabled and (
-        args.input_requires_grad or args.weight_requires_grad or args.bias_requires_grad
-    ):
+    if is_grad_enabled and (input_requires_grad or weight_requires_grad or bias_requires_grad):
         return (_PlainLinear.apply(inp, weight, bias),)
     return (_plain_fprop(weight, inp, bias),)
 

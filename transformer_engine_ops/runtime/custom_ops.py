@@ -327,6 +327,8 @@ def kept_values(
     a module keeps across calls (TE's weight workspace), outside this call's autograd
     graph. Each is None, a plain tensor or a quantized wrapper tensor: a traced call can
     build those, not a bare storage (refused with the index)."""
+    if not kept:  # the common call: nothing to trace through
+        return ()
     out_layouts, saved_layouts = _call_layouts(qualname)
     missing = [index for index in kept if not 0 <= index < len(saved_layouts)]
     if missing:

@@ -40,9 +40,9 @@ def recipes() -> tuple[tuple[str, Callable[[], Any] | None], ...]:
 
 
 def forward_bundle(generated: Any) -> type:
-    """The forward bundle class of a generated op module (its ``call_<op>``'s argument)."""
+    """The forward bundle class of a generated op module (its ``<op>_eager``'s argument)."""
     name = generated.FORWARD_OP.split("::")[1].removesuffix("_fwd")
-    return typing.get_type_hints(getattr(generated, f"call_{name}"))["args"]
+    return typing.get_type_hints(getattr(generated, f"{name}_eager"))["args"]
 
 
 def check(
@@ -105,7 +105,20 @@ def _calling_functions(g: Any) -> tuple[Callable[[Any], Any], Callable[[Any], An
     ``call_<op>``'s compile blockers: a recipe a module runs eagerly under compile, such
     as delayed scaling, still has its lowering checked)."""
     (name,) = (n for n in vars(g) if n.startswith("call_"))
-    return getattr(g, name), getattr(g, f"{name.removeprefix('call_')}_compiled")
+    op = name.removeprefix("call_")
+    entry, compiled, slots = (
+        getattr(g, name),
+        getattr(g, f"{op}_compiled"),
+        g.__dict__[f"{op}_fwd_slots"],
+    )
+
+    def eager_call(args: Any) -> Any:
+        return entry(**vars(args))
+
+    def compiled_call(args: Any) -> Any:
+        return compiled(slots(**vars(args)))[0]
+
+    return eager_call, compiled_call
 
 
 def _tensor_fields(bundle: Any) -> list[str]:

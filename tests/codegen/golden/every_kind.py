@@ -163,79 +163,177 @@ BACKWARD_SLOTS = (
 
 def flatten_every_kind_fwd_args(args: EveryKindFwdArgs) -> tuple[Any, ...]:
     """`EveryKindFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
+    return every_kind_fwd_slots(
+        args.x,
+        args.maybe_x,
+        args.aliased,
+        args.forward_ref,
+        args.pipe_tensor,
+        args.xs,
+        args.w,
+        args.maybe_w,
+        args.flag,
+        args.maybe_flag,
+        args.count,
+        args.maybe_count,
+        args.scale,
+        args.maybe_scale,
+        args.label,
+        args.maybe_label,
+        args.dtype,
+        args.maybe_dtype,
+        args.device,
+        args.maybe_device,
+        args.shape,
+        args.dims,
+        args.alias_shape,
+        args.maybe_shape,
+        args.color,
+        args.maybe_color,
+        args.mode,
+        args.rounding,
+        args.quantizer,
+        args.maybe_quantizer,
+        args.group,
+        args.tp_group,
+        args.gemm,
+        args.maybe_gemm,
+        args.anything,
+        args.hook,
+        args.window,
+        args.maybe_window,
+        args.splits,
+        args.maybe_splits,
+        args.weights,
+        args.maybe_weights,
+        args.quantizers,
+        args.maybe_quantizers,
+        args.generator,
+        args.extra,
+    )
+
+
+def every_kind_fwd_slots(
+    x: Any,
+    maybe_x: Any,
+    aliased: Any,
+    forward_ref: Any,
+    pipe_tensor: Any,
+    xs: Any,
+    w: Any,
+    maybe_w: Any,
+    flag: Any,
+    maybe_flag: Any,
+    count: Any,
+    maybe_count: Any,
+    scale: Any,
+    maybe_scale: Any,
+    label: Any,
+    maybe_label: Any,
+    dtype: Any,
+    maybe_dtype: Any,
+    device: Any,
+    maybe_device: Any,
+    shape: Any,
+    dims: Any,
+    alias_shape: Any,
+    maybe_shape: Any,
+    color: Any,
+    maybe_color: Any,
+    mode: Any,
+    rounding: Any,
+    quantizer: Any,
+    maybe_quantizer: Any,
+    group: Any,
+    tp_group: Any,
+    gemm: Any,
+    maybe_gemm: Any,
+    anything: Any,
+    hook: Any,
+    window: Any,
+    maybe_window: Any,
+    splits: Any,
+    maybe_splits: Any,
+    weights: Any,
+    maybe_weights: Any,
+    quantizers: Any,
+    maybe_quantizers: Any,
+    generator: Any,
+    extra: Any,
+) -> tuple[Any, ...]:
+    """The forward op's slots from the fields of `EveryKindFwdArgs` (`call_every_kind` has
+    them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        v if type(v := args.x) is torch.Tensor else _b.check(v, torch.Tensor, "EveryKindFwdArgs.x"),
-        v
-        if (v := args.maybe_x) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
-        v
-        if type(v := args.aliased) is torch.Tensor
-        else _b.check(v, torch.Tensor, "EveryKindFwdArgs.aliased"),
-        v
-        if (v := args.forward_ref) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
-        v
-        if (v := args.pipe_tensor) is None or type(v) is torch.Tensor
-        else _b.check_optional(v, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
-        _b.tensor_list(args.xs, "EveryKindFwdArgs.xs"),
-        *_b.tensor_or_quantized(args.w, "EveryKindFwdArgs.w"),
-        *_b.optional_tensor_or_quantized(args.maybe_w, "EveryKindFwdArgs.maybe_w"),
-        v if type(v := args.flag) is bool else _b.check(v, bool, "EveryKindFwdArgs.flag"),
-        v
-        if (v := args.maybe_flag) is None or type(v) is bool
-        else _b.check_optional(v, bool, "EveryKindFwdArgs.maybe_flag"),
-        v if type(v := args.count) is int else _b.check(v, _b.INT, "EveryKindFwdArgs.count"),
-        v
-        if (v := args.maybe_count) is None or type(v) is int
-        else _b.check_optional(v, _b.INT, "EveryKindFwdArgs.maybe_count"),
-        v if type(v := args.scale) is float else _b.check(v, _b.FLOAT, "EveryKindFwdArgs.scale"),
-        v
-        if (v := args.maybe_scale) is None or type(v) is float
-        else _b.check_optional(v, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
-        v if type(v := args.label) is str else _b.check(v, str, "EveryKindFwdArgs.label"),
-        v
-        if (v := args.maybe_label) is None or type(v) is str
-        else _b.check_optional(v, str, "EveryKindFwdArgs.maybe_label"),
-        v
-        if type(v := args.dtype) is torch.dtype
-        else _b.check(v, torch.dtype, "EveryKindFwdArgs.dtype"),
-        v
-        if (v := args.maybe_dtype) is None or type(v) is torch.dtype
-        else _b.check_optional(v, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
-        v
-        if type(v := args.device) is torch.device
-        else _b.check(v, torch.device, "EveryKindFwdArgs.device"),
-        v
-        if (v := args.maybe_device) is None or type(v) is torch.device
-        else _b.check_optional(v, torch.device, "EveryKindFwdArgs.maybe_device"),
-        _b.size(args.shape, "EveryKindFwdArgs.shape"),
-        _b.size(args.dims, "EveryKindFwdArgs.dims"),
-        _b.size(args.alias_shape, "EveryKindFwdArgs.alias_shape"),
-        _b.optional_size(args.maybe_shape, "EveryKindFwdArgs.maybe_shape"),
-        _b.enum_name(args.color, Color, "EveryKindFwdArgs.color"),
-        _b.optional_enum_name(args.maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
-        _b.choice(args.mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
-        _b.optional_choice(args.rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
-        _b.code(args.quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
-        _b.optional_code(args.maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer"),
-        _b.optional_group_name(args.group, "EveryKindFwdArgs.group"),
-        _b.optional_group_name(args.tp_group, "EveryKindFwdArgs.tp_group"),
-        _b.code(args.gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
-        _b.optional_code(args.maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm"),
-        *_b.unsupported(args.anything, "EveryKindFwdArgs.anything"),
-        *_b.unsupported(args.hook, "EveryKindFwdArgs.hook"),
-        _b.int_tuple(args.window, 2, "EveryKindFwdArgs.window"),
-        _b.optional_int_tuple(args.maybe_window, 3, "EveryKindFwdArgs.maybe_window"),
-        _b.int_list(args.splits, "EveryKindFwdArgs.splits"),
-        _b.optional_int_list(args.maybe_splits, "EveryKindFwdArgs.maybe_splits"),
-        *_b.tensor_or_quantized_list(args.weights, "EveryKindFwdArgs.weights"),
-        *_b.optional_tensor_or_quantized_list(args.maybe_weights, "EveryKindFwdArgs.maybe_weights"),
-        _b.code_list(args.quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
-        _b.optional_code_list(
-            args.maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"
-        ),
-        *_b.unsupported(args.generator, "EveryKindFwdArgs.generator"),
-        *_b.unsupported(args.extra, "EveryKindFwdArgs.extra"),
+        x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
+        maybe_x
+        if (maybe_x) is None or type(maybe_x) is torch.Tensor
+        else _b.check_optional(maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
+        aliased
+        if type(aliased) is torch.Tensor
+        else _b.check(aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
+        forward_ref
+        if (forward_ref) is None or type(forward_ref) is torch.Tensor
+        else _b.check_optional(forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
+        pipe_tensor
+        if (pipe_tensor) is None or type(pipe_tensor) is torch.Tensor
+        else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
+        _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
+        *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
+        *_b.optional_tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w"),
+        flag if type(flag) is bool else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
+        maybe_flag
+        if (maybe_flag) is None or type(maybe_flag) is bool
+        else _b.check_optional(maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
+        count if type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
+        maybe_count
+        if (maybe_count) is None or type(maybe_count) is int
+        else _b.check_optional(maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
+        scale if type(scale) is float else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
+        maybe_scale
+        if (maybe_scale) is None or type(maybe_scale) is float
+        else _b.check_optional(maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
+        label if type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
+        maybe_label
+        if (maybe_label) is None or type(maybe_label) is str
+        else _b.check_optional(maybe_label, str, "EveryKindFwdArgs.maybe_label"),
+        dtype
+        if type(dtype) is torch.dtype
+        else _b.check(dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
+        maybe_dtype
+        if (maybe_dtype) is None or type(maybe_dtype) is torch.dtype
+        else _b.check_optional(maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
+        device
+        if type(device) is torch.device
+        else _b.check(device, torch.device, "EveryKindFwdArgs.device"),
+        maybe_device
+        if (maybe_device) is None or type(maybe_device) is torch.device
+        else _b.check_optional(maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
+        _b.size(shape, "EveryKindFwdArgs.shape"),
+        _b.size(dims, "EveryKindFwdArgs.dims"),
+        _b.size(alias_shape, "EveryKindFwdArgs.alias_shape"),
+        _b.optional_size(maybe_shape, "EveryKindFwdArgs.maybe_shape"),
+        _b.enum_name(color, Color, "EveryKindFwdArgs.color"),
+        _b.optional_enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
+        _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
+        _b.optional_choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
+        _b.code(quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
+        _b.optional_code(maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer"),
+        _b.optional_group_name(group, "EveryKindFwdArgs.group"),
+        _b.optional_group_name(tp_group, "EveryKindFwdArgs.tp_group"),
+        _b.code(gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
+        _b.optional_code(maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm"),
+        *_b.unsupported(anything, "EveryKindFwdArgs.anything"),
+        *_b.unsupported(hook, "EveryKindFwdArgs.hook"),
+        _b.int_tuple(window, 2, "EveryKindFwdArgs.window"),
+        _b.optional_int_tuple(maybe_window, 3, "EveryKindFwdArgs.maybe_window"),
+        _b.int_list(splits, "EveryKindFwdArgs.splits"),
+        _b.optional_int_list(maybe_splits, "EveryKindFwdArgs.maybe_splits"),
+        *_b.tensor_or_quantized_list(weights, "EveryKindFwdArgs.weights"),
+        *_b.optional_tensor_or_quantized_list(maybe_weights, "EveryKindFwdArgs.maybe_weights"),
+        _b.code_list(quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
+        _b.optional_code_list(maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"),
+        *_b.unsupported(generator, "EveryKindFwdArgs.generator"),
+        *_b.unsupported(extra, "EveryKindFwdArgs.extra"),
     )
 
 
@@ -449,10 +547,11 @@ _r.register_quantized_dispatch(every_kind_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 # --- Calling side -------------------------------------------------------------------
-# `call_every_kind` is the one entry a module has to this op. Eagerly it runs
-# `every_kind_eager` (the impls through `_EagerNode`, no op boundary); under torch.compile,
-# `every_kind_compiled` (the custom ops, one graph node each way), or the eager path for a
-# reason `every_kind_compile_blocker` names.
+# `call_every_kind` is the one entry a module has to this op; it takes the forward fields
+# by name. Eagerly it runs `every_kind_eager`
+# (the impls through `_EagerNode`, no op boundary); under torch.compile,
+# `every_kind_compiled` (the custom ops, one graph node each way) on the fields' slots, or
+# the eager path for a reason `every_kind_compile_blocker` names.
 
 
 class _EagerNode(torch.autograd.Function):
@@ -517,68 +616,213 @@ def every_kind_eager(args: EveryKindFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
     return every_kind_forward(args)
 
 
-def every_kind_compiled(args: EveryKindFwdArgs) -> tuple[Any, ...]:
-    """The user outputs of `teops::every_kind_fwd` on `args`' slots (quantized outputs rebuilt
-    as their class, as this call's kernel describes them: under Dynamo its fake, the
-    op's spec on this call's inputs)."""
-    slots = flatten_every_kind_fwd_args(args)
-    _r.begin_call(FORWARD_OP)
-    flat = every_kind_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat)
-
-
-def every_kind_compiled_keeping(
-    args: EveryKindFwdArgs, kept: tuple[int, ...]
+def every_kind_compiled(
+    slots: tuple[Any, ...], kept: tuple[int, ...] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`every_kind_compiled(args)`, and the saved values at the indices `kept`
-    (detached, tensors or quantized wrappers): what a module keeps across calls (a
-    `_r.Keep`), handed out of the graph with the outputs."""
-    slots = flatten_every_kind_fwd_args(args)
+    """The user outputs of `teops::every_kind_fwd` on `slots` (quantized outputs rebuilt as
+    their class, as this call's kernel describes them: under Dynamo its fake, the op's
+    spec on this call's inputs), and the saved values at the indices `kept` (detached,
+    tensors or quantized wrappers): what a module keeps across calls (a `_r.Keep`),
+    handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = every_kind_fwd(*slots)
     return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
-def every_kind_compile_blocker(args: EveryKindFwdArgs) -> str | None:
-    """Why a compiled call on `args` runs eagerly (None: it compiles): the op is not
-    registered on this torch, a quantizer cannot be a graph constant, or a reason the
-    op declares (`eager_when`)."""
+def every_kind_compile_blocker(
+    quantizer: Any,
+    maybe_quantizer: Any,
+    quantizers: Any,
+    maybe_quantizers: Any,
+) -> str | None:
+    """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
+    not registered on this torch, a quantizer cannot be a graph constant, or a reason
+    the op declares (`eager_when`)."""
     if every_kind_fwd is None or every_kind_bwd is None:
         return _r.registration_error()
     return _r.quantizer_blocker(
-        args.quantizer,
-        args.maybe_quantizer,
-        *(args.quantizers or ()),
-        *(args.maybe_quantizers or ()),
+        quantizer, maybe_quantizer, *(quantizers or ()), *(maybe_quantizers or ())
     )
 
 
 def _call_eagerly(args: EveryKindFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
-    """`call_every_kind`'s eager path (also its eager fallback under torch.compile)."""
+    """`call_every_kind`'s op path run eagerly (also its eager fallback under torch.compile)."""
     outputs, saved = every_kind_eager(args)
     if keep is not None:
-        keep.into(args, tuple(saved[i] for i in keep.saved))
+        keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
 
 
-def call_every_kind(args: EveryKindFwdArgs, keep: _r.Keep | None = None) -> tuple[Any, ...]:
-    """The `every_kind` op's user outputs on `args`: the only way a module reaches the op.
+def call_every_kind(
+    *,
+    x: Any,
+    maybe_x: Any,
+    aliased: Any,
+    forward_ref: Any,
+    pipe_tensor: Any,
+    xs: Any,
+    w: Any,
+    maybe_w: Any,
+    flag: Any,
+    maybe_flag: Any,
+    count: Any,
+    maybe_count: Any,
+    scale: Any,
+    maybe_scale: Any,
+    label: Any,
+    maybe_label: Any,
+    dtype: Any,
+    maybe_dtype: Any,
+    device: Any,
+    maybe_device: Any,
+    shape: Any,
+    dims: Any,
+    alias_shape: Any,
+    maybe_shape: Any,
+    color: Any,
+    maybe_color: Any,
+    mode: Any,
+    rounding: Any,
+    quantizer: Any,
+    maybe_quantizer: Any,
+    group: Any,
+    tp_group: Any,
+    gemm: Any,
+    maybe_gemm: Any,
+    anything: Any,
+    hook: Any,
+    window: Any,
+    maybe_window: Any,
+    splits: Any,
+    maybe_splits: Any,
+    weights: Any,
+    maybe_weights: Any,
+    quantizers: Any,
+    maybe_quantizers: Any,
+    generator: Any,
+    extra: Any,
+    keep: _r.Keep | None = None,
+) -> tuple[Any, ...]:
+    """The `every_kind` op's user outputs on the fields of a `EveryKindFwdArgs`, given by
+    name: the only way a module reaches the op. The bundle is built only where the op
+    path runs eagerly.
 
     Eagerly: the
     impls through `_EagerNode`. `keep`, if given, names the saved values the
     module keeps across calls (`keep.saved`, indices into what the forward made, e.g. a
-    quantized weight it caches) and receives them (`keep.into(args, values)`). Under
-    torch.compile: the custom op (with `keep`, the values leave the graph detached and
-    `keep.into` runs in the traced frame, so the graph writes the module's state), or
-    for the reason `every_kind_compile_blocker` gives, the eager path (with `keep`)
-    behind a graph break, warning once (`fullgraph=True` raises it)."""
+    quantized weight it caches) and receives them (`keep.into(values)`). Under
+    torch.compile: the custom op on the fields' slots (with `keep`, the values leave the
+    graph detached and `keep.into` runs in the traced frame, so the graph writes the
+    module's state), or for the reason `every_kind_compile_blocker` gives, the eager
+    path (with `keep`) behind a graph break, warning once (`fullgraph=True` raises it)."""
+    reason = None
     if torch.compiler.is_compiling():
-        reason = every_kind_compile_blocker(args)
-        if reason is None and keep is None:
-            return every_kind_compiled(args)
+        reason = every_kind_compile_blocker(
+            quantizer, maybe_quantizer, quantizers, maybe_quantizers
+        )
         if reason is None:
-            outputs, values = every_kind_compiled_keeping(args, keep.saved)
-            keep.into(args, values)
+            outputs, values = every_kind_compiled(
+                every_kind_fwd_slots(
+                    x,
+                    maybe_x,
+                    aliased,
+                    forward_ref,
+                    pipe_tensor,
+                    xs,
+                    w,
+                    maybe_w,
+                    flag,
+                    maybe_flag,
+                    count,
+                    maybe_count,
+                    scale,
+                    maybe_scale,
+                    label,
+                    maybe_label,
+                    dtype,
+                    maybe_dtype,
+                    device,
+                    maybe_device,
+                    shape,
+                    dims,
+                    alias_shape,
+                    maybe_shape,
+                    color,
+                    maybe_color,
+                    mode,
+                    rounding,
+                    quantizer,
+                    maybe_quantizer,
+                    group,
+                    tp_group,
+                    gemm,
+                    maybe_gemm,
+                    anything,
+                    hook,
+                    window,
+                    maybe_window,
+                    splits,
+                    maybe_splits,
+                    weights,
+                    maybe_weights,
+                    quantizers,
+                    maybe_quantizers,
+                    generator,
+                    extra,
+                ),
+                () if keep is None else keep.saved,
+            )
+            if keep is not None:
+                keep.into(values)
             return outputs
-        return _r.run_eagerly(reason, _call_eagerly, args, keep)
-    return _call_eagerly(args, keep)
+    args = EveryKindFwdArgs(
+        x=x,
+        maybe_x=maybe_x,
+        aliased=aliased,
+        forward_ref=forward_ref,
+        pipe_tensor=pipe_tensor,
+        xs=xs,
+        w=w,
+        maybe_w=maybe_w,
+        flag=flag,
+        maybe_flag=maybe_flag,
+        count=count,
+        maybe_count=maybe_count,
+        scale=scale,
+        maybe_scale=maybe_scale,
+        label=label,
+        maybe_label=maybe_label,
+        dtype=dtype,
+        maybe_dtype=maybe_dtype,
+        device=device,
+        maybe_device=maybe_device,
+        shape=shape,
+        dims=dims,
+        alias_shape=alias_shape,
+        maybe_shape=maybe_shape,
+        color=color,
+        maybe_color=maybe_color,
+        mode=mode,
+        rounding=rounding,
+        quantizer=quantizer,
+        maybe_quantizer=maybe_quantizer,
+        group=group,
+        tp_group=tp_group,
+        gemm=gemm,
+        maybe_gemm=maybe_gemm,
+        anything=anything,
+        hook=hook,
+        window=window,
+        maybe_window=maybe_window,
+        splits=splits,
+        maybe_splits=maybe_splits,
+        weights=weights,
+        maybe_weights=maybe_weights,
+        quantizers=quantizers,
+        maybe_quantizers=maybe_quantizers,
+        generator=generator,
+        extra=extra,
+    )
+    if reason is None:
+        return _call_eagerly(args, keep)
+    return _r.run_eagerly(reason, _call_eagerly, args, keep)

@@ -1,0 +1,39 @@
+# expect: 26:11 plain call parameter `args` is no field of FwdArgs
+"""Corpus: a `plain_call` takes the bundle, not the fields it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+def fwd(args): ...
+def bwd(args): ...
+def fwd_spec(args): ...
+def bwd_spec(args): ...
+def setup(args, saved): ...
+def plain(args): ...
+
+OP = OpDeclaration(
+    name="bad",
+    forward=FwdArgs,
+    backward=BwdArgs,
+    grad_fields=("inp",),
+    forward_impl=fwd,
+    backward_impl=bwd,
+    forward_spec=fwd_spec,
+    backward_spec=bwd_spec,
+    setup_context=setup,
+    plain_call=plain,
+)
