@@ -44,6 +44,9 @@ FAMILY += ["family-mlp-sp-swiglu-bf16"]
 # across microbatches (eager; a named fallback under compile, as for Linear) and the
 # quantized output under no_grad (compiled fullgraph).
 FAMILY += ["family-lnl-sp-cache-fp8_current", "family-lnl-sp-fp8out-fp8_current"]
+# LayerNormMLP given the TP group but set_parallel_mode=False: not partitioned, every
+# rank holds (and computes) the whole single-process module.
+FAMILY += ["family-mlp-unsplit"]
 
 
 def _tensors(w: World, out_features: int) -> dict[str, torch.Tensor]:
@@ -228,7 +231,26 @@ def _mlp(w: World, sp: bool, recipe: str, activation: str) -> dict[str, Any]:
     return info
 
 
+def _mlp_unsplit(w: World) -> dict[str, Any]:
+    """TE's set_parallel_mode=False with a tp_group: the full weights on every rank (it
+    used to slice this rank's rows and fail), the single-process module's output."""
+    t = _tensors(w, HIDDEN)
+    torch.manual_seed(SEED)
+    module = te.LayerNormMLP(
+        HIDDEN, FFN, tp_group=w.group, tp_size=w.size, set_parallel_mode=False
+    ).to(torch.bfloat16)
+    torch.manual_seed(SEED)
+    single = te.LayerNormMLP(HIDDEN, FFN).to(torch.bfloat16)
+    module, single = module.to(w.device), single.to(w.device)
+    names = ["fc1_weight", "fc2_weight"]
+    _assert_equal([getattr(module, n) for n in names], [getattr(single, n) for n in names], names)
+    _assert_equal([module(t["x"])], [single(t["x"])], ["output"])
+    return {"fc1_rows": module.fc1_weight.shape[0]}
+
+
 def run_family_case(w: World, name: str) -> dict[str, Any]:
+    if name == "family-mlp-unsplit":
+        return _mlp_unsplit(w)
     parts = name.split("-")
     kind, sp = parts[1], parts[2] == "sp"
     recipe = parts[-1]

@@ -122,7 +122,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         self.set_parallel_mode = bool(set_parallel_mode)
         self.sequence_parallel = bool(sequence_parallel) and self.set_parallel_mode and tp_size > 1
         parts = tp_size if set_parallel_mode else 1
-        rank = tp_rank(tp_group, tp_size)
+        rank = tp_rank(tp_group, tp_size) if set_parallel_mode else 0  # unsplit: every row
         self.size_per_partition = local = ffn_hidden_size // parts
         self.layer_norm_weight = nn.Parameter(
             torch.full((hidden_size,), float(not zero_centered_gamma), dtype=dtype, device=device)
