@@ -26,12 +26,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 from typing import Any, Optional
 
 import torch
 
 from ..runtime import _torch_private as _private
+from ..runtime import triton_support
 
 __all__ = [
     "CODES",
@@ -67,20 +67,10 @@ BLOCK = 1024
 WARPS = 4
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @functools.cache
 def unavailable_reason() -> Optional[str]:
     """Why the kernels cannot run here (None when Triton imports and kernels build)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"triton is not importable ({type(exc).__name__}: {exc})"
-    _kernels(_interpreting())
-    return None
+    return triton_support.unavailable_reason(_kernels)
 
 
 def available() -> bool:
@@ -156,7 +146,7 @@ def _check(
             f"{fn}: dy {tuple(dy.shape)} does not fit x {tuple(x.shape)} for {name} "
             f"(expected {(*x.shape[:-1], h)})"
         )
-    if x.device.type != "cuda" and not _interpreting():
+    if x.device.type != "cuda" and not triton_support.interpreting():
         raise ValueError(
             f"{fn}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
         )

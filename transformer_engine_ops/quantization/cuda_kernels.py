@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, Optional
 
 import torch
 
 from ..runtime import _torch_private as _private
-from ..runtime import lowering
+from ..runtime import lowering, triton_support
 from ..runtime.custom_ops import op_library
 from .encoding import FP8_MAX, transposed_shape
 
@@ -81,20 +80,10 @@ PARTIAL_BLOCK = 1 << (AMAX_MAX_PROGRAMS - 1).bit_length()
 _FORMATS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @functools.cache
 def unavailable_reason() -> Optional[str]:
     """Why the kernels cannot run here (None when Triton imports and kernels build)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"triton is not importable ({type(exc).__name__}: {exc})"
-    _kernels(_interpreting())
-    return None
+    return triton_support.unavailable_reason(_kernels)
 
 
 def available() -> bool:
@@ -248,7 +237,7 @@ def fused_quantize(
     if x.dim() < 1:
         raise ValueError(f"{name}: needs at least one dim")
     device = x.device
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not triton_support.interpreting():
         raise ValueError(
             f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
         )

@@ -34,12 +34,12 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 from __future__ import annotations
 
 import functools
-import os
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from ..runtime import _torch_private as _private
+from ..runtime import triton_support
 from . import cuda_kernels
 from .encoding import ceil_div, matrix_dims, round_up
 from .hadamard import RHT_SIGNS
@@ -57,20 +57,10 @@ _SIGN_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @functools.cache
 def unavailable_reason() -> Optional[str]:
     """Why the kernels cannot run here (None when Triton imports and kernels build)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"triton is not importable ({type(exc).__name__}: {exc})"
-    _kernels(_interpreting())
-    return None
+    return triton_support.unavailable_reason(_kernels)
 
 
 def available() -> bool:
@@ -209,7 +199,7 @@ def quantize(
     if (rng_state is not None) != q.stochastic_rounding:
         raise ValueError(f"{name}: rng_state must be given exactly when rounding stochastically")
     device = x.device
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not triton_support.interpreting():
         raise ValueError(
             f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
         )
