@@ -430,8 +430,9 @@ def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monk
 
     from transformer_engine_ops.quantization import _triton_launch as tl_
 
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
+    # The launcher's own bindings (a CPU-only torch binds them to a refusal at import).
+    monkeypatch.setattr(tl_, "_current_device", lambda: 0)
+    monkeypatch.setattr(tl_, "_current_raw_stream", lambda d: 1234)
     compiled = _FakeCompiled()
     jit = _FakeJit(compiled)
     launcher = tl_.CachedLauncher(jit)
