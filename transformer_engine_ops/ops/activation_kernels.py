@@ -89,9 +89,7 @@ def eligible(out_dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
     for x in tensors:
         if type(x) is not torch.Tensor or x.device.type != "cuda" or x.dtype not in DTYPES:
             return False
-    if torch.compiler.is_compiling():
-        return False
-    return _private.current_dispatch_mode() is None and available()
+    return triton_support.launchable_here() and available()
 
 
 @functools.cache

@@ -106,9 +106,7 @@ def eligible(x: torch.Tensor) -> bool:
         )
     if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
         return False
-    if torch.compiler.is_compiling():
-        return False
-    return _private.current_dispatch_mode() is None and available()
+    return triton_support.launchable_here() and available()
 
 
 @functools.cache

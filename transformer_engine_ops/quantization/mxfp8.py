@@ -79,10 +79,10 @@ class _MXFP8Data(RowwiseColumnwisePairs):
     ) -> MXFP8TensorStorage:
         """Every rank's shard concatenated along dim 0, 2-D, with the usages asked for
         (this shard must hold them): ``all_gather(t)`` gathers a contiguous ``t`` of each
-        rank along dim 0. Codes and
-        E8M0 scales move unpadded (rowwise 1x32 blocks lie within a row; columnwise 32x1
-        blocks within a shard of a multiple of 32 rows), then the scales are padded as a
-        whole tensor's are: the bits of the whole tensor quantized at once."""
+        rank along dim 0. Codes and E8M0 scales move unpadded (rowwise 1x32 blocks lie
+        within a row; columnwise 32x1 blocks within a shard of a multiple of 32 rows),
+        then the scales are padded as a whole tensor's are: the bits of the whole tensor
+        quantized at once."""
         if self._quantizer.with_2d_quantization:
             raise ValueError("MXFP8 with 32x32 tiles (with_2d_quantization) is not gathered")
         m, k = matrix_dims(self.shape)

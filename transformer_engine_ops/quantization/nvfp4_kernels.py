@@ -79,9 +79,7 @@ def eligible(x: torch.Tensor) -> bool:
         return False
     if x.device.type != "cuda" or x.dtype not in _INPUT_DTYPES or x.numel() == 0:
         return False
-    if torch.compiler.is_compiling():
-        return False
-    return _private.current_dispatch_mode() is None and available()
+    return triton_support.launchable_here() and available()
 
 
 @functools.cache

@@ -8,7 +8,11 @@ import os
 from collections.abc import Callable
 from typing import Any, Optional
 
-__all__ = ["interpreting", "unavailable_reason"]
+import torch
+
+from . import _torch_private as _private
+
+__all__ = ["interpreting", "launchable_here", "unavailable_reason"]
 
 
 def interpreting() -> bool:
@@ -26,3 +30,10 @@ def unavailable_reason(build_kernels: Callable[[bool], Any]) -> Optional[str]:
         return f"triton is not importable ({type(exc).__name__}: {exc})"
     build_kernels(interpreting())
     return None
+
+
+def launchable_here() -> bool:
+    """Whether a raw kernel launch may run now: not while Dynamo traces, and under no
+    dispatch mode (fake tensors, functionalization), where the reference ops must run
+    instead because they trace and a launch would not."""
+    return not torch.compiler.is_compiling() and _private.current_dispatch_mode() is None
