@@ -103,6 +103,7 @@ DECLARATION_KEYS = (
     "lowers",
     "eager_when",
     "plain_call",
+    "cudagraph_unsafe",
 )
 OWN_DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 

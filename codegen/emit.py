@@ -336,6 +336,9 @@ def calling_side_context(op: Op) -> dict:
         "saved_fields": tuple(saved),
         "backward_values": backward_values,
         "eager_reasons": _eager_reasons(op),
+        "cudagraph_unsafe": (
+            None if op.cudagraph_unsafe is None else kinds.pyrepr(op.cudagraph_unsafe)
+        ),
         "quantizer_values": _quantizer_values(op.forward),
         "blocker_fields": _blocker_fields(op),
         "entry_params": [EntryParam(f.name, _literal_default(f)) for f in op.forward.fields],

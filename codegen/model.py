@@ -204,6 +204,9 @@ class Op:
     # calling side is generated (not when reading: `codegen diff` reads revisions whose
     # plain call took the bundle).
     plain_problem: Problem | None = None
+    # The declaration's ``cudagraph_unsafe``: why no CUDA graph may capture the op (None:
+    # graphs may); its ops then carry ``torch.Tag.cudagraph_unsafe``.
+    cudagraph_unsafe: str | None = None
 
 
 @dataclass(frozen=True)

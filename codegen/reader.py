@@ -945,6 +945,18 @@ def _literal_strings(file: _File, node: cst.BaseExpression, key: str) -> tuple[s
     )
 
 
+def _literal_reason(file: _File, node: cst.BaseExpression, key: str) -> str:
+    if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
+        value = node.evaluated_value
+        if isinstance(value, str) and value.strip():
+            return value
+    raise CodegenError(
+        file.loc(node),
+        f"`{key}` must be a non-empty string literal (the reason)",
+        f'write {key}="why a CUDA graph must not capture this op"',
+    )
+
+
 def _literal_bool(file: _File, node: cst.BaseExpression, key: str) -> bool:
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
         return node.value == "True"
@@ -1092,6 +1104,19 @@ def _read_declaration(
         if "eager_when" in given
         else ()
     )
+    cudagraph_unsafe = (
+        _literal_reason(file, given["cudagraph_unsafe"], kw("cudagraph_unsafe"))
+        if "cudagraph_unsafe" in given
+        else None
+    )
+    if cudagraph_unsafe is not None and lowers:
+        raise CodegenError(
+            file.loc(given["cudagraph_unsafe"]),
+            f"`{kw('cudagraph_unsafe')}` on an op with `{kw('lowers')}=True`: a lowered op is "
+            "traced into Inductor's graph, so no op node is left to keep out of a CUDA graph",
+            f"drop `{kw('lowers')}=True`, or make the kernel graph-safe and drop "
+            f"`{kw('cudagraph_unsafe')}`",
+        )
     plain_call = None
     plain_fields: tuple[str, ...] = ()
     plain_problem = None
@@ -1121,6 +1146,7 @@ def _read_declaration(
         plain_call=plain_call,
         plain_fields=plain_fields,
         plain_problem=plain_problem,
+        cudagraph_unsafe=cudagraph_unsafe,
     )
 
 

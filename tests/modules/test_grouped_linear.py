@@ -381,3 +381,38 @@ def test_compiled_microbatches_compile_under_fullgraph_and_match_eager():
     fallbacks = [w for w in caught if issubclass(w.category, EagerFallbackWarning)]
     assert fallbacks == []
     assert module._weight_workspaces is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current", "mxfp8"])
+def test_reduce_overhead_follows_each_calls_m_splits(recipe):
+    """One ``mode="reduce-overhead"`` graph serves every ``m_splits`` of the same length
+    (a CPU tensor, as TE takes it): the grouped ops run outside the CUDA graphs
+    (``cudagraph_unsafe``), so each call splits its rows by its own ``m_splits`` instead
+    of replaying the first call's split. Bitwise equal to eager, no CUDA-graph skip."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = te.GroupedLinear(3, 64, 64, params_dtype=torch.bfloat16).cuda()
+
+    def step(fn, x, m_splits):
+        module.zero_grad(set_to_none=True)
+        x = x.detach().clone().requires_grad_(True)
+        with recipe_context(recipe):
+            y = fn(x, m_splits)
+        y.float().sum().backward()
+        return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in module.parameters())]
+
+    compiled = torch.compile(module, fullgraph=True, mode="reduce-overhead")
+    skips, breaks = counters["inductor"]["cudagraph_skips"], graph_breaks()
+    for splits in ([32, 0, 64], [0, 96, 0], [50, 30, 16], [32, 0, 64], [1, 94, 1]):
+        m_splits = torch.tensor(splits, dtype=torch.int64)
+        x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16)
+        got, want = step(compiled, x, m_splits), step(module, x, m_splits)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), f"m_splits {splits}: tensor {i} differs"
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert graph_breaks() == breaks

@@ -93,3 +93,17 @@ def test_backward_returns_one_gradient_per_weight_and_bias(bias, count):
     with torch.no_grad():
         flat = g.grouped_linear_bwd(*FLAT[1](bwd))
     assert len(flat) == count  # dgrad, one per weight, one per bias (or one absent slot)
+
+
+def test_only_the_grouped_ops_are_kept_out_of_cuda_graphs():
+    """Their kernels read ``m_splits`` on the host: a CUDA graph would replay the row
+    split it captured for every later ``m_splits`` (and under ``mode="reduce-overhead"``
+    the host-side tensor would flow through a graph). The declaration's reason tags both
+    ops; Inductor partitions its CUDA graphs around them. Other ops stay capturable."""
+    from transformer_engine_ops.generated import linear as lin
+
+    for op in (g.grouped_linear_fwd, g.grouped_linear_bwd):
+        assert torch.Tag.cudagraph_unsafe in op.tags, op
+    assert "m_splits" in g.CUDAGRAPH_UNSAFE
+    for op in (lin.linear_fwd, lin.linear_bwd):
+        assert torch.Tag.cudagraph_unsafe not in op.tags, op

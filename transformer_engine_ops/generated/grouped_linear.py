@@ -31,6 +31,10 @@ _b.require_format_version(1, __name__)
 FORWARD_OP = "teops::grouped_linear_fwd"
 BACKWARD_OP = "teops::grouped_linear_bwd"
 GRAD_FIELDS = ("inp", "weights", "biases")
+# Why no CUDA graph may capture the ops (the declaration's `cudagraph_unsafe`).
+CUDAGRAPH_UNSAFE = (
+    "its kernels read m_splits on the host (a replay would reuse the captured row split)"
+)
 # `Tensor?` (`Tensor?[]`) slot of each tensor-or-quantized (list) group: a quantized
 # wrapper subclass enters there and the op's dispatch rule splits it into its buffers.
 FORWARD_QUANTIZED_SLOTS = (1, 5)
@@ -475,9 +479,16 @@ grouped_linear_fwd = _r.define_op(
     FORWARD_SLOTS,
     differentiable=True,
     lowers=False,
+    cudagraph_unsafe=CUDAGRAPH_UNSAFE,
 )
 grouped_linear_bwd = _r.define_op(
-    BACKWARD_OP, BACKWARD_SCHEMA, _backward_kernel, _backward_fake, BACKWARD_SLOTS, lowers=False
+    BACKWARD_OP,
+    BACKWARD_SCHEMA,
+    _backward_kernel,
+    _backward_fake,
+    BACKWARD_SLOTS,
+    lowers=False,
+    cudagraph_unsafe=CUDAGRAPH_UNSAFE,
 )
 
 

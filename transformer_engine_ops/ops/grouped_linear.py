@@ -452,6 +452,9 @@ GROUPED_LINEAR = OpDeclaration(
     forward_spec=grouped_linear_forward_spec,
     backward_spec=grouped_linear_backward_spec,
     setup_context=grouped_linear_setup_context,
+    # The kernels read m_splits' values on the host to split the rows: a CUDA graph
+    # would replay the captured split for any later m_splits.
+    cudagraph_unsafe="its kernels read m_splits on the host (a replay would reuse the captured row split)",
     # Compiled calls that run eagerly, with the reason (the generated compile blocker).
     eager_when=(
         ("quantized(inp)", "a quantized input tensor"),

@@ -583,12 +583,15 @@ def define_op(
     *,
     differentiable: bool = False,
     lowers: bool = False,
+    cudagraph_unsafe: str | None = None,
 ) -> Any:
     """Define a custom op (its OpOverload), real and fake kernels, never dead-code
     eliminated. A ``differentiable`` op gets its autograd kernel from
     :func:`register_autograd`; any other never records a gradient. ``slots`` (the op's
     slot table) tell :mod:`.lowering` which calls Inductor may trace the kernel of;
     ``lowers`` (the declaration's) whether every Inductor compile does.
+    ``cudagraph_unsafe`` (the declaration's reason) tags the op so that Inductor runs it
+    outside its CUDA graphs (``mode="reduce-overhead"`` partitions the graph around it).
 
     Ops may run collectives, so an op whose result is unused must still run; FX's
     side-effect registry keeps it. A schema torch refuses (more arguments than its
@@ -600,7 +603,7 @@ def define_op(
     namespace, name = qualname.split("::")
     lib = op_library(namespace)
     try:
-        lib.define(name + schema)
+        lib.define(name + schema, tags=(torch.Tag.cudagraph_unsafe,) if cudagraph_unsafe else ())
     except RuntimeError as exc:
         raise OpRegistrationError(
             f"cannot define the op {qualname} on torch {torch.__version__}: {exc}"

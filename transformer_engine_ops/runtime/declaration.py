@@ -33,7 +33,10 @@ class OpDeclaration:
     ``<name>_compile_blocker`` tests them in order (after the op's registration and its
     quantizers). ``plain_call``: a function of the forward bundle that serves a plain
     eager call more cheaply than the generic path, returning its outputs (None where it
-    does not serve the call); ``call_<name>`` tries it first.
+    does not serve the call); ``call_<name>`` tries it first. ``cudagraph_unsafe``:
+    why a CUDA graph must not capture the op (a kernel that reads tensor values on the
+    host, which a graph replay would freeze at their captured values); Inductor then
+    runs the op outside its CUDA graphs (``torch.Tag.cudagraph_unsafe``).
     """
 
     name: str
@@ -48,3 +51,4 @@ class OpDeclaration:
     lowers: bool = False
     eager_when: tuple[tuple[str, str], ...] = ()
     plain_call: Callable[..., Any] | None = None
+    cudagraph_unsafe: str | None = None

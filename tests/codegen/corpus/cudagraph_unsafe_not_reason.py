@@ -1,0 +1,38 @@
+# expect: 37:22 `cudagraph_unsafe` must be a non-empty string literal (the reason)
+"""Corpus: `cudagraph_unsafe` is a bool, not the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from transformer_engine_ops.runtime.declaration import OpDeclaration
+
+
+@dataclass
+class FwdArgs:
+    inp: torch.Tensor
+
+@dataclass
+class BwdArgs:
+    grad_outputs: list[torch.Tensor]
+
+def fwd(args): ...
+def bwd(args): ...
+def fwd_spec(args): ...
+def bwd_spec(args): ...
+def setup(args, saved): ...
+
+OP = OpDeclaration(
+    name="bad",
+    forward=FwdArgs,
+    backward=BwdArgs,
+    grad_fields=("inp",),
+    forward_impl=fwd,
+    backward_impl=bwd,
+    forward_spec=fwd_spec,
+    backward_spec=bwd_spec,
+    setup_context=setup,
+    cudagraph_unsafe=True,
+)
