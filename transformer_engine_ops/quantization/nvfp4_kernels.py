@@ -183,11 +183,15 @@ def _encode(
 
 
 def quantize(
-    q: NVFP4Quantizer, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+    q: NVFP4Quantizer,
+    x: torch.Tensor,
+    rng_state: Optional[torch.Tensor],
+    amaxes: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> dict[str, Optional[torch.Tensor]]:
     """The inner buffers of ``q``'s quantize of ``x`` (``rng_state`` the int64 (seed,
-    offset) pair when ``q`` rounds stochastically, else None), equal bit for bit to the
-    reference. ``x`` is a non-empty CUDA tensor (or, under ``TRITON_INTERPRET=1``, a
+    offset) pair when ``q`` rounds stochastically, else None; ``amaxes`` the rowwise
+    and columnwise per-tensor amaxes, fp32 (1,) each, to use instead of ``x``'s own, as
+    a sharded tensor's reduced ones), equal bit for bit to the reference. ``x`` is a non-empty CUDA tensor (or, under ``TRITON_INTERPRET=1``, a
     CPU one) of fp32, bf16 or fp16 whose shape ``q`` accepts."""
     name = f"{type(q).__name__} (Triton)"
     if x.dtype not in _INPUT_DTYPES:
@@ -206,7 +210,7 @@ def quantize(
         raise RuntimeError(f"{name}: {reason}")
     if device.type == "cuda" and device.index != _private.cuda_current_device():
         with torch.cuda.device(device):  # Triton launches on the current device
-            return quantize(q, x, rng_state)
+            return quantize(q, x, rng_state, amaxes)
     amax_kernel, quantize_kernel = _kernels(device.type != "cuda")
     m, k = matrix_dims(x.shape)
     x2d = x.detach().reshape(m, k).contiguous()
@@ -218,17 +222,24 @@ def quantize(
 
     inner: dict[str, Optional[torch.Tensor]] = {}
     plain_amax: Optional[torch.Tensor] = None  # the tensor's finite amax, once taken
+    if amaxes is not None and q.row_scaled_nvfp4:
+        raise ValueError(f"{name}: amaxes are per tensor; row-scaled data has one per row")
     if q.rowwise_usage:
-        amax = _row_amax(amax_kernel, x2d, False, False)
-        if not q.row_scaled_nvfp4:
-            amax = plain_amax = tensor_amax(amax)
+        if amaxes is not None:
+            amax = amaxes[0].to(device=device, dtype=torch.float32).reshape(1).clone()
+        else:
+            amax = _row_amax(amax_kernel, x2d, False, False)
+            if not q.row_scaled_nvfp4:
+                amax = plain_amax = tensor_amax(amax)
         data, scales = _encode(quantize_kernel, q, x2d, False, amax, rng_state)
         inner["_rowwise_data"] = data.reshape(*x.shape[:-1], k // 2)
         inner["_rowwise_scale_inv"] = scales
         inner["_amax_rowwise"] = amax
     if q.columnwise_usage:
         post_rht = q.with_rht and q.with_post_rht_amax
-        if post_rht or q.row_scaled_nvfp4 or plain_amax is None:
+        if amaxes is not None:
+            amax = amaxes[1].to(device=device, dtype=torch.float32).reshape(1).clone()
+        elif post_rht or q.row_scaled_nvfp4 or plain_amax is None:
             amax = _row_amax(amax_kernel, x2d, True, post_rht)
             if not q.row_scaled_nvfp4:
                 amax = tensor_amax(amax)
