@@ -437,12 +437,14 @@ class NVFP4Quantizer(Quantizer):
                 f"{type(self).__name__}.amax_stats: row-scaled data (row_scaled_nvfp4) has "
                 "one amax per row, not a per-tensor amax to reduce"
             )
+        post_rht = self.columnwise_usage and self.with_rht and self.with_post_rht_amax
+        if post_rht:
+            self.check_shape(tuple(x.shape))  # a clear error before the transform's
+        if nvfp4_kernels.eligible(x):  # Triton on CUDA; the same bits
+            return nvfp4_kernels.amax_stats(self, x)
         x2d = x.detach().float().reshape(matrix_dims(x.shape))
         amax = tensor_amax(x2d)
-        columnwise = amax
-        if self.columnwise_usage and self.with_rht and self.with_post_rht_amax:
-            self.check_shape(tuple(x.shape))  # a clear error before the transform's
-            columnwise = tensor_amax(apply_rht(x2d.t()))
+        columnwise = tensor_amax(apply_rht(x2d.t())) if post_rht else amax
         return torch.stack([amax, columnwise])
 
     def quantize_with_stats(
