@@ -64,6 +64,9 @@ SP_FP8 = [f"spfp8-{mode}-{recipe}" for mode in ("column", "row") for recipe in R
 # MXFP8 with 16-row shards: a 32-row columnwise block would straddle two shards, so
 # the input is gathered in high precision (as TE falls back).
 SP_FP8 += ["spfp8-column-mxfp8-shortshards", "spfp8-row-mxfp8-shortshards"]
+# NVFP4 with 8-row shards: a columnwise 16-block would straddle two shards (TE's
+# is_quantizable refuses them), so the input and dy are gathered in high precision.
+SP_FP8 += ["spfp8-column-nvfp4-8rows", "spfp8-row-nvfp4-8rows"]
 SP_FP8 += [
     f"spfp8-gather-options-agree-{mode}-{recipe}"
     for mode in ("column", "row")
@@ -225,9 +228,9 @@ def _parity(
     x, dy = _inputs(w, mode, t)
     eager, info = _compiled_matches_eager(layer, x, dy, recipe, NAMES, backend)
     # Quantized gathers in these cases: FP8 current scaling, 1-D FP8 blocks of 16,
-    # NVFP4 (32-row shards of 16-row blocks), and MXFP8 with 32-row shards.
-    quantized_gather = recipe in ("fp8_current", "fp8_block16", "nvfp4") or (
-        recipe == "mxfp8" and seq == SEQ
+    # and NVFP4 and MXFP8 with 32-row shards (of whole 16- and 32-row blocks).
+    quantized_gather = recipe in ("fp8_current", "fp8_block16") or (
+        recipe in ("mxfp8", "nvfp4") and seq == SEQ
     )
     want = _same_algorithm_reference(w, mode, t, recipe, quantized_gather)
     pairs = [(g, e, n) for g, e, n in zip(eager, want, NAMES, strict=True) if e is not None]
@@ -358,4 +361,6 @@ def run_sp_fp8_case(w: World, name: str) -> dict[str, Any]:
         return _parity(w, parts[2], parts[3], backend="inductor")
     if name.endswith("-shortshards"):  # 16 local rows
         return _parity(w, parts[1], parts[2], seq=SEQ // 2)
+    if name.endswith("-8rows"):
+        return _parity(w, parts[1], parts[2], seq=SEQ // 4)
     return _parity(w, parts[1], parts[2])
