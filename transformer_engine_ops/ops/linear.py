@@ -509,8 +509,8 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     rowwise data. A sequence-parallel input gathered quantized (:func:`gathers_quantized`)
     is kept as TE keeps it, as the local shard the backward re-gathers: per-tensor FP8
     keeps its rowwise codes (TE's rowwise-only exception for gathered per-tensor FP8
-    inputs), MXFP8 the usage above; one gathered in high precision is quantized after
-    the gather and kept full-length.
+    inputs), the block formats and NVFP4 the usage above; one gathered in high
+    precision is quantized after the gather and kept full-length.
     """
     _check_forward_input(args)
     backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None
@@ -537,7 +537,7 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     if gather_quantized and per_tensor and save_input is not None:
         # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
         # only); the backward re-gathers it and makes the transpose there. Block formats
-        # keep the shard in the usage the backward reads and gather that.
+        # and NVFP4 keep the shard in the usage the backward reads and gather that.
         save_input = saved_input = _Usage(True, False)
     return _ForwardPlan(
         save_input,
