@@ -7,8 +7,10 @@ step time, overlap off and on.
   in 8 KV groups, sequence 8192, batch 1, bf16 parameters and activations.
 * Recipes: bf16; FP8 current scaling as TE runs it (the sequence-parallel input and
   output gradient quantized with the TP group's amax and all-gathered in FP8,
-  docs/distributed.md); and the same recipe with ``fp8_all_gather=False`` (gathered in
-  high precision, quantized after): the bytes and time the FP8 all-gather saves.
+  docs/distributed.md); NVFP4 with TE's default recipe (the inputs gathered as NVFP4
+  codes and scales with the group's amaxes; the output gradients, stochastically
+  rounded, gathered in bf16); and each with ``fp8_all_gather=False`` (gathered in
+  high precision, quantized after): the bytes and time the quantized all-gather saves.
 * Overlap: off, or on through ``runtime/comm_overlap.enable(tp_group)`` (the symmetric
   memory fused all-gather + GEMM and GEMM + reduce-scatter on NCCL; gloo falls back to
   the plain collectives, so on the CPU "on" measures the same work).
@@ -53,19 +55,22 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import transformer_engine_ops as te
-from transformer_engine_ops.quantization import Float8CurrentScaling
+from transformer_engine_ops.quantization import Float8CurrentScaling, NVFP4BlockScaling
 from transformer_engine_ops.runtime import comm_overlap
 
 WORLD = 2
 LLAMA_70B = dict(hidden=8192, ffn=28672, heads=64, groups=8, seq=8192, batch=1)
-QUICK = dict(hidden=64, ffn=128, heads=4, groups=2, seq=16, batch=1)
+# Quick: 16 local rows, so NVFP4 shards hold whole 16-row blocks and gather quantized.
+QUICK = dict(hidden=64, ffn=128, heads=4, groups=2, seq=32, batch=1)
 MODELS = ("mlp", "transformer")
-# Recipe name -> recipe factory (None: bf16). The FP8 all-gather joins as another entry
-# (FP8 current scaling with the option that gathers the quantized shard).
+# Recipe name -> recipe factory (None: bf16); "_hp_gather": the same recipe gathering
+# the high-precision tensor (``fp8_all_gather=False``).
 RECIPES: dict[str, Callable[[], Any] | None] = {
     "bf16": None,
     "fp8_current": Float8CurrentScaling,
     "fp8_current_hp_gather": lambda: Float8CurrentScaling(fp8_all_gather=False),
+    "nvfp4": NVFP4BlockScaling,
+    "nvfp4_hp_gather": lambda: NVFP4BlockScaling(fp8_all_gather=False),
 }
 # NVLink multicast stays off in every rank (the H200 machines' rule, docs/gpu.md).
 RANK_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
@@ -403,9 +408,12 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             else None,
         }
     for kind in MODELS:
-        bf16, fp8 = out.get(f"{kind}/bf16"), out.get(f"{kind}/fp8_current")
-        if bf16 and fp8 and bf16["bytes_off"]:
-            out[f"{kind}/fp8_over_bf16_bytes"] = fp8["bytes_off"] / bf16["bytes_off"]
+        bf16 = out.get(f"{kind}/bf16")
+        for recipe, key in (("fp8_current", "fp8"), ("nvfp4", "nvfp4")):
+            quantized = out.get(f"{kind}/{recipe}")
+            if bf16 and quantized and bf16["bytes_off"]:
+                ratio = quantized["bytes_off"] / bf16["bytes_off"]
+                out[f"{kind}/{key}_over_bf16_bytes"] = ratio
     return out
 
 
@@ -453,9 +461,10 @@ def report_lines(tp: dict[str, Any]) -> list[str]:
         )
     out.append("")
     for kind in MODELS:
-        ratio = tp["summary"].get(f"{kind}/fp8_over_bf16_bytes")
-        if ratio is not None:
-            out += [f"{kind}: FP8 current scaling moves {ratio:.2f}x bf16's bytes.", ""]
+        for key, name in (("fp8", "FP8 current scaling"), ("nvfp4", "NVFP4")):
+            ratio = tp["summary"].get(f"{kind}/{key}_over_bf16_bytes")
+            if ratio is not None:
+                out += [f"{kind}: {name} moves {ratio:.2f}x bf16's bytes.", ""]
     return out
 
 

@@ -154,10 +154,44 @@ def run_interpreter_cases() -> list[str]:
     return failures
 
 
+# Given amaxes (a sharded tensor's reduced ones, ``quantize_with_stats``): larger than
+# the shard's own, as the whole tensor's are; every per-tensor configuration.
+STATS_CONFIGS = ("plain", "2d", "rht", "rht_amax_before", "4over6", "4over6_mse_256")
+STATS_CASES = [
+    (name, config, usage)
+    for name in ("aligned_3d", "non_finite", "outliers", "zeros")
+    for config in STATS_CONFIGS
+    for usage in USAGES
+    if _accepts(config, usage, tuple(INPUTS[name]().shape))
+]
+
+
+def _given_amaxes(q, x):
+    stats = q.amax_stats(x) * torch.tensor([3.0, 5.0]) + 1.0  # never the shard's own
+    return stats[0:1].clone(), stats[1:2].clone()
+
+
+def run_interpreter_stats_cases() -> list[str]:
+    """Every given-amax case through the interpreted kernels; the failures."""
+    failures = []
+    for name, config, usage in STATS_CASES:
+        q = _quantizer(config, usage)
+        x = INPUTS[name]()
+        amaxes = _given_amaxes(q, x)
+        try:
+            assert_bitwise(q._quantize_reference(x, None, amaxes), nk.quantize(q, x, None, amaxes))
+            assert_bitwise({"stats": q.amax_stats(x)}, {"stats": nk.amax_stats(q, x)})
+        except AssertionError as exc:
+            failures.append(f"{name}/{config}/{usage} (given amaxes): {exc}")
+    return failures
+
+
 def test_the_cases_cover_every_configuration_and_usage():
     assert {c for _, c, _ in CASES} == set(CONFIGS)
     assert {u for _, _, u in CASES} == set(USAGES)
     assert len(CASES) > 100
+    assert {c for _, c, _ in STATS_CASES} == set(STATS_CONFIGS)
+    assert {u for _, _, u in STATS_CASES} == set(USAGES)
 
 
 @needs_triton
@@ -169,7 +203,7 @@ def test_interpreted_kernels_match_the_reference_bit_for_bit():
         "import sys, warnings; warnings.simplefilter('ignore')\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import test_nvfp4_kernels as t\n"
-        "failures = t.run_interpreter_cases()\n"
+        "failures = t.run_interpreter_cases() + t.run_interpreter_stats_cases()\n"
         "print(len(t.CASES), 'cases'); print('\\n'.join(failures))\n"
         "sys.exit(1 if failures else 0)\n"
     )
@@ -271,6 +305,11 @@ def test_bad_arguments_are_named():
         nk.quantize(NVFP4Quantizer(), torch.ones(0, 16), None)
     with pytest.raises(ValueError, match="rng_state must be given exactly when"):
         nk.quantize(NVFP4Quantizer(stochastic_rounding=True), torch.ones(2, 16), None)
+    with pytest.raises(ValueError, match="amaxes are per tensor"):
+        amaxes = (torch.ones(1), torch.ones(1))
+        nk.quantize(NVFP4Quantizer(row_scaled_nvfp4=True), torch.ones(2, 16), None, amaxes)
+    with pytest.raises(TypeError, match=r"amax_stats \(Triton\): cannot quantize dtype"):
+        nk.amax_stats(NVFP4Quantizer(), torch.ones(2, 16, dtype=torch.float64))
 
 
 def test_cpu_and_empty_and_traced_tensors_never_take_the_kernels():
@@ -395,3 +434,29 @@ def test_cuda_quantize_is_captured_and_replayed_in_a_cuda_graph():
     torch.cuda.synchronize()
     for name in ("_rowwise_data", "_columnwise_data", "_columnwise_scale_inv"):
         assert torch.equal(getattr(eager, name), getattr(captured, name)), name
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("name", "config", "usage"), STATS_CASES)
+def test_cuda_kernels_with_given_amaxes_match_the_cpu_reference(name, config, usage):
+    """A shard quantized with the TP group's reduced amaxes (``quantize_with_stats``)."""
+    q = _quantizer(config, usage)
+    x = INPUTS[name]()
+    amaxes = _given_amaxes(q, x)
+    got = nk.quantize(q, x.cuda(), None, tuple(a.cuda() for a in amaxes))
+    assert_bitwise(q._quantize_reference(x, None, amaxes), got)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("config", ["plain", "rht", "rht_amax_before"])
+def test_cuda_amax_stats_take_the_kernels_and_match_the_cpu(config, monkeypatch):
+    calls = []
+    real = nk.amax_stats
+    monkeypatch.setattr(nk, "amax_stats", lambda *a: calls.append(1) or real(*a))
+    q = _quantizer(config, "both")
+    x = _outlier((48, 64), 14).to(torch.bfloat16)
+    got = q.amax_stats(x.cuda())
+    assert calls, "the CUDA amax_stats did not use the Triton kernels"
+    assert_bitwise({"stats": q.amax_stats(x)}, {"stats": got})

@@ -3,9 +3,11 @@ gives the whole tensor's bits.
 
 FP8 current scaling with a reduced amax (TE's amax reduction over a TP group): shards
 quantized with the element-wise maximum of their ``amax_stats`` hold exactly the codes
-and scale-inverse of the whole tensor quantized at once. ``gathered_rows`` (FP8 per
-tensor, MXFP8) concatenates the shards' buffers as a whole tensor's: checked here with an
-in-process stand-in for the all-gather (tests/distributed runs the real one)."""
+and scale-inverse of the whole tensor quantized at once; NVFP4 likewise with its two
+per-tensor amaxes (rowwise, and columnwise after the Hadamard transform). ``gathered_rows``
+(FP8 per tensor, MXFP8, 1-D FP8 blocks, NVFP4) concatenates the shards' buffers as a
+whole tensor's: checked here with an in-process stand-in for the all-gather
+(tests/distributed runs the real one)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from transformer_engine_ops.ops.linear import gathers_quantized
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
     Float8CurrentScaling,
     MXFP8BlockScaling,
+    NVFP4BlockScaling,
 )
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
 from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.mxfp8 import MXFP8Quantizer
+from transformer_engine_ops.quantization.nvfp4 import NVFP4Quantizer
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
@@ -99,7 +104,7 @@ def test_malformed_stats_are_refused_naming_the_method(stats: torch.Tensor, frag
 
 
 @pytest.mark.parametrize(
-    "recipe_cls", [Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling]
+    "recipe_cls", [Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling]
 )
 def test_the_gather_option_is_validated_and_reaches_every_quantizer(recipe_cls: type) -> None:
     assert all(recipe_cls().make_quantizer(role).fp8_all_gather for role in ROLES)
@@ -231,3 +236,149 @@ def test_fp8_block_shards_that_cannot_be_gathered_are_refused(
     shard = quantizer.quantize(torch.ones(rows, 32))
     with pytest.raises(ValueError, match="gathers 1-D blocks of shards of whole blocks"):
         shard.gathered_rows(lambda t: t, 2, rowwise=True, columnwise=True)
+
+
+# NVFP4: the configurations a sequence-parallel gather quantizes (TE's input: the
+# transform on the columnwise data; 16x16 blocks; 4over6 with either error).
+NVFP4_CONFIGS = {
+    "plain": dict(),
+    "rht": dict(with_rht=True, with_post_rht_amax=True),
+    "rht_amax_before": dict(with_rht=True),
+    "2d": dict(with_2d_quantization=True),
+    "4over6": dict(nvfp4_use_4over6=True),
+    "4over6_mse_256": dict(nvfp4_use_4over6=True, nvfp4_4over6_err_mode="MSE", nvfp4_e4m3_max=256),
+}
+
+
+def _nvfp4_tensor(kind: str, parts: int) -> torch.Tensor:
+    """16 rows a shard, features spread over binades; the last shard holds the amax."""
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(16 * parts, 48, generator=gen) * torch.logspace(-3, 3, 48)
+    x[-16:] *= 8
+    if kind == "inf":
+        x[5, 3] = float("inf")
+    elif kind == "nan":
+        x[17, 40] = float("nan")
+    elif kind == "zeros":
+        x.zero_()
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(("rowwise", "columnwise"), USAGES)
+@pytest.mark.parametrize("config", NVFP4_CONFIGS)
+@pytest.mark.parametrize(
+    ("kind", "parts"), [("finite", 2), ("finite", 3), ("inf", 2), ("nan", 2), ("zeros", 2)]
+)
+def test_nvfp4_shards_with_reduced_stats_gather_into_the_whole_tensors_bits(
+    rowwise: bool, columnwise: bool, config: str, kind: str, parts: int
+) -> None:
+    """Shards of 16 rows quantized with the element-wise maximum of their
+    ``amax_stats``, then gathered: packed codes, E4M3 scales (padded as the whole
+    tensor's) and both amaxes equal the whole tensor quantized at once."""
+    q = NVFP4Quantizer(
+        internal=True, rowwise_usage=rowwise, columnwise_usage=columnwise, **NVFP4_CONFIGS[config]
+    )
+    x = _nvfp4_tensor(kind, parts)
+    whole = q.quantize(x)
+    shards = list(x.chunk(parts, 0))
+    stats = _reduced(q, shards)
+    local = [q.quantize_with_stats(s, stats) for s in shards]
+    for got in _gathered(local, rowwise, columnwise):
+        assert got.shape == whole.shape
+        assert got.inner_names() == whole.inner_names()
+        for name in got.inner_names():
+            assert torch.equal(getattr(got, name), getattr(whole, name)), name
+        want = whole.dequantize(torch.float32)  # NaN where a block held an Inf or NaN
+        torch.testing.assert_close(
+            got.dequantize(torch.float32), want, rtol=0, atol=0, equal_nan=True
+        )
+
+
+@pytest.mark.parametrize("config", ["plain", "rht"])
+def test_nvfp4_a_shards_own_amax_gives_other_codes(config: str) -> None:
+    """The reduction matters: a shard quantized alone has another global scale."""
+    q = NVFP4Quantizer(internal=True, **NVFP4_CONFIGS[config])
+    x = _nvfp4_tensor("finite", 2)
+    whole, own = q.quantize(x), q.quantize(x[:16])
+    assert not torch.equal(own._amax_rowwise, whole._amax_rowwise)
+    assert not torch.equal(own._amax_columnwise, whole._amax_columnwise)
+    assert not torch.equal(own._rowwise_data, whole._rowwise_data[:16])
+
+
+def test_nvfp4_stats_are_the_rowwise_and_post_transform_amax() -> None:
+    x = _nvfp4_tensor("inf", 2)
+    plain = NVFP4Quantizer().amax_stats(x)
+    assert plain[0] == plain[1] == x.float().abs().nan_to_num(posinf=0).amax()
+    rht = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True)
+    stats = rht.amax_stats(x)
+    assert stats[0] == plain[0]
+    assert torch.equal(stats[1:], rht.quantize(x)._amax_columnwise)
+    assert stats[1] != stats[0]
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "stats", "fragment"),
+    [
+        (NVFP4Quantizer(), torch.zeros(3), "(3,)"),
+        (NVFP4Quantizer(), torch.zeros(2, dtype=torch.float64), "torch.float64"),
+        (NVFP4Quantizer(stochastic_rounding=True), torch.ones(2), "stochastic_rounding=True"),
+        (NVFP4Quantizer(row_scaled_nvfp4=True), torch.ones(2), "row_scaled_nvfp4=True"),
+    ],
+    ids=["shape", "dtype", "stochastic", "row-scaled"],
+)
+def test_nvfp4_quantize_with_stats_refuses_what_it_cannot_shard(
+    quantizer: NVFP4Quantizer, stats: torch.Tensor, fragment: str
+) -> None:
+    with pytest.raises(ValueError, match="quantize_with_stats") as info:
+        quantizer.quantize_with_stats(torch.ones(16, 16), stats)
+    assert fragment in str(info.value)
+
+
+def test_nvfp4_row_scaled_data_has_no_stats_to_reduce() -> None:
+    with pytest.raises(ValueError, match="one amax per row"):
+        NVFP4Quantizer(row_scaled_nvfp4=True).amax_stats(torch.ones(16, 16))
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "shape"),
+    [
+        (NVFP4Quantizer(internal=True), (8, 32)),
+        (NVFP4Quantizer(internal=True), (16, 40)),
+        (NVFP4Quantizer(internal=True, row_scaled_nvfp4=True), (16, 32)),
+    ],
+    ids=["8 rows", "40 features", "row-scaled"],
+)
+def test_nvfp4_shards_that_cannot_be_gathered_are_refused(
+    quantizer: NVFP4Quantizer, shape: tuple[int, int]
+) -> None:
+    shard = quantizer.quantize(torch.ones(shape))
+    with pytest.raises(ValueError, match="whole 16-element blocks"):
+        shard.gathered_rows(lambda t: t, 2, rowwise=True, columnwise=True)
+
+
+def test_nvfp4_gathers_only_the_usages_a_shard_holds() -> None:
+    shard = NVFP4Quantizer(internal=True, columnwise_usage=False).quantize(torch.ones(16, 32))
+    with pytest.raises(ValueError, match="lacks a usage"):
+        shard.gathered_rows(lambda t: t, 2, rowwise=False, columnwise=True)
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "shape", "expected"),
+    [
+        (NVFP4Quantizer(with_rht=True, with_post_rht_amax=True), (32, 2, 64), True),
+        (NVFP4Quantizer(with_2d_quantization=True, nvfp4_use_4over6=True), (16, 48), True),
+        (NVFP4Quantizer(fp8_all_gather=False), (32, 64), False),
+        (NVFP4Quantizer(stochastic_rounding=True), (32, 64), False),
+        (NVFP4Quantizer(row_scaled_nvfp4=True), (32, 64), False),
+        (NVFP4Quantizer(), (8, 64), False),
+        (NVFP4Quantizer(), (32, 40), False),
+    ],
+    ids=["rht", "2d-4over6", "option-off", "stochastic", "row-scaled", "8-rows", "40-features"],
+)
+def test_which_nvfp4_shards_gather_quantized(
+    quantizer: NVFP4Quantizer, shape: tuple[int, ...], expected: bool
+) -> None:
+    """TE's ``is_quantizable`` (whole 16-element blocks each way, no row scaling), and
+    round-to-nearest: stochastic rounding's bits depend on an element's position in
+    the tensor quantized, so a shard's would not be the whole tensor's."""
+    assert gathers_quantized(quantizer, shape) is expected

@@ -23,6 +23,7 @@ from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuant
 from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.gemm import _scaled_mm_operands, gemm, half_product
 from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
+from transformer_engine_ops.quantization.nvfp4 import NVFP4_BLOCK, NVFP4Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime import comm_overlap
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
@@ -332,7 +333,13 @@ def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
     * MXFP8 (1-D blocks): codes and E8M0 scales, when the shard's rows are a multiple
       of 32, so no columnwise block straddles two shards (else high precision, as TE);
     * FP8 block scaling with 1-D blocks: codes and fp32 scales, when the shard's rows
-      are a multiple of the block length (else, and for 2-D blocks, high precision).
+      are a multiple of the block length (else, and for 2-D blocks, high precision);
+    * NVFP4: every rank quantizes its shard with the rowwise and columnwise amaxes of
+      the whole tensor (reduced over the TP group) and the packed codes and E4M3
+      scales are gathered, when the shard's rows and features are multiples of 16
+      (TE's ``is_quantizable``); row-scaled data (TE: not quantizable) and stochastic
+      rounding (its bits depend on an element's position in the whole tensor) gather
+      in high precision.
 
     Either way the gathered value holds the bits of the whole tensor quantized at once.
     Other formats gather in high precision and quantize the gathered tensor."""
@@ -352,6 +359,15 @@ def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
             quantizer.fp8_all_gather
             and quantizer.block_scaling_dim == 1
             and m % quantizer.block_len == 0
+        )
+    if isinstance(quantizer, NVFP4Quantizer):
+        m, k = matrix_dims(shard_shape)
+        return (
+            quantizer.fp8_all_gather
+            and not quantizer.row_scaled_nvfp4
+            and not quantizer.stochastic_rounding
+            and m % NVFP4_BLOCK == 0
+            and k % NVFP4_BLOCK == 0
         )
     return False
 
@@ -375,12 +391,17 @@ def _quantize_and_gather(
     args: LinearFwdArgs | LinearBwdArgs,
 ) -> tuple[Any, Any]:
     """``(local, gathered)``: ``x`` (rows, k) quantized with ``usage`` (per-tensor FP8:
-    rowwise, with the amax of every rank's ``x``, a MAX all-reduce of two floats), and
-    every rank's shard gathered with the usages ``gather``."""
+    rowwise; per-tensor formats with the amax of every rank's ``x``, a MAX all-reduce
+    of two floats), and every rank's shard gathered with the usages ``gather``."""
     if isinstance(quantizer, Float8CurrentScalingQuantizer):
         stats = quantizer.amax_stats(x)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
         local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
+    elif isinstance(quantizer, NVFP4Quantizer):
+        local_quantizer = _internal(quantizer, usage)
+        stats = local_quantizer.amax_stats(x)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+        local = local_quantizer.quantize_with_stats(x, stats)
     else:
         local = _internal(quantizer, usage).quantize(x)
     return local, _all_gather_quantized(local, args, gather.rowwise, gather.columnwise)
@@ -488,8 +509,8 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     rowwise data. A sequence-parallel input gathered quantized (:func:`gathers_quantized`)
     is kept as TE keeps it, as the local shard the backward re-gathers: per-tensor FP8
     keeps its rowwise codes (TE's rowwise-only exception for gathered per-tensor FP8
-    inputs), MXFP8 the usage above; one gathered in high precision is quantized after
-    the gather and kept full-length.
+    inputs), the block formats and NVFP4 the usage above; one gathered in high
+    precision is quantized after the gather and kept full-length.
     """
     _check_forward_input(args)
     backward_quantized = args.backward_override is None and args.grad_output_quantizer is not None
@@ -516,7 +537,7 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     if gather_quantized and per_tensor and save_input is not None:
         # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
         # only); the backward re-gathers it and makes the transpose there. Block formats
-        # keep the shard in the usage the backward reads and gather that.
+        # and NVFP4 keep the shard in the usage the backward reads and gather that.
         save_input = saved_input = _Usage(True, False)
     return _ForwardPlan(
         save_input,

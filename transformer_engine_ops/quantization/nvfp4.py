@@ -26,7 +26,7 @@ random, with bits drawn from the ``(seed, offset)`` pair the quantize call recei
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -240,6 +240,57 @@ class _NVFP4Data(QuantizedData):
             x2d = xt.t()
         return x2d.reshape(self.shape)
 
+    def gathered_rows(
+        self,
+        all_gather: Callable[[torch.Tensor], torch.Tensor],
+        parts: int,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+    ) -> NVFP4TensorStorage:
+        """Every rank's shard concatenated along dim 0, 2-D, with the usages asked for
+        (this shard must hold them): ``all_gather(t)`` gathers a contiguous ``t`` of each
+        rank along dim 0. The shards must have been quantized with one amax per usage
+        (``quantize_with_stats`` with reduced stats) and hold whole 16-row blocks, so
+        no columnwise 1x16 block (nor a 16x16 one) straddles two shards. Packed codes
+        and unpadded E4M3 scales move; the columnwise ones, (K, m/2) and (K, m/16) per
+        shard, are gathered along dim 0 and their rank blocks laid side by side (TE's
+        ``swap_first_dims``); then the scales are padded as the whole tensor's. The
+        amax is this shard's (the same on every rank), not sent."""
+        q: NVFP4Quantizer = self._quantizer  # type: ignore[assignment]
+        m, k = matrix_dims(self.shape)
+        if q.row_scaled_nvfp4 or m % NVFP4_BLOCK != 0 or k % NVFP4_BLOCK != 0:
+            raise ValueError(
+                "NVFP4 gathers shards of whole 16-element blocks with one amax per usage; "
+                f"got a shard of {m} x {k} (both must be multiples of {NVFP4_BLOCK}), "
+                f"row_scaled_nvfp4={q.row_scaled_nvfp4}"
+            )
+        for usage, held in ((rowwise, self.rowwise_usage), (columnwise, self.columnwise_usage)):
+            if usage and not held:
+                raise ValueError("NVFP4: this shard lacks a usage to gather")
+        total = m * parts
+        inner: dict[str, torch.Tensor] = {}
+        if rowwise:
+            inner["_rowwise_data"] = all_gather(self._rowwise_data.reshape(m, k // 2).contiguous())
+            scales = all_gather(self._rowwise_scale_inv[:m, : k // NVFP4_BLOCK].contiguous())
+            inner["_rowwise_scale_inv"] = pad_2d(scales, *_scale_inv_shape(total, k))
+            inner["_amax_rowwise"] = self._amax_rowwise.clone()
+        if columnwise:
+            codes = all_gather(self._columnwise_data.contiguous())  # (parts * K, m / 2)
+            inner["_columnwise_data"] = _side_by_side(codes, parts)
+            scales = self._columnwise_scale_inv[:k, : m // NVFP4_BLOCK].contiguous()
+            scales = _side_by_side(all_gather(scales), parts)
+            inner["_columnwise_scale_inv"] = pad_2d(scales, *_scale_inv_shape(k, total))
+            inner["_amax_columnwise"] = self._amax_columnwise.clone()
+        quantizer = q.with_usage(rowwise=rowwise, columnwise=columnwise).with_internal(True)
+        return NVFP4TensorStorage(inner, quantizer=quantizer, dtype=self._dtype, shape=(total, k))
+
+
+def _side_by_side(stacked: torch.Tensor, parts: int) -> torch.Tensor:
+    """``parts`` blocks of rows stacked (parts * R, C) -> laid side by side (R, parts * C)."""
+    rows, cols = stacked.shape[0] // parts, stacked.shape[1]
+    return stacked.reshape(parts, rows, cols).transpose(0, 1).reshape(rows, parts * cols)
+
 
 class NVFP4TensorStorage(_NVFP4Data, QuantizedStorage):
     """Bare NVFP4 value."""
@@ -283,6 +334,12 @@ class NVFP4Quantizer(Quantizer):
     nvfp4_use_4over6: bool = False
     nvfp4_e4m3_max: int = 448
     nvfp4_4over6_err_mode: str = "MAE"
+    # Extension (TE always gathers NVFP4 where it can): a sequence-parallel all-gather
+    # of a tensor this quantizer quantizes moves NVFP4 codes and scales quantized with
+    # the group's amax (True), or the high-precision tensor, quantized once gathered
+    # (False). Both give the same bits (docs/distributed.md). The name is the other
+    # recipes' keyword, so one flag chooses the gather for every recipe.
+    fp8_all_gather: bool = dataclasses.field(default=True, kw_only=True)
 
     def _init_fields(self) -> None:
         super()._init_fields()
@@ -294,6 +351,7 @@ class NVFP4Quantizer(Quantizer):
             "stochastic_rounding",
             "row_scaled_nvfp4",
             "nvfp4_use_4over6",
+            "fp8_all_gather",
         )
         for name in flags:
             check_bool(owner, name, getattr(self, name))
@@ -365,6 +423,54 @@ class NVFP4Quantizer(Quantizer):
 
     # ----- quantize -----
 
+    def amax_stats(self, x: torch.Tensor) -> torch.Tensor:
+        """What the per-tensor scales of ``x`` depend on, as fp32 ``(2,)``: the finite
+        amax of the rowwise data and of the columnwise data (the same, or the amax after
+        the random Hadamard transform with ``with_post_rht_amax``). The element-wise
+        maximum of the stats of shards of whole 16-row blocks (the transform runs along
+        M in runs of 16) is exactly the stats of their concatenation, so a MAX
+        all-reduce gives every rank the whole tensor's (TE's ``amax_reduction_group``).
+        Row-scaled data has an amax per row, which no reduction gives: refused."""
+        self.check_input(x)
+        if self.row_scaled_nvfp4:
+            raise ValueError(
+                f"{type(self).__name__}.amax_stats: row-scaled data (row_scaled_nvfp4) has "
+                "one amax per row, not a per-tensor amax to reduce"
+            )
+        post_rht = self.columnwise_usage and self.with_rht and self.with_post_rht_amax
+        if post_rht:
+            self.check_shape(tuple(x.shape))  # a clear error before the transform's
+        if nvfp4_kernels.eligible(x):  # Triton on CUDA; the same bits
+            return nvfp4_kernels.amax_stats(self, x)
+        x2d = x.detach().float().reshape(matrix_dims(x.shape))
+        amax = tensor_amax(x2d)
+        columnwise = tensor_amax(apply_rht(x2d.t())) if post_rht else amax
+        return torch.stack([amax, columnwise])
+
+    def quantize_with_stats(
+        self, x: torch.Tensor, stats: torch.Tensor
+    ) -> NVFP4TensorStorage | NVFP4Tensor:
+        """``x`` quantized with the amaxes of ``stats`` (:meth:`amax_stats` of a larger
+        tensor ``x`` is a shard of) instead of its own: every shard of whole 16-row
+        blocks quantized with the reduced stats holds exactly its rows of the whole
+        tensor quantized at once. Round-to-nearest only: stochastic rounding draws its
+        bits by an element's position in the tensor it quantizes, which a shard's
+        positions are not (such a tensor is gathered in high precision)."""
+        self.check_input(x)
+        owner = f"{type(self).__name__}.quantize_with_stats"
+        if tuple(stats.shape) != (2,) or stats.dtype != torch.float32:
+            raise ValueError(
+                f"{owner}: stats must be the fp32 (2,) tensor amax_stats returns, got "
+                f"{stats.dtype} {tuple(stats.shape)}"
+            )
+        if self.row_scaled_nvfp4 or self.stochastic_rounding:
+            what = "row_scaled_nvfp4" if self.row_scaled_nvfp4 else "stochastic_rounding"
+            raise ValueError(f"{owner}: not with {what}=True (a shard is not quantized alone)")
+        stats = stats.to(x.device)
+        x = x.detach() if x.requires_grad else x
+        amaxes = (stats[0:1].clone(), stats[1:2].clone())  # buffers of their own
+        return self._quantized_value(self._quantize_nvfp4(x, None, amaxes), x)
+
     def quantize_stochastic(
         self, t: torch.Tensor, rng_state: torch.Tensor, *, with_bias_grad: bool = False
     ) -> Any:
@@ -393,16 +499,23 @@ class NVFP4Quantizer(Quantizer):
         return self._quantize_nvfp4(x, None)
 
     def _quantize_nvfp4(
-        self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+        self,
+        x: torch.Tensor,
+        rng_state: Optional[torch.Tensor],
+        amaxes: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, Optional[torch.Tensor]]:
         if nvfp4_kernels.eligible(x):  # Triton on CUDA; the same bits as the reference
-            return nvfp4_kernels.quantize(self, x, rng_state)
-        return self._quantize_reference(x, rng_state)
+            return nvfp4_kernels.quantize(self, x, rng_state, amaxes)
+        return self._quantize_reference(x, rng_state, amaxes)
 
     def _quantize_reference(
-        self, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+        self,
+        x: torch.Tensor,
+        rng_state: Optional[torch.Tensor],
+        amaxes: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, Optional[torch.Tensor]]:
-        """The inner buffers in plain torch ops (the ground truth, on every device)."""
+        """The inner buffers in plain torch ops (the ground truth, on every device);
+        ``amaxes`` (rowwise, columnwise; fp32 (1,)) replace the tensor's own."""
         x2d = x.float().reshape(matrix_dims(x.shape))
         block_rows = NVFP4_BLOCK if self.with_2d_quantization else 1
 
@@ -424,17 +537,17 @@ class NVFP4Quantizer(Quantizer):
 
         inner: dict[str, Optional[torch.Tensor]] = {}
         if self.rowwise_usage:
-            amax = amax_of(x2d)
+            amax = amax_of(x2d) if amaxes is None else amaxes[0].reshape(())
             data, scales = encode(x2d, 0, amax)
             inner["_rowwise_data"] = data.reshape(*x.shape[:-1], x.shape[-1] // 2)
             inner["_rowwise_scale_inv"] = scales
             inner["_amax_rowwise"] = amax.reshape(-1)
         if self.columnwise_usage:
             xt = x2d.t()
-            amax = amax_of(xt)
+            amax = amax_of(xt) if amaxes is None else amaxes[1].reshape(())
             if self.with_rht:
                 xt = apply_rht(xt)
-                if self.with_post_rht_amax:
+                if self.with_post_rht_amax and amaxes is None:
                     amax = tensor_amax(xt)
             data, scales = encode(xt, 1, amax)
             # Contiguous like every buffer a fake kernel describes (torch.empty layout).

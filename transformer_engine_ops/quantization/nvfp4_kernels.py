@@ -47,7 +47,7 @@ from .hadamard import RHT_SIGNS
 if TYPE_CHECKING:
     from .nvfp4 import NVFP4Quantizer
 
-__all__ = ["available", "eligible", "quantize", "unavailable_reason"]
+__all__ = ["amax_stats", "available", "eligible", "quantize", "unavailable_reason"]
 
 # Rows and 16-element blocks per program (16 rows: one 16x16 block row in 2-D mode).
 BLOCK_ROWS = 16
@@ -183,55 +183,57 @@ def _encode(
 
 
 def quantize(
-    q: NVFP4Quantizer, x: torch.Tensor, rng_state: Optional[torch.Tensor]
+    q: NVFP4Quantizer,
+    x: torch.Tensor,
+    rng_state: Optional[torch.Tensor],
+    amaxes: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> dict[str, Optional[torch.Tensor]]:
     """The inner buffers of ``q``'s quantize of ``x`` (``rng_state`` the int64 (seed,
-    offset) pair when ``q`` rounds stochastically, else None), equal bit for bit to the
-    reference. ``x`` is a non-empty CUDA tensor (or, under ``TRITON_INTERPRET=1``, a
-    CPU one) of fp32, bf16 or fp16 whose shape ``q`` accepts."""
+    offset) pair when ``q`` rounds stochastically, else None; ``amaxes`` the rowwise
+    and columnwise per-tensor amaxes, fp32 (1,) each, to use instead of ``x``'s own, as
+    a sharded tensor's reduced ones), equal bit for bit to the reference. ``x`` is a
+    non-empty CUDA tensor (or, under ``TRITON_INTERPRET=1``, a CPU one) of fp32, bf16
+    or fp16 whose shape ``q`` accepts."""
     name = f"{type(q).__name__} (Triton)"
-    if x.dtype not in _INPUT_DTYPES:
-        raise TypeError(f"{name}: cannot quantize dtype {x.dtype}")
-    if x.numel() == 0:
-        raise ValueError(f"{name}: nothing to quantize in shape {tuple(x.shape)}")
     if (rng_state is not None) != q.stochastic_rounding:
         raise ValueError(f"{name}: rng_state must be given exactly when rounding stochastically")
+    if amaxes is not None and q.row_scaled_nvfp4:
+        raise ValueError(f"{name}: amaxes are per tensor; row-scaled data has one per row")
+    _check_launchable(name, x)
     device = x.device
-    if device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{name}: {reason}")
     if device.type == "cuda" and device.index != _private.cuda_current_device():
         with torch.cuda.device(device):  # Triton launches on the current device
-            return quantize(q, x, rng_state)
+            return quantize(q, x, rng_state, amaxes)
     amax_kernel, quantize_kernel = _kernels(device.type != "cuda")
     m, k = matrix_dims(x.shape)
     x2d = x.detach().reshape(m, k).contiguous()
     if rng_state is not None:
         rng_state = rng_state.to(device)
 
-    def tensor_amax(row_amax: torch.Tensor) -> torch.Tensor:
-        return torch.cat([row_amax, row_amax.new_zeros(1)]).amax().reshape(1)
+    def given(i: int) -> torch.Tensor:  # its own buffer: op outputs must not alias
+        return amaxes[i].to(device=device, dtype=torch.float32).reshape(1).clone()
 
     inner: dict[str, Optional[torch.Tensor]] = {}
     plain_amax: Optional[torch.Tensor] = None  # the tensor's finite amax, once taken
     if q.rowwise_usage:
-        amax = _row_amax(amax_kernel, x2d, False, False)
-        if not q.row_scaled_nvfp4:
-            amax = plain_amax = tensor_amax(amax)
+        if amaxes is not None:
+            amax = given(0)
+        else:
+            amax = _row_amax(amax_kernel, x2d, False, False)
+            if not q.row_scaled_nvfp4:
+                amax = plain_amax = _tensor_amax(amax)
         data, scales = _encode(quantize_kernel, q, x2d, False, amax, rng_state)
         inner["_rowwise_data"] = data.reshape(*x.shape[:-1], k // 2)
         inner["_rowwise_scale_inv"] = scales
         inner["_amax_rowwise"] = amax
     if q.columnwise_usage:
         post_rht = q.with_rht and q.with_post_rht_amax
-        if post_rht or q.row_scaled_nvfp4 or plain_amax is None:
+        if amaxes is not None:
+            amax = given(1)
+        elif post_rht or q.row_scaled_nvfp4 or plain_amax is None:
             amax = _row_amax(amax_kernel, x2d, True, post_rht)
             if not q.row_scaled_nvfp4:
-                amax = tensor_amax(amax)
+                amax = _tensor_amax(amax)
         else:
             amax = plain_amax.clone()  # its own buffer: op outputs must not alias
         data, scales = _encode(quantize_kernel, q, x2d, True, amax, rng_state)
@@ -239,3 +241,43 @@ def quantize(
         inner["_columnwise_scale_inv"] = scales
         inner["_amax_columnwise"] = amax
     return inner
+
+
+def amax_stats(q: NVFP4Quantizer, x: torch.Tensor) -> torch.Tensor:
+    """``q.amax_stats(x)`` from the row-amax kernel: fp32 (2,), the finite amax of
+    ``x`` and of its columnwise data (after the transform with ``with_post_rht_amax``
+    and a columnwise usage); the reference's bits (a maximum is exact in any order, the
+    transform is summed in the reference's order)."""
+    name = f"{type(q).__name__}.amax_stats (Triton)"
+    _check_launchable(name, x)
+    device = x.device
+    if device.type == "cuda" and device.index != _private.cuda_current_device():
+        with torch.cuda.device(device):  # Triton launches on the current device
+            return amax_stats(q, x)
+    amax_kernel, _ = _kernels(device.type != "cuda")
+    x2d = x.detach().reshape(matrix_dims(x.shape)).contiguous()
+    rowwise = _tensor_amax(_row_amax(amax_kernel, x2d, False, False))
+    columnwise = rowwise
+    if q.columnwise_usage and q.with_rht and q.with_post_rht_amax:
+        columnwise = _tensor_amax(_row_amax(amax_kernel, x2d, True, True))
+    return torch.cat([rowwise, columnwise])
+
+
+def _tensor_amax(row_amax: torch.Tensor) -> torch.Tensor:
+    """The per-tensor amax (1,) from the amax of each row (0 when there are none)."""
+    return torch.cat([row_amax, row_amax.new_zeros(1)]).amax().reshape(1)
+
+
+def _check_launchable(name: str, x: torch.Tensor) -> None:
+    """Raise, naming ``name``, when the kernels cannot take ``x`` here."""
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"{name}: cannot quantize dtype {x.dtype}")
+    if x.numel() == 0:
+        raise ValueError(f"{name}: nothing to quantize in shape {tuple(x.shape)}")
+    if x.device.type != "cuda" and not triton_support.interpreting():
+        raise ValueError(
+            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
+        )
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"{name}: {reason}")

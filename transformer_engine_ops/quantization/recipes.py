@@ -437,6 +437,10 @@ class NVFP4BlockScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+    _: dataclasses.KW_ONLY
+    # Extension: sequence-parallel all-gathers move NVFP4 codes and scales (True, TE's
+    # way) or the high-precision tensor (False); the same results (docs/distributed.md).
+    fp8_all_gather: bool = True
     fp4_quant_fwd_inp: QParams = dataclasses.field(init=False)
     fp4_quant_fwd_weight: QParams = dataclasses.field(init=False)
     fp4_quant_bwd_grad: QParams = dataclasses.field(init=False)
@@ -448,6 +452,7 @@ class NVFP4BlockScaling(Recipe):
             "disable_stochastic_rounding",
             "disable_2d_quantization",
             "row_scaled_activation",
+            "fp8_all_gather",
         ):
             check_bool(owner, name, getattr(self, name))
         self._check_format("fp4_format", (Format.E2M1,))
@@ -537,6 +542,7 @@ class NVFP4BlockScaling(Recipe):
             nvfp4_use_4over6=self._uses_4over6(role),
             nvfp4_e4m3_max=self._e4m3_max(role),
             nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
+            fp8_all_gather=self.fp8_all_gather,
         )
 
 
