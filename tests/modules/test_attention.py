@@ -366,3 +366,29 @@ def test_the_fused_backward_runs_the_backward_kernel_once_and_no_forward(
     backward = aten_calls(lambda: outs[0].backward(torch.ones_like(outs[0])))
     assert forward == ["_scaled_dot_product_flash_attention_for_cpu"]
     assert backward == ["_scaled_dot_product_flash_attention_for_cpu_backward"]
+
+
+@pytest.mark.parametrize("backend", ["flash", "efficient"])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_the_fused_path_in_bf16_is_within_tes_tolerance_of_the_reference(backend, fmt, monkeypatch):
+    """bf16, causal, GQA (the Llama layer's case) on the CPU stand-in: output and
+    gradients from the saved log-sum-exp within TE's bf16 tolerance (1.5e-2) of the
+    float64 reference."""
+    from transformer_engine_ops.modules import attention as module_file
+
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    b, s, groups = 2, 9, 2
+    q64 = randn(*_layout(fmt, b, s, H, D), seed=1)
+    k64, v64 = (randn(*_layout(fmt, b, s, groups, D), seed=i) for i in (2, 3))
+    q, k, v = (t.detach().bfloat16().requires_grad_(True) for t in (q64, k64, v64))
+    dpa = te.DotProductAttention(H, D, qkv_format=fmt, num_gqa_groups=groups)
+    out = dpa(q, k, v)
+    ref = reference(fmt, q64, k64, v64, **_kw(dpa, "causal"))
+    bf16 = dict(atol=1.5e-2, rtol=1.5e-2)
+    torch.testing.assert_close(out.double(), ref, **bf16)
+    gen = torch.Generator().manual_seed(5)
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), grad.bfloat16())
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad)
+    for g, w, name in zip(got, want, "qkv", strict=True):
+        torch.testing.assert_close(g.double(), w, **bf16, msg=lambda m, n=name: f"d{n}: {m}")
