@@ -860,10 +860,15 @@ def _fused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], ...
     gradient is zeroed too, as differentiating that zeroing would)."""
     f = _fused_inputs(args, plan, True)
     per_head = (plan.heads, plan.head_dim_v)
-    # The output's layout for the gradient too (cuDNN wants them alike; flash copies anyway).
+    # The output's layout for the gradient too (cuDNN reads them alike).
     do = args.grad_output.contiguous()
     do = _to_bhsd(do.reshape(*do.shape[:-1], *per_head), f.lq)
     out = _to_bhsd(args.out.reshape(*args.out.shape[:-1], *per_head), f.lq)
+    if args.backend != "cudnn":
+        # Flash and memory-efficient return their output as [b, s, h, d] in memory, and
+        # the memory-efficient backward reads the output's rows at that stride whatever
+        # the tensor's own: both get it so laid out (a copy only for sbhd with b > 1).
+        out, do = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (out, do))
     if f.rows is not None:
         do = torch.where(f.rows, do, torch.zeros_like(do))
     dq, dk, dv = _fused_backward_kernel(args, f, do, out)
