@@ -151,3 +151,14 @@ def reference(
     if fmt != "thd":
         out = torch.stack(rows)
     return out.transpose(0, 1) if fmt == "sbhd" else out
+
+
+def aten_calls(fn: Any) -> list[str]:
+    """The aten ops of torch's SDPA kernels that ``fn()`` runs, at any depth (inside a
+    custom op too), in order: the profiler's record of every op call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = [e.name for e in prof.events()]
+    return [n.removeprefix("aten::") for n in names if n.startswith("aten::_scaled_dot_product")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import grads, randn, reference
+from attention_cases import aten_calls, grads, randn, reference
 
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization.philox import uniform
@@ -327,17 +327,13 @@ SDPA_CASES = {
 
 @pytest.mark.parametrize("case", list(SDPA_CASES))
 def test_the_sdpa_path_equals_the_unfused_one_on_cpu_kernels(case, monkeypatch):
-    """The CUDA backends' mask, bias and GQA handling, run on torch's CPU SDPA kernels
-    (flash has one; MATH stands in for memory-efficient): the unfused path's results."""
-    from torch.nn.attention import SDPBackend
-
+    """The CUDA backends' mask, bias and GQA handling and their saved-stats backward
+    (the output and log-sum-exp saved, the backward op called on them), run on torch's
+    CPU flash kernel (the op's CPU stand-in for flash and memory-efficient): the unfused
+    path's results, in float64."""
     from transformer_engine_ops.modules import attention as module_file
-    from transformer_engine_ops.ops import attention as op_file
 
     backend, ctor, fwd, groups, sq, skv = SDPA_CASES[case]
-    kernels = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.MATH}
-    monkeypatch.setattr(op_file, "_check_backend", lambda args: None)
-    monkeypatch.setattr(op_file, "_sdpa_backend", kernels.__getitem__)
     q = randn(2, sq, H, D, seed=1)
     k, v = randn(2, skv, groups, D, seed=2), randn(2, skv, groups, D, seed=3)
     results = []
@@ -348,3 +344,51 @@ def test_the_sdpa_path_equals_the_unfused_one_on_cpu_kernels(case, monkeypatch):
         results.append((out, *grads(out, [q, k, v])))
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("backend", ["flash", "efficient"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+def test_the_fused_backward_runs_the_backward_kernel_once_and_no_forward(
+    backend, compiled, monkeypatch
+):
+    """The saved output and log-sum-exp are all the backward needs: on the CPU stand-in
+    (torch's CPU flash kernel) the forward runs the kernel's forward op once, the
+    backward its backward op once and its forward not at all."""
+    from transformer_engine_ops.modules import attention as module_file
+
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D, num_gqa_groups=2, attn_mask_type="no_mask")
+    run = torch.compile(dpa, fullgraph=True, backend="aot_eager") if compiled else dpa
+    q, k, v = randn(6, 2, H, D, seed=0), randn(6, 2, 2, D, seed=1), randn(6, 2, 2, D, seed=2)
+    run(q, k, v).sum().backward()  # compiled: the first call compiles both ways
+    outs: list = []
+    forward = aten_calls(lambda: outs.append(run(q, k, v)))
+    backward = aten_calls(lambda: outs[0].backward(torch.ones_like(outs[0])))
+    assert forward == ["_scaled_dot_product_flash_attention_for_cpu"]
+    assert backward == ["_scaled_dot_product_flash_attention_for_cpu_backward"]
+
+
+@pytest.mark.parametrize("backend", ["flash", "efficient"])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_the_fused_path_in_bf16_is_within_tes_tolerance_of_the_reference(backend, fmt, monkeypatch):
+    """bf16, causal, GQA (the Llama layer's case) on the CPU stand-in: output and
+    gradients from the saved log-sum-exp within TE's bf16 tolerance (1.5e-2) of the
+    float64 reference."""
+    from transformer_engine_ops.modules import attention as module_file
+
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    b, s, groups = 2, 9, 2
+    q64 = randn(*_layout(fmt, b, s, H, D), seed=1)
+    k64, v64 = (randn(*_layout(fmt, b, s, groups, D), seed=i) for i in (2, 3))
+    q, k, v = (t.detach().bfloat16().requires_grad_(True) for t in (q64, k64, v64))
+    dpa = te.DotProductAttention(H, D, qkv_format=fmt, num_gqa_groups=groups)
+    out = dpa(q, k, v)
+    ref = reference(fmt, q64, k64, v64, **_kw(dpa, "causal"))
+    bf16 = dict(atol=1.5e-2, rtol=1.5e-2)
+    torch.testing.assert_close(out.double(), ref, **bf16)
+    gen = torch.Generator().manual_seed(5)
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), grad.bfloat16())
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad)
+    for g, w, name in zip(got, want, "qkv", strict=True):
+        torch.testing.assert_close(g.double(), w, **bf16, msg=lambda m, n=name: f"d{n}: {m}")

@@ -128,3 +128,41 @@ def test_thd_under_compile_needs_max_seqlen():
     q = randn(5, H, D, seed=0)
     with pytest.raises(Exception, match="needs max_seqlen_q"):
         compiled(q, q, q, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["flash", "efficient"])
+def test_a_llama_style_layer_on_the_fused_path_compiles_bitwise_and_trains_like_unfused(
+    backend, monkeypatch
+):
+    """A TransformerLayer (GQA, RMSNorm, SwiGLU, no biases, bf16) whose attention saves
+    the kernel's output and log-sum-exp (the CPU stand-in of the fused backends): its
+    output and every gradient compiled equal eager bitwise, and equal the unfused
+    backend's within bf16 rounding (the saved output is the one the next GEMM reads)."""
+    from transformer_cases import HIDDEN, make_layer
+
+    from transformer_engine_ops.modules import attention as module_file
+
+    def step(chosen: str, compiled: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: chosen)
+        layer = make_layer(
+            seed=3,
+            dtype=torch.bfloat16,
+            num_gqa_groups=2,
+            normalization="RMSNorm",
+            activation="swiglu",
+            bias=False,
+        )
+        run = torch.compile(layer, fullgraph=True, backend="aot_eager") if compiled else layer
+        x = torch.randn(7, 2, HIDDEN, generator=torch.Generator().manual_seed(1))
+        x = x.bfloat16().requires_grad_(True)
+        out = run(x)
+        out.float().square().sum().backward()
+        return [out, x.grad, *(p.grad for p in layer.parameters())]
+
+    eager = step(backend, False)
+    for a, b in zip(eager, step(backend, True), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(eager, step("unfused", False), strict=True):
+        scale = b.float().abs().max().item()
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2 * scale, rtol=0)

@@ -1,14 +1,15 @@
 """DotProductAttention on CUDA (marked ``gpu``; run on the H200 with ``-m gpu``): every
 backend a configuration selects matches the float64 reference within TE's own test
 tolerances for the dtype (tests/pytorch/attention/test_attention.py: bf16 1.5e-2, fp16
-1e-3, rtol and atol), and compiled equals eager bitwise on the fused backends and with
-dropout."""
+1e-3, rtol and atol), compiled equals eager bitwise on the fused backends and with
+dropout, and each fused backend's backward calls its kernel's backward op once on the
+saved output and log-sum-exp, never its forward."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import reference
+from attention_cases import aten_calls, reference
 
 import transformer_engine_ops as te
 from transformer_engine_ops.modules import attention as module_file
@@ -183,11 +184,63 @@ def test_grouped_kv_is_not_copied_per_head_where_the_kernel_takes_groups(backend
         qb, kb, vb = (t.detach().requires_grad_(grad).permute(1, 2, 0, 3) for t in (q, k, v))
         return bool(can_use(sdp.SDPAParams(qb, kb, vb, None, 0.0, False, True), False))
 
-    # The forward, then the backward's recomputed forward (its inputs require grad).
-    want = [] if native(False) else [2, 2]
-    want += [] if native(True) else [2, 2]
+    # The forward and the backward prepare the same inputs (a backward follows).
+    want = ([] if native(True) else [2, 2]) * 2
     if backend == "flash":
         assert want == [], "torch documents GQA on its flash kernel"
     out = te.DotProductAttention(H, D, attn_mask_type="no_mask", num_gqa_groups=2)(q, k, v)
     out.float().sum().backward()
     assert expanded == want
+
+
+FORWARD_OP = {
+    "flash": "_scaled_dot_product_flash_attention",
+    "cudnn": "_scaled_dot_product_cudnn_attention",
+    "efficient": "_scaled_dot_product_efficient_attention",
+}
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+@pytest.mark.parametrize("groups", [H, 2], ids=["mha", "gqa"])
+def test_the_fused_backward_calls_the_backward_op_once_and_no_forward(
+    backend, compiled, groups, monkeypatch
+):
+    """The Llama layer's case (causal, bf16, GQA): the forward runs the kernel's forward
+    op once (with its log-sum-exp), the backward its backward op once, on what the
+    forward saved; gradients within TE's tolerance of the reference (the test above)."""
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D, num_gqa_groups=groups)
+    run = torch.compile(dpa, fullgraph=True) if compiled else dpa
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, groups))
+    run(q, k, v).sum().backward()  # compiled: the first call compiles both ways
+    outs: list = []
+    forward = aten_calls(lambda: outs.append(run(q, k, v)))
+    backward = aten_calls(lambda: outs[0].backward(torch.ones_like(outs[0])))
+    assert forward == [FORWARD_OP[backend]]
+    assert backward == [FORWARD_OP[backend] + "_backward"]
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient"])
+def test_the_fused_backends_run_under_cuda_graphs(backend, monkeypatch):
+    """``mode="reduce-overhead"``: no CUDA-graph skip (nothing the op saves lives on the
+    CPU), and the replayed step equals eager bitwise."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D, num_gqa_groups=2)
+    q, k, v = (t.cuda().requires_grad_(True) for t in _inputs(torch.bfloat16, 2))
+
+    def step(fn):
+        out = fn(q, k, v)
+        return out.detach().clone(), torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    eager = step(dpa)
+    compiled = torch.compile(dpa, fullgraph=True, mode="reduce-overhead")
+    skips = counters["inductor"]["cudagraph_skips"]
+    for _ in range(3):
+        got = step(compiled)
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert torch.equal(eager[0], got[0])
+    for a, b in zip(eager[1], got[1], strict=True):
+        assert torch.equal(a, b)

@@ -39,6 +39,13 @@ def _qkv(*shape, dtype=torch.float32, grad=True):
     return tuple(_t(*shape, seed=i, dtype=dtype, grad=grad) for i in range(3))
 
 
+def _on(backend, fwd):
+    """``fwd`` run by a fused backend: on the CPU, torch's CPU flash kernel through the
+    same saved-stats forward and backward as the CUDA kernels."""
+    fwd.backend = backend
+    return fwd
+
+
 CU = torch.tensor([0, 3, 8, 10], dtype=torch.int32)
 CASES = {
     "causal-bf16": lambda: _capture({}, _qkv(6, 2, H, D, dtype=torch.bfloat16)),
@@ -61,6 +68,26 @@ CASES = {
         core_attention_bias=_t(1, H, 5, 5, seed=4),
     ),
     "dropout": lambda: _capture(dict(attention_dropout=0.2), _qkv(6, 2, H, D)),
+    "flash-cpu-gqa": lambda: _on(
+        "flash",
+        _capture(
+            dict(num_gqa_groups=2),
+            (
+                _t(6, 2, H, D, seed=0, dtype=torch.bfloat16),
+                _t(6, 2, 2, D, seed=1, dtype=torch.bfloat16),
+                _t(6, 2, 2, D, seed=2, dtype=torch.bfloat16),
+            ),
+        ),
+    ),
+    "efficient-cpu-arbitrary-alibi": lambda: _on(
+        "efficient",
+        _capture(
+            dict(qkv_format="bshd", attn_mask_type="arbitrary"),
+            _qkv(2, 5, H, D),
+            attention_mask=torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(3)) < 0.3,
+            core_attention_bias_type="alibi",
+        ),
+    ),
     "no-grad": lambda: _capture({}, _qkv(6, 2, H, D, grad=False), grad=False),
 }
 
@@ -117,20 +144,38 @@ def test_dropout_without_an_rng_state_is_refused():
         g.dot_product_attention_fwd(*g.flatten_dot_product_attn_fwd_args(fwd))
 
 
-def test_a_fused_backend_on_the_cpu_is_refused():
+def test_cudnn_on_the_cpu_is_refused():
     fwd = CASES["causal-bf16"]()
-    fwd.backend = "flash"
-    with pytest.raises(ValueError, match=r"backend: 'flash' runs on CUDA only"):
+    fwd.backend = "cudnn"
+    with pytest.raises(ValueError, match=r"backend: 'cudnn' runs on CUDA only"):
         g.dot_product_attention_fwd(*g.flatten_dot_product_attn_fwd_args(fwd))
 
 
-def test_a_bias_that_does_not_broadcast_is_refused():
-    fwd = CASES["bias-grad"]()
-    fwd.attn_bias = torch.zeros(1, H, 5, 4)
-    with pytest.raises(ValueError, match=r"attn_bias: shape \(1, 4, 5, 4\) does not broadcast"):
-        g.dot_product_attention_fwd(*g.flatten_dot_product_attn_fwd_args(fwd))
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient"])
+@pytest.mark.parametrize("sq", [1, 33, 64])
+def test_the_saved_stats_spec_is_what_each_cuda_kernel_returns(backend, sq):
+    """The fake of the saved log-sum-exp against the aten op's own meta function on the
+    installed torch (its shape differs per kernel: cuDNN's has a trailing 1, the
+    memory-efficient one's rows are padded to 32)."""
+    from types import SimpleNamespace
 
+    from transformer_engine_ops.ops import attention as op_file
+    from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 
-def test_schemas_stay_within_the_dispatchers_limit():
-    for schema in (g.FORWARD_SCHEMA, g.BACKWARD_SCHEMA):
-        assert len(torch._C.parse_schema(f"teops::x{schema}").arguments) <= 64
+    b, h, skv, d = 2, 4, 40, 64
+    plan = op_file._Plan(b, h, h, sq, skv, d, d, None)
+    args = SimpleNamespace(
+        backend=backend, q=TensorSpec((sq, b, h, d), torch.bfloat16, device="cuda")
+    )
+    spec = op_file._fused_stats_spec(args, plan)
+    q = torch.empty(b, h, sq, d, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(b, h, skv, d, dtype=torch.bfloat16, device="meta")
+    aten = torch.ops.aten
+    if backend == "flash":
+        lse = aten._scaled_dot_product_flash_attention(q, k, k, 0.0, True, False)[1]
+    elif backend == "cudnn":
+        lse = aten._scaled_dot_product_cudnn_attention(q, k, k, None, True, 0.0, True, False)[1]
+    else:
+        lse = aten._scaled_dot_product_efficient_attention(q, k, k, None, True)[1]
+    assert (tuple(lse.shape), lse.dtype) == (spec.shape, spec.dtype)
+    assert lse.is_contiguous()

@@ -102,6 +102,7 @@ BACKWARD_SCHEMA = (
     ", Tensor q"
     ", Tensor k"
     ", Tensor v"
+    ", Tensor? out"
     ", Tensor? attn_bias"
     ", Tensor? cu_seqlens_q"
     ", Tensor? cu_seqlens_kv"
@@ -133,6 +134,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("q", "tensor", "q", "Tensor"),
     _b.SlotRow("k", "tensor", "k", "Tensor"),
     _b.SlotRow("v", "tensor", "v", "Tensor"),
+    _b.SlotRow("out", "tensor", "out", "Tensor?"),
     _b.SlotRow("attn_bias", "tensor", "attn_bias", "Tensor?"),
     _b.SlotRow("cu_seqlens_q", "tensor", "cu_seqlens_q", "Tensor?"),
     _b.SlotRow("cu_seqlens_kv", "tensor", "cu_seqlens_kv", "Tensor?"),
@@ -375,6 +377,9 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         if type(v := args.v) is torch.Tensor
         else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.v"),
         v
+        if (v := args.out) is None or type(v) is torch.Tensor
+        else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.out"),
+        v
         if (v := args.attn_bias) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.attn_bias"),
         v
@@ -467,6 +472,7 @@ def unflatten_dot_product_attn_bwd_args(*slots: Any) -> DotProductAttnBwdArgs:
         q=slot(),
         k=slot(),
         v=slot(),
+        out=slot(),
         attn_bias=slot(),
         cu_seqlens_q=slot(),
         cu_seqlens_kv=slot(),
@@ -521,6 +527,7 @@ def spec_dot_product_attn_bwd_args(*slots: Any) -> DotProductAttnBwdArgs:
     args.q = _r.spec(args.q)
     args.k = _r.spec(args.k)
     args.v = _r.spec(args.v)
+    args.out = _r.spec(args.out)
     args.attn_bias = _r.spec(args.attn_bias)
     args.cu_seqlens_q = _r.spec(args.cu_seqlens_q)
     args.cu_seqlens_kv = _r.spec(args.cu_seqlens_kv)
@@ -592,6 +599,7 @@ class _OpNode(torch.autograd.Function):
             kept.q,
             kept.k,
             kept.v,
+            kept.out,
             kept.attn_bias,
             kept.cu_seqlens_q,
             kept.cu_seqlens_kv,
@@ -605,6 +613,7 @@ class _OpNode(torch.autograd.Function):
         kept.q = None
         kept.k = None
         kept.v = None
+        kept.out = None
         kept.attn_bias = None
         kept.cu_seqlens_q = None
         kept.cu_seqlens_kv = None
@@ -631,15 +640,16 @@ class _OpNode(torch.autograd.Function):
             q=values[0],
             k=values[1],
             v=values[2],
-            attn_bias=values[3],
-            cu_seqlens_q=values[4],
-            cu_seqlens_kv=values[5],
-            cu_seqlens_q_padded=values[6],
-            cu_seqlens_kv_padded=values[7],
-            attention_mask=values[8],
-            alibi_slopes=values[9],
-            softmax_stats=values[10],
-            rng_state=values[11],
+            out=values[3],
+            attn_bias=values[4],
+            cu_seqlens_q=values[5],
+            cu_seqlens_kv=values[6],
+            cu_seqlens_q_padded=values[7],
+            cu_seqlens_kv_padded=values[8],
+            attention_mask=values[9],
+            alibi_slopes=values[10],
+            softmax_stats=values[11],
+            rng_state=values[12],
             requires_dq=kept.requires_dq,
             requires_dk=kept.requires_dk,
             requires_dv=kept.requires_dv,
@@ -704,6 +714,7 @@ class _EagerNode(torch.autograd.Function):
             kept.q,
             kept.k,
             kept.v,
+            kept.out,
             kept.attn_bias,
             kept.cu_seqlens_q,
             kept.cu_seqlens_kv,
@@ -717,6 +728,7 @@ class _EagerNode(torch.autograd.Function):
         kept.q = None
         kept.k = None
         kept.v = None
+        kept.out = None
         kept.attn_bias = None
         kept.cu_seqlens_q = None
         kept.cu_seqlens_kv = None
@@ -740,15 +752,16 @@ class _EagerNode(torch.autograd.Function):
                 q=values[0],
                 k=values[1],
                 v=values[2],
-                attn_bias=values[3],
-                cu_seqlens_q=values[4],
-                cu_seqlens_kv=values[5],
-                cu_seqlens_q_padded=values[6],
-                cu_seqlens_kv_padded=values[7],
-                attention_mask=values[8],
-                alibi_slopes=values[9],
-                softmax_stats=values[10],
-                rng_state=values[11],
+                out=values[3],
+                attn_bias=values[4],
+                cu_seqlens_q=values[5],
+                cu_seqlens_kv=values[6],
+                cu_seqlens_q_padded=values[7],
+                cu_seqlens_kv_padded=values[8],
+                attention_mask=values[9],
+                alibi_slopes=values[10],
+                softmax_stats=values[11],
+                rng_state=values[12],
                 requires_dq=kept.requires_dq,
                 requires_dk=kept.requires_dk,
                 requires_dv=kept.requires_dv,

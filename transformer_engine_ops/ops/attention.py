@@ -15,9 +15,10 @@ Kernels:
   probabilities from the saved log-sum-exp. A query row with no key to attend to
   (a padding row, or a window that leaves none) gives zeros, as TE's fused and flash
   backends give.
-* ``flash``, ``cudnn``, ``efficient``: torch's fused SDPA kernels on CUDA
-  (``torch.nn.attention.sdpa_kernel``), for the configurations each supports
-  (:func:`backend_support`); their backward recomputes the forward under autograd.
+* ``flash``, ``cudnn``, ``efficient``: torch's fused SDPA kernels on CUDA, called
+  through their aten ops for the configurations each supports (:func:`backend_support`).
+  The forward saves the output and the kernel's log-sum-exp; the backward calls the
+  kernel's backward op on them once, never the forward again.
 
 Dropout draws its bits from the ``rng_state`` (seed, offset) the module passes, through
 Philox (``quantization/philox.py``), never from a generator inside the kernel: an eager
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_engine_ops.quantization.philox import RNG_STATE_DTYPE, uniform
+from transformer_engine_ops.runtime._torch_private import sdpa_kernel_ops
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -119,6 +121,7 @@ class DotProductAttnBwdArgs:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    out: Optional[torch.Tensor]  # the forward's output (fused backends)
     attn_bias: Optional[torch.Tensor]
     cu_seqlens_q: Optional[torch.Tensor]
     cu_seqlens_kv: Optional[torch.Tensor]
@@ -126,7 +129,7 @@ class DotProductAttnBwdArgs:
     cu_seqlens_kv_padded: Optional[torch.Tensor]
     attention_mask: Optional[torch.Tensor]
     alibi_slopes: Optional[torch.Tensor]
-    softmax_stats: Optional[torch.Tensor]  # log-sum-exp [b, h, sq] (unfused backend)
+    softmax_stats: Optional[torch.Tensor]  # log-sum-exp, as the backend's kernel returns it
     rng_state: Optional[torch.Tensor]
 
     # --- What to compute ---
@@ -659,87 +662,225 @@ def _unfused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], .
     return dq, dk, dv, dbias
 
 
-# --- torch's SDPA kernels (CUDA) ----------------------------------------------------
+# --- torch's fused SDPA kernels, through their aten ops -------------------------------
+#
+# The forward calls the kernel's own aten op, which returns the log-sum-exp beside the
+# output; the op saves both, and the backward calls the kernel's backward op on them
+# once, as torch's autograd formula for SDPA does, without recomputing the forward.
+# On the CPU (never selected there by the module: the op's own tests) flash and
+# memory-efficient run torch's CPU flash kernel, the latter with its additive mask.
 
 
-def _sdpa_backend(name: str) -> Any:
-    from torch.nn.attention import SDPBackend
+class _FusedInputs(NamedTuple):
+    """One fused-kernel call's inputs as [b, h, s, d] views, shared by forward and backward."""
 
-    return {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    }[name]
+    q: torch.Tensor
+    k: torch.Tensor  # grouped, or each group copied once per query head (``expanded``)
+    v: torch.Tensor
+    expanded: bool
+    mask: Optional[torch.Tensor]  # memory-efficient: the additive mask, q's dtype
+    causal: bool
+    rows: Optional[torch.Tensor]  # query rows with a key, where a mask may leave none
+    lq: _Layout
+    lkv: _Layout
 
 
 def _native_gqa(
-    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, grad: bool
 ) -> bool:
-    """Whether the flash or cuDNN kernel takes the grouped k and v as they are
-    (``enable_gqa``), so neither is copied once per query head of its group (and their
+    """Whether the flash or cuDNN kernel takes the grouped k and v as they are (as
+    ``enable_gqa`` does), so neither is copied once per query head of its group (and their
     gradients are not summed back over the copies); torch's own check of the call
-    (``can_use_*_attention``), since which kernels take groups varies by release."""
+    (``can_use_*_attention``), since which kernels take groups varies by release. ``grad``
+    (whether a backward follows) is part of the question, and fixed by the bundle, not by
+    the grad mode the impl happens to run under, so eager and compiled decide alike."""
     from torch.backends import cuda as sdp
 
+    if q.device.type != "cuda":
+        return False
     can_use = sdp.can_use_flash_attention if backend == "flash" else sdp.can_use_cudnn_attention
-    return bool(can_use(sdp.SDPAParams(q, k, v, None, 0.0, causal, True), False))
+    q, k, v = (t.detach().requires_grad_(grad) for t in (q, k, v))
+    with torch.set_grad_enabled(grad):
+        return bool(can_use(sdp.SDPAParams(q, k, v, None, 0.0, causal, True), False))
 
 
-def _sdpa(args: Any, plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
-    """``(out [b, h, sq, dv], rows with a key or None)`` through the chosen SDPA kernel."""
-    from torch.nn.attention import sdpa_kernel
+_MEM_EFFICIENT_ALIGNMENT = 16  # elements; the additive mask's row stride (F.sdpa's pad_bias)
 
+
+def _aligned_rows(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with its rows in a buffer padded to a multiple of 16 elements (values
+    unchanged): the memory-efficient kernel reads the mask's rows at aligned addresses,
+    which ``F.scaled_dot_product_attention`` arranges the same way before calling it."""
+    last = mask.shape[-1]
+    pad = -last % _MEM_EFFICIENT_ALIGNMENT
+    return mask if pad == 0 else F.pad(mask, (0, pad))[..., :last]
+
+
+def _fused_inputs(args: Any, plan: _Plan, grad: bool) -> _FusedInputs:
     lq, lkv = _layouts(args, plan)
-    qb, kb, vb = _to_bhsd(q, lq), _to_bhsd(k, lkv), _to_bhsd(v, lkv)
-    mask, causal, rows, gqa = None, False, None, False
+    qb, kb, vb = _to_bhsd(args.q, lq), _to_bhsd(args.k, lkv), _to_bhsd(args.v, lkv)
+    mask, causal, rows, native = None, False, None, False
+    grouped = kb.shape[1] != plan.heads
     if args.backend in ("flash", "cudnn"):
         causal = "causal" in args.attn_mask_type
-        gqa = kb.shape[1] != plan.heads and _native_gqa(args.backend, qb, kb, vb, causal)
-    if not gqa:
+        native = grouped and _native_gqa(args.backend, qb, kb, vb, causal, grad)
+    if grouped and not native:
         kb, vb = _expand_groups(kb, plan.heads), _expand_groups(vb, plan.heads)
-    if args.backend not in ("flash", "cudnn"):
-        keep = _keep_mask(args, plan, q.device)
-        bias, dtype = None, math_dtype(q.dtype)  # the additive mask is made in fp32
+    if args.backend == "efficient":
+        keep = _keep_mask(args, plan, args.q.device)
+        bias, dtype = None, math_dtype(args.q.dtype)  # the additive mask is made in fp32
         if args.attn_bias_type == "pre_scale_bias":
             bias = args.attn_bias.to(dtype) * args.attn_scale
         elif args.attn_bias_type == "post_scale_bias":
             bias = args.attn_bias.to(dtype)
         elif args.attn_bias_type == "alibi":
-            bias = _alibi_bias(args, plan, q.device, dtype)
+            bias = _alibi_bias(args, plan, args.q.device, dtype)
         if keep is not None:
             # Finite: a row with no key gives a finite average, zeroed below, not NaN.
-            hide = torch.full((), torch.finfo(q.dtype).min / 2, dtype=dtype, device=q.device)
+            hide = torch.finfo(args.q.dtype).min / 2
+            hide = torch.full((), hide, dtype=dtype, device=args.q.device)
             bias = (bias if bias is not None else 0.0) + torch.where(keep, 0.0, hide)
             rows = keep.any(-1, keepdim=True)
         if bias is not None:
-            mask = bias.to(q.dtype).expand(plan.batch, plan.heads, plan.seq_q, plan.seq_kv)
-    with sdpa_kernel(_sdpa_backend(args.backend)):
-        out = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, is_causal=causal, scale=args.attn_scale, enable_gqa=gqa
+            mask = _aligned_rows(bias.to(args.q.dtype))
+            mask = mask.expand(plan.batch, plan.heads, plan.seq_q, plan.seq_kv)
+    return _FusedInputs(qb, kb, vb, grouped and not native, mask, causal, rows, lq, lkv)
+
+
+def _fused_stats_spec(args: Any, plan: _Plan) -> TensorSpec:
+    """The log-sum-exp as the chosen kernel returns it and its backward op reads it:
+    fp32 [b, h, sq] (flash; the CPU kernel's in its math dtype), [b, h, sq, 1] (cuDNN),
+    [b, h, sq rounded up to 32] (memory-efficient). A test checks these against the aten
+    ops' own meta functions on the installed torch."""
+    b, h, sq, device = plan.batch, plan.heads, plan.seq_q, args.q.device
+    if device.type != "cuda":
+        return TensorSpec((b, h, sq), math_dtype(args.q.dtype), device=device)
+    shape = {
+        "flash": (b, h, sq),
+        "cudnn": (b, h, sq, 1),
+        "efficient": (b, h, (sq + 31) // 32 * 32),
+    }[args.backend]
+    return TensorSpec(shape, torch.float32, device=device)
+
+
+def _fused_forward(args: Any, f: _FusedInputs, with_stats: bool) -> tuple[torch.Tensor, Any]:
+    """``(out [b, h, sq, dv], log-sum-exp)`` of the chosen kernel's aten op; dropout 0
+    (torch's kernels never serve ours, :func:`backend_support`)."""
+    aten, scale = sdpa_kernel_ops(), args.attn_scale
+    if f.q.device.type != "cuda":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            f.q, f.k, f.v, 0.0, f.causal, attn_mask=f.mask, scale=scale
         )
-    if rows is not None:
-        out = torch.where(rows, out, torch.zeros_like(out))
-    return out, lq
+        return out, lse.contiguous()  # [b, sq, h] in memory: made what the spec says
+    if args.backend == "flash":
+        r = aten._scaled_dot_product_flash_attention(
+            f.q, f.k, f.v, 0.0, f.causal, False, scale=scale
+        )
+    elif args.backend == "cudnn":
+        r = aten._scaled_dot_product_cudnn_attention(
+            f.q, f.k, f.v, None, with_stats, 0.0, f.causal, False, scale=scale
+        )
+    else:
+        r = aten._scaled_dot_product_efficient_attention(
+            f.q, f.k, f.v, f.mask, with_stats, 0.0, False, scale=scale
+        )
+    return r[0], r[1]
 
 
-def _sdpa_forward(args: Any, plan: _Plan) -> torch.Tensor:
-    out, lq = _sdpa(args, plan, args.q, args.k, args.v)
-    return _from_bhsd(out, lq).reshape(_out_shape(plan, args.qkv_format))
+def _fused_backward_kernel(
+    args: Any, f: _FusedInputs, do: torch.Tensor, out: torch.Tensor
+) -> tuple[Optional[torch.Tensor], ...]:
+    """``(dq, dk, dv)`` [b, h, s, d] from the chosen kernel's backward op on the saved
+    output and log-sum-exp. Dropout is 0, so the kernels read no Philox seed or offset:
+    a zero pair stands for the ones the forward returned."""
+    aten, scale, lse = sdpa_kernel_ops(), args.attn_scale, args.softmax_stats
+    if f.q.device.type != "cuda":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, f.q, f.k, f.v, out, lse, 0.0, f.causal, attn_mask=f.mask, scale=scale
+        )
+    seed = offset = torch.zeros((2,), dtype=torch.int64, device=f.q.device)
+    sq, skv = f.q.shape[2], f.k.shape[2]
+    if args.backend == "flash":
+        return aten._scaled_dot_product_flash_attention_backward(
+            do,
+            f.q,
+            f.k,
+            f.v,
+            out,
+            lse,
+            None,
+            None,
+            sq,
+            skv,
+            0.0,
+            f.causal,
+            seed,
+            offset,
+            scale=scale,
+        )
+    if args.backend == "cudnn":
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            do,
+            f.q,
+            f.k,
+            f.v,
+            out,
+            lse,
+            seed,
+            offset,
+            None,
+            None,
+            None,
+            sq,
+            skv,
+            0.0,
+            f.causal,
+            scale=scale,
+        )
+    wanted = [args.requires_dq, args.requires_dk, args.requires_dv, False]
+    return aten._scaled_dot_product_efficient_attention_backward(
+        do, f.q, f.k, f.v, f.mask, out, lse, seed, offset, 0.0, wanted, False, scale=scale
+    )[:3]
 
 
-def _sdpa_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], ...]:
-    """Gradients by differentiating the SDPA call again (its forward recomputed)."""
-    with torch.enable_grad():
-        q, k, v = (t.detach().requires_grad_(True) for t in (args.q, args.k, args.v))
-        out, lq = _sdpa(args, plan, q, k, v)
-        out = _from_bhsd(out, lq).reshape(_out_shape(plan, args.qkv_format))
-        wanted = [
-            (t, need)
-            for t, need in ((q, args.requires_dq), (k, args.requires_dk), (v, args.requires_dv))
-        ]
-        inputs = [t for t, need in wanted if need]
-        grads = iter(torch.autograd.grad(out, inputs, args.grad_output) if inputs else ())
-    return tuple(next(grads) if need else None for _, need in wanted) + (None,)
+def _fused_forward_call(args: Any, plan: _Plan) -> tuple[torch.Tensor, Any]:
+    """``(out in the format's layout, log-sum-exp or None)``."""
+    with_stats = _needs_backward(args)
+    f = _fused_inputs(args, plan, with_stats)
+    out, lse = _fused_forward(args, f, with_stats)
+    if f.rows is not None:
+        out = torch.where(f.rows, out, torch.zeros_like(out))
+    out = _from_bhsd(out, f.lq).reshape(_out_shape(plan, args.qkv_format))
+    return out, (lse if with_stats else None)
+
+
+def _fused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], ...]:
+    """Gradients from the saved output and log-sum-exp: the kernel's backward op, once.
+    The saved output is the op's own (zeros in rows with no key, where the incoming
+    gradient is zeroed too, as differentiating that zeroing would)."""
+    f = _fused_inputs(args, plan, True)
+    per_head = (plan.heads, plan.head_dim_v)
+    # The output's layout for the gradient too (cuDNN reads them alike).
+    do = args.grad_output.contiguous()
+    do = _to_bhsd(do.reshape(*do.shape[:-1], *per_head), f.lq)
+    out = _to_bhsd(args.out.reshape(*args.out.shape[:-1], *per_head), f.lq)
+    if args.backend != "cudnn":
+        # Flash and memory-efficient return their output as [b, s, h, d] in memory, and
+        # the memory-efficient backward reads the output's rows at that stride whatever
+        # the tensor's own: both get it so laid out (a copy only for sbhd with b > 1).
+        out, do = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (out, do))
+    if f.rows is not None:
+        do = torch.where(f.rows, do, torch.zeros_like(do))
+    dq, dk, dv = _fused_backward_kernel(args, f, do, out)
+    if f.expanded:
+        dk = None if dk is None else _group_sum(dk, plan.groups)
+        dv = None if dv is None else _group_sum(dv, plan.groups)
+    grads = (
+        (dq, args.requires_dq, f.lq),
+        (dk, args.requires_dk, f.lkv),
+        (dv, args.requires_dv, f.lkv),
+    )
+    return tuple(_from_bhsd(g, layout) if need else None for g, need, layout in grads) + (None,)
 
 
 # --- Impls --------------------------------------------------------------------------
@@ -755,14 +896,12 @@ def _needs_backward(args: DotProductAttnFwdArgs) -> bool:
     return args.is_grad_enabled and wants
 
 
-def _saves_stats(args: DotProductAttnFwdArgs) -> bool:
-    return _needs_backward(args) and args.backend == "unfused"
-
-
 def _check_backend(args: Any) -> None:
-    if args.backend == "unfused":
+    """torch's CUDA kernels need CUDA; on the CPU, flash and memory-efficient run torch's
+    CPU flash kernel (the op's own tests: the module selects neither there)."""
+    if args.backend == "unfused" or args.q.device.type == "cuda":
         return
-    if args.q.device.type != "cuda":
+    if args.backend == "cudnn" or args.q.device.type != "cpu":
         raise ValueError(
             f"DotProductAttnFwdArgs.backend: {args.backend!r} runs on CUDA only; the "
             f"inputs are on {args.q.device.type}"
@@ -773,13 +912,14 @@ def attention_forward(
     args: DotProductAttnFwdArgs,
 ) -> tuple[tuple[torch.Tensor], tuple[Optional[torch.Tensor]]]:
     """``((out,), (softmax_stats,))``; out is [sq, b, h*dv] (sbhd), [b, sq, h*dv] (bshd)
-    or [t, h*dv] (thd), in the inputs' dtype."""
+    or [t, h*dv] (thd), in the inputs' dtype; the log-sum-exp when a backward follows."""
     plan = _plan(args)
     _check_backend(args)
     if args.backend == "unfused":
         out, lse = _unfused_forward(args, plan)
-        return (out,), (lse if _saves_stats(args) else None,)
-    return (_sdpa_forward(args, plan),), (None,)
+        return (out,), (lse if _needs_backward(args) else None,)
+    out, lse = _fused_forward_call(args, plan)
+    return (out,), (lse,)
 
 
 def attention_forward_spec(
@@ -788,8 +928,10 @@ def attention_forward_spec(
     plan = _plan(args)
     _check_backend(args)
     out = TensorSpec(_out_shape(plan, args.qkv_format), args.q.dtype, device=args.q.device)
-    if not _saves_stats(args):
+    if not _needs_backward(args):
         return (out,), (None,)
+    if args.backend != "unfused":
+        return (out,), (_fused_stats_spec(args, plan),)
     stats = TensorSpec(
         (plan.batch, plan.heads, plan.seq_q), math_dtype(args.q.dtype), device=args.q.device
     )
@@ -806,6 +948,7 @@ def attention_setup_context(
         q=args.q,
         k=args.k,
         v=args.v,
+        out=outputs[0] if stats is not None and args.backend != "unfused" else None,
         attn_bias=args.attn_bias,
         cu_seqlens_q=args.cu_seqlens_q,
         cu_seqlens_kv=args.cu_seqlens_kv,
@@ -840,7 +983,7 @@ def attention_backward(args: DotProductAttnBwdArgs) -> tuple[Optional[torch.Tens
     plan = _plan(args)
     if args.backend == "unfused":
         return _unfused_backward(args, plan)
-    return _sdpa_backward(args, plan)
+    return _fused_backward(args, plan)
 
 
 def attention_backward_spec(args: DotProductAttnBwdArgs) -> tuple[Optional[TensorSpec], ...]:

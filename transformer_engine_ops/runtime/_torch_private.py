@@ -49,6 +49,7 @@ __all__ = [
     "preserve_version_counter",
     "queue_backward_callback",
     "scaled_mm",
+    "sdpa_kernel_ops",
     "symm_mem_ops",
     "tree_leaves",
     "tree_map",
@@ -116,6 +117,20 @@ def symm_mem_ops() -> Any:
     except ImportError:
         return None
     return torch.ops.symm_mem
+
+
+# --- attention's fused kernels (ops/attention.py) -------------------------------------
+# ``F.scaled_dot_product_attention`` returns the output only; the aten ops it and its
+# autograd formula call (``aten._scaled_dot_product_{flash,cudnn,efficient}_attention``
+# and their ``_backward``, the CPU flash kernel's ``..._for_cpu``) return the
+# log-sum-exp and take it back, so the attention backward runs on what its forward
+# saved instead of recomputing it. No public API exposes them. 2.13 (the CPU kernels
+# run; the CUDA ones' meta functions checked against our fakes); 2.11 (H200) pending.
+
+
+def sdpa_kernel_ops() -> Any:
+    """``torch.ops.aten``: the SDPA kernels' private forward and backward ops."""
+    return torch.ops.aten
 
 
 # --- quantized kernels (quantization/) ------------------------------------------------
