@@ -274,6 +274,23 @@ def half_product(
     return torch.mm(B.t(), A) if bias is None else _addmm(bias, B.t(), A)
 
 
+def plain_product(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    layout: str,
+    bias: Optional[torch.Tensor],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`gemm` of 2-D plain operands (and bias) of one CPU or CUDA device, all of
+    ``dtype``, with a ``dtype`` output: the branch :func:`gemm` itself takes for them
+    (:func:`half_product` for 16-bit CUDA operands, else the fp32 product), without
+    its checks. ``Linear``'s plain eager call runs it, having checked its operands once
+    for all three GEMMs: on the host-bound small shapes the checks cost ~1 us a GEMM."""
+    if A.is_cuda and dtype in _HALF:
+        return half_product(A, B, layout, bias)
+    return _fp32_gemm(A, B, bias, layout, dtype)
+
+
 @lowering.exact(
     "fp32_gemm(Tensor a, Tensor b, Tensor? bias, str layout, ScalarType out_dtype) -> Tensor"
 )
