@@ -911,7 +911,8 @@ def _bias_grad(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     same bits as the fp32 sum cast, tested on the GPU), which saves a launch a layer."""
     if dy.dtype == dtype and dtype in _CUDA_HALF and dy.is_cuda:
         return dy.sum(0)
-    return dy.sum(0, dtype=math_dtype(dy.dtype)).to(dtype)
+    total = dy.sum(0, dtype=math_dtype(dy.dtype))
+    return total if total.dtype == dtype else total.to(dtype)
 
 
 def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:

@@ -307,7 +307,12 @@ def _fp32_gemm(
     output and the widening of the next one's operand into nothing, whatever
     ``emulate_precision_casts`` says."""
     dtype = math_dtype(a.dtype, b.dtype)  # float64 operands keep their precision
-    a, b = a.to(dtype), b.to(dtype)
+    # (``.to`` of the same dtype returns the tensor itself, after ~1 us of argument
+    # parsing: three GEMMs a layer, two operands each)
+    if a.dtype != dtype:
+        a = a.to(dtype)
+    if b.dtype != dtype:
+        b = b.to(dtype)
     # ``torch.mm`` is what ``@`` dispatches to (``linear`` without a bias is
     # ``mm(b, a.t())`` without a Python-side transposed view).
     if layout == "TN":
@@ -319,7 +324,7 @@ def _fp32_gemm(
     if bias is not None:
         # Out of place: a lowered graph that traces this piece (``lowering="rounding"``)
         # must be functional.
-        out = out + bias.to(dtype)
+        out = out + (bias if bias.dtype == dtype else bias.to(dtype))
     return out if out_dtype is dtype else out.to(out_dtype)
 
 
