@@ -5,6 +5,7 @@ other call takes the op path. ``call_linear`` tries it first."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -133,3 +134,56 @@ def test_every_other_call_takes_the_op_path(why, monkeypatch):
     else:
         module(x)
     assert taken == []
+
+
+@pytest.mark.parametrize("recipe", [None, "fp8_current"])
+def test_a_bias_of_the_wrong_shape_is_an_error_not_a_broadcast(recipe):
+    """A bias that is not one value per output feature is reported by the op path (the
+    plain call declines it); ``addmm`` would broadcast a bias of shape (1,) silently."""
+    from module_cases import RECIPES
+
+    module = te.Linear(16, 8)
+    module.bias = torch.nn.Parameter(torch.zeros(1))
+    x = torch.randn(4, 16)
+    with (
+        te.autocast(recipe=RECIPES[recipe]()) if recipe else contextlib.nullcontext(),
+        pytest.raises(ValueError, match=r"bias has shape \(1,\).*8 output features"),
+    ):
+        module(x)
+
+
+def _own_frames(fn: Any) -> list[str]:
+    """The functions of this package that ``fn()`` runs, in call order."""
+    import sys
+
+    frames: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and "transformer_engine_ops" in frame.f_code.co_filename:
+            frames.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return frames
+
+
+def test_the_plain_call_runs_few_python_functions():
+    """Host overhead, counted instead of timed (a timing test would be flaky on a shared
+    machine): the Python functions of this package a plain forward and backward run.
+    Each costs ~0.1-0.5 us on the host, which the GPU waits for at small shapes (issue
+    24: eager within 1.3x ``torch.nn.Linear``). The counts were 24 and 14 before the
+    module skipped the recipe lookups without a recipe and the plain call skipped
+    ``gemm``'s checks; a new call on this path needs a reason."""
+    module = te.Linear(16, 8)
+    x = torch.randn(4, 16, requires_grad=True)
+    module(x).sum().backward()  # warm
+    forward = _own_frames(lambda: module(x))
+    y = module(x)
+    dy = torch.ones_like(y)
+    backward = _own_frames(lambda: y.backward(dy))
+    assert "linear_plain_call" in forward and "_PlainLinear.forward" in forward
+    assert len(forward) <= 14, forward
+    assert len(backward) <= 12, backward

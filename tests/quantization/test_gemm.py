@@ -70,6 +70,26 @@ def test_plain_operands_multiply_in_fp32_and_add_bias(layout):
     assert torch.equal(out.reshape(expected.shape), expected)
 
 
+CUDA = [pytest.param("cuda", marks=[pytest.mark.gpu])] if torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_plain_product_is_the_branch_gemm_takes(layout, dtype, device, with_bias):
+    """``plain_product`` (Linear's plain eager call) skips ``gemm``'s checks, not its
+    math: on 2-D operands of one dtype and device it returns ``gemm``'s bits."""
+    from transformer_engine_ops.quantization.gemm import plain_product
+
+    a, b, _ = CASES[layout](*(t.reshape(-1, t.shape[-1]) for t in operands(None)))
+    a, b = a.to(device, dtype), b.to(device, dtype)
+    rows = {"TN": N, "NN": K, "NT": K}[layout]
+    bias = torch.randn(rows, device=device).to(dtype) if with_bias else None
+    expected = gemm(a, b, layout=layout, out_dtype=dtype, bias=bias)
+    assert torch.equal(plain_product(a, b, layout, bias, dtype), expected)
+
+
 def test_mixed_plain_and_quantized_operands():
     w, x, _ = operands(None)
     qw = QUANTIZERS["mxfp8_e4m3"].quantize(w)

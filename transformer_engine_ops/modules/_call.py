@@ -82,7 +82,8 @@ def follows_torch_autocast(forward: _Forward) -> _Forward:
     def wrapper(self: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(inp, torch.Tensor):
             return forward(self, inp, *args, **kwargs)
-        device_type = inp.device.type
+        # (``Tensor.device.type`` costs ~0.4 us a call; the flags ~0.05 us)
+        device_type = "cuda" if inp.is_cuda else "cpu" if inp.is_cpu else inp.device.type
         # (a device autocast does not know, e.g. meta, is reported by the field checks)
         if device_type not in AUTOCAST_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
             return forward(self, inp, *args, **kwargs)

@@ -38,11 +38,9 @@ class WgradScheduling:
         """The bundle's flags: the module's settings where this call computes a gradient
         of one of ``weights``, else off (a call under ``no_grad``, or of frozen weights,
         compiles)."""
-        on = (
-            self.routes_wgrad
-            and torch.is_grad_enabled()
-            and any(weight.requires_grad for weight in weights)
-        )
+        if not (self.fuse_wgrad_accumulation or self.delay_wgrad_compute):  # the usual module
+            return {"fuse_wgrad_accumulation": False, "delay_wgrad_compute": False}
+        on = torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)
         return {
             "fuse_wgrad_accumulation": on and self.fuse_wgrad_accumulation,
             "delay_wgrad_compute": on and self.delay_wgrad_compute,

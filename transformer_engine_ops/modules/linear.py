@@ -209,41 +209,58 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
     ) -> Any:
         if fp8_grad:  # TE's quantized input gradient
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
-        if 0 in self.weight.shape and self.tp_size == 1:  # no features: nothing to quantize
-            bias = None if self.return_bias else self.bias
+        # Each parameter read once, from the registry ``nn.Module.__getattr__`` reads
+        # after a failed attribute lookup (~0.7 us a read); anything else (a parameter
+        # deleted and replaced by a plain attribute, ``bias=False``'s None) by getattr.
+        params = self._parameters
+        weight = params["weight"] if "weight" in params else self.weight
+        module_bias = params["bias"] if "bias" in params else self.bias
+        if 0 in weight.shape and self.tp_size == 1:  # no features: nothing to quantize
+            bias = None if self.return_bias else module_bias
             out = zero_feature_gemms(
                 type(self).__name__,
                 inp,
-                [self.weight],
+                [weight],
                 None if bias is None else [bias],
                 None,
                 self.params_dtype,
             )
             if self.return_bias:
-                return out, None if self.bias is None else self.bias.to(out.dtype)
+                return out, None if module_bias is None else module_bias.to(out.dtype)
             return out
-        quantizers = self._stateful_quantizers(self._recipe_of_this_forward(STATE.autocast))
-        q: Any = self._role_quantizers(quantizers)  # a CustomRecipe's, for this module
-        weight = self.weight
+        active = self._recipe_of_this_forward(STATE.autocast)
         grad = torch.is_grad_enabled()
         # A non-tensor input reaches the op as is and is reported by its field check.
         input_requires_grad = isinstance(inp, torch.Tensor) and inp.requires_grad
         dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
-        bias = None if self.return_bias else self.bias
-        override = backward_override_of(q)
-        # Caching only means something where this call quantizes the weight.
-        cache_weight = is_first_microbatch is not None and quantizes_weight(q and q.weight, weight)
-        workspace = self._weight_workspace if is_first_microbatch is False else None
-        # Named keywords only: a ``**`` in the call would rebuild every keyword as a dict.
-        gemms = recipe_gemm_fields(q)
-        wgrad = self._wgrad_flags(weight)
+        bias = None if self.return_bias else module_bias
+        workspace = self._weight_cache.value if is_first_microbatch is False else None
         keep = None
-        if cache_weight:
-            needs_columnwise = grad and input_requires_grad and override is None
-            if workspace is not None and not _workspace_fits(workspace, needs_columnwise):
-                workspace = None  # remade with every usage this call needs
-            if workspace is None:
-                keep = Keep((1,), functools.partial(self._keep_weight_workspace, q and q.weight))
+        if active is None:
+            # No recipe (the common bf16 call): no quantizer, GEMM configuration, random
+            # state or weight caching to look up.
+            q: Any = None
+            override = None
+            cache_weight = False
+            gemms = recipe_gemm_fields(None)
+            sr_rng_state = None
+        else:
+            q = self._role_quantizers(self._stateful_quantizers(active))  # a CustomRecipe's
+            override = backward_override_of(q)
+            # Caching only means something where this call quantizes the weight.
+            cache_weight = is_first_microbatch is not None and quantizes_weight(q.weight, weight)
+            gemms = recipe_gemm_fields(q)
+            sr_rng_state = rng_state_for(
+                (q.grad_output,), inp, weight.device, grad and override is None
+            )
+            if cache_weight:
+                needs_columnwise = grad and input_requires_grad and override is None
+                if workspace is not None and not _workspace_fits(workspace, needs_columnwise):
+                    workspace = None  # remade with every usage this call needs
+                if workspace is None:
+                    keep = Keep((1,), functools.partial(self._keep_weight_workspace, q.weight))
+        wgrad = self._wgrad_flags(weight)
+        # Named keywords only: a ``**`` in the call would rebuild every keyword as a dict.
         (out,) = call_linear(
             weight=weight,
             inp=inp,
@@ -278,16 +295,13 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_name=None,
             wgrad_store=None,
             is_grad_enabled=grad,
-            sr_rng_state=rng_state_for(
-                (q and q.grad_output,), inp, weight.device, grad and override is None
-            ),
+            sr_rng_state=sr_rng_state,
             fuse_wgrad_accumulation=wgrad["fuse_wgrad_accumulation"],
             delay_wgrad_compute=wgrad["delay_wgrad_compute"],
             keep=keep,
         )
         if self.return_bias:
-            bias = self.bias
-            return out, None if bias is None else bias.to(dtype)
+            return out, None if module_bias is None else module_bias.to(dtype)
         return out
 
     @property

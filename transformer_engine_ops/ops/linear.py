@@ -21,7 +21,11 @@ from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.quantization.encoding import matrix_dims
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
 from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
-from transformer_engine_ops.quantization.gemm import _scaled_mm_operands, gemm, half_product
+from transformer_engine_ops.quantization.gemm import (
+    _scaled_mm_operands,
+    gemm,
+    plain_product,
+)
 from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.nvfp4 import NVFP4_BLOCK, NVFP4Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
@@ -481,6 +485,14 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
             f"but the weight of shape {tuple(weight.shape)} expects {weight.shape[-1]} input "
             "features"
         )
+    bias = args.bias
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        # (addmm would broadcast a bias of shape (1,) silently)
+        raise ValueError(
+            f"Linear: the bias has shape {tuple(bias.shape)}, but the weight of shape "
+            f"{tuple(weight.shape)} has {weight.shape[0]} output features: one bias value "
+            "each"
+        )
 
 
 def _weight_from_workspace(args: LinearFwdArgs) -> bool:
@@ -920,7 +932,8 @@ def _bias_grad(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     same bits as the fp32 sum cast, tested on the GPU), which saves a launch a layer."""
     if dy.dtype == dtype and dtype in _CUDA_HALF and dy.is_cuda:
         return dy.sum(0)
-    return dy.sum(0, dtype=math_dtype(dy.dtype)).to(dtype)
+    total = dy.sum(0, dtype=math_dtype(dy.dtype))
+    return total if total.dtype == dtype else total.to(dtype)
 
 
 def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
@@ -940,50 +953,37 @@ def linear_backward_spec(args: LinearBwdArgs) -> tuple[TensorSpec | None, ...]:
 
 # --- the plain eager call (the declaration's ``plain_call``) ------------------------
 
-_PLAIN_DEVICES = ("cpu", "cuda")
-
-
-def _plain_fprop(
-    weight: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """The forward GEMM of a plain call: for 16-bit CUDA operands ``gemm``'s own branch
-    for them, called directly."""
-    if inp.is_cuda and inp.dtype in _CUDA_HALF:
-        return half_product(weight, inp, "TN", bias)
-    return gemm(weight, inp, layout="TN", out_dtype=inp.dtype, bias=bias)
-
 
 class _PlainLinear(torch.autograd.Function):
     """The eager call of the commonest case (:func:`linear_plain_call` says exactly
     when). It computes what the impls compute for that case, through the same kernels
-    (``gemm``, or for 16-bit CUDA operands its own branch for them, ``half_product``;
-    ``_bias_grad``), so the bits are the same (tested against the op path), without the
-    field checks and the backward bundle that every other call pays for: on the H200's
-    host those cost ~85 us a layer over a minimal ``autograd.Function``, and
-    ``torch.nn.Linear``'s whole step is ~150 us a layer."""
+    (the branch ``gemm`` takes for such operands, ``plain_product``; ``_bias_grad``), so
+    the bits are the same (tested against the op path), without the field checks and
+    the backward bundle that every other call pays for: on the H200's host those cost
+    ~85 us a layer over a minimal ``autograd.Function``, and ``torch.nn.Linear``'s whole
+    step is ~150 us a layer."""
 
     @staticmethod
     def forward(
         ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         # What linear_setup_context keeps: the input for wgrad, the weight for dgrad.
-        needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_dgrad, needs_wgrad, needs_bgrad = ctx.needs_input_grad
         ctx.save_for_backward(inp if needs_wgrad else None, weight if needs_dgrad else None)
-        ctx.use_bias = bias is not None and ctx.needs_input_grad[2]
-        ctx.dtype = inp.dtype
-        ctx.half = inp.is_cuda and inp.dtype in _CUDA_HALF
-        return _plain_fprop(weight, inp, bias)
+        ctx.use_bias = bias is not None and needs_bgrad
+        dtype = ctx.dtype = inp.dtype
+        return plain_product(weight, inp, "TN", bias, dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inp, weight = ctx.saved_tensors
         dtype = ctx.dtype
-        if not (type(dy) in _PLAIN_TENSORS and len(dy.shape) == 2 and dy.dtype == dtype):
-            dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
-        if ctx.half and dy.is_cuda and type(dy) in _PLAIN_TENSORS:
-            dgrad = half_product(weight, dy, "NN", None) if weight is not None else None
-            wgrad = half_product(inp, dy, "NT", None) if inp is not None else None
+        if type(dy) in _PLAIN_TENSORS and dy.dim() == 2 and dy.dtype == dtype:
+            # Autograd hands the output's device and shape: what plain_product needs.
+            dgrad = plain_product(weight, dy, "NN", None, dtype) if weight is not None else None
+            wgrad = plain_product(inp, dy, "NT", None, dtype) if inp is not None else None
         else:
+            dy = dy.reshape(-1, dy.shape[-1]).to(dtype)  # as linear_backward reads it
             dgrad = gemm(weight, dy, layout="NN", out_dtype=dtype) if weight is not None else None
             wgrad = gemm(inp, dy, layout="NT", out_dtype=dtype) if inp is not None else None
         bgrad = _bias_grad(dy, dtype) if ctx.use_bias else None
@@ -1055,14 +1055,24 @@ def linear_plain_call(
         or delay_wgrad_compute
         or type(inp) not in _PLAIN_TENSORS
         or type(weight) not in _PLAIN_TENSORS
-        or len(inp.shape) != 2
+        or (bias is not None and type(bias) not in _PLAIN_TENSORS)
+    ):
+        return None
+    # The tensors' checks, the cheap reads first (``Tensor.device`` builds an object,
+    # and its ``.type`` costs ~0.4 us).
+    device = inp.device
+    if (
+        inp.dim() != 2
         or inp.dtype != dtype
         or weight.dtype != dtype
-        or tuple(weight.shape) != (out_features, in_features)
+        or weight.shape != (out_features, in_features)
         or inp.shape[1] != in_features
-        or inp.device != weight.device
-        or inp.device.type not in _PLAIN_DEVICES
-        or (bias is not None and (type(bias) not in _PLAIN_TENSORS or bias.dtype != dtype))
+        or not (inp.is_cuda or inp.is_cpu)
+        or weight.device != device
+        or (
+            bias is not None
+            and (bias.dtype != dtype or bias.shape != (out_features,) or bias.device != device)
+        )
         or is_grad_enabled is not torch.is_grad_enabled()
         or input_requires_grad is not inp.requires_grad
         or weight_requires_grad is not weight.requires_grad
@@ -1071,7 +1081,7 @@ def linear_plain_call(
         return None
     if is_grad_enabled and (input_requires_grad or weight_requires_grad or bias_requires_grad):
         return (_PlainLinear.apply(inp, weight, bias),)
-    return (_plain_fprop(weight, inp, bias),)
+    return (plain_product(weight, inp, "TN", bias, dtype),)
 
 
 LINEAR = OpDeclaration(

@@ -274,6 +274,23 @@ def half_product(
     return torch.mm(B.t(), A) if bias is None else _addmm(bias, B.t(), A)
 
 
+def plain_product(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    layout: str,
+    bias: Optional[torch.Tensor],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`gemm` of 2-D plain operands (and bias) of one CPU or CUDA device, all of
+    ``dtype``, with a ``dtype`` output: the branch :func:`gemm` itself takes for them
+    (:func:`half_product` for 16-bit CUDA operands, else the fp32 product), without
+    its checks. ``Linear``'s plain eager call runs it, having checked its operands once
+    for all three GEMMs: on the host-bound small shapes the checks cost ~1 us a GEMM."""
+    if A.is_cuda and dtype in _HALF:
+        return half_product(A, B, layout, bias)
+    return _fp32_gemm(A, B, bias, layout, dtype)
+
+
 @lowering.exact(
     "fp32_gemm(Tensor a, Tensor b, Tensor? bias, str layout, ScalarType out_dtype) -> Tensor"
 )
@@ -290,7 +307,12 @@ def _fp32_gemm(
     output and the widening of the next one's operand into nothing, whatever
     ``emulate_precision_casts`` says."""
     dtype = math_dtype(a.dtype, b.dtype)  # float64 operands keep their precision
-    a, b = a.to(dtype), b.to(dtype)
+    # (``.to`` of the same dtype returns the tensor itself, after ~1 us of argument
+    # parsing: three GEMMs a layer, two operands each)
+    if a.dtype != dtype:
+        a = a.to(dtype)
+    if b.dtype != dtype:
+        b = b.to(dtype)
     # ``torch.mm`` is what ``@`` dispatches to (``linear`` without a bias is
     # ``mm(b, a.t())`` without a Python-side transposed view).
     if layout == "TN":
@@ -302,7 +324,7 @@ def _fp32_gemm(
     if bias is not None:
         # Out of place: a lowered graph that traces this piece (``lowering="rounding"``)
         # must be functional.
-        out = out + bias.to(dtype)
+        out = out + (bias if bias.dtype == dtype else bias.to(dtype))
     return out if out_dtype is dtype else out.to(out_dtype)
 
 
