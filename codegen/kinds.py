@@ -106,9 +106,8 @@ class CodeInput:
 
     def call(self, check: str, *args: str, none: str | None = None) -> str:
         """``_b.<check>(value, *args, where)``; where the field is optional (or ``none``
-        is given: what None packs to), None passes by an inline test first instead of
-        inside ``_b.optional_<check>``: under Dynamo every inlined call costs far more
-        than the test."""
+        is given: what None packs to), None passes by an inline test first, not through
+        a call: under Dynamo every inlined call costs far more than the test."""
         if none is None and not self.type.optional:
             return f"_b.{check}({', '.join((self.value, *args, self.where))})"
         v, bound = self._named()
