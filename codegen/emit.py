@@ -239,15 +239,14 @@ def _eager_reasons(op: Op) -> list[EagerReason]:
     return reasons
 
 
-def _quantizer_values(bundle: Bundle) -> list[str]:
-    """Every quantizer a forward bundle carries, as call arguments."""
-    values = []
-    for f in bundle.fields:
-        if f.type.kind is Kind.QUANTIZER:
-            values.append(f.name)
-        elif f.type.kind is Kind.QUANTIZER_LIST:
-            values.append(f"*({f.name} or ())")
-    return values
+def _quantizer_values(bundle: Bundle) -> list[tuple[str, bool]]:
+    """Every quantizer field of a forward bundle, in order: its name and whether it is a
+    list (one quantizer per GEMM)."""
+    return [
+        (f.name, f.type.kind is Kind.QUANTIZER_LIST)
+        for f in bundle.fields
+        if f.type.kind in (Kind.QUANTIZER, Kind.QUANTIZER_LIST)
+    ]
 
 
 def _blocker_fields(op: Op) -> list[str]:

@@ -182,6 +182,12 @@ def test_every_kind_fake_view_describes_tensor_lists_with_quantized_and_none_ele
 @pytest.mark.parametrize(
     "field,value,message",
     [
+        ("flag", 1, "EveryKindFwdArgs.flag: expected bool, got int"),
+        ("maybe_flag", 0, "EveryKindFwdArgs.maybe_flag: expected bool or None, got int"),
+        ("quantizer", None, "EveryKindFwdArgs.quantizer: expected Quantizer, got NoneType"),
+        ("maybe_quantizer", "q", "EveryKindFwdArgs.maybe_quantizer: expected Quantizer, got str"),
+        ("gemm", 1.0, "EveryKindFwdArgs.gemm: expected GemmConfig, got float"),
+        ("maybe_color", "RED", "EveryKindFwdArgs.maybe_color: expected Color, got str"),
         ("window", (1, 2, 3), "EveryKindFwdArgs.window: expected a tuple of 2 ints"),
         ("window", (1, True), "EveryKindFwdArgs.window: expected a tuple of 2 ints"),
         ("splits", [1.5], "EveryKindFwdArgs.splits: expected a list of ints"),
@@ -197,6 +203,13 @@ def test_flatten_names_the_field_of_a_wrong_value(
     args = dataclasses.replace(_forward_args(fixture_module), **{field: value})
     with pytest.raises(TypeError, match=message):
         every_kind.flatten_every_kind_fwd_args(args)
+
+
+def test_the_generator_reads_the_text_the_codec_caches() -> None:
+    from codegen.kinds import CODE_ATTR
+    from transformer_engine_ops.runtime import codec
+
+    assert CODE_ATTR == codec.CODE_ATTR
 
 
 def test_a_tensor_list_field_may_receive_gradients(repo_config: Config) -> None:

@@ -233,51 +233,51 @@ def dot_product_attention_fwd_slots(
         k if type(k) is torch.Tensor else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
         v if type(v) is torch.Tensor else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
         attn_bias
-        if (attn_bias) is None or type(attn_bias) is torch.Tensor
+        if attn_bias is None or type(attn_bias) is torch.Tensor
         else _b.check_optional(attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
         cu_seqlens_q
-        if (cu_seqlens_q) is None or type(cu_seqlens_q) is torch.Tensor
+        if cu_seqlens_q is None or type(cu_seqlens_q) is torch.Tensor
         else _b.check_optional(cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
         cu_seqlens_kv
-        if (cu_seqlens_kv) is None or type(cu_seqlens_kv) is torch.Tensor
+        if cu_seqlens_kv is None or type(cu_seqlens_kv) is torch.Tensor
         else _b.check_optional(cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
         cu_seqlens_q_padded
-        if (cu_seqlens_q_padded) is None or type(cu_seqlens_q_padded) is torch.Tensor
+        if cu_seqlens_q_padded is None or type(cu_seqlens_q_padded) is torch.Tensor
         else _b.check_optional(
             cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
         ),
         cu_seqlens_kv_padded
-        if (cu_seqlens_kv_padded) is None or type(cu_seqlens_kv_padded) is torch.Tensor
+        if cu_seqlens_kv_padded is None or type(cu_seqlens_kv_padded) is torch.Tensor
         else _b.check_optional(
             cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
         ),
         attention_mask
-        if (attention_mask) is None or type(attention_mask) is torch.Tensor
+        if attention_mask is None or type(attention_mask) is torch.Tensor
         else _b.check_optional(
             attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
         ),
         alibi_slopes
-        if (alibi_slopes) is None or type(alibi_slopes) is torch.Tensor
+        if alibi_slopes is None or type(alibi_slopes) is torch.Tensor
         else _b.check_optional(alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
         rng_state
-        if (rng_state) is None or type(rng_state) is torch.Tensor
+        if rng_state is None or type(rng_state) is torch.Tensor
         else _b.check_optional(rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
         q_requires_grad
-        if type(q_requires_grad) is bool
+        if q_requires_grad is True or q_requires_grad is False
         else _b.check(q_requires_grad, bool, "DotProductAttnFwdArgs.q_requires_grad"),
         k_requires_grad
-        if type(k_requires_grad) is bool
+        if k_requires_grad is True or k_requires_grad is False
         else _b.check(k_requires_grad, bool, "DotProductAttnFwdArgs.k_requires_grad"),
         v_requires_grad
-        if type(v_requires_grad) is bool
+        if v_requires_grad is True or v_requires_grad is False
         else _b.check(v_requires_grad, bool, "DotProductAttnFwdArgs.v_requires_grad"),
         attn_bias_requires_grad
-        if type(attn_bias_requires_grad) is bool
+        if attn_bias_requires_grad is True or attn_bias_requires_grad is False
         else _b.check(
             attn_bias_requires_grad, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"
         ),
         is_training
-        if type(is_training) is bool
+        if is_training is True or is_training is False
         else _b.check(is_training, bool, "DotProductAttnFwdArgs.is_training"),
         max_seqlen_q
         if type(max_seqlen_q) is int
@@ -312,7 +312,7 @@ def dot_product_attention_fwd_slots(
         ),
         _b.int_tuple(window_size, 2, "DotProductAttnFwdArgs.window_size"),
         bottom_right_diagonal
-        if type(bottom_right_diagonal) is bool
+        if bottom_right_diagonal is True or bottom_right_diagonal is False
         else _b.check(bottom_right_diagonal, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"),
         softcap
         if type(softcap) is float
@@ -321,7 +321,7 @@ def dot_product_attention_fwd_slots(
             backend, ("unfused", "flash", "cudnn", "efficient"), "DotProductAttnFwdArgs.backend"
         ),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
     )
 
@@ -407,16 +407,16 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         if (v := args.rng_state) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.rng_state"),
         v
-        if type(v := args.requires_dq) is bool
+        if (v := args.requires_dq) is True or v is False
         else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dq"),
         v
-        if type(v := args.requires_dk) is bool
+        if (v := args.requires_dk) is True or v is False
         else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dk"),
         v
-        if type(v := args.requires_dv) is bool
+        if (v := args.requires_dv) is True or v is False
         else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dv"),
         v
-        if type(v := args.requires_dbias) is bool
+        if (v := args.requires_dbias) is True or v is False
         else _b.check(v, bool, "DotProductAttnBwdArgs.requires_dbias"),
         v
         if type(v := args.max_seqlen_q) is int
@@ -451,7 +451,7 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         ),
         _b.int_tuple(args.window_size, 2, "DotProductAttnBwdArgs.window_size"),
         v
-        if type(v := args.bottom_right_diagonal) is bool
+        if (v := args.bottom_right_diagonal) is True or v is False
         else _b.check(v, bool, "DotProductAttnBwdArgs.bottom_right_diagonal"),
         v
         if type(v := args.softcap) is float
@@ -813,7 +813,8 @@ def dot_product_attention_compiled(
 def dot_product_attention_compile_blocker() -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if dot_product_attention_fwd is None or dot_product_attention_bwd is None:
         return _r.registration_error()
     return None
@@ -875,41 +876,124 @@ def call_dot_product_attention(
     if torch.compiler.is_compiling():
         reason = dot_product_attention_compile_blocker()
         if reason is None:
-            outputs, values = dot_product_attention_compiled(
-                dot_product_attention_fwd_slots(
-                    q,
-                    k,
-                    v,
-                    attn_bias,
-                    cu_seqlens_q,
-                    cu_seqlens_kv,
-                    cu_seqlens_q_padded,
-                    cu_seqlens_kv_padded,
-                    attention_mask,
-                    alibi_slopes,
-                    rng_state,
-                    q_requires_grad,
-                    k_requires_grad,
-                    v_requires_grad,
-                    attn_bias_requires_grad,
-                    is_training,
-                    max_seqlen_q,
-                    max_seqlen_kv,
-                    attn_scale,
-                    dropout_p,
-                    qkv_format,
-                    attn_bias_type,
-                    attn_mask_type,
-                    window_size,
-                    bottom_right_diagonal,
-                    softcap,
-                    backend,
-                    is_grad_enabled,
+            # `dot_product_attention_compiled(dot_product_attention_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = dot_product_attention_fwd(
+                q
+                if type(q) is torch.Tensor
+                else _b.check(q, torch.Tensor, "DotProductAttnFwdArgs.q"),
+                k
+                if type(k) is torch.Tensor
+                else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
+                v
+                if type(v) is torch.Tensor
+                else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
+                attn_bias
+                if attn_bias is None or type(attn_bias) is torch.Tensor
+                else _b.check_optional(attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
+                cu_seqlens_q
+                if cu_seqlens_q is None or type(cu_seqlens_q) is torch.Tensor
+                else _b.check_optional(
+                    cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"
                 ),
-                () if keep is None else keep.saved,
+                cu_seqlens_kv
+                if cu_seqlens_kv is None or type(cu_seqlens_kv) is torch.Tensor
+                else _b.check_optional(
+                    cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"
+                ),
+                cu_seqlens_q_padded
+                if cu_seqlens_q_padded is None or type(cu_seqlens_q_padded) is torch.Tensor
+                else _b.check_optional(
+                    cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
+                ),
+                cu_seqlens_kv_padded
+                if cu_seqlens_kv_padded is None or type(cu_seqlens_kv_padded) is torch.Tensor
+                else _b.check_optional(
+                    cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
+                ),
+                attention_mask
+                if attention_mask is None or type(attention_mask) is torch.Tensor
+                else _b.check_optional(
+                    attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
+                ),
+                alibi_slopes
+                if alibi_slopes is None or type(alibi_slopes) is torch.Tensor
+                else _b.check_optional(
+                    alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"
+                ),
+                rng_state
+                if rng_state is None or type(rng_state) is torch.Tensor
+                else _b.check_optional(rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
+                q_requires_grad
+                if q_requires_grad is True or q_requires_grad is False
+                else _b.check(q_requires_grad, bool, "DotProductAttnFwdArgs.q_requires_grad"),
+                k_requires_grad
+                if k_requires_grad is True or k_requires_grad is False
+                else _b.check(k_requires_grad, bool, "DotProductAttnFwdArgs.k_requires_grad"),
+                v_requires_grad
+                if v_requires_grad is True or v_requires_grad is False
+                else _b.check(v_requires_grad, bool, "DotProductAttnFwdArgs.v_requires_grad"),
+                attn_bias_requires_grad
+                if attn_bias_requires_grad is True or attn_bias_requires_grad is False
+                else _b.check(
+                    attn_bias_requires_grad, bool, "DotProductAttnFwdArgs.attn_bias_requires_grad"
+                ),
+                is_training
+                if is_training is True or is_training is False
+                else _b.check(is_training, bool, "DotProductAttnFwdArgs.is_training"),
+                max_seqlen_q
+                if type(max_seqlen_q) is int
+                else _b.check(max_seqlen_q, _b.INT, "DotProductAttnFwdArgs.max_seqlen_q"),
+                max_seqlen_kv
+                if type(max_seqlen_kv) is int
+                else _b.check(max_seqlen_kv, _b.INT, "DotProductAttnFwdArgs.max_seqlen_kv"),
+                attn_scale
+                if type(attn_scale) is float
+                else _b.check(attn_scale, _b.FLOAT, "DotProductAttnFwdArgs.attn_scale"),
+                dropout_p
+                if type(dropout_p) is float
+                else _b.check(dropout_p, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
+                _b.choice(qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
+                _b.choice(
+                    attn_bias_type,
+                    ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi"),
+                    "DotProductAttnFwdArgs.attn_bias_type",
+                ),
+                _b.choice(
+                    attn_mask_type,
+                    (
+                        "no_mask",
+                        "padding",
+                        "causal",
+                        "padding_causal",
+                        "causal_bottom_right",
+                        "padding_causal_bottom_right",
+                        "arbitrary",
+                    ),
+                    "DotProductAttnFwdArgs.attn_mask_type",
+                ),
+                _b.int_tuple(window_size, 2, "DotProductAttnFwdArgs.window_size"),
+                bottom_right_diagonal
+                if bottom_right_diagonal is True or bottom_right_diagonal is False
+                else _b.check(
+                    bottom_right_diagonal, bool, "DotProductAttnFwdArgs.bottom_right_diagonal"
+                ),
+                softcap
+                if type(softcap) is float
+                else _b.check(softcap, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
+                _b.choice(
+                    backend,
+                    ("unfused", "flash", "cudnn", "efficient"),
+                    "DotProductAttnFwdArgs.backend",
+                ),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = DotProductAttnFwdArgs(
         q=q,

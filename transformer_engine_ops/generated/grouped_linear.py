@@ -238,7 +238,7 @@ def grouped_linear_fwd_slots(
         if type(inp) is torch.Tensor
         else _b.check(inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
         *_b.tensor_or_quantized_list(weights, "GroupedLinearFwdArgs.weights"),
-        _b.optional_tensor_list(biases, "GroupedLinearFwdArgs.biases"),
+        None if biases is None else _b.tensor_list(biases, "GroupedLinearFwdArgs.biases"),
         *_b.optional_tensor_or_quantized_list(
             weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
         ),
@@ -246,13 +246,13 @@ def grouped_linear_fwd_slots(
         if type(m_splits) is torch.Tensor
         else _b.check(m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
         input_requires_grad
-        if type(input_requires_grad) is bool
+        if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"),
         weights_requires_grad
-        if type(weights_requires_grad) is bool
+        if weights_requires_grad is True or weights_requires_grad is False
         else _b.check(weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"),
         biases_requires_grad
-        if type(biases_requires_grad) is bool
+        if biases_requires_grad is True or biases_requires_grad is False
         else _b.check(biases_requires_grad, bool, "GroupedLinearFwdArgs.biases_requires_grad"),
         _b.code_list(input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
         _b.code_list(weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"),
@@ -262,13 +262,21 @@ def grouped_linear_fwd_slots(
         activation_dtype
         if type(activation_dtype) is torch.dtype
         else _b.check(activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"),
-        fp8 if type(fp8) is bool else _b.check(fp8, bool, "GroupedLinearFwdArgs.fp8"),
-        _b.optional_enum_name(
+        fp8 if fp8 is True or fp8 is False else _b.check(fp8, bool, "GroupedLinearFwdArgs.fp8"),
+        None
+        if backward_override is None
+        else _b.enum_name(
             backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
         ),
-        _b.code(fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
-        _b.code(dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
-        _b.code(wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
+        isinstance(fprop_gemm, GemmConfig)
+        and getattr(fprop_gemm, "_teops_code", None)
+        or _b.code(fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
+        isinstance(dgrad_gemm, GemmConfig)
+        and getattr(dgrad_gemm, "_teops_code", None)
+        or _b.code(dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
+        isinstance(wgrad_gemm, GemmConfig)
+        and getattr(wgrad_gemm, "_teops_code", None)
+        or _b.code(wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
         num_gemms
         if type(num_gemms) is int
         else _b.check(num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
@@ -279,26 +287,28 @@ def grouped_linear_fwd_slots(
         if type(out_features) is int
         else _b.check(out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
         is_first_microbatch
-        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        if is_first_microbatch is None
+        or is_first_microbatch is True
+        or is_first_microbatch is False
         else _b.check_optional(
             is_first_microbatch, bool, "GroupedLinearFwdArgs.is_first_microbatch"
         ),
         cache_weight
-        if type(cache_weight) is bool
+        if cache_weight is True or cache_weight is False
         else _b.check(cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
         else _b.check_optional(sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
-        if type(fuse_wgrad_accumulation) is bool
+        if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
         else _b.check(
             fuse_wgrad_accumulation, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"
         ),
         delay_wgrad_compute
-        if type(delay_wgrad_compute) is bool
+        if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
     )
 
@@ -351,16 +361,16 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
             args.weight_workspaces, "GroupedLinearBwdArgs.weight_workspaces"
         ),
         v
-        if type(v := args.requires_dgrad) is bool
+        if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "GroupedLinearBwdArgs.requires_dgrad"),
         v
-        if type(v := args.requires_wgrad) is bool
+        if (v := args.requires_wgrad) is True or v is False
         else _b.check(v, bool, "GroupedLinearBwdArgs.requires_wgrad"),
         v
-        if type(v := args.requires_bgrad) is bool
+        if (v := args.requires_bgrad) is True or v is False
         else _b.check(v, bool, "GroupedLinearBwdArgs.requires_bgrad"),
         v
-        if type(v := args.has_biases) is bool
+        if (v := args.has_biases) is True or v is False
         else _b.check(v, bool, "GroupedLinearBwdArgs.has_biases"),
         _b.code_list(args.input_quantizers, Quantizer, "GroupedLinearBwdArgs.input_quantizers"),
         _b.code_list(args.weight_quantizers, Quantizer, "GroupedLinearBwdArgs.weight_quantizers"),
@@ -370,13 +380,21 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         v
         if type(v := args.activation_dtype) is torch.dtype
         else _b.check(v, torch.dtype, "GroupedLinearBwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "GroupedLinearBwdArgs.fp8"),
-        _b.optional_enum_name(
-            args.backward_override, BackwardOverride, "GroupedLinearBwdArgs.backward_override"
-        ),
-        _b.code(args.fprop_gemm, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
-        _b.code(args.dgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
+        v
+        if (v := args.fp8) is True or v is False
+        else _b.check(v, bool, "GroupedLinearBwdArgs.fp8"),
+        None
+        if (v := args.backward_override) is None
+        else _b.enum_name(v, BackwardOverride, "GroupedLinearBwdArgs.backward_override"),
+        isinstance(v := args.fprop_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "GroupedLinearBwdArgs.fprop_gemm"),
+        isinstance(v := args.dgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "GroupedLinearBwdArgs.dgrad_gemm"),
+        isinstance(v := args.wgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "GroupedLinearBwdArgs.wgrad_gemm"),
         v
         if type(v := args.num_gemms) is int
         else _b.check(v, _b.INT, "GroupedLinearBwdArgs.num_gemms"),
@@ -389,7 +407,11 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         v
         if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
-        *_b.unsupported(args.wgrad_routes, "GroupedLinearBwdArgs.wgrad_routes"),
+        *(
+            ()
+            if (v := args.wgrad_routes) is None
+            else _b.unsupported(v, "GroupedLinearBwdArgs.wgrad_routes")
+        ),
     )
 
 
@@ -684,12 +706,17 @@ def grouped_linear_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if grouped_linear_fwd is None or grouped_linear_bwd is None:
         return _r.registration_error()
-    reason = _r.quantizer_blocker(
-        *(input_quantizers or ()), *(weight_quantizers or ()), *(grad_output_quantizers or ())
-    )
+    reason = _r.quantizer_blocker(*(input_quantizers or ()))
+    if reason is not None:
+        return reason
+    reason = _r.quantizer_blocker(*(weight_quantizers or ()))
+    if reason is not None:
+        return reason
+    reason = _r.quantizer_blocker(*(grad_output_quantizers or ()))
     if reason is not None:
         return reason
     if isinstance(inp, _r.QuantizedData):
@@ -762,39 +789,106 @@ def call_grouped_linear(
             delay_wgrad_compute,
         )
         if reason is None:
-            outputs, values = grouped_linear_compiled(
-                grouped_linear_fwd_slots(
-                    inp,
-                    weights,
-                    biases,
-                    weight_workspaces,
-                    m_splits,
-                    input_requires_grad,
-                    weights_requires_grad,
-                    biases_requires_grad,
-                    input_quantizers,
-                    weight_quantizers,
-                    grad_output_quantizers,
-                    activation_dtype,
-                    fp8,
-                    backward_override,
-                    fprop_gemm,
-                    dgrad_gemm,
-                    wgrad_gemm,
-                    num_gemms,
-                    in_features,
-                    out_features,
-                    is_first_microbatch,
-                    cache_weight,
-                    is_grad_enabled,
-                    sr_rng_state,
-                    fuse_wgrad_accumulation,
-                    delay_wgrad_compute,
+            # `grouped_linear_compiled(grouped_linear_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = grouped_linear_fwd(
+                inp
+                if type(inp) is torch.Tensor
+                else _b.check(inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
+                *_b.tensor_or_quantized_list(weights, "GroupedLinearFwdArgs.weights"),
+                None if biases is None else _b.tensor_list(biases, "GroupedLinearFwdArgs.biases"),
+                *_b.optional_tensor_or_quantized_list(
+                    weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
                 ),
-                () if keep is None else keep.saved,
+                m_splits
+                if type(m_splits) is torch.Tensor
+                else _b.check(m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
+                input_requires_grad
+                if input_requires_grad is True or input_requires_grad is False
+                else _b.check(
+                    input_requires_grad, bool, "GroupedLinearFwdArgs.input_requires_grad"
+                ),
+                weights_requires_grad
+                if weights_requires_grad is True or weights_requires_grad is False
+                else _b.check(
+                    weights_requires_grad, bool, "GroupedLinearFwdArgs.weights_requires_grad"
+                ),
+                biases_requires_grad
+                if biases_requires_grad is True or biases_requires_grad is False
+                else _b.check(
+                    biases_requires_grad, bool, "GroupedLinearFwdArgs.biases_requires_grad"
+                ),
+                _b.code_list(input_quantizers, Quantizer, "GroupedLinearFwdArgs.input_quantizers"),
+                _b.code_list(
+                    weight_quantizers, Quantizer, "GroupedLinearFwdArgs.weight_quantizers"
+                ),
+                _b.code_list(
+                    grad_output_quantizers, Quantizer, "GroupedLinearFwdArgs.grad_output_quantizers"
+                ),
+                activation_dtype
+                if type(activation_dtype) is torch.dtype
+                else _b.check(
+                    activation_dtype, torch.dtype, "GroupedLinearFwdArgs.activation_dtype"
+                ),
+                fp8
+                if fp8 is True or fp8 is False
+                else _b.check(fp8, bool, "GroupedLinearFwdArgs.fp8"),
+                None
+                if backward_override is None
+                else _b.enum_name(
+                    backward_override, BackwardOverride, "GroupedLinearFwdArgs.backward_override"
+                ),
+                isinstance(fprop_gemm, GemmConfig)
+                and getattr(fprop_gemm, "_teops_code", None)
+                or _b.code(fprop_gemm, GemmConfig, "GroupedLinearFwdArgs.fprop_gemm"),
+                isinstance(dgrad_gemm, GemmConfig)
+                and getattr(dgrad_gemm, "_teops_code", None)
+                or _b.code(dgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.dgrad_gemm"),
+                isinstance(wgrad_gemm, GemmConfig)
+                and getattr(wgrad_gemm, "_teops_code", None)
+                or _b.code(wgrad_gemm, GemmConfig, "GroupedLinearFwdArgs.wgrad_gemm"),
+                num_gemms
+                if type(num_gemms) is int
+                else _b.check(num_gemms, _b.INT, "GroupedLinearFwdArgs.num_gemms"),
+                in_features
+                if type(in_features) is int
+                else _b.check(in_features, _b.INT, "GroupedLinearFwdArgs.in_features"),
+                out_features
+                if type(out_features) is int
+                else _b.check(out_features, _b.INT, "GroupedLinearFwdArgs.out_features"),
+                is_first_microbatch
+                if is_first_microbatch is None
+                or is_first_microbatch is True
+                or is_first_microbatch is False
+                else _b.check_optional(
+                    is_first_microbatch, bool, "GroupedLinearFwdArgs.is_first_microbatch"
+                ),
+                cache_weight
+                if cache_weight is True or cache_weight is False
+                else _b.check(cache_weight, bool, "GroupedLinearFwdArgs.cache_weight"),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
+                sr_rng_state
+                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                else _b.check_optional(
+                    sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"
+                ),
+                fuse_wgrad_accumulation
+                if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
+                else _b.check(
+                    fuse_wgrad_accumulation, bool, "GroupedLinearFwdArgs.fuse_wgrad_accumulation"
+                ),
+                delay_wgrad_compute
+                if delay_wgrad_compute is True or delay_wgrad_compute is False
+                else _b.check(
+                    delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"
+                ),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = GroupedLinearFwdArgs(
         inp=inp,

@@ -124,24 +124,24 @@ def layernorm_fwd_slots(
         if type(weight) is torch.Tensor
         else _b.check(weight, torch.Tensor, "LayerNormFwdArgs.weight"),
         bias
-        if (bias) is None or type(bias) is torch.Tensor
+        if bias is None or type(bias) is torch.Tensor
         else _b.check_optional(bias, torch.Tensor, "LayerNormFwdArgs.bias"),
         input_requires_grad
-        if type(input_requires_grad) is bool
+        if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "LayerNormFwdArgs.input_requires_grad"),
         weight_requires_grad
-        if type(weight_requires_grad) is bool
+        if weight_requires_grad is True or weight_requires_grad is False
         else _b.check(weight_requires_grad, bool, "LayerNormFwdArgs.weight_requires_grad"),
         bias_requires_grad
-        if type(bias_requires_grad) is bool
+        if bias_requires_grad is True or bias_requires_grad is False
         else _b.check(bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
         _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
         zero_centered_gamma
-        if type(zero_centered_gamma) is bool
+        if zero_centered_gamma is True or zero_centered_gamma is False
         else _b.check(zero_centered_gamma, bool, "LayerNormFwdArgs.zero_centered_gamma"),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
     )
 
@@ -180,17 +180,17 @@ def flatten_layer_norm_bwd_args(args: LayerNormBwdArgs) -> tuple[Any, ...]:
         if (v := args.rsigma) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "LayerNormBwdArgs.rsigma"),
         v
-        if type(v := args.requires_dgrad) is bool
+        if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.requires_dgrad"),
         v
-        if type(v := args.requires_wgrad) is bool
+        if (v := args.requires_wgrad) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.requires_wgrad"),
         v
-        if type(v := args.requires_bgrad) is bool
+        if (v := args.requires_bgrad) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.requires_bgrad"),
         _b.choice(args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormBwdArgs.normalization"),
         v
-        if type(v := args.zero_centered_gamma) is bool
+        if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.zero_centered_gamma"),
     )
 
@@ -418,7 +418,8 @@ def layernorm_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if layernorm_fwd is None or layernorm_bwd is None:
         return _r.registration_error()
     if isinstance(inp, _r.QuantizedData):
@@ -464,23 +465,42 @@ def call_layernorm(
     if torch.compiler.is_compiling():
         reason = layernorm_compile_blocker(inp)
         if reason is None:
-            outputs, values = layernorm_compiled(
-                layernorm_fwd_slots(
-                    inp,
-                    weight,
-                    bias,
-                    input_requires_grad,
-                    weight_requires_grad,
-                    bias_requires_grad,
-                    normalization,
-                    eps,
-                    zero_centered_gamma,
-                    is_grad_enabled,
+            # `layernorm_compiled(layernorm_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = layernorm_fwd(
+                inp
+                if type(inp) is torch.Tensor
+                else _b.check(inp, torch.Tensor, "LayerNormFwdArgs.inp"),
+                weight
+                if type(weight) is torch.Tensor
+                else _b.check(weight, torch.Tensor, "LayerNormFwdArgs.weight"),
+                bias
+                if bias is None or type(bias) is torch.Tensor
+                else _b.check_optional(bias, torch.Tensor, "LayerNormFwdArgs.bias"),
+                input_requires_grad
+                if input_requires_grad is True or input_requires_grad is False
+                else _b.check(input_requires_grad, bool, "LayerNormFwdArgs.input_requires_grad"),
+                weight_requires_grad
+                if weight_requires_grad is True or weight_requires_grad is False
+                else _b.check(weight_requires_grad, bool, "LayerNormFwdArgs.weight_requires_grad"),
+                bias_requires_grad
+                if bias_requires_grad is True or bias_requires_grad is False
+                else _b.check(bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
+                _b.choice(
+                    normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"
                 ),
-                () if keep is None else keep.saved,
+                eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
+                zero_centered_gamma
+                if zero_centered_gamma is True or zero_centered_gamma is False
+                else _b.check(zero_centered_gamma, bool, "LayerNormFwdArgs.zero_centered_gamma"),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = LayerNormFwdArgs(
         inp=inp,

@@ -309,82 +309,130 @@ def layernorm_linear_fwd_slots(
         if type(ln_weight) is torch.Tensor
         else _b.check(ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
         ln_bias
-        if (ln_bias) is None or type(ln_bias) is torch.Tensor
+        if ln_bias is None or type(ln_bias) is torch.Tensor
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
         bias
-        if (bias) is None or type(bias) is torch.Tensor
+        if bias is None or type(bias) is torch.Tensor
         else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(
             weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
         ),
         input_requires_grad
-        if type(input_requires_grad) is bool
+        if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "LayerNormLinearFwdArgs.input_requires_grad"),
         ln_weight_requires_grad
-        if type(ln_weight_requires_grad) is bool
+        if ln_weight_requires_grad is True or ln_weight_requires_grad is False
         else _b.check(
             ln_weight_requires_grad, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"
         ),
         ln_bias_requires_grad
-        if type(ln_bias_requires_grad) is bool
+        if ln_bias_requires_grad is True or ln_bias_requires_grad is False
         else _b.check(ln_bias_requires_grad, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"),
         weight_requires_grad
-        if type(weight_requires_grad) is bool
+        if weight_requires_grad is True or weight_requires_grad is False
         else _b.check(weight_requires_grad, bool, "LayerNormLinearFwdArgs.weight_requires_grad"),
         bias_requires_grad
-        if type(bias_requires_grad) is bool
+        if bias_requires_grad is True or bias_requires_grad is False
         else _b.check(bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
         _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
         zero_centered_gamma
-        if type(zero_centered_gamma) is bool
+        if zero_centered_gamma is True or zero_centered_gamma is False
         else _b.check(zero_centered_gamma, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"),
         return_layernorm_output
-        if type(return_layernorm_output) is bool
+        if return_layernorm_output is True or return_layernorm_output is False
         else _b.check(
             return_layernorm_output, bool, "LayerNormLinearFwdArgs.return_layernorm_output"
         ),
-        _b.optional_code(input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer"),
-        _b.optional_code(weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"),
-        _b.optional_code(output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer"),
-        _b.optional_code(
-            grad_input_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_input_quantizer"
+        None
+        if input_quantizer is None
+        else (
+            isinstance(input_quantizer, Quantizer)
+            and getattr(input_quantizer, "_teops_code", None)
+            or _b.code(input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer")
         ),
-        _b.optional_code(
-            grad_weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_weight_quantizer"
+        None
+        if weight_quantizer is None
+        else (
+            isinstance(weight_quantizer, Quantizer)
+            and getattr(weight_quantizer, "_teops_code", None)
+            or _b.code(weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer")
         ),
-        _b.optional_code(
-            grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
+        None
+        if output_quantizer is None
+        else (
+            isinstance(output_quantizer, Quantizer)
+            and getattr(output_quantizer, "_teops_code", None)
+            or _b.code(output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer")
+        ),
+        None
+        if grad_input_quantizer is None
+        else (
+            isinstance(grad_input_quantizer, Quantizer)
+            and getattr(grad_input_quantizer, "_teops_code", None)
+            or _b.code(
+                grad_input_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_input_quantizer"
+            )
+        ),
+        None
+        if grad_weight_quantizer is None
+        else (
+            isinstance(grad_weight_quantizer, Quantizer)
+            and getattr(grad_weight_quantizer, "_teops_code", None)
+            or _b.code(
+                grad_weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_weight_quantizer"
+            )
+        ),
+        None
+        if grad_output_quantizer is None
+        else (
+            isinstance(grad_output_quantizer, Quantizer)
+            and getattr(grad_output_quantizer, "_teops_code", None)
+            or _b.code(
+                grad_output_quantizer, Quantizer, "LayerNormLinearFwdArgs.grad_output_quantizer"
+            )
         ),
         activation_dtype
         if type(activation_dtype) is torch.dtype
         else _b.check(activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"),
-        fp8 if type(fp8) is bool else _b.check(fp8, bool, "LayerNormLinearFwdArgs.fp8"),
+        fp8 if fp8 is True or fp8 is False else _b.check(fp8, bool, "LayerNormLinearFwdArgs.fp8"),
         fp8_output
-        if type(fp8_output) is bool
+        if fp8_output is True or fp8_output is False
         else _b.check(fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
-        _b.optional_enum_name(
+        None
+        if backward_override is None
+        else _b.enum_name(
             backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
         ),
-        _b.code(fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
-        _b.code(dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
-        _b.code(wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
+        isinstance(fprop_gemm, GemmConfig)
+        and getattr(fprop_gemm, "_teops_code", None)
+        or _b.code(fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
+        isinstance(dgrad_gemm, GemmConfig)
+        and getattr(dgrad_gemm, "_teops_code", None)
+        or _b.code(dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
+        isinstance(wgrad_gemm, GemmConfig)
+        and getattr(wgrad_gemm, "_teops_code", None)
+        or _b.code(wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
         is_first_microbatch
-        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        if is_first_microbatch is None
+        or is_first_microbatch is True
+        or is_first_microbatch is False
         else _b.check_optional(
             is_first_microbatch, bool, "LayerNormLinearFwdArgs.is_first_microbatch"
         ),
         cache_weight
-        if type(cache_weight) is bool
+        if cache_weight is True or cache_weight is False
         else _b.check(cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
-        _b.optional_choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
-        _b.optional_group_name(tp_group, "LayerNormLinearFwdArgs.tp_group"),
+        None
+        if parallel_mode is None
+        else _b.choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
+        None if tp_group is None else _b.group_name(tp_group, "LayerNormLinearFwdArgs.tp_group"),
         tp_size
         if type(tp_size) is int
         else _b.check(tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
         sequence_parallel
-        if type(sequence_parallel) is bool
+        if sequence_parallel is True or sequence_parallel is False
         else _b.check(sequence_parallel, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
         in_features
         if type(in_features) is int
@@ -393,18 +441,18 @@ def layernorm_linear_fwd_slots(
         if type(out_features) is int
         else _b.check(out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
         else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
-        if type(fuse_wgrad_accumulation) is bool
+        if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
         else _b.check(
             fuse_wgrad_accumulation, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"
         ),
         delay_wgrad_compute
-        if type(delay_wgrad_compute) is bool
+        if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
     )
 
@@ -476,66 +524,102 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LayerNormLinearBwdArgs.weight_fp8"),
         _b.size(args.ln_out_shape, "LayerNormLinearBwdArgs.ln_out_shape"),
         v
-        if type(v := args.requires_dgrad) is bool
+        if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.requires_dgrad"),
         v
-        if type(v := args.requires_wgrad) is bool
+        if (v := args.requires_wgrad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.requires_wgrad"),
         v
-        if type(v := args.use_bias) is bool
+        if (v := args.use_bias) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.use_bias"),
         v
-        if type(v := args.input_requires_grad) is bool
+        if (v := args.input_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.input_requires_grad"),
         v
-        if type(v := args.ln_weight_requires_grad) is bool
+        if (v := args.ln_weight_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.ln_weight_requires_grad"),
         v
-        if type(v := args.ln_bias_requires_grad) is bool
+        if (v := args.ln_bias_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.ln_bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearBwdArgs.normalization"
         ),
         v
-        if type(v := args.zero_centered_gamma) is bool
+        if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.zero_centered_gamma"),
         v
-        if type(v := args.return_layernorm_output) is bool
+        if (v := args.return_layernorm_output) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.return_layernorm_output"),
-        _b.optional_code(args.input_quantizer, Quantizer, "LayerNormLinearBwdArgs.input_quantizer"),
-        _b.optional_code(
-            args.weight_quantizer, Quantizer, "LayerNormLinearBwdArgs.weight_quantizer"
+        None
+        if (v := args.input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormLinearBwdArgs.input_quantizer")
         ),
-        _b.optional_code(
-            args.grad_input_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_input_quantizer"
+        None
+        if (v := args.weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormLinearBwdArgs.weight_quantizer")
         ),
-        _b.optional_code(
-            args.grad_weight_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_weight_quantizer"
+        None
+        if (v := args.grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormLinearBwdArgs.grad_input_quantizer")
         ),
-        _b.optional_code(
-            args.grad_output_quantizer, Quantizer, "LayerNormLinearBwdArgs.grad_output_quantizer"
+        None
+        if (v := args.grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormLinearBwdArgs.grad_weight_quantizer")
+        ),
+        None
+        if (v := args.grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormLinearBwdArgs.grad_output_quantizer")
         ),
         v
         if type(v := args.activation_dtype) is torch.dtype
         else _b.check(v, torch.dtype, "LayerNormLinearBwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormLinearBwdArgs.fp8"),
-        _b.optional_enum_name(
-            args.backward_override, BackwardOverride, "LayerNormLinearBwdArgs.backward_override"
-        ),
-        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
-        _b.optional_choice(args.parallel_mode, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LayerNormLinearBwdArgs.tp_group"),
+        v
+        if (v := args.fp8) is True or v is False
+        else _b.check(v, bool, "LayerNormLinearBwdArgs.fp8"),
+        None
+        if (v := args.backward_override) is None
+        else _b.enum_name(v, BackwardOverride, "LayerNormLinearBwdArgs.backward_override"),
+        isinstance(v := args.dgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LayerNormLinearBwdArgs.dgrad_gemm"),
+        isinstance(v := args.wgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
+        None
+        if (v := args.parallel_mode) is None
+        else _b.choice(v, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
+        None
+        if (v := args.tp_group) is None
+        else _b.group_name(v, "LayerNormLinearBwdArgs.tp_group"),
         v
         if type(v := args.tp_size) is int
         else _b.check(v, _b.INT, "LayerNormLinearBwdArgs.tp_size"),
         v
-        if type(v := args.sequence_parallel) is bool
+        if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
         v
         if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
-        *_b.unsupported(args.wgrad_route, "LayerNormLinearBwdArgs.wgrad_route"),
+        *(
+            ()
+            if (v := args.wgrad_route) is None
+            else _b.unsupported(v, "LayerNormLinearBwdArgs.wgrad_route")
+        ),
     )
 
 
@@ -882,19 +966,28 @@ def layernorm_linear_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if layernorm_linear_fwd is None or layernorm_linear_bwd is None:
         return _r.registration_error()
-    reason = _r.quantizer_blocker(
-        input_quantizer,
-        weight_quantizer,
-        output_quantizer,
-        grad_input_quantizer,
-        grad_weight_quantizer,
-        grad_output_quantizer,
-    )
-    if reason is not None:
-        return reason
+    if input_quantizer is not None and not getattr(type(input_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(input_quantizer)
+    if weight_quantizer is not None and not getattr(type(weight_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(weight_quantizer)
+    if output_quantizer is not None and not getattr(type(output_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(output_quantizer)
+    if grad_input_quantizer is not None and not getattr(
+        type(grad_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_input_quantizer)
+    if grad_weight_quantizer is not None and not getattr(
+        type(grad_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_weight_quantizer)
+    if grad_output_quantizer is not None and not getattr(
+        type(grad_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_output_quantizer)
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -986,53 +1079,200 @@ def call_layernorm_linear(
             delay_wgrad_compute,
         )
         if reason is None:
-            outputs, values = layernorm_linear_compiled(
-                layernorm_linear_fwd_slots(
-                    inp,
-                    ln_weight,
-                    ln_bias,
-                    weight,
-                    bias,
-                    weight_workspace,
-                    input_requires_grad,
-                    ln_weight_requires_grad,
-                    ln_bias_requires_grad,
-                    weight_requires_grad,
-                    bias_requires_grad,
-                    normalization,
-                    eps,
-                    zero_centered_gamma,
-                    return_layernorm_output,
-                    input_quantizer,
-                    weight_quantizer,
-                    output_quantizer,
-                    grad_input_quantizer,
-                    grad_weight_quantizer,
-                    grad_output_quantizer,
-                    activation_dtype,
-                    fp8,
-                    fp8_output,
-                    backward_override,
-                    fprop_gemm,
-                    dgrad_gemm,
-                    wgrad_gemm,
-                    is_first_microbatch,
-                    cache_weight,
-                    parallel_mode,
-                    tp_group,
-                    tp_size,
-                    sequence_parallel,
-                    in_features,
-                    out_features,
-                    is_grad_enabled,
-                    sr_rng_state,
-                    fuse_wgrad_accumulation,
-                    delay_wgrad_compute,
+            # `layernorm_linear_compiled(layernorm_linear_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = layernorm_linear_fwd(
+                inp
+                if type(inp) is torch.Tensor
+                else _b.check(inp, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
+                ln_weight
+                if type(ln_weight) is torch.Tensor
+                else _b.check(ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
+                ln_bias
+                if ln_bias is None or type(ln_bias) is torch.Tensor
+                else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
+                *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
+                bias
+                if bias is None or type(bias) is torch.Tensor
+                else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
+                *_b.optional_tensor_or_quantized(
+                    weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
                 ),
-                () if keep is None else keep.saved,
+                input_requires_grad
+                if input_requires_grad is True or input_requires_grad is False
+                else _b.check(
+                    input_requires_grad, bool, "LayerNormLinearFwdArgs.input_requires_grad"
+                ),
+                ln_weight_requires_grad
+                if ln_weight_requires_grad is True or ln_weight_requires_grad is False
+                else _b.check(
+                    ln_weight_requires_grad, bool, "LayerNormLinearFwdArgs.ln_weight_requires_grad"
+                ),
+                ln_bias_requires_grad
+                if ln_bias_requires_grad is True or ln_bias_requires_grad is False
+                else _b.check(
+                    ln_bias_requires_grad, bool, "LayerNormLinearFwdArgs.ln_bias_requires_grad"
+                ),
+                weight_requires_grad
+                if weight_requires_grad is True or weight_requires_grad is False
+                else _b.check(
+                    weight_requires_grad, bool, "LayerNormLinearFwdArgs.weight_requires_grad"
+                ),
+                bias_requires_grad
+                if bias_requires_grad is True or bias_requires_grad is False
+                else _b.check(
+                    bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"
+                ),
+                _b.choice(
+                    normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"
+                ),
+                eps
+                if type(eps) is float
+                else _b.check(eps, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
+                zero_centered_gamma
+                if zero_centered_gamma is True or zero_centered_gamma is False
+                else _b.check(
+                    zero_centered_gamma, bool, "LayerNormLinearFwdArgs.zero_centered_gamma"
+                ),
+                return_layernorm_output
+                if return_layernorm_output is True or return_layernorm_output is False
+                else _b.check(
+                    return_layernorm_output, bool, "LayerNormLinearFwdArgs.return_layernorm_output"
+                ),
+                None
+                if input_quantizer is None
+                else (
+                    isinstance(input_quantizer, Quantizer)
+                    and getattr(input_quantizer, "_teops_code", None)
+                    or _b.code(input_quantizer, Quantizer, "LayerNormLinearFwdArgs.input_quantizer")
+                ),
+                None
+                if weight_quantizer is None
+                else (
+                    isinstance(weight_quantizer, Quantizer)
+                    and getattr(weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        weight_quantizer, Quantizer, "LayerNormLinearFwdArgs.weight_quantizer"
+                    )
+                ),
+                None
+                if output_quantizer is None
+                else (
+                    isinstance(output_quantizer, Quantizer)
+                    and getattr(output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        output_quantizer, Quantizer, "LayerNormLinearFwdArgs.output_quantizer"
+                    )
+                ),
+                None
+                if grad_input_quantizer is None
+                else (
+                    isinstance(grad_input_quantizer, Quantizer)
+                    and getattr(grad_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_input_quantizer,
+                        Quantizer,
+                        "LayerNormLinearFwdArgs.grad_input_quantizer",
+                    )
+                ),
+                None
+                if grad_weight_quantizer is None
+                else (
+                    isinstance(grad_weight_quantizer, Quantizer)
+                    and getattr(grad_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_weight_quantizer,
+                        Quantizer,
+                        "LayerNormLinearFwdArgs.grad_weight_quantizer",
+                    )
+                ),
+                None
+                if grad_output_quantizer is None
+                else (
+                    isinstance(grad_output_quantizer, Quantizer)
+                    and getattr(grad_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_output_quantizer,
+                        Quantizer,
+                        "LayerNormLinearFwdArgs.grad_output_quantizer",
+                    )
+                ),
+                activation_dtype
+                if type(activation_dtype) is torch.dtype
+                else _b.check(
+                    activation_dtype, torch.dtype, "LayerNormLinearFwdArgs.activation_dtype"
+                ),
+                fp8
+                if fp8 is True or fp8 is False
+                else _b.check(fp8, bool, "LayerNormLinearFwdArgs.fp8"),
+                fp8_output
+                if fp8_output is True or fp8_output is False
+                else _b.check(fp8_output, bool, "LayerNormLinearFwdArgs.fp8_output"),
+                None
+                if backward_override is None
+                else _b.enum_name(
+                    backward_override, BackwardOverride, "LayerNormLinearFwdArgs.backward_override"
+                ),
+                isinstance(fprop_gemm, GemmConfig)
+                and getattr(fprop_gemm, "_teops_code", None)
+                or _b.code(fprop_gemm, GemmConfig, "LayerNormLinearFwdArgs.fprop_gemm"),
+                isinstance(dgrad_gemm, GemmConfig)
+                and getattr(dgrad_gemm, "_teops_code", None)
+                or _b.code(dgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.dgrad_gemm"),
+                isinstance(wgrad_gemm, GemmConfig)
+                and getattr(wgrad_gemm, "_teops_code", None)
+                or _b.code(wgrad_gemm, GemmConfig, "LayerNormLinearFwdArgs.wgrad_gemm"),
+                is_first_microbatch
+                if is_first_microbatch is None
+                or is_first_microbatch is True
+                or is_first_microbatch is False
+                else _b.check_optional(
+                    is_first_microbatch, bool, "LayerNormLinearFwdArgs.is_first_microbatch"
+                ),
+                cache_weight
+                if cache_weight is True or cache_weight is False
+                else _b.check(cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
+                None
+                if parallel_mode is None
+                else _b.choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
+                None
+                if tp_group is None
+                else _b.group_name(tp_group, "LayerNormLinearFwdArgs.tp_group"),
+                tp_size
+                if type(tp_size) is int
+                else _b.check(tp_size, _b.INT, "LayerNormLinearFwdArgs.tp_size"),
+                sequence_parallel
+                if sequence_parallel is True or sequence_parallel is False
+                else _b.check(sequence_parallel, bool, "LayerNormLinearFwdArgs.sequence_parallel"),
+                in_features
+                if type(in_features) is int
+                else _b.check(in_features, _b.INT, "LayerNormLinearFwdArgs.in_features"),
+                out_features
+                if type(out_features) is int
+                else _b.check(out_features, _b.INT, "LayerNormLinearFwdArgs.out_features"),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
+                sr_rng_state
+                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                else _b.check_optional(
+                    sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"
+                ),
+                fuse_wgrad_accumulation
+                if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
+                else _b.check(
+                    fuse_wgrad_accumulation, bool, "LayerNormLinearFwdArgs.fuse_wgrad_accumulation"
+                ),
+                delay_wgrad_compute
+                if delay_wgrad_compute is True or delay_wgrad_compute is False
+                else _b.check(
+                    delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"
+                ),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = LayerNormLinearFwdArgs(
         inp=inp,

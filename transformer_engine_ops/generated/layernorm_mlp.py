@@ -398,15 +398,15 @@ def layernorm_mlp_fwd_slots(
         if type(ln_weight) is torch.Tensor
         else _b.check(ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
         ln_bias
-        if (ln_bias) is None or type(ln_bias) is torch.Tensor
+        if ln_bias is None or type(ln_bias) is torch.Tensor
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
         fc1_bias
-        if (fc1_bias) is None or type(fc1_bias) is torch.Tensor
+        if fc1_bias is None or type(fc1_bias) is torch.Tensor
         else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
         *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
         fc2_bias
-        if (fc2_bias) is None or type(fc2_bias) is torch.Tensor
+        if fc2_bias is None or type(fc2_bias) is torch.Tensor
         else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
         *_b.optional_tensor_or_quantized(
             fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
@@ -415,45 +415,47 @@ def layernorm_mlp_fwd_slots(
             fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
         ),
         is_first_microbatch
-        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        if is_first_microbatch is None
+        or is_first_microbatch is True
+        or is_first_microbatch is False
         else _b.check_optional(
             is_first_microbatch, bool, "LayerNormMLPFwdArgs.is_first_microbatch"
         ),
         cache_weight
-        if type(cache_weight) is bool
+        if cache_weight is True or cache_weight is False
         else _b.check(cache_weight, bool, "LayerNormMLPFwdArgs.cache_weight"),
         input_requires_grad
-        if type(input_requires_grad) is bool
+        if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
         ln_weight_requires_grad
-        if type(ln_weight_requires_grad) is bool
+        if ln_weight_requires_grad is True or ln_weight_requires_grad is False
         else _b.check(ln_weight_requires_grad, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"),
         ln_bias_requires_grad
-        if type(ln_bias_requires_grad) is bool
+        if ln_bias_requires_grad is True or ln_bias_requires_grad is False
         else _b.check(ln_bias_requires_grad, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"),
         fc1_weight_requires_grad
-        if type(fc1_weight_requires_grad) is bool
+        if fc1_weight_requires_grad is True or fc1_weight_requires_grad is False
         else _b.check(
             fc1_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"
         ),
         fc1_bias_requires_grad
-        if type(fc1_bias_requires_grad) is bool
+        if fc1_bias_requires_grad is True or fc1_bias_requires_grad is False
         else _b.check(fc1_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"),
         fc2_weight_requires_grad
-        if type(fc2_weight_requires_grad) is bool
+        if fc2_weight_requires_grad is True or fc2_weight_requires_grad is False
         else _b.check(
             fc2_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"
         ),
         fc2_bias_requires_grad
-        if type(fc2_bias_requires_grad) is bool
+        if fc2_bias_requires_grad is True or fc2_bias_requires_grad is False
         else _b.check(fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
         _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
         zero_centered_gamma
-        if type(zero_centered_gamma) is bool
+        if zero_centered_gamma is True or zero_centered_gamma is False
         else _b.check(zero_centered_gamma, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
         return_layernorm_output
-        if type(return_layernorm_output) is bool
+        if return_layernorm_output is True or return_layernorm_output is False
         else _b.check(return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
         _b.choice(
             activation,
@@ -473,54 +475,132 @@ def layernorm_mlp_fwd_slots(
             ),
             "LayerNormMLPFwdArgs.activation",
         ),
-        _b.optional_code(fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer"),
-        _b.optional_code(
-            fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer"
+        None
+        if fc1_input_quantizer is None
+        else (
+            isinstance(fc1_input_quantizer, Quantizer)
+            and getattr(fc1_input_quantizer, "_teops_code", None)
+            or _b.code(fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer")
         ),
-        _b.optional_code(
-            fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer"
+        None
+        if fc1_weight_quantizer is None
+        else (
+            isinstance(fc1_weight_quantizer, Quantizer)
+            and getattr(fc1_weight_quantizer, "_teops_code", None)
+            or _b.code(fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer")
         ),
-        _b.optional_code(
-            fc1_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_input_quantizer"
+        None
+        if fc1_output_quantizer is None
+        else (
+            isinstance(fc1_output_quantizer, Quantizer)
+            and getattr(fc1_output_quantizer, "_teops_code", None)
+            or _b.code(fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer")
         ),
-        _b.optional_code(
-            fc1_grad_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer"
+        None
+        if fc1_grad_input_quantizer is None
+        else (
+            isinstance(fc1_grad_input_quantizer, Quantizer)
+            and getattr(fc1_grad_input_quantizer, "_teops_code", None)
+            or _b.code(
+                fc1_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_input_quantizer"
+            )
         ),
-        _b.optional_code(
-            fc1_grad_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_grad_output_quantizer"
+        None
+        if fc1_grad_weight_quantizer is None
+        else (
+            isinstance(fc1_grad_weight_quantizer, Quantizer)
+            and getattr(fc1_grad_weight_quantizer, "_teops_code", None)
+            or _b.code(
+                fc1_grad_weight_quantizer,
+                Quantizer,
+                "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer",
+            )
         ),
-        _b.optional_code(fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer"),
-        _b.optional_code(
-            fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer"
+        None
+        if fc1_grad_output_quantizer is None
+        else (
+            isinstance(fc1_grad_output_quantizer, Quantizer)
+            and getattr(fc1_grad_output_quantizer, "_teops_code", None)
+            or _b.code(
+                fc1_grad_output_quantizer,
+                Quantizer,
+                "LayerNormMLPFwdArgs.fc1_grad_output_quantizer",
+            )
         ),
-        _b.optional_code(
-            fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer"
+        None
+        if fc2_input_quantizer is None
+        else (
+            isinstance(fc2_input_quantizer, Quantizer)
+            and getattr(fc2_input_quantizer, "_teops_code", None)
+            or _b.code(fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer")
         ),
-        _b.optional_code(
-            fc2_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_input_quantizer"
+        None
+        if fc2_weight_quantizer is None
+        else (
+            isinstance(fc2_weight_quantizer, Quantizer)
+            and getattr(fc2_weight_quantizer, "_teops_code", None)
+            or _b.code(fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer")
         ),
-        _b.optional_code(
-            fc2_grad_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer"
+        None
+        if fc2_output_quantizer is None
+        else (
+            isinstance(fc2_output_quantizer, Quantizer)
+            and getattr(fc2_output_quantizer, "_teops_code", None)
+            or _b.code(fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer")
         ),
-        _b.optional_code(
-            fc2_grad_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_output_quantizer"
+        None
+        if fc2_grad_input_quantizer is None
+        else (
+            isinstance(fc2_grad_input_quantizer, Quantizer)
+            and getattr(fc2_grad_input_quantizer, "_teops_code", None)
+            or _b.code(
+                fc2_grad_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_grad_input_quantizer"
+            )
+        ),
+        None
+        if fc2_grad_weight_quantizer is None
+        else (
+            isinstance(fc2_grad_weight_quantizer, Quantizer)
+            and getattr(fc2_grad_weight_quantizer, "_teops_code", None)
+            or _b.code(
+                fc2_grad_weight_quantizer,
+                Quantizer,
+                "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer",
+            )
+        ),
+        None
+        if fc2_grad_output_quantizer is None
+        else (
+            isinstance(fc2_grad_output_quantizer, Quantizer)
+            and getattr(fc2_grad_output_quantizer, "_teops_code", None)
+            or _b.code(
+                fc2_grad_output_quantizer,
+                Quantizer,
+                "LayerNormMLPFwdArgs.fc2_grad_output_quantizer",
+            )
         ),
         activation_dtype
         if type(activation_dtype) is torch.dtype
         else _b.check(activation_dtype, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"),
-        fp8 if type(fp8) is bool else _b.check(fp8, bool, "LayerNormMLPFwdArgs.fp8"),
-        _b.code(fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
-        _b.code(dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
-        _b.code(wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
+        fp8 if fp8 is True or fp8 is False else _b.check(fp8, bool, "LayerNormMLPFwdArgs.fp8"),
+        isinstance(fprop_gemm, GemmConfig)
+        and getattr(fprop_gemm, "_teops_code", None)
+        or _b.code(fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
+        isinstance(dgrad_gemm, GemmConfig)
+        and getattr(dgrad_gemm, "_teops_code", None)
+        or _b.code(dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
+        isinstance(wgrad_gemm, GemmConfig)
+        and getattr(wgrad_gemm, "_teops_code", None)
+        or _b.code(wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
         set_parallel_mode
-        if type(set_parallel_mode) is bool
+        if set_parallel_mode is True or set_parallel_mode is False
         else _b.check(set_parallel_mode, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
-        _b.optional_group_name(tp_group, "LayerNormMLPFwdArgs.tp_group"),
+        None if tp_group is None else _b.group_name(tp_group, "LayerNormMLPFwdArgs.tp_group"),
         tp_size
         if type(tp_size) is int
         else _b.check(tp_size, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
         sequence_parallel
-        if type(sequence_parallel) is bool
+        if sequence_parallel is True or sequence_parallel is False
         else _b.check(sequence_parallel, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
         hidden_size
         if type(hidden_size) is int
@@ -529,19 +609,25 @@ def layernorm_mlp_fwd_slots(
         if type(ffn_hidden_size) is int
         else _b.check(ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
         else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
-        if type(fuse_wgrad_accumulation) is bool
+        if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
         else _b.check(fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"),
         delay_wgrad_compute
-        if type(delay_wgrad_compute) is bool
+        if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
-        _b.optional_code(
-            activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
+        None
+        if activation_params is None
+        else (
+            isinstance(activation_params, ClampedSwiGLUParams)
+            and getattr(activation_params, "_teops_code", None)
+            or _b.code(
+                activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
+            )
         ),
     )
 
@@ -630,40 +716,40 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         *_b.optional_tensor_or_quantized(args.fc2_weight_fp8, "LayerNormMLPBwdArgs.fc2_weight_fp8"),
         _b.size(args.act_shape, "LayerNormMLPBwdArgs.act_shape"),
         v
-        if type(v := args.fc1_requires_dgrad) is bool
+        if (v := args.fc1_requires_dgrad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_requires_dgrad"),
         v
-        if type(v := args.fc1_requires_wgrad) is bool
+        if (v := args.fc1_requires_wgrad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_requires_wgrad"),
         v
-        if type(v := args.fc1_use_bias) is bool
+        if (v := args.fc1_use_bias) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc1_use_bias"),
         v
-        if type(v := args.fc2_requires_dgrad) is bool
+        if (v := args.fc2_requires_dgrad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_requires_dgrad"),
         v
-        if type(v := args.fc2_requires_wgrad) is bool
+        if (v := args.fc2_requires_wgrad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_requires_wgrad"),
         v
-        if type(v := args.fc2_use_bias) is bool
+        if (v := args.fc2_use_bias) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.fc2_use_bias"),
         v
-        if type(v := args.input_requires_grad) is bool
+        if (v := args.input_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.input_requires_grad"),
         v
-        if type(v := args.ln_weight_requires_grad) is bool
+        if (v := args.ln_weight_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.ln_weight_requires_grad"),
         v
-        if type(v := args.ln_bias_requires_grad) is bool
+        if (v := args.ln_bias_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.ln_bias_requires_grad"),
         _b.choice(
             args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPBwdArgs.normalization"
         ),
         v
-        if type(v := args.zero_centered_gamma) is bool
+        if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.zero_centered_gamma"),
         v
-        if type(v := args.return_layernorm_output) is bool
+        if (v := args.return_layernorm_output) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.return_layernorm_output"),
         _b.choice(
             args.activation,
@@ -683,65 +769,115 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
             ),
             "LayerNormMLPBwdArgs.activation",
         ),
-        _b.optional_code(
-            args.fc1_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_input_quantizer"
+        None
+        if (v := args.fc1_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc1_input_quantizer")
         ),
-        _b.optional_code(
-            args.fc1_weight_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_weight_quantizer"
+        None
+        if (v := args.fc1_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc1_weight_quantizer")
         ),
-        _b.optional_code(
-            args.fc1_grad_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc1_grad_input_quantizer"
+        None
+        if (v := args.fc1_grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc1_grad_input_quantizer")
         ),
-        _b.optional_code(
-            args.fc1_grad_weight_quantizer,
-            Quantizer,
-            "LayerNormMLPBwdArgs.fc1_grad_weight_quantizer",
+        None
+        if (v := args.fc1_grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc1_grad_weight_quantizer")
         ),
-        _b.optional_code(
-            args.fc1_grad_output_quantizer,
-            Quantizer,
-            "LayerNormMLPBwdArgs.fc1_grad_output_quantizer",
+        None
+        if (v := args.fc1_grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc1_grad_output_quantizer")
         ),
-        _b.optional_code(
-            args.fc2_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_input_quantizer"
+        None
+        if (v := args.fc2_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc2_input_quantizer")
         ),
-        _b.optional_code(
-            args.fc2_weight_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_weight_quantizer"
+        None
+        if (v := args.fc2_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc2_weight_quantizer")
         ),
-        _b.optional_code(
-            args.fc2_grad_input_quantizer, Quantizer, "LayerNormMLPBwdArgs.fc2_grad_input_quantizer"
+        None
+        if (v := args.fc2_grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc2_grad_input_quantizer")
         ),
-        _b.optional_code(
-            args.fc2_grad_weight_quantizer,
-            Quantizer,
-            "LayerNormMLPBwdArgs.fc2_grad_weight_quantizer",
+        None
+        if (v := args.fc2_grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc2_grad_weight_quantizer")
         ),
-        _b.optional_code(
-            args.fc2_grad_output_quantizer,
-            Quantizer,
-            "LayerNormMLPBwdArgs.fc2_grad_output_quantizer",
+        None
+        if (v := args.fc2_grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LayerNormMLPBwdArgs.fc2_grad_output_quantizer")
         ),
         v
         if type(v := args.activation_dtype) is torch.dtype
         else _b.check(v, torch.dtype, "LayerNormMLPBwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LayerNormMLPBwdArgs.fp8"),
-        _b.code(args.dgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "LayerNormMLPBwdArgs.wgrad_gemm"),
         v
-        if type(v := args.set_parallel_mode) is bool
+        if (v := args.fp8) is True or v is False
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.fp8"),
+        isinstance(v := args.dgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LayerNormMLPBwdArgs.dgrad_gemm"),
+        isinstance(v := args.wgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LayerNormMLPBwdArgs.wgrad_gemm"),
+        v
+        if (v := args.set_parallel_mode) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.set_parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LayerNormMLPBwdArgs.tp_group"),
+        None if (v := args.tp_group) is None else _b.group_name(v, "LayerNormMLPBwdArgs.tp_group"),
         v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LayerNormMLPBwdArgs.tp_size"),
         v
-        if type(v := args.sequence_parallel) is bool
+        if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
         v
         if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
-        *_b.unsupported(args.fc1_wgrad_route, "LayerNormMLPBwdArgs.fc1_wgrad_route"),
-        *_b.unsupported(args.fc2_wgrad_route, "LayerNormMLPBwdArgs.fc2_wgrad_route"),
-        _b.optional_code(
-            args.activation_params, ClampedSwiGLUParams, "LayerNormMLPBwdArgs.activation_params"
+        *(
+            ()
+            if (v := args.fc1_wgrad_route) is None
+            else _b.unsupported(v, "LayerNormMLPBwdArgs.fc1_wgrad_route")
+        ),
+        *(
+            ()
+            if (v := args.fc2_wgrad_route) is None
+            else _b.unsupported(v, "LayerNormMLPBwdArgs.fc2_wgrad_route")
+        ),
+        None
+        if (v := args.activation_params) is None
+        else (
+            isinstance(v, ClampedSwiGLUParams)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, ClampedSwiGLUParams, "LayerNormMLPBwdArgs.activation_params")
         ),
     )
 
@@ -1171,25 +1307,58 @@ def layernorm_mlp_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if layernorm_mlp_fwd is None or layernorm_mlp_bwd is None:
         return _r.registration_error()
-    reason = _r.quantizer_blocker(
-        fc1_input_quantizer,
-        fc1_weight_quantizer,
-        fc1_output_quantizer,
-        fc1_grad_input_quantizer,
-        fc1_grad_weight_quantizer,
-        fc1_grad_output_quantizer,
-        fc2_input_quantizer,
-        fc2_weight_quantizer,
-        fc2_output_quantizer,
-        fc2_grad_input_quantizer,
-        fc2_grad_weight_quantizer,
-        fc2_grad_output_quantizer,
-    )
-    if reason is not None:
-        return reason
+    if fc1_input_quantizer is not None and not getattr(
+        type(fc1_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_input_quantizer)
+    if fc1_weight_quantizer is not None and not getattr(
+        type(fc1_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_weight_quantizer)
+    if fc1_output_quantizer is not None and not getattr(
+        type(fc1_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_output_quantizer)
+    if fc1_grad_input_quantizer is not None and not getattr(
+        type(fc1_grad_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_grad_input_quantizer)
+    if fc1_grad_weight_quantizer is not None and not getattr(
+        type(fc1_grad_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_grad_weight_quantizer)
+    if fc1_grad_output_quantizer is not None and not getattr(
+        type(fc1_grad_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc1_grad_output_quantizer)
+    if fc2_input_quantizer is not None and not getattr(
+        type(fc2_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_input_quantizer)
+    if fc2_weight_quantizer is not None and not getattr(
+        type(fc2_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_weight_quantizer)
+    if fc2_output_quantizer is not None and not getattr(
+        type(fc2_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_output_quantizer)
+    if fc2_grad_input_quantizer is not None and not getattr(
+        type(fc2_grad_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_grad_input_quantizer)
+    if fc2_grad_weight_quantizer is not None and not getattr(
+        type(fc2_grad_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_grad_weight_quantizer)
+    if fc2_grad_output_quantizer is not None and not getattr(
+        type(fc2_grad_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(fc2_grad_output_quantizer)
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -1294,64 +1463,292 @@ def call_layernorm_mlp(
             delay_wgrad_compute,
         )
         if reason is None:
-            outputs, values = layernorm_mlp_compiled(
-                layernorm_mlp_fwd_slots(
-                    inp,
-                    ln_weight,
-                    ln_bias,
-                    fc1_weight,
-                    fc1_bias,
-                    fc2_weight,
-                    fc2_bias,
-                    fc1_weight_workspace,
-                    fc2_weight_workspace,
-                    is_first_microbatch,
-                    cache_weight,
-                    input_requires_grad,
-                    ln_weight_requires_grad,
-                    ln_bias_requires_grad,
-                    fc1_weight_requires_grad,
-                    fc1_bias_requires_grad,
-                    fc2_weight_requires_grad,
-                    fc2_bias_requires_grad,
-                    normalization,
-                    eps,
-                    zero_centered_gamma,
-                    return_layernorm_output,
-                    activation,
-                    fc1_input_quantizer,
-                    fc1_weight_quantizer,
-                    fc1_output_quantizer,
-                    fc1_grad_input_quantizer,
-                    fc1_grad_weight_quantizer,
-                    fc1_grad_output_quantizer,
-                    fc2_input_quantizer,
-                    fc2_weight_quantizer,
-                    fc2_output_quantizer,
-                    fc2_grad_input_quantizer,
-                    fc2_grad_weight_quantizer,
-                    fc2_grad_output_quantizer,
-                    activation_dtype,
-                    fp8,
-                    fprop_gemm,
-                    dgrad_gemm,
-                    wgrad_gemm,
-                    set_parallel_mode,
-                    tp_group,
-                    tp_size,
-                    sequence_parallel,
-                    hidden_size,
-                    ffn_hidden_size,
-                    is_grad_enabled,
-                    sr_rng_state,
-                    fuse_wgrad_accumulation,
-                    delay_wgrad_compute,
-                    activation_params,
+            # `layernorm_mlp_compiled(layernorm_mlp_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = layernorm_mlp_fwd(
+                inp
+                if type(inp) is torch.Tensor
+                else _b.check(inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
+                ln_weight
+                if type(ln_weight) is torch.Tensor
+                else _b.check(ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
+                ln_bias
+                if ln_bias is None or type(ln_bias) is torch.Tensor
+                else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
+                *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
+                fc1_bias
+                if fc1_bias is None or type(fc1_bias) is torch.Tensor
+                else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
+                *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
+                fc2_bias
+                if fc2_bias is None or type(fc2_bias) is torch.Tensor
+                else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
+                *_b.optional_tensor_or_quantized(
+                    fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
                 ),
-                () if keep is None else keep.saved,
+                *_b.optional_tensor_or_quantized(
+                    fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+                ),
+                is_first_microbatch
+                if is_first_microbatch is None
+                or is_first_microbatch is True
+                or is_first_microbatch is False
+                else _b.check_optional(
+                    is_first_microbatch, bool, "LayerNormMLPFwdArgs.is_first_microbatch"
+                ),
+                cache_weight
+                if cache_weight is True or cache_weight is False
+                else _b.check(cache_weight, bool, "LayerNormMLPFwdArgs.cache_weight"),
+                input_requires_grad
+                if input_requires_grad is True or input_requires_grad is False
+                else _b.check(input_requires_grad, bool, "LayerNormMLPFwdArgs.input_requires_grad"),
+                ln_weight_requires_grad
+                if ln_weight_requires_grad is True or ln_weight_requires_grad is False
+                else _b.check(
+                    ln_weight_requires_grad, bool, "LayerNormMLPFwdArgs.ln_weight_requires_grad"
+                ),
+                ln_bias_requires_grad
+                if ln_bias_requires_grad is True or ln_bias_requires_grad is False
+                else _b.check(
+                    ln_bias_requires_grad, bool, "LayerNormMLPFwdArgs.ln_bias_requires_grad"
+                ),
+                fc1_weight_requires_grad
+                if fc1_weight_requires_grad is True or fc1_weight_requires_grad is False
+                else _b.check(
+                    fc1_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_weight_requires_grad"
+                ),
+                fc1_bias_requires_grad
+                if fc1_bias_requires_grad is True or fc1_bias_requires_grad is False
+                else _b.check(
+                    fc1_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc1_bias_requires_grad"
+                ),
+                fc2_weight_requires_grad
+                if fc2_weight_requires_grad is True or fc2_weight_requires_grad is False
+                else _b.check(
+                    fc2_weight_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_weight_requires_grad"
+                ),
+                fc2_bias_requires_grad
+                if fc2_bias_requires_grad is True or fc2_bias_requires_grad is False
+                else _b.check(
+                    fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"
+                ),
+                _b.choice(
+                    normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"
+                ),
+                eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
+                zero_centered_gamma
+                if zero_centered_gamma is True or zero_centered_gamma is False
+                else _b.check(zero_centered_gamma, bool, "LayerNormMLPFwdArgs.zero_centered_gamma"),
+                return_layernorm_output
+                if return_layernorm_output is True or return_layernorm_output is False
+                else _b.check(
+                    return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"
+                ),
+                _b.choice(
+                    activation,
+                    (
+                        "gelu",
+                        "relu",
+                        "qgelu",
+                        "srelu",
+                        "silu",
+                        "glu",
+                        "swiglu",
+                        "geglu",
+                        "qgeglu",
+                        "reglu",
+                        "sreglu",
+                        "clamped_swiglu",
+                    ),
+                    "LayerNormMLPFwdArgs.activation",
+                ),
+                None
+                if fc1_input_quantizer is None
+                else (
+                    isinstance(fc1_input_quantizer, Quantizer)
+                    and getattr(fc1_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_input_quantizer"
+                    )
+                ),
+                None
+                if fc1_weight_quantizer is None
+                else (
+                    isinstance(fc1_weight_quantizer, Quantizer)
+                    and getattr(fc1_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_weight_quantizer"
+                    )
+                ),
+                None
+                if fc1_output_quantizer is None
+                else (
+                    isinstance(fc1_output_quantizer, Quantizer)
+                    and getattr(fc1_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc1_output_quantizer"
+                    )
+                ),
+                None
+                if fc1_grad_input_quantizer is None
+                else (
+                    isinstance(fc1_grad_input_quantizer, Quantizer)
+                    and getattr(fc1_grad_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_grad_input_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc1_grad_input_quantizer",
+                    )
+                ),
+                None
+                if fc1_grad_weight_quantizer is None
+                else (
+                    isinstance(fc1_grad_weight_quantizer, Quantizer)
+                    and getattr(fc1_grad_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_grad_weight_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc1_grad_weight_quantizer",
+                    )
+                ),
+                None
+                if fc1_grad_output_quantizer is None
+                else (
+                    isinstance(fc1_grad_output_quantizer, Quantizer)
+                    and getattr(fc1_grad_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc1_grad_output_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc1_grad_output_quantizer",
+                    )
+                ),
+                None
+                if fc2_input_quantizer is None
+                else (
+                    isinstance(fc2_input_quantizer, Quantizer)
+                    and getattr(fc2_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_input_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_input_quantizer"
+                    )
+                ),
+                None
+                if fc2_weight_quantizer is None
+                else (
+                    isinstance(fc2_weight_quantizer, Quantizer)
+                    and getattr(fc2_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_weight_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_weight_quantizer"
+                    )
+                ),
+                None
+                if fc2_output_quantizer is None
+                else (
+                    isinstance(fc2_output_quantizer, Quantizer)
+                    and getattr(fc2_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_output_quantizer, Quantizer, "LayerNormMLPFwdArgs.fc2_output_quantizer"
+                    )
+                ),
+                None
+                if fc2_grad_input_quantizer is None
+                else (
+                    isinstance(fc2_grad_input_quantizer, Quantizer)
+                    and getattr(fc2_grad_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_grad_input_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc2_grad_input_quantizer",
+                    )
+                ),
+                None
+                if fc2_grad_weight_quantizer is None
+                else (
+                    isinstance(fc2_grad_weight_quantizer, Quantizer)
+                    and getattr(fc2_grad_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_grad_weight_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc2_grad_weight_quantizer",
+                    )
+                ),
+                None
+                if fc2_grad_output_quantizer is None
+                else (
+                    isinstance(fc2_grad_output_quantizer, Quantizer)
+                    and getattr(fc2_grad_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        fc2_grad_output_quantizer,
+                        Quantizer,
+                        "LayerNormMLPFwdArgs.fc2_grad_output_quantizer",
+                    )
+                ),
+                activation_dtype
+                if type(activation_dtype) is torch.dtype
+                else _b.check(
+                    activation_dtype, torch.dtype, "LayerNormMLPFwdArgs.activation_dtype"
+                ),
+                fp8
+                if fp8 is True or fp8 is False
+                else _b.check(fp8, bool, "LayerNormMLPFwdArgs.fp8"),
+                isinstance(fprop_gemm, GemmConfig)
+                and getattr(fprop_gemm, "_teops_code", None)
+                or _b.code(fprop_gemm, GemmConfig, "LayerNormMLPFwdArgs.fprop_gemm"),
+                isinstance(dgrad_gemm, GemmConfig)
+                and getattr(dgrad_gemm, "_teops_code", None)
+                or _b.code(dgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.dgrad_gemm"),
+                isinstance(wgrad_gemm, GemmConfig)
+                and getattr(wgrad_gemm, "_teops_code", None)
+                or _b.code(wgrad_gemm, GemmConfig, "LayerNormMLPFwdArgs.wgrad_gemm"),
+                set_parallel_mode
+                if set_parallel_mode is True or set_parallel_mode is False
+                else _b.check(set_parallel_mode, bool, "LayerNormMLPFwdArgs.set_parallel_mode"),
+                None
+                if tp_group is None
+                else _b.group_name(tp_group, "LayerNormMLPFwdArgs.tp_group"),
+                tp_size
+                if type(tp_size) is int
+                else _b.check(tp_size, _b.INT, "LayerNormMLPFwdArgs.tp_size"),
+                sequence_parallel
+                if sequence_parallel is True or sequence_parallel is False
+                else _b.check(sequence_parallel, bool, "LayerNormMLPFwdArgs.sequence_parallel"),
+                hidden_size
+                if type(hidden_size) is int
+                else _b.check(hidden_size, _b.INT, "LayerNormMLPFwdArgs.hidden_size"),
+                ffn_hidden_size
+                if type(ffn_hidden_size) is int
+                else _b.check(ffn_hidden_size, _b.INT, "LayerNormMLPFwdArgs.ffn_hidden_size"),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
+                sr_rng_state
+                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                else _b.check_optional(
+                    sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"
+                ),
+                fuse_wgrad_accumulation
+                if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
+                else _b.check(
+                    fuse_wgrad_accumulation, bool, "LayerNormMLPFwdArgs.fuse_wgrad_accumulation"
+                ),
+                delay_wgrad_compute
+                if delay_wgrad_compute is True or delay_wgrad_compute is False
+                else _b.check(delay_wgrad_compute, bool, "LayerNormMLPFwdArgs.delay_wgrad_compute"),
+                None
+                if activation_params is None
+                else (
+                    isinstance(activation_params, ClampedSwiGLUParams)
+                    and getattr(activation_params, "_teops_code", None)
+                    or _b.code(
+                        activation_params,
+                        ClampedSwiGLUParams,
+                        "LayerNormMLPFwdArgs.activation_params",
+                    )
+                ),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = LayerNormMLPFwdArgs(
         inp=inp,

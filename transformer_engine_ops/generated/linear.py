@@ -274,48 +274,94 @@ def linear_fwd_slots(
         *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
         inp if type(inp) is torch.Tensor else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
         bias
-        if (bias) is None or type(bias) is torch.Tensor
+        if bias is None or type(bias) is torch.Tensor
         else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(weight_workspace, "LinearFwdArgs.weight_workspace"),
         input_requires_grad
-        if type(input_requires_grad) is bool
+        if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
         weight_requires_grad
-        if type(weight_requires_grad) is bool
+        if weight_requires_grad is True or weight_requires_grad is False
         else _b.check(weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
         bias_requires_grad
-        if type(bias_requires_grad) is bool
+        if bias_requires_grad is True or bias_requires_grad is False
         else _b.check(bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
-        _b.optional_code(input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
-        _b.optional_code(weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
-        _b.optional_code(output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
-        _b.optional_code(grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer"),
-        _b.optional_code(grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer"),
-        _b.optional_code(grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"),
+        None
+        if input_quantizer is None
+        else (
+            isinstance(input_quantizer, Quantizer)
+            and getattr(input_quantizer, "_teops_code", None)
+            or _b.code(input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer")
+        ),
+        None
+        if weight_quantizer is None
+        else (
+            isinstance(weight_quantizer, Quantizer)
+            and getattr(weight_quantizer, "_teops_code", None)
+            or _b.code(weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer")
+        ),
+        None
+        if output_quantizer is None
+        else (
+            isinstance(output_quantizer, Quantizer)
+            and getattr(output_quantizer, "_teops_code", None)
+            or _b.code(output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer")
+        ),
+        None
+        if grad_input_quantizer is None
+        else (
+            isinstance(grad_input_quantizer, Quantizer)
+            and getattr(grad_input_quantizer, "_teops_code", None)
+            or _b.code(grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer")
+        ),
+        None
+        if grad_weight_quantizer is None
+        else (
+            isinstance(grad_weight_quantizer, Quantizer)
+            and getattr(grad_weight_quantizer, "_teops_code", None)
+            or _b.code(grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer")
+        ),
+        None
+        if grad_output_quantizer is None
+        else (
+            isinstance(grad_output_quantizer, Quantizer)
+            and getattr(grad_output_quantizer, "_teops_code", None)
+            or _b.code(grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer")
+        ),
         activation_dtype
         if type(activation_dtype) is torch.dtype
         else _b.check(activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
-        fp8 if type(fp8) is bool else _b.check(fp8, bool, "LinearFwdArgs.fp8"),
+        fp8 if fp8 is True or fp8 is False else _b.check(fp8, bool, "LinearFwdArgs.fp8"),
         fp8_output
-        if type(fp8_output) is bool
+        if fp8_output is True or fp8_output is False
         else _b.check(fp8_output, bool, "LinearFwdArgs.fp8_output"),
-        _b.optional_enum_name(
-            backward_override, BackwardOverride, "LinearFwdArgs.backward_override"
-        ),
-        _b.code(fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
-        _b.code(dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
-        _b.code(wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
+        None
+        if backward_override is None
+        else _b.enum_name(backward_override, BackwardOverride, "LinearFwdArgs.backward_override"),
+        isinstance(fprop_gemm, GemmConfig)
+        and getattr(fprop_gemm, "_teops_code", None)
+        or _b.code(fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
+        isinstance(dgrad_gemm, GemmConfig)
+        and getattr(dgrad_gemm, "_teops_code", None)
+        or _b.code(dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
+        isinstance(wgrad_gemm, GemmConfig)
+        and getattr(wgrad_gemm, "_teops_code", None)
+        or _b.code(wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
         is_first_microbatch
-        if (is_first_microbatch) is None or type(is_first_microbatch) is bool
+        if is_first_microbatch is None
+        or is_first_microbatch is True
+        or is_first_microbatch is False
         else _b.check_optional(is_first_microbatch, bool, "LinearFwdArgs.is_first_microbatch"),
         cache_weight
-        if type(cache_weight) is bool
+        if cache_weight is True or cache_weight is False
         else _b.check(cache_weight, bool, "LinearFwdArgs.cache_weight"),
-        _b.optional_choice(parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
-        _b.optional_group_name(tp_group, "LinearFwdArgs.tp_group"),
+        None
+        if parallel_mode is None
+        else _b.choice(parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
+        None if tp_group is None else _b.group_name(tp_group, "LinearFwdArgs.tp_group"),
         tp_size if type(tp_size) is int else _b.check(tp_size, _b.INT, "LinearFwdArgs.tp_size"),
         sequence_parallel
-        if type(sequence_parallel) is bool
+        if sequence_parallel is True or sequence_parallel is False
         else _b.check(sequence_parallel, bool, "LinearFwdArgs.sequence_parallel"),
         in_features
         if type(in_features) is int
@@ -324,26 +370,26 @@ def linear_fwd_slots(
         if type(out_features) is int
         else _b.check(out_features, _b.INT, "LinearFwdArgs.out_features"),
         ub_overlap_ag_fprop
-        if type(ub_overlap_ag_fprop) is bool
+        if ub_overlap_ag_fprop is True or ub_overlap_ag_fprop is False
         else _b.check(ub_overlap_ag_fprop, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
         ub_overlap_rs_fprop
-        if type(ub_overlap_rs_fprop) is bool
+        if ub_overlap_rs_fprop is True or ub_overlap_rs_fprop is False
         else _b.check(ub_overlap_rs_fprop, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
         ub_name
-        if (ub_name) is None or type(ub_name) is str
+        if ub_name is None or type(ub_name) is str
         else _b.check_optional(ub_name, str, "LinearFwdArgs.ub_name"),
-        *_b.unsupported(wgrad_store, "LinearFwdArgs.wgrad_store"),
+        *(() if wgrad_store is None else _b.unsupported(wgrad_store, "LinearFwdArgs.wgrad_store")),
         is_grad_enabled
-        if type(is_grad_enabled) is bool
+        if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if (sr_rng_state) is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
         else _b.check_optional(sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
-        if type(fuse_wgrad_accumulation) is bool
+        if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
         else _b.check(fuse_wgrad_accumulation, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
         delay_wgrad_compute
-        if type(delay_wgrad_compute) is bool
+        if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
     )
 
@@ -399,53 +445,97 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
         _b.size(args.inp_shape, "LinearBwdArgs.inp_shape"),
         v
-        if type(v := args.requires_dgrad) is bool
+        if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.requires_dgrad"),
         v
-        if type(v := args.requires_wgrad) is bool
+        if (v := args.requires_wgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.requires_wgrad"),
-        v if type(v := args.use_bias) is bool else _b.check(v, bool, "LinearBwdArgs.use_bias"),
-        _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
-        _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
-        _b.optional_code(
-            args.grad_input_quantizer, Quantizer, "LinearBwdArgs.grad_input_quantizer"
+        v
+        if (v := args.use_bias) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.use_bias"),
+        None
+        if (v := args.input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.input_quantizer")
         ),
-        _b.optional_code(
-            args.grad_weight_quantizer, Quantizer, "LinearBwdArgs.grad_weight_quantizer"
+        None
+        if (v := args.weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.weight_quantizer")
         ),
-        _b.optional_code(
-            args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
+        None
+        if (v := args.grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_input_quantizer")
+        ),
+        None
+        if (v := args.grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_weight_quantizer")
+        ),
+        None
+        if (v := args.grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_output_quantizer")
         ),
         v
         if type(v := args.activation_dtype) is torch.dtype
         else _b.check(v, torch.dtype, "LinearBwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearBwdArgs.fp8"),
-        _b.optional_enum_name(
-            args.backward_override, BackwardOverride, "LinearBwdArgs.backward_override"
-        ),
-        _b.code(args.dgrad_gemm, GemmConfig, "LinearBwdArgs.dgrad_gemm"),
-        _b.code(args.wgrad_gemm, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
-        _b.optional_choice(args.parallel_mode, ("column", "row"), "LinearBwdArgs.parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LinearBwdArgs.tp_group"),
+        v if (v := args.fp8) is True or v is False else _b.check(v, bool, "LinearBwdArgs.fp8"),
+        None
+        if (v := args.backward_override) is None
+        else _b.enum_name(v, BackwardOverride, "LinearBwdArgs.backward_override"),
+        isinstance(v := args.dgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LinearBwdArgs.dgrad_gemm"),
+        isinstance(v := args.wgrad_gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
+        None
+        if (v := args.parallel_mode) is None
+        else _b.choice(v, ("column", "row"), "LinearBwdArgs.parallel_mode"),
+        None if (v := args.tp_group) is None else _b.group_name(v, "LinearBwdArgs.tp_group"),
         v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearBwdArgs.tp_size"),
         v
-        if type(v := args.sequence_parallel) is bool
+        if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.sequence_parallel"),
         v
-        if type(v := args.ub_overlap_ag_dgrad) is bool
+        if (v := args.ub_overlap_ag_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_overlap_ag_dgrad"),
         v
-        if type(v := args.ub_overlap_rs_dgrad) is bool
+        if (v := args.ub_overlap_rs_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
         v
-        if type(v := args.ub_bulk_wgrad) is bool
+        if (v := args.ub_bulk_wgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_bulk_wgrad"),
-        *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
-        *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
+        *(
+            ()
+            if (v := args.wgrad_store) is None
+            else _b.unsupported(v, "LinearBwdArgs.wgrad_store")
+        ),
+        *(
+            ()
+            if (v := args.main_grad_func) is None
+            else _b.unsupported(v, "LinearBwdArgs.main_grad_func")
+        ),
         v
         if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
-        *_b.unsupported(args.wgrad_route, "LinearBwdArgs.wgrad_route"),
+        *(
+            ()
+            if (v := args.wgrad_route) is None
+            else _b.unsupported(v, "LinearBwdArgs.wgrad_route")
+        ),
     )
 
 
@@ -737,19 +827,28 @@ def linear_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if linear_fwd is None or linear_bwd is None:
         return _r.registration_error()
-    reason = _r.quantizer_blocker(
-        input_quantizer,
-        weight_quantizer,
-        output_quantizer,
-        grad_input_quantizer,
-        grad_weight_quantizer,
-        grad_output_quantizer,
-    )
-    if reason is not None:
-        return reason
+    if input_quantizer is not None and not getattr(type(input_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(input_quantizer)
+    if weight_quantizer is not None and not getattr(type(weight_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(weight_quantizer)
+    if output_quantizer is not None and not getattr(type(output_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(output_quantizer)
+    if grad_input_quantizer is not None and not getattr(
+        type(grad_input_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_input_quantizer)
+    if grad_weight_quantizer is not None and not getattr(
+        type(grad_weight_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_weight_quantizer)
+    if grad_output_quantizer is not None and not getattr(
+        type(grad_output_quantizer), "value_opaque", True
+    ):
+        return _r.quantizer_blocker(grad_output_quantizer)
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -837,49 +936,156 @@ def call_linear(
             delay_wgrad_compute,
         )
         if reason is None:
-            outputs, values = linear_compiled(
-                linear_fwd_slots(
-                    weight,
-                    inp,
-                    bias,
-                    weight_workspace,
-                    input_requires_grad,
-                    weight_requires_grad,
-                    bias_requires_grad,
-                    input_quantizer,
-                    weight_quantizer,
-                    output_quantizer,
-                    grad_input_quantizer,
-                    grad_weight_quantizer,
-                    grad_output_quantizer,
-                    activation_dtype,
-                    fp8,
-                    fp8_output,
-                    backward_override,
-                    fprop_gemm,
-                    dgrad_gemm,
-                    wgrad_gemm,
-                    is_first_microbatch,
-                    cache_weight,
-                    parallel_mode,
-                    tp_group,
-                    tp_size,
-                    sequence_parallel,
-                    in_features,
-                    out_features,
-                    ub_overlap_ag_fprop,
-                    ub_overlap_rs_fprop,
-                    ub_name,
-                    wgrad_store,
-                    is_grad_enabled,
-                    sr_rng_state,
-                    fuse_wgrad_accumulation,
-                    delay_wgrad_compute,
+            # `linear_compiled(linear_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = linear_fwd(
+                *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
+                inp
+                if type(inp) is torch.Tensor
+                else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
+                bias
+                if bias is None or type(bias) is torch.Tensor
+                else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
+                *_b.optional_tensor_or_quantized(
+                    weight_workspace, "LinearFwdArgs.weight_workspace"
                 ),
-                () if keep is None else keep.saved,
+                input_requires_grad
+                if input_requires_grad is True or input_requires_grad is False
+                else _b.check(input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
+                weight_requires_grad
+                if weight_requires_grad is True or weight_requires_grad is False
+                else _b.check(weight_requires_grad, bool, "LinearFwdArgs.weight_requires_grad"),
+                bias_requires_grad
+                if bias_requires_grad is True or bias_requires_grad is False
+                else _b.check(bias_requires_grad, bool, "LinearFwdArgs.bias_requires_grad"),
+                None
+                if input_quantizer is None
+                else (
+                    isinstance(input_quantizer, Quantizer)
+                    and getattr(input_quantizer, "_teops_code", None)
+                    or _b.code(input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer")
+                ),
+                None
+                if weight_quantizer is None
+                else (
+                    isinstance(weight_quantizer, Quantizer)
+                    and getattr(weight_quantizer, "_teops_code", None)
+                    or _b.code(weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer")
+                ),
+                None
+                if output_quantizer is None
+                else (
+                    isinstance(output_quantizer, Quantizer)
+                    and getattr(output_quantizer, "_teops_code", None)
+                    or _b.code(output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer")
+                ),
+                None
+                if grad_input_quantizer is None
+                else (
+                    isinstance(grad_input_quantizer, Quantizer)
+                    and getattr(grad_input_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer"
+                    )
+                ),
+                None
+                if grad_weight_quantizer is None
+                else (
+                    isinstance(grad_weight_quantizer, Quantizer)
+                    and getattr(grad_weight_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer"
+                    )
+                ),
+                None
+                if grad_output_quantizer is None
+                else (
+                    isinstance(grad_output_quantizer, Quantizer)
+                    and getattr(grad_output_quantizer, "_teops_code", None)
+                    or _b.code(
+                        grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
+                    )
+                ),
+                activation_dtype
+                if type(activation_dtype) is torch.dtype
+                else _b.check(activation_dtype, torch.dtype, "LinearFwdArgs.activation_dtype"),
+                fp8 if fp8 is True or fp8 is False else _b.check(fp8, bool, "LinearFwdArgs.fp8"),
+                fp8_output
+                if fp8_output is True or fp8_output is False
+                else _b.check(fp8_output, bool, "LinearFwdArgs.fp8_output"),
+                None
+                if backward_override is None
+                else _b.enum_name(
+                    backward_override, BackwardOverride, "LinearFwdArgs.backward_override"
+                ),
+                isinstance(fprop_gemm, GemmConfig)
+                and getattr(fprop_gemm, "_teops_code", None)
+                or _b.code(fprop_gemm, GemmConfig, "LinearFwdArgs.fprop_gemm"),
+                isinstance(dgrad_gemm, GemmConfig)
+                and getattr(dgrad_gemm, "_teops_code", None)
+                or _b.code(dgrad_gemm, GemmConfig, "LinearFwdArgs.dgrad_gemm"),
+                isinstance(wgrad_gemm, GemmConfig)
+                and getattr(wgrad_gemm, "_teops_code", None)
+                or _b.code(wgrad_gemm, GemmConfig, "LinearFwdArgs.wgrad_gemm"),
+                is_first_microbatch
+                if is_first_microbatch is None
+                or is_first_microbatch is True
+                or is_first_microbatch is False
+                else _b.check_optional(
+                    is_first_microbatch, bool, "LinearFwdArgs.is_first_microbatch"
+                ),
+                cache_weight
+                if cache_weight is True or cache_weight is False
+                else _b.check(cache_weight, bool, "LinearFwdArgs.cache_weight"),
+                None
+                if parallel_mode is None
+                else _b.choice(parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
+                None if tp_group is None else _b.group_name(tp_group, "LinearFwdArgs.tp_group"),
+                tp_size
+                if type(tp_size) is int
+                else _b.check(tp_size, _b.INT, "LinearFwdArgs.tp_size"),
+                sequence_parallel
+                if sequence_parallel is True or sequence_parallel is False
+                else _b.check(sequence_parallel, bool, "LinearFwdArgs.sequence_parallel"),
+                in_features
+                if type(in_features) is int
+                else _b.check(in_features, _b.INT, "LinearFwdArgs.in_features"),
+                out_features
+                if type(out_features) is int
+                else _b.check(out_features, _b.INT, "LinearFwdArgs.out_features"),
+                ub_overlap_ag_fprop
+                if ub_overlap_ag_fprop is True or ub_overlap_ag_fprop is False
+                else _b.check(ub_overlap_ag_fprop, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
+                ub_overlap_rs_fprop
+                if ub_overlap_rs_fprop is True or ub_overlap_rs_fprop is False
+                else _b.check(ub_overlap_rs_fprop, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
+                ub_name
+                if ub_name is None or type(ub_name) is str
+                else _b.check_optional(ub_name, str, "LinearFwdArgs.ub_name"),
+                *(
+                    ()
+                    if wgrad_store is None
+                    else _b.unsupported(wgrad_store, "LinearFwdArgs.wgrad_store")
+                ),
+                is_grad_enabled
+                if is_grad_enabled is True or is_grad_enabled is False
+                else _b.check(is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
+                sr_rng_state
+                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                else _b.check_optional(sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
+                fuse_wgrad_accumulation
+                if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
+                else _b.check(
+                    fuse_wgrad_accumulation, bool, "LinearFwdArgs.fuse_wgrad_accumulation"
+                ),
+                delay_wgrad_compute
+                if delay_wgrad_compute is True or delay_wgrad_compute is False
+                else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     elif keep is None:
         outputs = linear_plain_call(

@@ -93,18 +93,10 @@ def tensor_list(value: Any, where: str) -> list[torch.Tensor]:
     raise _mismatch(where, "a list of Tensors", value)
 
 
-def optional_tensor_list(value: Any, where: str) -> list[torch.Tensor] | None:
-    return None if value is None else tensor_list(value, where)
-
-
 def size(value: Any, where: str) -> list[Any]:
     if isinstance(value, torch.Size | tuple | list) and all(isinstance(d, INT) for d in value):
         return list(value)
     raise _mismatch(where, "torch.Size or a tuple of ints", value)
-
-
-def optional_size(value: Any, where: str) -> list[Any] | None:
-    return None if value is None else size(value, where)
 
 
 def optional_torch_size(value: Sequence[Any] | None) -> torch.Size | None:
@@ -122,10 +114,6 @@ def int_tuple(value: Any, length: int, where: str) -> list[Any]:
     raise _mismatch(where, f"a tuple of {length} ints", value)
 
 
-def optional_int_tuple(value: Any, length: int, where: str) -> list[Any] | None:
-    return None if value is None else int_tuple(value, length, where)
-
-
 def optional_tuple(value: Sequence[Any] | None) -> tuple[Any, ...] | None:
     return None if value is None else tuple(value)
 
@@ -136,10 +124,6 @@ def int_list(value: Any, where: str) -> list[Any]:
     ):
         return list(value)
     raise _mismatch(where, "a list of ints", value)
-
-
-def optional_int_list(value: Any, where: str) -> list[Any] | None:
-    return None if value is None else int_list(value, where)
 
 
 def optional_list(value: Sequence[Any] | None) -> list[Any] | None:
@@ -170,19 +154,11 @@ def code(value: Any, expected: type, where: str) -> str:
     raise _mismatch(where, _type_names(expected), value)
 
 
-def optional_code(value: Any, expected: type, where: str) -> str | None:
-    return None if value is None else code(value, expected, where)
-
-
 def code_list(value: Any, expected: type, where: str) -> list[str | None]:
     """One text per element (None stays None): one quantizer per GEMM."""
     return [
         None if v is None else code(v, expected, where) for v in object_list(value, expected, where)
     ]
-
-
-def optional_code_list(value: Any, expected: type, where: str) -> list[str | None] | None:
-    return None if value is None else code_list(value, expected, where)
 
 
 decode = codec.decode
@@ -202,10 +178,6 @@ def enum_name(value: Any, cls: type[enum.Enum], where: str) -> str:
     raise _mismatch(where, cls.__qualname__, value)
 
 
-def optional_enum_name(value: Any, cls: type[enum.Enum], where: str) -> str | None:
-    return None if value is None else enum_name(value, cls, where)
-
-
 def optional_enum(cls: type[enum.Enum], name: str | None) -> enum.Enum | None:
     return None if name is None else cls[name]
 
@@ -217,10 +189,6 @@ def choice(value: Any, choices: tuple[str, ...], where: str) -> str:
     if isinstance(value, str):
         raise ValueError(f"{where}: expected one of {allowed}, got {value!r}")
     raise _mismatch(where, f"one of {allowed}", value)
-
-
-def optional_choice(value: Any, choices: tuple[str, ...], where: str) -> str | None:
-    return None if value is None else choice(value, choices, where)
 
 
 def unsupported(value: Any, where: str) -> tuple[()]:
@@ -240,10 +208,6 @@ def group_name(value: Any, where: str) -> str:
     if isinstance(value, dist.ProcessGroup):
         return value.group_name
     raise _mismatch(where, "ProcessGroup", value)
-
-
-def optional_group_name(value: Any, where: str) -> str | None:
-    return None if value is None else group_name(value, where)
 
 
 def resolve_group(name: str | None, where: str) -> dist.ProcessGroup | None:

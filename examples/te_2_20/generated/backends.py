@@ -284,7 +284,7 @@ def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
         if (v := args.packed_kv) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.packed_kv"),
         v
-        if type(v := args.is_training) is bool
+        if (v := args.is_training) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.is_training"),
         v
         if type(v := args.max_seqlen_q) is int
@@ -299,7 +299,7 @@ def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
         if type(v := args.dropout_p) is float
         else _b.check(v, _b.FLOAT, "FusedAttnFwdArgs.dropout_p"),
         v
-        if type(v := args.fast_zero_fill) is bool
+        if (v := args.fast_zero_fill) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.fast_zero_fill"),
         v if type(v := args.qkv_layout) is str else _b.check(v, str, "FusedAttnFwdArgs.qkv_layout"),
         v
@@ -311,31 +311,37 @@ def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
         v
         if type(v := args.softmax_type) is str
         else _b.check(v, str, "FusedAttnFwdArgs.softmax_type"),
-        _b.optional_int_tuple(args.window_size, 2, "FusedAttnFwdArgs.window_size"),
+        None
+        if (v := args.window_size) is None
+        else _b.int_tuple(v, 2, "FusedAttnFwdArgs.window_size"),
         v
-        if (v := args.bottom_right_diagonal) is None or type(v) is bool
+        if (v := args.bottom_right_diagonal) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnFwdArgs.bottom_right_diagonal"),
         v
         if type(v := args.fused_attention_backend) is int
         else _b.check(v, _b.INT, "FusedAttnFwdArgs.fused_attention_backend"),
         v
-        if type(v := args.deterministic) is bool
+        if (v := args.deterministic) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.deterministic"),
         v
-        if type(v := args.use_FAv2_bwd) is bool
+        if (v := args.use_FAv2_bwd) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.use_FAv2_bwd"),
         v
-        if type(v := args.return_max_logit) is bool
+        if (v := args.return_max_logit) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.return_max_logit"),
-        *_b.unsupported(args.rng_gen, "FusedAttnFwdArgs.rng_gen"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "FusedAttnFwdArgs.fp8"),
-        *_b.unsupported(args.fp8_meta, "FusedAttnFwdArgs.fp8_meta"),
-        *_b.unsupported(args.quantizers, "FusedAttnFwdArgs.quantizers"),
+        *(() if (v := args.rng_gen) is None else _b.unsupported(v, "FusedAttnFwdArgs.rng_gen")),
+        v if (v := args.fp8) is True or v is False else _b.check(v, bool, "FusedAttnFwdArgs.fp8"),
+        *(() if (v := args.fp8_meta) is None else _b.unsupported(v, "FusedAttnFwdArgs.fp8_meta")),
+        *(
+            ()
+            if (v := args.quantizers) is None
+            else _b.unsupported(v, "FusedAttnFwdArgs.quantizers")
+        ),
         v
-        if type(v := args.fp8_output) is bool
+        if (v := args.fp8_output) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.fp8_output"),
         v
-        if type(v := args.bf16_backward) is bool
+        if (v := args.bf16_backward) is True or v is False
         else _b.check(v, bool, "FusedAttnFwdArgs.bf16_backward"),
         v
         if (v := args.layer_number) is None or type(v) is int
@@ -445,7 +451,7 @@ def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
         if (v := args.dropout_p) is None or type(v) is float
         else _b.check_optional(v, _b.FLOAT, "FusedAttnBwdArgs.dropout_p"),
         v
-        if (v := args.fast_zero_fill) is None or type(v) is bool
+        if (v := args.fast_zero_fill) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.fast_zero_fill"),
         v
         if (v := args.qkv_layout) is None or type(v) is str
@@ -465,30 +471,32 @@ def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.softmax_type) is None or type(v) is str
         else _b.check_optional(v, str, "FusedAttnBwdArgs.softmax_type"),
-        _b.optional_int_tuple(args.window_size, 2, "FusedAttnBwdArgs.window_size"),
+        None
+        if (v := args.window_size) is None
+        else _b.int_tuple(v, 2, "FusedAttnBwdArgs.window_size"),
         v
-        if (v := args.bottom_right_diagonal) is None or type(v) is bool
+        if (v := args.bottom_right_diagonal) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.bottom_right_diagonal"),
         v
         if (v := args.fused_attention_backend) is None or type(v) is int
         else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.fused_attention_backend"),
         v
-        if (v := args.deterministic) is None or type(v) is bool
+        if (v := args.deterministic) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.deterministic"),
         v
-        if (v := args.use_FAv2_bwd) is None or type(v) is bool
+        if (v := args.use_FAv2_bwd) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.use_FAv2_bwd"),
         v
         if (v := args.nominal_dtype) is None or type(v) is torch.dtype
         else _b.check_optional(v, torch.dtype, "FusedAttnBwdArgs.nominal_dtype"),
         v
-        if (v := args.fp8) is None or type(v) is bool
+        if (v := args.fp8) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.fp8"),
         v
-        if (v := args.is_input_fp8) is None or type(v) is bool
+        if (v := args.is_input_fp8) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.is_input_fp8"),
         v
-        if (v := args.bf16_backward) is None or type(v) is bool
+        if (v := args.bf16_backward) is None or v is True or v is False
         else _b.check_optional(v, bool, "FusedAttnBwdArgs.bf16_backward"),
         v
         if (v := args.qkv_type) is None or type(v) is str
@@ -499,12 +507,36 @@ def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.layer_number) is None or type(v) is int
         else _b.check_optional(v, _b.INT, "FusedAttnBwdArgs.layer_number"),
-        *_b.unsupported(args.QKV_quantizer, "FusedAttnBwdArgs.QKV_quantizer"),
-        *_b.unsupported(args.O_quantizer, "FusedAttnBwdArgs.O_quantizer"),
-        *_b.unsupported(args.S_quantizer, "FusedAttnBwdArgs.S_quantizer"),
-        *_b.unsupported(args.dQKV_quantizer, "FusedAttnBwdArgs.dQKV_quantizer"),
-        *_b.unsupported(args.dO_quantizer, "FusedAttnBwdArgs.dO_quantizer"),
-        *_b.unsupported(args.dP_quantizer, "FusedAttnBwdArgs.dP_quantizer"),
+        *(
+            ()
+            if (v := args.QKV_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.QKV_quantizer")
+        ),
+        *(
+            ()
+            if (v := args.O_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.O_quantizer")
+        ),
+        *(
+            ()
+            if (v := args.S_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.S_quantizer")
+        ),
+        *(
+            ()
+            if (v := args.dQKV_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.dQKV_quantizer")
+        ),
+        *(
+            ()
+            if (v := args.dO_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.dO_quantizer")
+        ),
+        *(
+            ()
+            if (v := args.dP_quantizer) is None
+            else _b.unsupported(v, "FusedAttnBwdArgs.dP_quantizer")
+        ),
     )
 
 

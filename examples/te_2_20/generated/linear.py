@@ -265,106 +265,146 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(args.weight_workspace, "LinearFwdArgs.weight_workspace"),
         v
-        if type(v := args.input_requires_grad) is bool
+        if (v := args.input_requires_grad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.input_requires_grad"),
         v
-        if type(v := args.weight_requires_grad) is bool
+        if (v := args.weight_requires_grad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.weight_requires_grad"),
         v
-        if type(v := args.bias_requires_grad) is bool
+        if (v := args.bias_requires_grad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.bias_requires_grad"),
-        _b.optional_code(args.input_quantizer, Quantizer, "LinearFwdArgs.input_quantizer"),
-        _b.optional_code(args.weight_quantizer, Quantizer, "LinearFwdArgs.weight_quantizer"),
-        _b.optional_code(args.output_quantizer, Quantizer, "LinearFwdArgs.output_quantizer"),
-        _b.optional_code(
-            args.grad_input_quantizer, Quantizer, "LinearFwdArgs.grad_input_quantizer"
+        None
+        if (v := args.input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.input_quantizer")
         ),
-        _b.optional_code(
-            args.grad_weight_quantizer, Quantizer, "LinearFwdArgs.grad_weight_quantizer"
+        None
+        if (v := args.weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.weight_quantizer")
         ),
-        _b.optional_code(
-            args.grad_output_quantizer, Quantizer, "LinearFwdArgs.grad_output_quantizer"
+        None
+        if (v := args.output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.output_quantizer")
+        ),
+        None
+        if (v := args.grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.grad_input_quantizer")
+        ),
+        None
+        if (v := args.grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.grad_weight_quantizer")
+        ),
+        None
+        if (v := args.grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearFwdArgs.grad_output_quantizer")
         ),
         v
         if type(v := args.activation_dtype) is torch.dtype
         else _b.check(v, torch.dtype, "LinearFwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearFwdArgs.fp8"),
+        v if (v := args.fp8) is True or v is False else _b.check(v, bool, "LinearFwdArgs.fp8"),
         v
-        if type(v := args.fp8_calibration) is bool
+        if (v := args.fp8_calibration) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.fp8_calibration"),
-        v if type(v := args.fp8_output) is bool else _b.check(v, bool, "LinearFwdArgs.fp8_output"),
         v
-        if type(v := args.save_original_input) is bool
+        if (v := args.fp8_output) is True or v is False
+        else _b.check(v, bool, "LinearFwdArgs.fp8_output"),
+        v
+        if (v := args.save_original_input) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.save_original_input"),
         v
         if (v := args.backward_override) is None or type(v) is str
         else _b.check_optional(v, str, "LinearFwdArgs.backward_override"),
         v
-        if type(v := args.dgrad_use_split_accumulator) is bool
+        if (v := args.dgrad_use_split_accumulator) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.dgrad_use_split_accumulator"),
         v
-        if type(v := args.wgrad_use_split_accumulator) is bool
+        if (v := args.wgrad_use_split_accumulator) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.wgrad_use_split_accumulator"),
-        v if type(v := args.custom) is bool else _b.check(v, bool, "LinearFwdArgs.custom"),
-        v if type(v := args.debug) is bool else _b.check(v, bool, "LinearFwdArgs.debug"),
         v
-        if (v := args.is_first_microbatch) is None or type(v) is bool
+        if (v := args.custom) is True or v is False
+        else _b.check(v, bool, "LinearFwdArgs.custom"),
+        v if (v := args.debug) is True or v is False else _b.check(v, bool, "LinearFwdArgs.debug"),
+        v
+        if (v := args.is_first_microbatch) is None or v is True or v is False
         else _b.check_optional(v, bool, "LinearFwdArgs.is_first_microbatch"),
         v
-        if type(v := args.cache_weight) is bool
+        if (v := args.cache_weight) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.cache_weight"),
         v
-        if (v := args.skip_fp8_weight_update) is None or type(v) is bool
+        if (v := args.skip_fp8_weight_update) is None or v is True or v is False
         else _b.check_optional(v, bool, "LinearFwdArgs.skip_fp8_weight_update"),
         v
         if (v := args.parallel_mode) is None or type(v) is str
         else _b.check_optional(v, str, "LinearFwdArgs.parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LinearFwdArgs.tp_group"),
+        None if (v := args.tp_group) is None else _b.group_name(v, "LinearFwdArgs.tp_group"),
         v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearFwdArgs.tp_size"),
         v
-        if type(v := args.tensor_parallel) is bool
+        if (v := args.tensor_parallel) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.tensor_parallel"),
         v
-        if type(v := args.sequence_parallel) is bool
+        if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.sequence_parallel"),
         v
         if (v := args.symmetric_ar_type) is None or type(v) is str
         else _b.check_optional(v, str, "LinearFwdArgs.symmetric_ar_type"),
         v
-        if type(v := args.backward_input_needs_gather) is bool
+        if (v := args.backward_input_needs_gather) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.backward_input_needs_gather"),
         v
         if (v := args.ub_name) is None or type(v) is str
         else _b.check_optional(v, str, "LinearFwdArgs.ub_name"),
         v
-        if type(v := args.ub_overlap_ag_fprop) is bool
+        if (v := args.ub_overlap_ag_fprop) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_overlap_ag_fprop"),
         v
-        if type(v := args.ub_overlap_rs_fprop) is bool
+        if (v := args.ub_overlap_rs_fprop) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_overlap_rs_fprop"),
         v
-        if type(v := args.ub_overlap_ag_dgrad) is bool
+        if (v := args.ub_overlap_ag_dgrad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_overlap_ag_dgrad"),
         v
-        if type(v := args.ub_overlap_rs_dgrad) is bool
+        if (v := args.ub_overlap_rs_dgrad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_overlap_rs_dgrad"),
         v
-        if type(v := args.ub_bulk_dgrad) is bool
+        if (v := args.ub_bulk_dgrad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_bulk_dgrad"),
         v
-        if type(v := args.ub_bulk_wgrad) is bool
+        if (v := args.ub_bulk_wgrad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.ub_bulk_wgrad"),
-        *_b.unsupported(args.fsdp_group, "LinearFwdArgs.fsdp_group"),
-        v if type(v := args.is_fsdp2) is bool else _b.check(v, bool, "LinearFwdArgs.is_fsdp2"),
+        *(() if (v := args.fsdp_group) is None else _b.unsupported(v, "LinearFwdArgs.fsdp_group")),
         v
-        if type(v := args.fuse_wgrad_accumulation) is bool
+        if (v := args.is_fsdp2) is True or v is False
+        else _b.check(v, bool, "LinearFwdArgs.is_fsdp2"),
+        v
+        if (v := args.fuse_wgrad_accumulation) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.fuse_wgrad_accumulation"),
-        *_b.unsupported(args.wgrad_store, "LinearFwdArgs.wgrad_store"),
+        *(
+            ()
+            if (v := args.wgrad_store) is None
+            else _b.unsupported(v, "LinearFwdArgs.wgrad_store")
+        ),
         v
-        if type(v := args.cpu_offloading) is bool
+        if (v := args.cpu_offloading) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.cpu_offloading"),
         v
-        if type(v := args.is_grad_enabled) is bool
+        if (v := args.is_grad_enabled) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.is_grad_enabled"),
     )
 
@@ -434,95 +474,147 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.bias) is None or type(v) is torch.Tensor
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.bias"),
-        _b.optional_code(args.input_quantizer, Quantizer, "LinearBwdArgs.input_quantizer"),
-        _b.optional_code(args.weight_quantizer, Quantizer, "LinearBwdArgs.weight_quantizer"),
-        _b.optional_code(
-            args.grad_input_quantizer, Quantizer, "LinearBwdArgs.grad_input_quantizer"
+        None
+        if (v := args.input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.input_quantizer")
         ),
-        _b.optional_code(
-            args.grad_weight_quantizer, Quantizer, "LinearBwdArgs.grad_weight_quantizer"
+        None
+        if (v := args.weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.weight_quantizer")
         ),
-        _b.optional_code(
-            args.grad_output_quantizer, Quantizer, "LinearBwdArgs.grad_output_quantizer"
+        None
+        if (v := args.grad_input_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_input_quantizer")
         ),
-        v if type(v := args.use_bias) is bool else _b.check(v, bool, "LinearBwdArgs.use_bias"),
+        None
+        if (v := args.grad_weight_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_weight_quantizer")
+        ),
+        None
+        if (v := args.grad_output_quantizer) is None
+        else (
+            isinstance(v, Quantizer)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, Quantizer, "LinearBwdArgs.grad_output_quantizer")
+        ),
         v
-        if type(v := args.requires_dgrad) is bool
+        if (v := args.use_bias) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.use_bias"),
+        v
+        if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.requires_dgrad"),
         v
-        if type(v := args.requires_wgrad) is bool
+        if (v := args.requires_wgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.requires_wgrad"),
-        _b.optional_size(args.inp_shape, "LinearBwdArgs.inp_shape"),
+        None if (v := args.inp_shape) is None else _b.size(v, "LinearBwdArgs.inp_shape"),
         v
         if (v := args.activation_dtype) is None or type(v) is torch.dtype
         else _b.check_optional(v, torch.dtype, "LinearBwdArgs.activation_dtype"),
-        v if type(v := args.fp8) is bool else _b.check(v, bool, "LinearBwdArgs.fp8"),
+        v if (v := args.fp8) is True or v is False else _b.check(v, bool, "LinearBwdArgs.fp8"),
         v
-        if type(v := args.dgrad_use_split_accumulator) is bool
+        if (v := args.dgrad_use_split_accumulator) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.dgrad_use_split_accumulator"),
         v
-        if type(v := args.wgrad_use_split_accumulator) is bool
+        if (v := args.wgrad_use_split_accumulator) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.wgrad_use_split_accumulator"),
         v
         if (v := args.backward_override) is None or type(v) is str
         else _b.check_optional(v, str, "LinearBwdArgs.backward_override"),
         v
-        if type(v := args.is_weight_param_quantized) is bool
+        if (v := args.is_weight_param_quantized) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.is_weight_param_quantized"),
-        v if type(v := args.custom) is bool else _b.check(v, bool, "LinearBwdArgs.custom"),
-        v if type(v := args.debug) is bool else _b.check(v, bool, "LinearBwdArgs.debug"),
+        v
+        if (v := args.custom) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.custom"),
+        v if (v := args.debug) is True or v is False else _b.check(v, bool, "LinearBwdArgs.debug"),
         v
         if (v := args.parallel_mode) is None or type(v) is str
         else _b.check_optional(v, str, "LinearBwdArgs.parallel_mode"),
-        _b.optional_group_name(args.tp_group, "LinearBwdArgs.tp_group"),
+        None if (v := args.tp_group) is None else _b.group_name(v, "LinearBwdArgs.tp_group"),
         v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearBwdArgs.tp_size"),
         v
-        if type(v := args.tensor_parallel) is bool
+        if (v := args.tensor_parallel) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.tensor_parallel"),
         v
-        if type(v := args.sequence_parallel) is bool
+        if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.sequence_parallel"),
         v
-        if type(v := args.backward_input_needs_gather) is bool
+        if (v := args.backward_input_needs_gather) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.backward_input_needs_gather"),
         v
         if (v := args.ub_name) is None or type(v) is str
         else _b.check_optional(v, str, "LinearBwdArgs.ub_name"),
         v
-        if type(v := args.ub_overlap_ag) is bool
+        if (v := args.ub_overlap_ag) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_overlap_ag"),
         v
-        if type(v := args.ub_overlap_rs_dgrad) is bool
+        if (v := args.ub_overlap_rs_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_overlap_rs_dgrad"),
         v
-        if type(v := args.ub_bulk_dgrad) is bool
+        if (v := args.ub_bulk_dgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_bulk_dgrad"),
         v
-        if type(v := args.ub_bulk_wgrad) is bool
+        if (v := args.ub_bulk_wgrad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.ub_bulk_wgrad"),
-        *_b.unsupported(args.fsdp_group, "LinearBwdArgs.fsdp_group"),
-        *_b.unsupported(args.fsdp_shapes, "LinearBwdArgs.fsdp_shapes"),
-        v if type(v := args.is_fsdp2) is bool else _b.check(v, bool, "LinearBwdArgs.is_fsdp2"),
+        *(() if (v := args.fsdp_group) is None else _b.unsupported(v, "LinearBwdArgs.fsdp_group")),
+        *(
+            ()
+            if (v := args.fsdp_shapes) is None
+            else _b.unsupported(v, "LinearBwdArgs.fsdp_shapes")
+        ),
         v
-        if (v := args.is_first_microbatch) is None or type(v) is bool
+        if (v := args.is_fsdp2) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.is_fsdp2"),
+        v
+        if (v := args.is_first_microbatch) is None or v is True or v is False
         else _b.check_optional(v, bool, "LinearBwdArgs.is_first_microbatch"),
         v
-        if type(v := args.fuse_wgrad_accumulation) is bool
+        if (v := args.fuse_wgrad_accumulation) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.fuse_wgrad_accumulation"),
-        *_b.unsupported(args.wgrad_store, "LinearBwdArgs.wgrad_store"),
-        *_b.unsupported(args.origin_weight_ref, "LinearBwdArgs.origin_weight_ref"),
+        *(
+            ()
+            if (v := args.wgrad_store) is None
+            else _b.unsupported(v, "LinearBwdArgs.wgrad_store")
+        ),
+        *(
+            ()
+            if (v := args.origin_weight_ref) is None
+            else _b.unsupported(v, "LinearBwdArgs.origin_weight_ref")
+        ),
         v
-        if type(v := args.origin_weight_overwrites_main_grad) is bool
+        if (v := args.origin_weight_overwrites_main_grad) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.origin_weight_overwrites_main_grad"),
-        *_b.unsupported(args.main_grad_func, "LinearBwdArgs.main_grad_func"),
+        *(
+            ()
+            if (v := args.main_grad_func) is None
+            else _b.unsupported(v, "LinearBwdArgs.main_grad_func")
+        ),
         v
-        if type(v := args.reduce_and_update_bwd_fp8_tensors) is bool
+        if (v := args.reduce_and_update_bwd_fp8_tensors) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.reduce_and_update_bwd_fp8_tensors"),
         v
-        if type(v := args.cpu_offloading) is bool
+        if (v := args.cpu_offloading) is True or v is False
         else _b.check(v, bool, "LinearBwdArgs.cpu_offloading"),
-        v if type(v := args.owns_input) is bool else _b.check(v, bool, "LinearBwdArgs.owns_input"),
-        *_b.unsupported(args.ub_obj_gradout, "LinearBwdArgs.ub_obj_gradout"),
+        v
+        if (v := args.owns_input) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.owns_input"),
+        *(
+            ()
+            if (v := args.ub_obj_gradout) is None
+            else _b.unsupported(v, "LinearBwdArgs.ub_obj_gradout")
+        ),
     )
 
 

@@ -266,74 +266,100 @@ def every_kind_fwd_slots(
     return (
         x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
         maybe_x
-        if (maybe_x) is None or type(maybe_x) is torch.Tensor
+        if maybe_x is None or type(maybe_x) is torch.Tensor
         else _b.check_optional(maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
         aliased
         if type(aliased) is torch.Tensor
         else _b.check(aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
         forward_ref
-        if (forward_ref) is None or type(forward_ref) is torch.Tensor
+        if forward_ref is None or type(forward_ref) is torch.Tensor
         else _b.check_optional(forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
         pipe_tensor
-        if (pipe_tensor) is None or type(pipe_tensor) is torch.Tensor
+        if pipe_tensor is None or type(pipe_tensor) is torch.Tensor
         else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
         _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
         *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
         *_b.optional_tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w"),
-        flag if type(flag) is bool else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
+        flag if flag is True or flag is False else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
         maybe_flag
-        if (maybe_flag) is None or type(maybe_flag) is bool
+        if maybe_flag is None or maybe_flag is True or maybe_flag is False
         else _b.check_optional(maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
         count if type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
         maybe_count
-        if (maybe_count) is None or type(maybe_count) is int
+        if maybe_count is None or type(maybe_count) is int
         else _b.check_optional(maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
         scale if type(scale) is float else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
         maybe_scale
-        if (maybe_scale) is None or type(maybe_scale) is float
+        if maybe_scale is None or type(maybe_scale) is float
         else _b.check_optional(maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
         label if type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
         maybe_label
-        if (maybe_label) is None or type(maybe_label) is str
+        if maybe_label is None or type(maybe_label) is str
         else _b.check_optional(maybe_label, str, "EveryKindFwdArgs.maybe_label"),
         dtype
         if type(dtype) is torch.dtype
         else _b.check(dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
         maybe_dtype
-        if (maybe_dtype) is None or type(maybe_dtype) is torch.dtype
+        if maybe_dtype is None or type(maybe_dtype) is torch.dtype
         else _b.check_optional(maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
         device
         if type(device) is torch.device
         else _b.check(device, torch.device, "EveryKindFwdArgs.device"),
         maybe_device
-        if (maybe_device) is None or type(maybe_device) is torch.device
+        if maybe_device is None or type(maybe_device) is torch.device
         else _b.check_optional(maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
         _b.size(shape, "EveryKindFwdArgs.shape"),
         _b.size(dims, "EveryKindFwdArgs.dims"),
         _b.size(alias_shape, "EveryKindFwdArgs.alias_shape"),
-        _b.optional_size(maybe_shape, "EveryKindFwdArgs.maybe_shape"),
+        None if maybe_shape is None else _b.size(maybe_shape, "EveryKindFwdArgs.maybe_shape"),
         _b.enum_name(color, Color, "EveryKindFwdArgs.color"),
-        _b.optional_enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
+        None
+        if maybe_color is None
+        else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
         _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
-        _b.optional_choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
-        _b.code(quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
-        _b.optional_code(maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer"),
-        _b.optional_group_name(group, "EveryKindFwdArgs.group"),
-        _b.optional_group_name(tp_group, "EveryKindFwdArgs.tp_group"),
-        _b.code(gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
-        _b.optional_code(maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm"),
-        *_b.unsupported(anything, "EveryKindFwdArgs.anything"),
-        *_b.unsupported(hook, "EveryKindFwdArgs.hook"),
+        None
+        if rounding is None
+        else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
+        isinstance(quantizer, Quantizer)
+        and getattr(quantizer, "_teops_code", None)
+        or _b.code(quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
+        None
+        if maybe_quantizer is None
+        else (
+            isinstance(maybe_quantizer, Quantizer)
+            and getattr(maybe_quantizer, "_teops_code", None)
+            or _b.code(maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer")
+        ),
+        None if group is None else _b.group_name(group, "EveryKindFwdArgs.group"),
+        None if tp_group is None else _b.group_name(tp_group, "EveryKindFwdArgs.tp_group"),
+        isinstance(gemm, GemmConfig)
+        and getattr(gemm, "_teops_code", None)
+        or _b.code(gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
+        None
+        if maybe_gemm is None
+        else (
+            isinstance(maybe_gemm, GemmConfig)
+            and getattr(maybe_gemm, "_teops_code", None)
+            or _b.code(maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm")
+        ),
+        *(() if anything is None else _b.unsupported(anything, "EveryKindFwdArgs.anything")),
+        *(() if hook is None else _b.unsupported(hook, "EveryKindFwdArgs.hook")),
         _b.int_tuple(window, 2, "EveryKindFwdArgs.window"),
-        _b.optional_int_tuple(maybe_window, 3, "EveryKindFwdArgs.maybe_window"),
+        None
+        if maybe_window is None
+        else _b.int_tuple(maybe_window, 3, "EveryKindFwdArgs.maybe_window"),
         _b.int_list(splits, "EveryKindFwdArgs.splits"),
-        _b.optional_int_list(maybe_splits, "EveryKindFwdArgs.maybe_splits"),
+        None
+        if maybe_splits is None
+        else _b.int_list(maybe_splits, "EveryKindFwdArgs.maybe_splits"),
         *_b.tensor_or_quantized_list(weights, "EveryKindFwdArgs.weights"),
         *_b.optional_tensor_or_quantized_list(maybe_weights, "EveryKindFwdArgs.maybe_weights"),
         _b.code_list(quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
-        _b.optional_code_list(maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"),
-        *_b.unsupported(generator, "EveryKindFwdArgs.generator"),
-        *_b.unsupported(extra, "EveryKindFwdArgs.extra"),
+        None
+        if maybe_quantizers is None
+        else _b.code_list(maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"),
+        *(() if generator is None else _b.unsupported(generator, "EveryKindFwdArgs.generator")),
+        *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
     )
 
 
@@ -394,10 +420,12 @@ def flatten_every_kind_bwd_args(args: EveryKindBwdArgs) -> tuple[Any, ...]:
     """`EveryKindBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "EveryKindBwdArgs.grad_outputs"),
-        _b.optional_tensor_list(args.saved, "EveryKindBwdArgs.saved"),
-        _b.optional_size(args.maybe_dims, "EveryKindBwdArgs.maybe_dims"),
+        None if (v := args.saved) is None else _b.tensor_list(v, "EveryKindBwdArgs.saved"),
+        None if (v := args.maybe_dims) is None else _b.size(v, "EveryKindBwdArgs.maybe_dims"),
         _b.enum_name(args.color, Color, "EveryKindBwdArgs.color"),
-        _b.code(args.gemm, GemmConfig, "EveryKindBwdArgs.gemm"),
+        isinstance(v := args.gemm, GemmConfig)
+        and getattr(v, "_teops_code", None)
+        or _b.code(v, GemmConfig, "EveryKindBwdArgs.gemm"),
     )
 
 
@@ -637,12 +665,21 @@ def every_kind_compile_blocker(
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
-    the op declares (`eager_when`)."""
+    the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
+    out: Dynamo traces it without inlining a call per quantizer."""
     if every_kind_fwd is None or every_kind_bwd is None:
         return _r.registration_error()
-    return _r.quantizer_blocker(
-        quantizer, maybe_quantizer, *(quantizers or ()), *(maybe_quantizers or ())
-    )
+    if quantizer is not None and not getattr(type(quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(quantizer)
+    if maybe_quantizer is not None and not getattr(type(maybe_quantizer), "value_opaque", True):
+        return _r.quantizer_blocker(maybe_quantizer)
+    reason = _r.quantizer_blocker(*(quantizers or ()))
+    if reason is not None:
+        return reason
+    reason = _r.quantizer_blocker(*(maybe_quantizers or ()))
+    if reason is not None:
+        return reason
+    return None
 
 
 def _call_eagerly(args: EveryKindFwdArgs, keep: _r.Keep | None) -> tuple[Any, ...]:
@@ -721,59 +758,126 @@ def call_every_kind(
             quantizer, maybe_quantizer, quantizers, maybe_quantizers
         )
         if reason is None:
-            outputs, values = every_kind_compiled(
-                every_kind_fwd_slots(
-                    x,
-                    maybe_x,
-                    aliased,
-                    forward_ref,
-                    pipe_tensor,
-                    xs,
-                    w,
-                    maybe_w,
-                    flag,
-                    maybe_flag,
-                    count,
-                    maybe_count,
-                    scale,
-                    maybe_scale,
-                    label,
-                    maybe_label,
-                    dtype,
-                    maybe_dtype,
-                    device,
-                    maybe_device,
-                    shape,
-                    dims,
-                    alias_shape,
-                    maybe_shape,
-                    color,
-                    maybe_color,
-                    mode,
-                    rounding,
-                    quantizer,
-                    maybe_quantizer,
-                    group,
-                    tp_group,
-                    gemm,
-                    maybe_gemm,
-                    anything,
-                    hook,
-                    window,
-                    maybe_window,
-                    splits,
-                    maybe_splits,
-                    weights,
-                    maybe_weights,
-                    quantizers,
-                    maybe_quantizers,
-                    generator,
-                    extra,
+            # `every_kind_compiled(every_kind_fwd_slots(...))` written out: each
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
+            _r.begin_call(FORWARD_OP)
+            flat = every_kind_fwd(
+                x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
+                maybe_x
+                if maybe_x is None or type(maybe_x) is torch.Tensor
+                else _b.check_optional(maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
+                aliased
+                if type(aliased) is torch.Tensor
+                else _b.check(aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
+                forward_ref
+                if forward_ref is None or type(forward_ref) is torch.Tensor
+                else _b.check_optional(forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
+                pipe_tensor
+                if pipe_tensor is None or type(pipe_tensor) is torch.Tensor
+                else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
+                _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
+                *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
+                *_b.optional_tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w"),
+                flag
+                if flag is True or flag is False
+                else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
+                maybe_flag
+                if maybe_flag is None or maybe_flag is True or maybe_flag is False
+                else _b.check_optional(maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
+                count if type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
+                maybe_count
+                if maybe_count is None or type(maybe_count) is int
+                else _b.check_optional(maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
+                scale
+                if type(scale) is float
+                else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
+                maybe_scale
+                if maybe_scale is None or type(maybe_scale) is float
+                else _b.check_optional(maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
+                label if type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
+                maybe_label
+                if maybe_label is None or type(maybe_label) is str
+                else _b.check_optional(maybe_label, str, "EveryKindFwdArgs.maybe_label"),
+                dtype
+                if type(dtype) is torch.dtype
+                else _b.check(dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
+                maybe_dtype
+                if maybe_dtype is None or type(maybe_dtype) is torch.dtype
+                else _b.check_optional(maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
+                device
+                if type(device) is torch.device
+                else _b.check(device, torch.device, "EveryKindFwdArgs.device"),
+                maybe_device
+                if maybe_device is None or type(maybe_device) is torch.device
+                else _b.check_optional(maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
+                _b.size(shape, "EveryKindFwdArgs.shape"),
+                _b.size(dims, "EveryKindFwdArgs.dims"),
+                _b.size(alias_shape, "EveryKindFwdArgs.alias_shape"),
+                None
+                if maybe_shape is None
+                else _b.size(maybe_shape, "EveryKindFwdArgs.maybe_shape"),
+                _b.enum_name(color, Color, "EveryKindFwdArgs.color"),
+                None
+                if maybe_color is None
+                else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
+                _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
+                None
+                if rounding is None
+                else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
+                isinstance(quantizer, Quantizer)
+                and getattr(quantizer, "_teops_code", None)
+                or _b.code(quantizer, Quantizer, "EveryKindFwdArgs.quantizer"),
+                None
+                if maybe_quantizer is None
+                else (
+                    isinstance(maybe_quantizer, Quantizer)
+                    and getattr(maybe_quantizer, "_teops_code", None)
+                    or _b.code(maybe_quantizer, Quantizer, "EveryKindFwdArgs.maybe_quantizer")
                 ),
-                () if keep is None else keep.saved,
+                None if group is None else _b.group_name(group, "EveryKindFwdArgs.group"),
+                None if tp_group is None else _b.group_name(tp_group, "EveryKindFwdArgs.tp_group"),
+                isinstance(gemm, GemmConfig)
+                and getattr(gemm, "_teops_code", None)
+                or _b.code(gemm, GemmConfig, "EveryKindFwdArgs.gemm"),
+                None
+                if maybe_gemm is None
+                else (
+                    isinstance(maybe_gemm, GemmConfig)
+                    and getattr(maybe_gemm, "_teops_code", None)
+                    or _b.code(maybe_gemm, GemmConfig, "EveryKindFwdArgs.maybe_gemm")
+                ),
+                *(
+                    ()
+                    if anything is None
+                    else _b.unsupported(anything, "EveryKindFwdArgs.anything")
+                ),
+                *(() if hook is None else _b.unsupported(hook, "EveryKindFwdArgs.hook")),
+                _b.int_tuple(window, 2, "EveryKindFwdArgs.window"),
+                None
+                if maybe_window is None
+                else _b.int_tuple(maybe_window, 3, "EveryKindFwdArgs.maybe_window"),
+                _b.int_list(splits, "EveryKindFwdArgs.splits"),
+                None
+                if maybe_splits is None
+                else _b.int_list(maybe_splits, "EveryKindFwdArgs.maybe_splits"),
+                *_b.tensor_or_quantized_list(weights, "EveryKindFwdArgs.weights"),
+                *_b.optional_tensor_or_quantized_list(
+                    maybe_weights, "EveryKindFwdArgs.maybe_weights"
+                ),
+                _b.code_list(quantizers, Quantizer, "EveryKindFwdArgs.quantizers"),
+                None
+                if maybe_quantizers is None
+                else _b.code_list(maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"),
+                *(
+                    ()
+                    if generator is None
+                    else _b.unsupported(generator, "EveryKindFwdArgs.generator")
+                ),
+                *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
             )
+            outputs = _r.user_outputs(FORWARD_OP, flat)
             if keep is not None:
-                keep.into(values)
+                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
             return outputs
     args = EveryKindFwdArgs(
         x=x,
