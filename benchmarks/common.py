@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils import benchmark
 
 _START = time.perf_counter()
 
@@ -63,6 +62,11 @@ def interleaved(
     Each measurement is ``torch.utils.benchmark.Timer.blocked_autorange``: it picks the
     block size, times blocks for ``min_run_time`` and reports their median.
     """
+    # Imported here: ``torch.utils.benchmark`` pulls in setuptools, after which Dynamo
+    # traces ``torch.nn.Linear`` ~2.4x slower; figure 10's child processes import this
+    # module and must not carry that into the baseline they time.
+    from torch.utils import benchmark
+
     timers = {
         name: benchmark.Timer("fn()", globals={"fn": fn}, label=label, sub_label=name)
         for name, fn in contenders.items()
