@@ -71,9 +71,12 @@ FINDINGS = (
     "(2x these activation bytes: 1.0x of bf16 for FP8, about 1.03x for MXFP8). Not in "
     "this figure: a weight quantized for the workspace cache (`is_first_microbatch`) "
     "keeps both usages, as it is the cached workspace the module holds anyway; with "
-    "column-parallel sequence parallelism the input is gathered in high precision "
-    "before it is quantized, so the kept columnwise input is the gathered (tp_size x "
-    "longer) one, while bf16 keeps its local shard and re-gathers it in the backward."
+    "column-parallel sequence parallelism FP8 current scaling, MXFP8, 1-D FP8 blocks "
+    "and NVFP4 keep their local quantized shard and re-gather it in the backward, as "
+    "bf16 keeps and re-gathers its local shard, while the tensors gathered in high "
+    "precision (NVFP4 with stochastic rounding or row scaling, shards that are not "
+    "whole blocks, and `fp8_all_gather=False`) keep the gathered (tp_size x longer) "
+    "quantized input (docs/distributed.md)."
 )
 # Layer and input of the figure: (rows, in_features, out_features).
 SHAPE = (512, 256, 384)

@@ -124,8 +124,9 @@ NOTES = {
         "`gemm/fp8` `torch._scaled_mm` on the rowwise and transposed buffers (E4M3 x E4M3 "
         "forward, E5M2 x E4M3 backward) with bf16 out, as our `gemm` issues it; "
         "`gemm/fp8-fp32-out` the same with fp32 out, as it issued before. Recipes "
-        "without a Hopper GEMM (MXFP8, FP8 block, NVFP4) dequantize to bf16 and run "
-        "bf16 GEMMs, so their floor is `gemm/bf16`."
+        "without a Hopper GEMM (MXFP8, NVFP4, and FP8 block before issue 27's "
+        "block-scaled `_scaled_mm`) dequantize to bf16 and run bf16 GEMMs, so their floor "
+        "is `gemm/bf16` (the bench keeps that floor for FP8 block)."
     ),
     "gpu_quantization_method": (
         "One 4096x8192 bf16 tensor, both usages (rowwise data and the transposed "
@@ -204,8 +205,9 @@ needs (each quantize reads its input twice and writes two FP8 copies); the next 
 would be the quantize visible to Inductor (fused into the ReLU that produces its
 input) and fewer launches per layer.
 
-**Block formats on Hopper.** Hopper has no MXFP8 or NVFP4 GEMM (and `_scaled_mm`
-takes no block scales there), so each operand is dequantized to bf16 (exact for MXFP8
+**Block formats on Hopper.** Hopper has no MXFP8 or NVFP4 GEMM (FP8 block scaling has
+one since issue 27, through `_scaled_mm`'s block scales, docs/quantization.md; the
+figures below predate it), so each operand is dequantized to bf16 (exact for MXFP8
 and power-of-two FP8 block scales) and multiplied by one bf16 GEMM: the floor is the
 bf16 GEMM floor plus the dequantize traffic (~0.3 ms per 4096x8192 operand, ~1 ms for
 NVFP4), so on this GPU these formats can only save memory, never time. Their
@@ -262,9 +264,9 @@ at 64 (IQR 1.49-1.83x: missed narrowly; its three rounds 1.49x, 1.83x, 1.57x). W
 adds over our bf16 at 64 layers, by torch's timers: Dynamo +0.41 s (2.24 against 1.83
 s), AOTAutograd with the forward's Inductor +2.36 s, Inductor over both graphs +2.16 s:
 FP8's extra graph pieces (the quantize, scale and cast nodes of both graphs) and the fake
-FP8 buffers AOTAutograd allocates for the saved values; not separated further. (The plot
-below is from the earlier rounds; the 24-layer TransformerLayer stack of
-docs/transformer.md, 0.85x its plain block, was not re-measured.)
+FP8 buffers AOTAutograd allocates for the saved values; not separated further. (The 24-layer
+TransformerLayer stack of docs/transformer.md, 0.85x its plain block, was not
+re-measured.)
 
 **Before and after (branch `compile-cut`, on main after `call-entry`).** The table is
 this branch's code, 2 rounds at 32 and 64 layers (the goals' depths; 8 layers was not
@@ -294,8 +296,56 @@ bool, got int`, also from a compiled call). Evaluated and dropped: the same test
 `args.x` twice (no gain: the second attribute read of a traced bundle costs what the
 call saved) and the op-registration test as an import-time constant (no measurable gain).
 
-**Where our extra time goes now** (re-profiled on main after `call-entry`; Dynamo alone,
-16 layers):
+**Branch `compile-cut2`: less traced Python per call.** Measured with Dynamo alone
+(`python -m benchmarks.dynamo_trace [--attribute]`: a backend returning `gm.forward`, the forward of the 32-layer 128-wide MLP, FP8 with
+`te.autocast(recipe=Float8CurrentScaling())` around the compiled call as `train_step`
+does, a fresh process each after a one-layer warm-up compile). A deterministic count
+first (`--attribute`): the Python calls made while Dynamo traces (`sys.setprofile`
+call events, each attributed to the innermost user function Dynamo was inlining, through
+a patched `InliningInstructionTranslator.inline_call_`), per layer:
+
+| per layer, Dynamo alone | torch.nn.Linear | ours bf16 | ours FP8 |
+|---|---|---|---|
+| Python calls, main (1ac7f48) | 19.3k | 117.3k | 150.9k |
+| Python calls, this branch | 19.3k | 97.8k (-17%) | 116.3k (-23%) |
+| process CPU time, main, min of 3 | 6.6 ms | 42.7 ms | 65.2 ms |
+| process CPU time, this branch, min of 3 | 6.6 ms | 35.2 ms (-18%) | 47.1 ms (-28%) |
+
+(CPU times: 3 interleaved rounds in one session at load average 3-4 on the 2-core
+machine; a quiet run of main earlier the same day, load ~0.1, gave 34.6 ms bf16 and 44.9
+ms FP8 a layer, so the load stretches ours by ~25-45%; the ratios are what carries
+over.) Where main's calls went, per layer (bf16 / FP8): `linear_fwd_slots` 32.6k / 46.0k
+(its own 22.9k: ~600-900 per `type(v) is bool` test and ~3k each for binding its 36
+arguments and building the slot tuple; the rest `_b.code` for the three GEMM configs,
+~1.5k each, and in FP8 six quantizers, ~1.7k each, plus ~600 per `_b.optional_*` call
+on None); the op call itself (fake kernel, graph node, `user_outputs`) ~16k; `call_linear`
+6.4k; the compile blocker 4.1k / 12.0k (FP8: `quantizer_blocker` inlining
+`value_opaque_reason` six times); `Linear.forward` 23.3k / 26.3k of its own (module
+attribute reads with their guards, the 38-keyword `call_linear` call ~2.5k) plus
+`follows_torch_autocast` 3.0k, `rng_state_for` 3.2k, `_wgrad_flags` 2.0k,
+`activation_dtype` 1.2k; the model's frame ~22k (module calls, ReLU, and at its return
+the graph and the guards: ~15k, against ~11k for `torch.nn.Linear`). What the branch
+changed, all in the generator (every op): `call_<op>` writes the checked slots and the
+op call out instead of `<op>_compiled(<op>_fwd_slots(...))` (two 36-argument hops
+fewer, -6.2k); a bool field is tested `v is True or v is False` (-2.8k); an optional
+field's None passes inline before the `_b` call (-6.8k bf16; these three together
+-15.5k in FP8); a quantizer's or value's
+cached codec text is read inline, `_b.code` only as the fallback (-3.7k bf16, -13.1k
+FP8); the blocker writes the value-opaque test out per quantizer (-6.0k FP8). With
+Dynamo and AOTAutograd (`aot_eager`, first training step, 32 layers, one loaded run
+each): `torch.nn.Linear` 1.01-1.09 s, ours bf16 2.46 -> 2.00 s, FP8 3.78 -> 2.57 s.
+A quieter second set (load ~1, 3 interleaved rounds, min): `torch.nn.Linear` 5.0 ms a
+layer, ours bf16 28.0 -> 22.1 ms (-21%), FP8 36.1 -> 26.1 ms (-28%). Found on the way,
+not changed here: a process that has imported `torch.utils.benchmark` (which imports
+setuptools) traces `torch.nn.Linear` ~2.4x slower (32 layers: 0.20 -> 0.48 s), ours
+not measurably (0.70-0.77 s either way); figure 10's child imported it through
+`benchmarks.common`, so the earlier rounds' Dynamo column for `torch.nn.Linear` (and
+their ratios) carried that inflation. Since fixed (`benchmarks.common` imports it where
+it times, a test checks the child): the table above is measured without it.
+
+**Where our extra time went after `call-entry`** (Dynamo alone, 16 layers; since then
+the keyword entry removed the bundle from the compiled path, and the attribution of
+branch `compile-cut2` above is the current one):
 
 * *Dynamo*: ~61 ms a layer for our `Linear` against ~14 ms for `torch.nn.Linear`
   (before `call-entry`: 85-115 against 16-21), linear in depth (54 ms a layer at 16 and
