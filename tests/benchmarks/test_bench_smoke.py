@@ -325,3 +325,14 @@ def test_figure_10s_child_does_not_import_torch_utils_benchmark():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_checked_in_report_is_what_the_report_writer_makes_of_the_checked_in_results():
+    """docs/benchmarks.md is generated (``make bench``, or ``python -m benchmarks
+    --report-only``) from docs/benchmarks_*.json and the prose in benchmarks/notes.py:
+    text edited into the Markdown alone would be lost at the next run, so it must be
+    edited at its source."""
+    docs = ROOT / "docs"
+    cpu = json.loads((docs / "benchmarks_cpu.json").read_text())
+    gpu = json.loads((docs / "benchmarks_h200.json").read_text())
+    assert (docs / "benchmarks.md").read_text() == report.markdown(cpu, gpu) + "\n"
