@@ -1,5 +1,6 @@
 """``Linear``'s plain eager call (the op's declared ``plain_call``, ``linear_plain_call``
-through ``_PlainLinear``: no recipe, one rank, plain 2-D tensors of one dtype) computes
+through ``_PlainLinear``, or torch's own ``linear`` for contiguous 16-bit CUDA tensors:
+no recipe, one rank, plain 2-D tensors of one dtype) computes
 what the op path computes, bit for bit, and keeps the same tensors for backward; any
 other call takes the op path. ``call_linear`` tries it first."""
 
@@ -48,9 +49,16 @@ def run(module: Any, x: torch.Tensor, *, create_graph: bool = False) -> tuple[li
 
 def both(module: Any, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> list[int]:
     calls: list[int] = []
-    real = linear_module._PlainLinear.apply
-    monkeypatch.setattr(linear_module._PlainLinear, "apply", lambda *a: calls.append(1) or real(*a))
-    fast, fast_kept = run(module, x, **kw)
+    real = generated_linear.linear_plain_call
+
+    def counted(*fields: Any) -> Any:
+        out = real(*fields)
+        calls.extend([1] if out is not None else [])
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(generated_linear, "linear_plain_call", counted)
+        fast, fast_kept = run(module, x, **kw)
     with monkeypatch.context() as m:
         m.setattr(generated_linear, "linear_plain_call", lambda *fields: None)
         slow, slow_kept = run(module, x, **kw)
@@ -65,7 +73,15 @@ def both(module: Any, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kw: An
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "case",
-    ["default", "no-bias", "frozen-weight", "frozen-bias", "input-no-grad", "return-bias"],
+    [
+        "default",
+        "no-bias",
+        "frozen-weight",
+        "frozen-bias",
+        "input-no-grad",
+        "return-bias",
+        "transposed-input",
+    ],
 )
 def test_the_plain_call_is_the_op_paths_bits(case, dtype, device, monkeypatch):
     torch.manual_seed(0)
@@ -81,9 +97,21 @@ def test_the_plain_call_is_the_op_paths_bits(case, dtype, device, monkeypatch):
         module.weight.requires_grad_(False)
     if case == "frozen-bias":
         module.bias.requires_grad_(False)
-    x = torch.randn(33, 48, device=device).to(dtype).requires_grad_(case != "input-no-grad")
+    x = torch.randn(33, 48, device=device).to(dtype)
+    if case == "transposed-input":  # column-major: _PlainLinear, never torch's linear
+        x = torch.randn(48, 33, device=device).to(dtype).t()
+    x.requires_grad_(case != "input-no-grad")
+    applied: list[int] = []
+    real = linear_module._PlainLinear.apply
+    monkeypatch.setattr(
+        linear_module._PlainLinear, "apply", lambda *a: applied.append(1) or real(*a)
+    )
     calls = both(module, x, monkeypatch)
     assert calls, "the plain path ran"
+    # 16-bit contiguous CUDA tensors take torch's own autograd for linear; the rest
+    # _PlainLinear.
+    native = device == "cuda" and dtype == torch.bfloat16 and case != "transposed-input"
+    assert bool(applied) is not native, applied
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7])
