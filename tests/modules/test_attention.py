@@ -306,7 +306,9 @@ SDPA_CASES = {
         "efficient",
         dict(attn_mask_type="causal"),
         dict(
-            core_attention_bias_type="pre_scale_bias", core_attention_bias=randn(1, H, 7, 7, seed=9)
+            core_attention_bias_type="pre_scale_bias",
+            # memory-efficient has no bias gradient (a bias that wants one: the test below)
+            core_attention_bias=randn(1, H, 7, 7, seed=9).detach(),
         ),
         H,
         7,
@@ -344,6 +346,36 @@ def test_the_sdpa_path_equals_the_unfused_one_on_cpu_kernels(case, monkeypatch):
         results.append((out, *grads(out, [q, k, v])))
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize(
+    "backend, ctor, fwd, why",
+    [
+        ("efficient", {}, dict(core_attention_bias_type="pre_scale_bias"), "requires grad"),
+        ("flash", dict(softcap=5.0), {}, "softcap"),
+        ("flash", dict(attn_mask_type="no_mask", window_size=(2, 1)), {}, "window_size"),
+        ("flash", dict(attention_dropout=0.1), {}, "dropout"),
+        ("efficient", dict(attn_mask_type="padding"), {}, "padded rows"),
+    ],
+    ids=["efficient-bias-grad", "flash-softcap", "flash-window", "flash-dropout", "padding"],
+)
+def test_a_backend_that_would_drop_part_of_the_call_is_refused(
+    backend, ctor, fwd, why, monkeypatch
+):
+    """A bundle naming a backend its configuration rules out (the module never selects
+    one; a hand-built bundle or a forced selection can) is an error naming the reason,
+    never a kernel that drops the softcap, window, dropout, mask or bias gradient."""
+    from transformer_engine_ops.modules import attention as module_file
+
+    monkeypatch.setattr(module_file, "select_backend", lambda reasons, device: backend)
+    dpa = te.DotProductAttention(H, D, qkv_format="bshd", **ctor)
+    q, k, v = (randn(2, 7, H, D, seed=s) for s in (1, 2, 3))
+    if "core_attention_bias_type" in fwd:
+        fwd = {**fwd, "core_attention_bias": randn(1, H, 7, 7, seed=9)}
+    if "padding" in ctor.get("attn_mask_type", ""):
+        fwd = {**fwd, "attention_mask": torch.zeros(2, 1, 1, 7, dtype=torch.bool)}
+    with pytest.raises(ValueError, match=rf"backend: '{backend}' cannot serve this call: .*{why}"):
+        dpa(q, k, v, **fwd)
 
 
 @pytest.mark.parametrize("backend", ["flash", "efficient"])

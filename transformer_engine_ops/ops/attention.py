@@ -896,16 +896,42 @@ def _needs_backward(args: DotProductAttnFwdArgs) -> bool:
     return args.is_grad_enabled and wants
 
 
-def _check_backend(args: Any) -> None:
+def _check_backend(args: Any, bundle: str, bias_grad: bool) -> None:
     """torch's CUDA kernels need CUDA; on the CPU, flash and memory-efficient run torch's
-    CPU flash kernel (the op's own tests: the module selects neither there)."""
-    if args.backend == "unfused" or args.q.device.type == "cuda":
+    CPU flash kernel (the op's own tests: the module selects neither there). A bundle
+    built by hand may also name a backend that its configuration rules out, whose
+    kernel would drop the softcap, mask, window or dropout without a word: refused with
+    :func:`backend_support`'s reason. The CPU stand-in takes any dtype and head dim; its
+    other limits are the CUDA kernels'."""
+    if args.backend == "unfused":
         return
-    if args.backend == "cudnn" or args.q.device.type != "cpu":
+    device = args.q.device.type
+    if device != "cuda" and (args.backend == "cudnn" or device != "cpu"):
         raise ValueError(
-            f"DotProductAttnFwdArgs.backend: {args.backend!r} runs on CUDA only; the "
-            f"inputs are on {args.q.device.type}"
+            f"{bundle}.backend: {args.backend!r} runs on CUDA only; the inputs are on {device}"
         )
+    cpu = device == "cpu"
+    why = backend_support(
+        device=torch.device("cuda"),
+        dtype=torch.bfloat16 if cpu else args.q.dtype,
+        head_dim=8 if cpu else args.q.shape[-1],
+        head_dim_v=8 if cpu else args.v.shape[-1],
+        qkv_format=args.qkv_format,
+        attn_mask_type=args.attn_mask_type,
+        window_size=tuple(args.window_size),
+        bottom_right_diagonal=args.bottom_right_diagonal,
+        same_seqlens=args.max_seqlen_q == args.max_seqlen_kv,
+        attn_bias_type=args.attn_bias_type,
+        bias_requires_grad=bias_grad,
+        softcap=args.softcap,
+        dropout=_uses_dropout(args),
+    )[args.backend]
+    if why is not None:
+        raise ValueError(f"{bundle}.backend: {args.backend!r} cannot serve this call: {why}")
+
+
+def _bias_grad(args: DotProductAttnFwdArgs) -> bool:
+    return args.is_grad_enabled and args.attn_bias is not None and args.attn_bias_requires_grad
 
 
 def attention_forward(
@@ -914,7 +940,7 @@ def attention_forward(
     """``((out,), (softmax_stats,))``; out is [sq, b, h*dv] (sbhd), [b, sq, h*dv] (bshd)
     or [t, h*dv] (thd), in the inputs' dtype; the log-sum-exp when a backward follows."""
     plan = _plan(args)
-    _check_backend(args)
+    _check_backend(args, "DotProductAttnFwdArgs", _bias_grad(args))
     if args.backend == "unfused":
         out, lse = _unfused_forward(args, plan)
         return (out,), (lse if _needs_backward(args) else None,)
@@ -926,7 +952,7 @@ def attention_forward_spec(
     args: DotProductAttnFwdArgs,
 ) -> tuple[tuple[TensorSpec], tuple[Optional[TensorSpec]]]:
     plan = _plan(args)
-    _check_backend(args)
+    _check_backend(args, "DotProductAttnFwdArgs", _bias_grad(args))
     out = TensorSpec(_out_shape(plan, args.qkv_format), args.q.dtype, device=args.q.device)
     if not _needs_backward(args):
         return (out,), (None,)
@@ -961,7 +987,7 @@ def attention_setup_context(
         requires_dq=grad and args.q_requires_grad,
         requires_dk=grad and args.k_requires_grad,
         requires_dv=grad and args.v_requires_grad,
-        requires_dbias=grad and args.attn_bias is not None and args.attn_bias_requires_grad,
+        requires_dbias=_bias_grad(args),
         max_seqlen_q=args.max_seqlen_q,
         max_seqlen_kv=args.max_seqlen_kv,
         attn_scale=args.attn_scale,
@@ -983,6 +1009,7 @@ def attention_backward(args: DotProductAttnBwdArgs) -> tuple[Optional[torch.Tens
     plan = _plan(args)
     if args.backend == "unfused":
         return _unfused_backward(args, plan)
+    _check_backend(args, "DotProductAttnBwdArgs", args.requires_dbias)
     return _fused_backward(args, plan)
 
 
