@@ -65,7 +65,8 @@ def both(module: Any, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kw: An
     assert len(fast) == len(slow)
     for i, (a, b) in enumerate(zip(fast, slow, strict=True)):
         assert (a is None and b is None) or torch.equal(a, b), f"entry {i}"
-    assert fast_kept == slow_kept
+    # The same tensors kept (torch's own autograd for linear saves them in another order).
+    assert sorted(fast_kept) == sorted(slow_kept)
     return calls
 
 
