@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
+from transformer_engine_ops.ops import norm_kernels
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
@@ -125,6 +126,9 @@ def norm_forward(
 
 
 # The row statistics are reductions: kept whole in a lowered graph (runtime/lowering.py).
+# On CUDA both pieces run the fused Triton kernels of ``norm_kernels`` (one read, fp32
+# math, one rounded write), so eager and a lowered graph run the same kernel; elsewhere
+# the torch ops below.
 @exact(
     "norm_forward(Tensor x, Tensor weight, Tensor? bias, bool layernorm, float eps, "
     "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)"
@@ -140,6 +144,10 @@ def _norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`norm_forward` with a 0-element ``mu`` for RMSNorm (an op returns tensors
     only)."""
+    if norm_kernels.eligible(x, weight, bias, out_dtype=out_dtype):
+        return norm_kernels.fused_norm_forward(
+            x, weight, bias, layernorm, eps, zero_centered_gamma, out_dtype
+        )
     xf = x.to(math_dtype(x.dtype))
     if layernorm:
         mu = xf.mean(-1)
@@ -190,6 +198,10 @@ def _norm_backward(
     tensors only). The output gradients are widened here, not by the caller: a 16-bit
     value widened outside would, traced, lose its rounding to older Inductors (which
     fold a narrowing cast followed by a widening one)."""
+    if norm_kernels.eligible(x, dy, dy_extra, weight, mu, rsigma):
+        return norm_kernels.fused_norm_backward(
+            dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
+        )
     dtype = math_dtype(x.dtype)
     xf = x.to(dtype)
     dyf = dy.to(dtype) if dy_extra is None else dy.to(dtype) + dy_extra.to(dtype)
