@@ -50,6 +50,10 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 16 warps holding 32 fp32 values per thread and tensor. Longer rows take the reference.
 MAX_HIDDEN = 16384
 
+# Tensors the kernels take: plain ones and the modules' norm weights, no subclass (fake,
+# functional, quantized or distributed tensors).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
 # The backward's program count: about four per SM of an H200 (132 SMs), fixed so the
 # partial sums' grouping, and so the bits, depend on the row count only.
 BACKWARD_PROGRAMS = 528
@@ -71,17 +75,17 @@ def eligible(
 ) -> bool:
     """Whether a norm of the rows of ``x`` (2-D, ``hidden`` from 1 to
     :data:`MAX_HIDDEN`) with the other ``tensors`` (None for those absent) into
-    ``out_dtype`` takes the kernels: real CUDA tensors of fp32, bf16 or fp16 outside
-    tracing. Under ``torch.compile``, fake tensors, functionalization or any dispatch
-    mode the reference ops run (they trace; a kernel launch would not); a lowered call
-    records the piece that calls this as one op, whose real kernel then runs here as
-    eager does."""
+    ``out_dtype`` takes the kernels: real CUDA tensors (or parameters) of fp32, bf16 or
+    fp16 outside tracing. Under ``torch.compile``, fake tensors, functionalization or
+    any dispatch mode the reference ops run (they trace; a kernel launch would not); a
+    lowered call records the piece that calls this as one op, whose real kernel then
+    runs here as eager does."""
     if out_dtype not in DTYPES:
         return False
     for t in (x, *tensors):
         if t is None:
             continue
-        if type(t) is not torch.Tensor or t.device.type != "cuda" or t.dtype not in DTYPES:
+        if type(t) not in _PLAIN_TENSORS or t.device.type != "cuda" or t.dtype not in DTYPES:
             return False
     # Sizes after the types: a traced tensor's symbolic size is never compared (a guard).
     if x.dim() != 2 or not 1 <= x.shape[1] <= MAX_HIDDEN:
@@ -109,7 +113,7 @@ def _check(fn: str, x: torch.Tensor, named: dict[str, Optional[torch.Tensor]]) -
     """``hidden`` of a norm call on ``x``; a bad argument raises naming it. ``named``
     maps each other argument's name to it (None where absent); those named ``weight``,
     ``bias``, ``mu``, ``rsigma`` must be shaped as the reference's, the rest as ``x``."""
-    if type(x) is not torch.Tensor or x.dim() != 2:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"{fn}: x must be a 2-D tensor (rows, hidden), got {_shape(x)}")
     rows, hidden = x.shape
     if not 1 <= hidden <= MAX_HIDDEN:
@@ -139,6 +143,15 @@ def _shape(t: Any) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte-aligned address. Triton compiles another kernel for
+    an unaligned pointer, whose register layout, and so the order of a row's sums, may
+    differ: eager and a compiled graph must run the same kernel whatever their buffers'
+    offsets (a fresh allocation is aligned; only a view at an odd offset is copied)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _on_its_device(x: torch.Tensor) -> Any:
     """Triton launches on the current device: make it ``x``'s for the launch."""
     if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
@@ -160,9 +173,9 @@ def fused_norm_forward(
     for RMSNorm); ``gamma`` is ``weight`` (plus 1 with ``zero_centered_gamma``) and
     ``bias`` is added in fp32."""
     fn = "fused_norm_forward"
-    hidden = _check(fn, x, {"weight": weight, "bias": bias})
     if out_dtype not in DTYPES:
         raise TypeError(f"{fn}: out_dtype {out_dtype} is not fp32, bf16 or fp16")
+    hidden = _check(fn, x, {"weight": weight, "bias": bias})
     rows = x.shape[0]
     y = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
     mu = torch.empty(rows if layernorm else 0, dtype=torch.float32, device=x.device)
@@ -171,11 +184,11 @@ def fused_norm_forward(
         return y, mu, rsigma
     forward, _ = _kernels(x.device.type != "cuda")
     block, warps = _launch_shape(hidden)
-    x = x.contiguous()
+    x = _aligned(x)
     args = (
         x,
-        weight.contiguous(),
-        x if bias is None else bias.contiguous(),  # unread without HAS_BIAS
+        _aligned(weight),
+        x if bias is None else _aligned(bias),  # unread without HAS_BIAS
         y,
         mu if layernorm else rsigma,  # unwritten for RMSNorm
         rsigma,
@@ -220,14 +233,14 @@ def fused_norm_backward(
     partial = torch.empty((2, programs, hidden), dtype=torch.float32, device=x.device)
     _, backward = _kernels(x.device.type != "cuda")
     block, warps = _launch_shape(hidden)
-    dy, x = dy.contiguous(), x.contiguous()
+    dy, rsigma = _aligned(dy), _aligned(rsigma)
     args = (
         dy,
-        dy if dy_extra is None else dy_extra.contiguous(),  # unread without HAS_DY_EXTRA
-        x,
-        weight.contiguous(),
-        rsigma if mu is None else mu.contiguous(),  # unread for RMSNorm
-        rsigma.contiguous(),
+        dy if dy_extra is None else _aligned(dy_extra),  # unread without HAS_DY_EXTRA
+        _aligned(x),
+        _aligned(weight),
+        rsigma if mu is None else _aligned(mu),  # unread for RMSNorm
+        rsigma,
         dx if need_dgrad else partial,  # unwritten without NEED_DGRAD
         partial[0],
         partial[1],
