@@ -5,7 +5,7 @@ it in registers for the statistics (LayerNorm's variance is the mean of the squa
 centered values, as the reference computes it, not ``E[x^2] - E[x]^2``), and writes the
 normalized row once, rounded to the output dtype, with the row's ``mu`` and ``rsigma``.
 The backward runs a fixed number of programs, each over a contiguous group of rows: per
-row it writes ``dx`` (fp32, the reference's dtype) and adds ``dy * xhat`` and ``dy`` into
+row it writes ``dx`` (rounded once to ``x``'s dtype) and adds ``dy * xhat`` and ``dy`` into
 fp32 column accumulators, which it stores as its row of two ``[programs, hidden]``
 buffers; the caller sums each over programs. No atomics: the same rows give the
 same bits. Formulas are the reference's (``layernorm._norm_forward`` /
@@ -111,7 +111,8 @@ def _backward(
             proj = tl.sum(g * xhat, axis=0) / H
             if LAYERNORM:
                 g = g - tl.sum(g, axis=0) / H
-            tl.store(dx_ptr + cols, r * (g - xhat * proj), mask=mask)
+            dx = r * (g - xhat * proj)
+            tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dy_ptr += H
         dy_extra_ptr += H
         x_ptr += H

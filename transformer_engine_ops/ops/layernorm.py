@@ -171,9 +171,10 @@ def norm_backward(
     need_dgrad: bool = True,
     dy_extra: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(dx or None, dgamma, dbeta)`` for rows ``x`` (2-D), all in the math dtype of
-    ``x`` (fp32; float64 for float64 ``x``); the output gradient is ``dy``, plus
-    ``dy_extra`` when given (summed in that dtype)."""
+    """``(dx or None, dgamma, dbeta)`` for rows ``x`` (2-D), computed in the math dtype
+    of ``x`` (fp32; float64 for float64 ``x``): ``dx`` rounded once to ``x``'s dtype,
+    ``dgamma``/``dbeta`` in the math dtype; the output gradient is ``dy``, plus
+    ``dy_extra`` when given (summed in the math dtype)."""
     dx, dgamma, dbeta = _norm_backward(
         dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
     )
@@ -197,7 +198,8 @@ def _norm_backward(
     """:func:`norm_backward` with a 0-element ``dx`` where none is needed (an op returns
     tensors only). The output gradients are widened here, not by the caller: a 16-bit
     value widened outside would, traced, lose its rounding to older Inductors (which
-    fold a narrowing cast followed by a widening one)."""
+    fold a narrowing cast followed by a widening one). ``dx`` is narrowed here too: the
+    kernel then writes it once in ``x``'s dtype, not in fp32 for a cast to read."""
     if norm_kernels.eligible(x, dy, dy_extra, weight, mu, rsigma):
         return norm_kernels.fused_norm_backward(
             dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
@@ -210,12 +212,12 @@ def _norm_backward(
     dgamma = (dyf * xhat).sum(0)
     dbeta = dyf.sum(0)
     if not need_dgrad:
-        return dyf.new_empty(0), dgamma, dbeta
+        return x.new_empty(0), dgamma, dbeta
     g = dyf * _gamma(weight, zero_centered_gamma, dtype)
     proj = (g * xhat).mean(-1, keepdim=True)
     if mu is not None:
         g = g - g.mean(-1, keepdim=True)
-    return r * (g - xhat * proj), dgamma, dbeta
+    return (r * (g - xhat * proj)).to(x.dtype), dgamma, dbeta
 
 
 # --- The plan: what the real and fake kernels share ---------------------------------
@@ -296,7 +298,7 @@ def layernorm_backward(args: LayerNormBwdArgs) -> tuple[torch.Tensor | None, ...
         args.zero_centered_gamma,
         need_dgrad=args.requires_dgrad,
     )
-    dgrad = dx.to(inp.dtype).view(inp.shape) if args.requires_dgrad else None
+    dgrad = dx.view(inp.shape) if args.requires_dgrad else None
     wgrad = dgamma.to(args.weight.dtype) if args.requires_wgrad else None
     bgrad = dbeta.to(args.weight.dtype) if args.requires_bgrad else None
     return dgrad, wgrad, bgrad

@@ -7,8 +7,8 @@ the H200's Llama-8B-sized layer the two RMSNorms cost ~1.5 ms a train step of co
 fused RMSNorm in a plain torch block (docs/transformer.md). Here the forward reads each
 row once in its storage dtype, computes in fp32 and writes the output once rounded to
 the requested dtype, with the row's ``mu`` (LayerNorm) and ``rsigma``; the backward
-reads ``dy`` (plus ``dy_extra``), ``x`` and the statistics once, writes ``dx`` in fp32
-(the reference's contract: callers narrow it) and sums ``dgamma``/``dbeta`` without
+reads ``dy`` (plus ``dy_extra``), ``x`` and the statistics once, writes ``dx`` once in
+``x``'s dtype (no fp32 copy for a cast to read) and sums ``dgamma``/``dbeta`` without
 atomics, in per-program partial sums reduced by one ``sum`` (the same rows give the same
 bits).
 
@@ -217,14 +217,15 @@ def fused_norm_backward(
     need_dgrad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dgamma, dbeta)`` for the rows ``x`` normalized with ``mu`` (LayerNorm;
-    None for RMSNorm) and ``rsigma``, as ``layernorm._norm_backward``: all fp32, ``dx``
-    shaped as ``x`` (0-element without ``need_dgrad``), ``dgamma``/``dbeta`` of shape
-    ``(hidden,)``; the output gradient is ``dy``, plus ``dy_extra`` (summed in fp32)."""
+    None for RMSNorm) and ``rsigma``, as ``layernorm._norm_backward``: fp32 math, ``dx``
+    rounded once to ``x``'s dtype and shaped as ``x`` (0-element without
+    ``need_dgrad``), ``dgamma``/``dbeta`` fp32 of shape ``(hidden,)``; the output
+    gradient is ``dy``, plus ``dy_extra`` (summed in fp32)."""
     fn = "fused_norm_backward"
     named = {"dy": dy, "dy_extra": dy_extra, "weight": weight, "mu": mu, "rsigma": rsigma}
     hidden = _check(fn, x, named)
     rows = x.shape[0]
-    dx = torch.empty((rows, hidden) if need_dgrad else 0, dtype=torch.float32, device=x.device)
+    dx = torch.empty((rows, hidden) if need_dgrad else 0, dtype=x.dtype, device=x.device)
     if rows == 0:
         zeros = torch.zeros(hidden, dtype=torch.float32, device=x.device)
         return dx, zeros, zeros.clone()
