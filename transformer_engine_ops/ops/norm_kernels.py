@@ -1,10 +1,10 @@
 """Fused Triton RMSNorm / LayerNorm kernels on CUDA, forward and backward.
 
 The reference norm (``layernorm._norm_forward`` / ``_norm_backward`` on torch ops)
-widens the input to fp32 and runs each step of the formula as its own ATen kernel: on
-the H200's Llama-8B-sized layer the two RMSNorms cost ~1.5 ms a train step of copies,
-``mul``, ``sum``, ``mean``, ``pow`` and ``add`` kernels, against ~0.19 ms for Inductor's
-fused RMSNorm in a plain torch block (docs/transformer.md). Here the forward reads each
+widens the input to fp32 and runs each step of the formula as its own ATen kernel: in
+a profile of the H200's compiled Llama-8B-sized layer the two RMSNorms cost ~1.5 ms a
+train step of copies, ``mul``, ``sum``, ``mean``, ``pow`` and ``add`` kernels, against
+~0.19 ms for Inductor's fused RMSNorm in a plain torch block. Here the forward reads each
 row once in its storage dtype, computes in fp32 and writes the output once rounded to
 the requested dtype, with the row's ``mu`` (LayerNorm) and ``rsigma``; the backward
 reads ``dy`` (plus ``dy_extra``), ``x`` and the statistics once, writes ``dx`` once in
