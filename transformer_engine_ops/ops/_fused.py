@@ -205,7 +205,7 @@ def norm_stage_backward(args: Any, dln: torch.Tensor) -> tuple[Any, Any, Any]:
     )
     pdtype = args.ln_weight.dtype
     return (
-        dx.to(inp.dtype).view(inp.shape) if args.input_requires_grad else None,
+        dx.view(inp.shape) if args.input_requires_grad else None,
         dg.to(pdtype) if args.ln_weight_requires_grad else None,
         db.to(pdtype) if args.ln_bias_requires_grad else None,
     )

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
+from transformer_engine_ops.ops import norm_kernels
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
@@ -125,6 +126,9 @@ def norm_forward(
 
 
 # The row statistics are reductions: kept whole in a lowered graph (runtime/lowering.py).
+# On CUDA both pieces run the fused Triton kernels of ``norm_kernels`` (one read, fp32
+# math, one rounded write), so eager and a lowered graph run the same kernel; elsewhere
+# the torch ops below.
 @exact(
     "norm_forward(Tensor x, Tensor weight, Tensor? bias, bool layernorm, float eps, "
     "bool zero_centered_gamma, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)"
@@ -140,6 +144,10 @@ def _norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`norm_forward` with a 0-element ``mu`` for RMSNorm (an op returns tensors
     only)."""
+    if norm_kernels.eligible(x, weight, bias, out_dtype=out_dtype):
+        return norm_kernels.fused_norm_forward(
+            x, weight, bias, layernorm, eps, zero_centered_gamma, out_dtype
+        )
     xf = x.to(math_dtype(x.dtype))
     if layernorm:
         mu = xf.mean(-1)
@@ -163,9 +171,10 @@ def norm_backward(
     need_dgrad: bool = True,
     dy_extra: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(dx or None, dgamma, dbeta)`` for rows ``x`` (2-D), all in the math dtype of
-    ``x`` (fp32; float64 for float64 ``x``); the output gradient is ``dy``, plus
-    ``dy_extra`` when given (summed in that dtype)."""
+    """``(dx or None, dgamma, dbeta)`` for rows ``x`` (2-D), computed in the math dtype
+    of ``x`` (fp32; float64 for float64 ``x``): ``dx`` rounded once to ``x``'s dtype,
+    ``dgamma``/``dbeta`` in the math dtype; the output gradient is ``dy``, plus
+    ``dy_extra`` when given (summed in the math dtype)."""
     dx, dgamma, dbeta = _norm_backward(
         dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
     )
@@ -189,7 +198,12 @@ def _norm_backward(
     """:func:`norm_backward` with a 0-element ``dx`` where none is needed (an op returns
     tensors only). The output gradients are widened here, not by the caller: a 16-bit
     value widened outside would, traced, lose its rounding to older Inductors (which
-    fold a narrowing cast followed by a widening one)."""
+    fold a narrowing cast followed by a widening one). ``dx`` is narrowed here too: the
+    kernel then writes it once in ``x``'s dtype, not in fp32 for a cast to read."""
+    if norm_kernels.eligible(x, dy, dy_extra, weight, mu, rsigma):
+        return norm_kernels.fused_norm_backward(
+            dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
+        )
     dtype = math_dtype(x.dtype)
     xf = x.to(dtype)
     dyf = dy.to(dtype) if dy_extra is None else dy.to(dtype) + dy_extra.to(dtype)
@@ -198,12 +212,12 @@ def _norm_backward(
     dgamma = (dyf * xhat).sum(0)
     dbeta = dyf.sum(0)
     if not need_dgrad:
-        return dyf.new_empty(0), dgamma, dbeta
+        return x.new_empty(0), dgamma, dbeta
     g = dyf * _gamma(weight, zero_centered_gamma, dtype)
     proj = (g * xhat).mean(-1, keepdim=True)
     if mu is not None:
         g = g - g.mean(-1, keepdim=True)
-    return r * (g - xhat * proj), dgamma, dbeta
+    return (r * (g - xhat * proj)).to(x.dtype), dgamma, dbeta
 
 
 # --- The plan: what the real and fake kernels share ---------------------------------
@@ -284,7 +298,7 @@ def layernorm_backward(args: LayerNormBwdArgs) -> tuple[torch.Tensor | None, ...
         args.zero_centered_gamma,
         need_dgrad=args.requires_dgrad,
     )
-    dgrad = dx.to(inp.dtype).view(inp.shape) if args.requires_dgrad else None
+    dgrad = dx.view(inp.shape) if args.requires_dgrad else None
     wgrad = dgamma.to(args.weight.dtype) if args.requires_wgrad else None
     bgrad = dbeta.to(args.weight.dtype) if args.requires_bgrad else None
     return dgrad, wgrad, bgrad
