@@ -406,7 +406,8 @@ def test_cuda_quantize_takes_the_kernel_and_matches_the_cpu(dim, usage, monkeypa
 def test_an_unsupported_block_length_on_cuda_takes_the_reference(monkeypatch):
     monkeypatch.setattr(bk, "fused_quantize", lambda *a, **k: pytest.fail("kernel path taken"))
     q = Float8BlockQuantizer(block_len=96)
-    x = _wide((200, 300), 7, torch.bfloat16)
+    # No NaN: the reference on CUDA drops a NaN's sign in its multiply (the CPU keeps it).
+    x = _one_inf().to(torch.bfloat16)
     got = q.quantize(x.cuda())
     ref = q.quantize(x)
     names = [n for n in bk._KEYS if getattr(ref, n, None) is not None]

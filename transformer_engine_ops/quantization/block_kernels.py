@@ -201,8 +201,7 @@ def fused_quantize(
     two_d = dim == 2
     out: dict[str, torch.Tensor] = {}
     empty = m == 0 or k == 0
-    dummy = torch.empty(0, dtype=torch.float32, device=device)  # pruned when unused
-    data = row_si = t_arg = col_si = dummy
+    data = row_si = t_arg = col_si = None
     pack_t = columnwise and m % 4 == 0
     if rowwise:
         data = out["_rowwise_data"] = torch.empty(shape, dtype=torch.uint8, device=device)
@@ -223,6 +222,9 @@ def fused_quantize(
         out["_columnwise_scale_inv"] = col_si
     if empty:
         return out
+    # A usage left out: its arguments are never read (constexpr-pruned); pass a buffer
+    # already made rather than allocate one.
+    dummy = row_si if row_si is not None else col_si
     x2 = x  # read by the kernel only: no autograd history is made from it
     if not two_d_shape or not x.is_contiguous():
         x2 = x.detach().reshape(m, k).contiguous()
@@ -238,7 +240,17 @@ def fused_quantize(
     fmax, eps32, _ = cuda_kernels.fp8_constants(fp8_dtype, float(epsilon))
     _kernel(device.type != "cuda")(
         (triton_cdiv(m, bm), triton_cdiv(k, bk), 1),
-        (x2, data, row_si, t_arg, col_si, m, k, fmax, eps32),
+        (
+            x2,
+            dummy if data is None else data,
+            dummy if row_si is None else row_si,
+            dummy if t_arg is None else t_arg,
+            dummy if col_si is None else col_si,
+            m,
+            k,
+            fmax,
+            eps32,
+        ),
         _constexprs(
             fp8_dtype,
             bool(force_pow_2),
