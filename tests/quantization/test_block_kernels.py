@@ -355,6 +355,28 @@ def test_scale_inv_shapes_are_the_quantizers():
         assert bk.scale_inv_shape(m, k, b, dim) == _scale_inv_shape(m, k, b, dim)
 
 
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
+def test_the_recorded_op_fakes_the_reference_buffers(dim, usage):
+    """What a lowered graph would record: the op's fake outputs have the reference's
+    shapes and dtypes, a usage left out as 0-element tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = bk._quantize_op()
+    for shape, b in [((200, 300), 128), ((2, 65, 130), 32), ((1, 7), 4), ((77,), 128)]:
+        q = _quantizer("e4m3_pow2", dim, usage, b)
+        ref = q._quantize_reference(torch.randn(shape))
+        with FakeTensorMode():
+            x = torch.empty(shape)
+            fake = op(x, E4M3, b, dim, True, 0.0, q.rowwise_usage, q.columnwise_usage)
+        for name, t in zip(bk._KEYS, fake, strict=True):
+            want = ref.get(name)
+            if want is None:
+                assert t.numel() == 0, name
+            else:
+                assert (t.shape, t.dtype) == (want.shape, want.dtype), (name, shape, b)
+
+
 def test_module_imports_without_triton_and_the_quantizer_keeps_working():
     code = (
         "import sys; sys.modules['triton'] = None\n"
