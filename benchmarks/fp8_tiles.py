@@ -43,7 +43,7 @@ def _launch(x2: torch.Tensor, partial: torch.Tensor, bufs: dict[str, torch.Tenso
     (bm, bk), warps, pack_t = cfg
     m, k = x2.shape
     _, _, cast = ck._kernels(False)
-    fmax, eps32, constants = ck._constants(torch.float8_e4m3fn, 0.0)
+    fmax, eps32, constants = ck.fp8_constants(torch.float8_e4m3fn, 0.0)
     data, t = bufs["data"], bufs["t"]
     cast(
         (ck.triton_cdiv(m, bm), ck.triton_cdiv(k, bk), 1),

@@ -2,6 +2,8 @@
 
 Written with the plain ``triton.language`` subset that every Triton shipped with torch
 2.11-2.14 compiles; see ``cuda_kernels`` for what they compute and why bit for bit.
+The scale and rounding helpers (``fp8_scale``, ``fp8_code``) are shared with the FP8
+block-scaling kernels (``_fp8_block_triton.py``): one emulation of the reference.
 """
 
 from __future__ import annotations
@@ -10,6 +12,51 @@ from typing import Any
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def fp8_scale(amax, fmax, epsilon, FORCE_POW2: tl.constexpr):  # noqa: N803
+    """``encoding.scale_from_amax`` of a (finite, non-negative) fp32 amax: epsilon
+    clamp, a correctly rounded ``fmax / amax`` (1 for a zero or infinite amax), Inf ->
+    FP32_MAX, and with ``FORCE_POW2`` truncated to 2**floor(log2(scale)) (the scale is
+    a normal number here, so that is its exponent bits)."""
+    amax = tl.maximum(amax, epsilon)
+    degenerate = (amax == 0.0) | (amax == float("inf"))
+    safe = tl.where(degenerate, 1.0, amax)
+    scale = tl.where(degenerate, 1.0, tl.math.div_rn(tl.zeros_like(safe) + fmax, safe))
+    scale = tl.minimum(scale, 3.4028234663852886e38)  # Inf -> FP32_MAX
+    if FORCE_POW2:
+        scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def fp8_code(
+    x,
+    v,
+    FMAX_BITS: tl.constexpr,  # noqa: N803
+    SHIFT: tl.constexpr,  # noqa: N803
+    MIN_NORMAL_BITS: tl.constexpr,  # noqa: N803
+    DENORM_BITS: tl.constexpr,  # noqa: N803
+    REBIAS: tl.constexpr,  # noqa: N803
+):
+    """uint8 FP8 codes of ``v = x * scale`` (fp32), as the reference's clamp and c10's
+    conversion: saturating (Inf too), nearest even, NaN -> 0x7F with ``x``'s sign."""
+    bits = v.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    is_nan = mag > 0x7F800000
+    mag = tl.where(mag > FMAX_BITS, FMAX_BITS, mag)  # the reference's clamp (Inf too)
+    # Subnormal results: an fp32 addition rounds the low bits to nearest even.
+    denorm = tl.full(mag.shape, DENORM_BITS, tl.int32).to(tl.float32, bitcast=True)
+    sub = (mag.to(tl.float32, bitcast=True) + denorm).to(tl.int32, bitcast=True) - DENORM_BITS
+    # Normal results: rebias the exponent and round to nearest even on the bits.
+    odd = (mag >> SHIFT) & 1
+    normal = (mag + REBIAS + odd) >> SHIFT
+    code = tl.where(mag < MIN_NORMAL_BITS, sub, normal)
+    code = tl.where(is_nan, 0x7F, code)
+    # The sign of the product; a NaN's is its input's (a GPU multiply drops it).
+    negative = tl.where(is_nan, x.to(tl.int32, bitcast=True) < 0, bits < 0)
+    return (code | tl.where(negative, 0x80, 0)).to(tl.uint8)
 
 
 def _amax(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
@@ -96,14 +143,7 @@ def _cast_transpose(
     words = tl.load(partial_ptr + p, mask=p < n_partial, other=0)
     amax = tl.max(words & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
     has_inf = tl.min(words, axis=0) < 0
-    # --- the scale, as encoding.scale_from_amax -----------------------------------
-    amax = tl.maximum(amax, epsilon)
-    degenerate = (amax == 0.0) | (amax == float("inf"))
-    safe = tl.where(degenerate, 1.0, amax)
-    scale = tl.where(degenerate, 1.0, tl.math.div_rn(tl.zeros_like(safe) + fmax, safe))
-    scale = tl.minimum(scale, 3.4028234663852886e38)  # Inf -> FP32_MAX
-    if FORCE_POW2:  # 2**floor(log2(scale)): scale is a normal number here
-        scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    scale = fp8_scale(amax, fmax, epsilon, FORCE_POW2)
     if (pid_m == 0) & (pid_k == 0):
         # An Inf in the tensor: scale_inv +Inf, so the value dequantizes non-finite.
         inv = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
@@ -126,22 +166,7 @@ def _cast_transpose(
             tl.store(bgrad_ptr + cols, total, mask=cols < K)
     # --- scale, round to FP8, store rowwise and/or transposed --------------------------
     x = x.to(tl.float32)
-    v = x * scale
-    bits = v.to(tl.int32, bitcast=True)
-    mag = bits & 0x7FFFFFFF
-    is_nan = mag > 0x7F800000
-    mag = tl.where(mag > FMAX_BITS, FMAX_BITS, mag)  # the reference's clamp (Inf too)
-    # Subnormal results: an fp32 addition rounds the low bits to nearest even.
-    denorm = tl.full(mag.shape, DENORM_BITS, tl.int32).to(tl.float32, bitcast=True)
-    sub = (mag.to(tl.float32, bitcast=True) + denorm).to(tl.int32, bitcast=True) - DENORM_BITS
-    # Normal results: rebias the exponent and round to nearest even on the bits.
-    odd = (mag >> SHIFT) & 1
-    normal = (mag + REBIAS + odd) >> SHIFT
-    code = tl.where(mag < MIN_NORMAL_BITS, sub, normal)
-    code = tl.where(is_nan, 0x7F, code)
-    # The sign of the product; a NaN's is its input's (a GPU multiply drops it).
-    negative = tl.where(is_nan, x.to(tl.int32, bitcast=True) < 0, bits < 0)
-    code = (code | tl.where(negative, 0x80, 0)).to(tl.uint8)
+    code = fp8_code(x, x * scale, FMAX_BITS, SHIFT, MIN_NORMAL_BITS, DENORM_BITS, REBIAS)
     # PACK_T: four consecutive codes of a transposed row stored as one little-endian
     # int32 (t_ptr then points at an int32 view and M is a multiple of 4): the
     # transpose moves 32-bit words instead of bytes (~1.5x faster on an H200).

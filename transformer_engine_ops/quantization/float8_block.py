@@ -29,6 +29,7 @@ from ..runtime.quantizer import (
     check_float,
     check_int,
 )
+from . import block_kernels
 from .encoding import (
     FP8_MAX,
     apply_block_scale,
@@ -240,6 +241,21 @@ class Float8BlockQuantizer(Quantizer):
         return codes, torch.where(block_has_inf(blocks), torch.full_like(inv, float("inf")), inv)
 
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        if block_kernels.eligible(x, self.block_len):  # one Triton kernel; the same bits
+            return block_kernels.fused_quantize(  # type: ignore[return-value]
+                x,
+                self.fp8_dtype,
+                self.block_len,
+                self.block_scaling_dim,
+                self.force_pow_2_scales,
+                self.amax_epsilon,
+                self.rowwise_usage,
+                self.columnwise_usage,
+            )
+        return self._quantize_reference(x)
+
+    def _quantize_reference(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        """The ground truth: torch ops (CPU tensors, tracing, other block lengths)."""
         m, k = matrix_dims(x.shape)
         x2d = x.float().reshape(m, k)
         dim = self.block_scaling_dim
