@@ -253,6 +253,55 @@ block-format GEMMs, not by what is kept for backward.
         "--report-only` (or `make bench`) here merges it into this report and its plots."
     ),
     "compile_depth_analysis": """\
+**Branch `compile-fp8`: where FP8's extra compile time goes on the CPU, and one C++
+kernel fewer.** On the CPU nothing of FP8 current scaling is lowered into Inductor:
+`Float8CurrentScalingQuantizer.lowers_bitwise_on` is true on CUDA only, so every FP8
+`linear_fwd`/`linear_bwd` call stays one opaque fallback node (no amax, scale, cast,
+transpose or FP8 GEMM node, and no quantize kernel: the quantize runs inside the op).
+Inductor's graphs per layer (post-grad nodes): FP8 forward = the op, 5 `getitem`s (the
+output and the 4 saved FP8 buffers: input and weight `_transpose` + `_scale_inv`),
+`relu`, `le` (the partitioner saves the 1-byte `le` rather than `relu`); backward = the
+op, 3 `getitem`s, `where`. Our bf16: forward `fp32_gemm` + `relu`; backward 2
+`fp32_gemm`, `bias_grad`, `le`, `where`. At 64 layers Inductor schedules 829 nodes in
+FP8 against 638 in bf16 (128 extern calls against 256, but 512 `MultiOutput`s), and
+compiled 3 C++ kernels against 2 (`torch.nn.Linear`: 3). The third was the same
+`relu` + `le` kernel out of place: Inductor's fallback copied `relu` into a buffer for
+the op and left it inlined into `le`, which so read the op's output a second time, and
+for the last 9 layers (the fused pair in the other order) that second read blocked
+computing `relu` in place. CPU timers on Inductor's functions, FP8 minus our bf16 at
+64 layers, two rounds on the loaded 2-core machine (totals 33.6-41.2 s against
+25.3-27.2 s; ~3-4x the quiet figures): C++ compiles +1.2 to +2.2 s (that third kernel;
+one compile is ~0.5 s quiet), `Scheduler.__init__` +0.7 to +1.9 s (node creation,
+`fuse_nodes` +0.2-0.3, `reorder_for_peak_memory` +0.1-0.2), `Scheduler.codegen` +1.0
+to +2.7 s (`CppScheduling.codegen_node` called 181 times against 126), the wrapper's
+`generate` +0.15 to +0.5 s, post-grad passes +0.3-0.4 s; `GraphLowering.run` -0.1 to
++1.2 s and `FallbackKernel.create` (1.5-1.9 s for 128 calls against 1.8-2.2 s for
+256) about even. The change: an op call's fallback (`_torch_private.inductor_install_fallback`)
+realizes its pointwise inputs where they are computed instead of copying them, then
+applies the tag's layout constraint as before: one `relu` buffer, read by the op and by
+`le`, the same in-place kernel in every layer, 2 C++ kernels. Numerics: the op reads
+the same values; another reader of such an input now reads the rounded buffer eager
+reads instead of recomputing the expression in fp32 (closer to eager, not further).
+Lowered calls (CUDA) have no fallback and are unchanged; the `@exact` pieces keep
+Inductor's own fallback. Measured, interleaved (4 contenders a round, a fresh process
+each, the old fallback restored by a patch in the same tree), on the loaded machine
+(load 2-4, one contender's CPU time moving by up to 25% between rounds): the C++
+compilers' CPU time at 64 layers 4.79 -> 3.23 s (our bf16 3.11, `torch.nn.Linear`
+4.81); FP8's whole first step, new / old, 64 layers: 1.02, 1.02, 0.85 in these rounds
+and 0.90, 0.85, 0.88 in an earlier set (median of the six 0.89); 32 layers: 0.97, 0.78, 1.27 (noise either way; the C++ compilers' time 4.10 -> 3.44 s).
+CPU-time ratio to `torch.nn.Linear`, median of 3 rounds, old -> new: 64 layers FP8
+1.56x -> 1.60x (rounds 1.56, 1.82, 1.46 -> 1.60, 1.86, 1.23); 32 layers FP8 1.32x ->
+1.28x (1.32, 1.41, 1.23 -> 1.28, 1.09, 1.56); our bf16 1.14x at both depths (its path
+is unchanged: its op calls lower). Not settled on this machine: by
+the quiet table below (FP8 9.05 s against 5.40 s at 64 layers), one C++ compile
+fewer (~0.5 s) would put FP8 at ~1.48x, at the goal's edge; a quiet `make bench` is what
+can say. What is left of FP8's extra is not quantize kernels (there are none on the
+CPU): Dynamo (+0.41 s quiet), the FP8 op's 8 `MultiOutput` nodes a layer through
+Inductor's scheduler and wrapper, and the FP8 fake and saved buffers through
+AOTAutograd. Not done: packing the 4 saved FP8 buffers into fewer op outputs (4 fewer
+`MultiOutput`s a layer); the brief's lowering ideas (one `@exact` scale piece, a whole
+quantize as one piece) bear on the GPU, where FP8 lowers, and were not measured.
+
 **Thirteenth session, on a quiet machine (the table).** 3 rounds at the goals' depths, the
 machine otherwise idle (load average ~0.6 when it started), on main after the branches
 `compile-cut2` (the written-out compiled call, below) and `eager-cut` (Linear's module

@@ -221,7 +221,9 @@ def inductor_max_autotune() -> bool:
 
 def inductor_install_fallback(op: Any) -> None:
     """Give ``op`` the fallback Inductor would make for it implicitly (the layout
-    constraint of its tags), marked as overriding a decomposition of it."""
+    constraint of its tags), marked as overriding a decomposition of it, with one
+    change: the pointwise values it reads are realized where they are computed, not
+    copied into a buffer of their own (:func:`_realizing_inputs`). 2.13."""
     from torch._inductor import lowering
     from torch._library.utils import get_layout_constraint_tag
 
@@ -229,10 +231,51 @@ def inductor_install_fallback(op: Any) -> None:
         tag = get_layout_constraint_tag(op, with_default=True)
         lowering.make_fallback(
             op,
-            layout_constraint=lowering.tag_to_layout_constraint(tag),
+            layout_constraint=_realizing_inputs(op, lowering.tag_to_layout_constraint(tag)),
             warn=False,
             override_decomp=True,
         )
+
+
+def _realizing_inputs(op: Any, constraint: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``constraint`` (a tag's layout constraint, or None), after realizing every
+    tensor argument still a pointwise expression. Inductor's own constraint copies such
+    an argument into a buffer for the op and leaves the expression inlined into its
+    other readers: ``relu(y)`` feeding the next layer's op and the ``le`` that the
+    backward of ``relu`` saves was computed once for the op's copy and again inside the
+    ``le`` kernel, from ``y``. That second read of ``y`` blocks computing ``relu`` in
+    place, for some layers but not others (it depends on the order Inductor fused the
+    two in), and each variant is a C++ kernel of its own to compile (~0.5 s each on the
+    CPU machine). Realized, the value has one buffer, which the op and every other
+    reader read: the readers see the rounded value eager sees, and the kernel is the
+    same in every layer. Inductor calls the constraint as ``(node, *args, **kwargs)``
+    for any constraint but its own ``constrain_to_fake_tensors``, which this reproduces
+    (the node's eager input values, normalized by the op's schema; no constraint when
+    the node has none, as Inductor does)."""
+    from torch._inductor import ir, lowering
+
+    def realize(box: Any) -> Any:
+        box.realize()
+        return box
+
+    def normalized(args: Any, kwargs: Any) -> tuple[Any, Any]:
+        result = torch.fx.operator_schemas.normalize_function(op, args, kwargs)
+        assert result is not None
+        return result[0], result[1]
+
+    def constrain(node: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        args, kwargs = torch.utils._pytree.tree_map_only(ir.TensorBox, realize, (args, kwargs))
+        if constraint is None:
+            return args, kwargs
+        if constraint is not lowering.constrain_to_fake_tensors:
+            return constraint(node, *args, **kwargs)
+        if "eager_input_vals" not in node.meta:
+            return args, kwargs
+        fake_args, fake_kwargs = normalized(*node.meta["eager_input_vals"])
+        args, kwargs = normalized(args, kwargs)
+        return lowering.constrain_to_fake_tensors(args, kwargs, fake_args, fake_kwargs)
+
+    return constrain
 
 
 def inductor_decompositions() -> tuple[dict[Any, Callable[..., Any]], ...]:
