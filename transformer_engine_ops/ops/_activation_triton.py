@@ -16,6 +16,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ..quantization._triton_launch import launchers
+
 # ACT codes (activation_kernels.CODES maps each activation name to one, and GATED).
 GELU = tl.constexpr(0)
 RELU = tl.constexpr(1)
@@ -152,25 +154,7 @@ def _backward(
         tl.store(dx_ptr + row * H + cols, (dy * d).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-class _Interpreted:
-    """The launcher call of ``_triton_launch.CachedLauncher`` on Triton's interpreter."""
-
-    def __init__(self, fn: Any) -> None:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        # Decorated under TRITON_INTERPRET=1, ``triton.jit`` already gave one.
-        self._fn = fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
-
-    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
-        self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
-
-
 def build(interpret: bool) -> tuple[Any, Any]:
     """Launchers of (forward, backward): ``launch(grid, args, constexprs, num_warps=...)``,
     compiled or for Triton's interpreter (CPU tensors)."""
-    kernels = (_forward, _backward)
-    if interpret:
-        return tuple(_Interpreted(k) for k in kernels)  # type: ignore[return-value]
-    from ..quantization._triton_launch import CachedLauncher
-
-    return tuple(CachedLauncher(k) for k in kernels)  # type: ignore[return-value]
+    return launchers((_forward, _backward), interpret)  # type: ignore[return-value]

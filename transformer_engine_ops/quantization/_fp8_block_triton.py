@@ -13,7 +13,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ._fp8_triton import _Interpreted, fp8_code, fp8_scale
+from ._fp8_triton import fp8_code, fp8_scale
+from ._triton_launch import launchers
 
 
 @triton.jit
@@ -196,8 +197,4 @@ def _block_quantize(
 def build(interpret: bool) -> Any:
     """The launcher of the block quantize kernel: ``launch(grid, args, constexprs,
     num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
-    if interpret:
-        return _Interpreted(_block_quantize)
-    from ._triton_launch import CachedLauncher
-
-    return CachedLauncher(triton.jit(_block_quantize))
+    return launchers((_block_quantize,), interpret)[0]

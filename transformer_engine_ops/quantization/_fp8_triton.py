@@ -13,6 +13,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ._triton_launch import launchers
+
 
 @triton.jit
 def fp8_scale(amax, fmax, epsilon, FORCE_POW2: tl.constexpr):  # noqa: N803
@@ -187,24 +189,7 @@ def _cast_transpose(
             tl.store(t_ptr + cols[:, None] * M + rows[None, :], tl.trans(code), mask=tl.trans(mask))
 
 
-class _Interpreted:
-    """The launcher call of ``_triton_launch.CachedLauncher`` on Triton's interpreter."""
-
-    def __init__(self, fn: Any) -> None:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        self._fn = InterpretedFunction(fn)
-
-    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
-        self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
-
-
 def build(interpret: bool) -> tuple[Any, Any, Any]:
     """Launchers of (amax, amax + column sums, cast + transpose): ``launch(grid, args,
     constexprs, num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
-    kernels = (_amax, _amax_colsum, _cast_transpose)
-    if interpret:
-        return tuple(_Interpreted(k) for k in kernels)  # type: ignore[return-value]
-    from ._triton_launch import CachedLauncher
-
-    return tuple(CachedLauncher(triton.jit(k)) for k in kernels)  # type: ignore[return-value]
+    return launchers((_amax, _amax_colsum, _cast_transpose), interpret)  # type: ignore[return-value]

@@ -17,6 +17,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ._triton_launch import launchers
+
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a global a kernel may read
 
 
@@ -330,25 +332,7 @@ def _quantize(
     )
 
 
-class _Interpreted:
-    """The launcher call of ``_triton_launch.CachedLauncher`` on Triton's interpreter."""
-
-    def __init__(self, fn: Any) -> None:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        # Decorated under TRITON_INTERPRET=1, ``triton.jit`` already gave one.
-        self._fn = fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
-
-    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
-        self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
-
-
 def build(interpret: bool) -> tuple[Any, Any]:
     """Launchers of (row amax, quantize): ``launch(grid, args, constexprs,
     num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
-    kernels = (_row_amax, _quantize)
-    if interpret:
-        return tuple(_Interpreted(k) for k in kernels)  # type: ignore[return-value]
-    from ._triton_launch import CachedLauncher
-
-    return tuple(CachedLauncher(k) for k in kernels)  # type: ignore[return-value]
+    return launchers((_row_amax, _quantize), interpret)  # type: ignore[return-value]

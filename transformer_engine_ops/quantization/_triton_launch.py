@@ -152,3 +152,34 @@ class CachedLauncher:
             self._triton_launch(grid, args, constexprs, num_warps)
             return
         self.direct_launches += 1
+
+
+class Interpreted:
+    """The launcher call of :class:`CachedLauncher` on Triton's interpreter (CPU tensors
+    under ``TRITON_INTERPRET=1``), for a kernel function or its ``triton.jit`` (which,
+    decorated under ``TRITON_INTERPRET=1``, already is an interpreted function)."""
+
+    def __init__(self, fn: Any) -> None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._fn = (
+            fn
+            if isinstance(fn, InterpretedFunction)
+            else InterpretedFunction(getattr(fn, "fn", fn))
+        )
+
+    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
+        self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
+
+
+def launchers(kernels: Sequence[Any], interpret: bool) -> tuple[Any, ...]:
+    """One launcher per kernel (a function or its ``triton.jit``), each called as
+    ``launch(grid, args, constexprs, num_warps=...)``: :class:`Interpreted` for Triton's
+    interpreter (CPU tensors), else a :class:`CachedLauncher` of the compiled kernel."""
+    if interpret:
+        return tuple(Interpreted(k) for k in kernels)
+    from triton.runtime.jit import JITFunction
+
+    return tuple(
+        CachedLauncher(k if isinstance(k, JITFunction) else triton.jit(k)) for k in kernels
+    )
