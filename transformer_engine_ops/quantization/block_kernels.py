@@ -81,14 +81,7 @@ def eligible(x: torch.Tensor, block_len: int) -> bool:
     trace), except a fake tensor traced for a lowered op call (recorded as one op)."""
     if not supports(block_len) or x.dtype not in _INPUT_DTYPES:
         return False
-    kind = type(x)
-    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
-        return (
-            lowering.tracing() and isinstance(x, _private.FakeTensor) and x.is_cuda and available()
-        )
-    if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
-        return False
-    return triton_support.launchable_here() and available()
+    return triton_support.takes_recorded_kernel(x, available)
 
 
 @functools.cache

@@ -97,16 +97,7 @@ def eligible(x: torch.Tensor) -> bool:
     Under ``torch.compile``, fake tensors, functionalization or any dispatch mode the
     reference ops run instead (they trace; a raw kernel launch would not).
     """
-    kind = type(x)
-    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
-        # Fake: an op call being lowered into Inductor's graph records the fused kernels
-        # as one op (runtime/lowering.py); any other tracing takes the reference ops.
-        return (
-            lowering.tracing() and isinstance(x, _private.FakeTensor) and x.is_cuda and available()
-        )
-    if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
-        return False
-    return triton_support.launchable_here() and available()
+    return triton_support.takes_recorded_kernel(x, available)
 
 
 @functools.cache

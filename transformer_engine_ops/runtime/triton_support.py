@@ -11,8 +11,9 @@ from typing import Any, Optional
 import torch
 
 from . import _torch_private as _private
+from . import lowering
 
-__all__ = ["interpreting", "launchable_here", "unavailable_reason"]
+__all__ = ["interpreting", "launchable_here", "takes_recorded_kernel", "unavailable_reason"]
 
 
 def interpreting() -> bool:
@@ -37,3 +38,19 @@ def launchable_here() -> bool:
     dispatch mode (fake tensors, functionalization), where the reference ops must run
     instead because they trace and a launch would not."""
     return not torch.compiler.is_compiling() and _private.current_dispatch_mode() is None
+
+
+def takes_recorded_kernel(x: torch.Tensor, available: Callable[[], bool]) -> bool:
+    """Whether ``x`` takes a quantize kernel that a lowered op call records as one op: a
+    real CUDA tensor (or Parameter) outside tracing, or a fake CUDA tensor traced for a
+    lowered call (runtime/lowering.py); under any other tracing, fake tensors,
+    functionalization or a dispatch mode the reference ops run (they trace; a raw
+    kernel launch would not)."""
+    kind = type(x)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
+        return (
+            lowering.tracing() and isinstance(x, _private.FakeTensor) and x.is_cuda and available()
+        )
+    if x.device.type != "cuda":  # a frozen weight reaches here as its Parameter
+        return False
+    return launchable_here() and available()
