@@ -127,23 +127,16 @@ def test_block_quantize_kernel_runs_eager_and_compiled_with_the_same_bits(kind, 
         assert_bitwise(cloned(step(module, x, "fp8_block")), eager)
 
 
-@pytest.mark.xfail(strict=False, reason="an experiment: block-scaled calls do not lower yet")
 @pytest.mark.parametrize("kind", ["linear", "layernorm_mlp"])
-def test_block_scaled_calls_lowered_into_inductor_would_stay_bitwise(kind, monkeypatch):
-    """Whether ``Float8BlockQuantizer.lowers_bitwise_on`` may turn True on CUDA: the op
-    calls traced into Inductor's graph (the quantize recorded as one op,
-    ``block_kernels._recorded``) and the step bitwise equal to eager. An XPASS says
-    they may; a failure shows what Inductor computes differently (its own
-    ``_scaled_mm`` lowering with block scales, say)."""
+def test_block_scaled_calls_lower_into_inductor_bitwise(kind):
+    """On CUDA a block-scaled op call lowers (``Float8BlockQuantizer.lowers_bitwise_on``):
+    traced into Inductor's graph with the quantize recorded as one op
+    (``block_kernels._recorded``) and the native block-scaled GEMM, the step bitwise
+    equal to eager."""
     from torch._inductor.utils import fresh_cache
 
-    from transformer_engine_ops.quantization import Float8BlockQuantizer, block_kernels
     from transformer_engine_ops.runtime import lowering
 
-    def on_cuda(q: Float8BlockQuantizer, device: torch.device | None) -> bool:
-        return device is not None and device.type == "cuda" and block_kernels.supports(q.block_len)
-
-    monkeypatch.setattr(Float8BlockQuantizer, "lowers_bitwise_on", on_cuda)
     module, x = make(kind), make_input()
     eager = cloned(step(module, x, "fp8_block"))
     torch._dynamo.reset()

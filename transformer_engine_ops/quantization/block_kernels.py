@@ -19,9 +19,9 @@ from one read of the input. One program per (BM x BK) tile:
 Block lengths that are powers of two up to 128 (tiles are powers of two, multiples of
 the block along each dim the blocks run); other lengths take the reference
 (:func:`supports`). Like ``cuda_kernels``, traced under a lowering the kernel is
-recorded as one op (``teops_quantization::fp8_block_quantize``); the quantizer does not
-lower yet (``Float8BlockQuantizer.lowers_bitwise_on``), so a compiled graph keeps the
-op node and its real kernel takes this path as eager does.
+recorded as one op (``teops_quantization::fp8_block_quantize``), so a block-scaled op
+call lowers into Inductor on CUDA (``Float8BlockQuantizer.lowers_bitwise_on``) with the
+same kernel eager runs.
 
 Triton is imported lazily: this module imports fine on a CPU-only torch without it.
 """

@@ -192,6 +192,16 @@ class Float8BlockQuantizer(Quantizer):
     wrapper_cls: ClassVar[type] = Float8BlockwiseQTensor
     format_name: ClassVar[str] = "FP8 block scaling"
 
+    def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
+        # On CUDA the fused kernel is recorded as one op (block_kernels.eligible); other
+        # block lengths would trace the reference ops, which Inductor fuses its own way.
+        return (
+            device is not None
+            and device.type == "cuda"
+            and block_kernels.supports(self.block_len)
+            and block_kernels.available()
+        )
+
     def _init_fields(self) -> None:
         super()._init_fields()
         owner = "Float8BlockQuantizer"

@@ -7,9 +7,9 @@ op whose declaration says ``lowers=True`` into its graph in place of the node, f
 call it can trace to eager's bits: no process group (collectives need the op), no
 integer tensor (GroupedLinear's ``m_splits`` is read on the host, a data-dependent
 size), and every quantizer the call names or carries computing eager's bits when
-traced on its device (``Quantizer.lowers_bitwise_on``: FP8 current scaling on CUDA,
-whose fused quantize is then recorded as one op running the same kernels; block
-formats trace reference ops Inductor would fuse into other bits). Any other call
+traced on its device (``Quantizer.lowers_bitwise_on``: FP8 current and block scaling
+on CUDA, whose fused quantizes are then recorded as one op running the same kernels;
+the other formats would trace reference ops Inductor fuses into other bits). Any other call
 declines and keeps its node. The graph Dynamo captures still holds the ops (schemas,
 guards and SCHEMAS.md are unchanged); only Inductor's graph differs.
 
