@@ -57,8 +57,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gpu-parts",
         nargs="*",
-        choices=("quantization", "op_overhead", "memory", "sustained", "transformer_layer", "tp"),
-        default=["quantization", "op_overhead", "memory", "sustained", "transformer_layer"],
+        choices=(
+            "quantization",
+            "op_overhead",
+            "memory",
+            "sustained",
+            "transformer_layer",
+            "torchao",
+            "tp",
+        ),
+        default=[
+            "quantization",
+            "op_overhead",
+            "memory",
+            "sustained",
+            "transformer_layer",
+            "torchao",
+        ],
         help="other parts of the --device cuda run (tp: the TP=2 step, needs 2 GPUs)",
     )
     p.add_argument(

@@ -78,6 +78,22 @@ def interleaved(
     return out
 
 
+def host_seconds(fn: Callable[[], Any], rounds: int = 7) -> dict[str, Any]:
+    """Host time of one call of ``fn`` with a CUDA device kept busy: each round queues a
+    ~50 ms sleep kernel, then times the call on the host (it never waits for the device
+    unless it synchronizes). A step whose host time nears its synchronized time is bound
+    by the host: its figure moves with the host's speed, not the GPU's."""
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms at the H200's clock
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+        torch.cuda.synchronize()
+    return stats(samples)
+
+
 def timed_subprocess(argv: list[str], env: dict[str, str] | None = None) -> str:
     """Run a child process to completion (check=True) and return its stdout."""
     proc = subprocess.run(

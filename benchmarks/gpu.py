@@ -69,7 +69,7 @@ from transformer_engine_ops.quantization import (
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
-from . import tp_step, transformer_layer
+from . import torchao_compare, tp_step, transformer_layer
 from .common import interleaved, progress, ratio_stats, stats
 from .models import LAYERS, SHAPES, make_input, make_model
 
@@ -536,6 +536,7 @@ def run(
         "memory",
         "sustained",
         "transformer_layer",
+        "torchao",
     ),
     recipes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
@@ -567,6 +568,9 @@ def run(
         "memory": lambda: _memory(*SHAPES["large"]),
         "sustained": lambda: _sustained(tuple(RECIPES) if recipes is None else recipes),
         "transformer_layer": lambda: transformer_layer.run(device=device),
+        # The same layer under FP8 against torchao's Float8Linear (the optional ``bench``
+        # extra): recorded as skipped, with the reason, where torchao is not installed.
+        "torchao": torchao_compare.run_if_installed,
         # Two GPUs (spawns its own NCCL ranks); not in the default parts.
         "tp": lambda: tp_step.run("nccl"),
     }

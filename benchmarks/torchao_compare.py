@@ -8,8 +8,10 @@ in use), one GPU, every contender compiled (``fullgraph=True``, Inductor).
   finer-grained scaling each offers);
 * the plain block and ours in bf16 for reference.
 
-Train step (forward + backward), medians of interleaved rounds; ``python -m
-benchmarks.torchao_compare [--quick] [--out FILE]``.
+Train step (forward + backward), medians of interleaved rounds, and each contender's
+host time per step; ``python -m benchmarks.torchao_compare [--quick] [--out FILE]``, or
+the ``torchao`` part of ``python -m benchmarks --device cuda`` (skipped, with the reason,
+where torchao is not installed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import Float8BlockScaling, Float8CurrentScaling
 
-from .common import interleaved, machine_info, progress, ratio_stats, stats
+from .common import host_seconds, interleaved, machine_info, progress, ratio_stats, stats
 from .transformer_layer import LLAMA_8B, QUICK, PlainBlock, _ours
 
 
@@ -86,6 +88,9 @@ def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
         "machine": machine_info(),
         "config": cfg,
         "seconds": {name: stats(samples) for name, samples in times.items()},
+        # Host time of one step (the device kept busy): near the step's time, a contender
+        # is bound by the host and its figure follows the host's speed.
+        "host_seconds": {name: host_seconds(fn) for name, fn in contenders.items()},
         "ours_current_over_torchao_tensorwise": ratio_stats(
             times["ours_fp8_current"], times["torchao_tensorwise"]
         ),
@@ -95,6 +100,16 @@ def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
     }
 
 
+def run_if_installed() -> dict[str, Any]:
+    """:func:`run`, or ``{"skipped": why}`` where torchao cannot be imported (it is an
+    optional bench dependency: ``pip install -e .[bench]``, a torchao built for this torch)."""
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception as exc:  # an ImportError, or a torchao built for another torch
+        return {"skipped": f"torchao is not importable: {type(exc).__name__}: {exc}"}
+    return run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -102,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.quick)
     for name, s in result["seconds"].items():
-        print(f"  {name:22s} {s['median'] * 1e3:8.2f} ms")
+        host = result["host_seconds"][name]["median"]
+        print(f"  {name:22s} {s['median'] * 1e3:8.2f} ms   host {host * 1e3:6.2f} ms")
     for key in ("ours_current_over_torchao_tensorwise", "ours_block_over_torchao_rowwise"):
         print(f"  {key}: {result[key]['median']:.3f}x")
     if args.out:
