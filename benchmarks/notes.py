@@ -669,8 +669,8 @@ none of that host time is paid per step, our step is within noise of
 Inductor compile receives a decomposition of each op declared `lowers=True` that traces
 the op's own kernel into its graph instead of calling the op, for a call that traces to
 eager's bits: no process group, no integer tensor, and no quantizer but FP8 current
-scaling on CUDA, whose fused quantize is then recorded as one op running the same
-kernels (runtime/lowering.py); every other call keeps its op node. The Dynamo graph,
+or block scaling on CUDA, whose fused quantize is then recorded as one op running the
+same kernels (runtime/lowering.py); every other call keeps its op node. The Dynamo graph,
 schemas and guards are unchanged. The lowered graph is bitwise equal to eager: the
 pieces Inductor would compute its own way (the bias gradient's sum, the norms, the
 activations, a GEMM with its bias, the CPU's fp32 GEMM path) are recorded whole as
