@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .common import machine_info, progress
+from .common import GPU_DEFAULT_PARTS, GPU_PARTS, machine_info, progress
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FIGURES = (
@@ -57,23 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gpu-parts",
         nargs="*",
-        choices=(
-            "quantization",
-            "op_overhead",
-            "memory",
-            "sustained",
-            "transformer_layer",
-            "torchao",
-            "tp",
-        ),
-        default=[
-            "quantization",
-            "op_overhead",
-            "memory",
-            "sustained",
-            "transformer_layer",
-            "torchao",
-        ],
+        choices=GPU_PARTS,
+        default=list(GPU_DEFAULT_PARTS),
         help="other parts of the --device cuda run (tp: the TP=2 step, needs 2 GPUs)",
     )
     p.add_argument(

@@ -21,6 +21,18 @@ import torch
 
 _START = time.perf_counter()
 
+# The parts of ``python -m benchmarks --device cuda`` beside the step shapes
+# (``benchmarks.gpu.run``), and those it runs by default (tp needs two GPUs).
+GPU_DEFAULT_PARTS = (
+    "quantization",
+    "op_overhead",
+    "memory",
+    "sustained",
+    "transformer_layer",
+    "torchao",
+)
+GPU_PARTS = (*GPU_DEFAULT_PARTS, "tp")
+
 
 def progress(message: str) -> None:
     """One progress line with the elapsed wall time of the run."""

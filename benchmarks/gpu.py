@@ -70,7 +70,7 @@ from transformer_engine_ops.quantization import (
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
 from . import torchao_compare, tp_step, transformer_layer
-from .common import interleaved, progress, ratio_stats, stats
+from .common import GPU_DEFAULT_PARTS, interleaved, progress, ratio_stats, stats
 from .models import LAYERS, SHAPES, make_input, make_model
 
 MODES = ("eager", "compiled", "reduce-overhead")
@@ -530,14 +530,7 @@ def run(
     shapes: tuple[str, ...] = ("small", "large"),
     *,
     device: str = "cuda",
-    parts: tuple[str, ...] = (
-        "quantization",
-        "op_overhead",
-        "memory",
-        "sustained",
-        "transformer_layer",
-        "torchao",
-    ),
+    parts: tuple[str, ...] = GPU_DEFAULT_PARTS,
     recipes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """All of figure 6; ``save(results)`` is called after each part (partial results).
