@@ -44,3 +44,24 @@ def test_plain_decode_equals_its_full_forward_at_the_position() -> None:
         assert (
             step[:, 0].float() - full[:, -1].float()
         ).abs().max().item() <= 0.02 * full.float().abs().max().item()
+
+
+def test_the_torchao_part_is_recorded_as_skipped_with_its_reason(monkeypatch) -> None:
+    """Without an importable torchao (an optional bench dependency) the GPU run's
+    ``torchao`` part records why it did not run instead of failing the whole run."""
+    import builtins
+
+    from benchmarks import torchao_compare
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name == "torchao" or name.startswith("torchao."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    result = torchao_compare.run_if_installed()
+    assert list(result) == ["skipped"]
+    assert "torchao is not importable" in result["skipped"]
+    assert "ImportError" in result["skipped"]
