@@ -144,13 +144,7 @@ def _check(
             f"{fn}: dy {tuple(dy.shape)} does not fit x {tuple(x.shape)} for {name} "
             f"(expected {(*x.shape[:-1], h)})"
         )
-    if x.device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{fn}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{fn}: {reason}")
+    triton_support.check_runnable(fn, x.device, unavailable_reason)
     return gated, h
 
 

@@ -129,13 +129,7 @@ def _check(fn: str, x: torch.Tensor, named: dict[str, Optional[torch.Tensor]]) -
         shape = expected.get(name, (rows, hidden))
         if tuple(t.shape) != shape:
             raise ValueError(f"{fn}: {name} has shape {_shape(t)}, expected {shape}")
-    if x.device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{fn}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{fn}: {reason}")
+    triton_support.check_runnable(fn, x.device, unavailable_reason)
     return hidden
 
 

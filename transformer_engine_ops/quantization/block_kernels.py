@@ -173,13 +173,7 @@ def fused_quantize(
     if not (rowwise or columnwise):
         raise ValueError(f"{_NAME}: asks for no usage")
     device = x.device
-    if device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{_NAME}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{_NAME}: {reason}")
+    triton_support.check_runnable(_NAME, device, unavailable_reason)
     config = (block_len, block_scaling_dim, force_pow_2, epsilon, rowwise, columnwise)
     if isinstance(x, _private.FakeTensor):  # traced for a lowered op call (see eligible)
         return _recorded(x, fp8_dtype, *config)

@@ -226,13 +226,7 @@ def fused_quantize(
     if x.dim() < 1:
         raise ValueError(f"{name}: needs at least one dim")
     device = x.device
-    if device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{name}: {reason}")
+    triton_support.check_runnable(name, device, unavailable_reason)
     if isinstance(x, _private.FakeTensor):  # traced for a lowered op call (see eligible)
         return _recorded(x, fp8_dtype, epsilon, force_pow_2, rowwise, columnwise, bias_grad)
     if device.type == "cuda" and device.index != _private.cuda_current_device():

@@ -274,10 +274,4 @@ def _check_launchable(name: str, x: torch.Tensor) -> None:
         raise TypeError(f"{name}: cannot quantize dtype {x.dtype}")
     if x.numel() == 0:
         raise ValueError(f"{name}: nothing to quantize in shape {tuple(x.shape)}")
-    if x.device.type != "cuda" and not triton_support.interpreting():
-        raise ValueError(
-            f"{name}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {x.device}"
-        )
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"{name}: {reason}")
+    triton_support.check_runnable(name, x.device, unavailable_reason)

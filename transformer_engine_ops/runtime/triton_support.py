@@ -13,7 +13,13 @@ import torch
 from . import _torch_private as _private
 from . import lowering
 
-__all__ = ["interpreting", "launchable_here", "takes_recorded_kernel", "unavailable_reason"]
+__all__ = [
+    "check_runnable",
+    "interpreting",
+    "launchable_here",
+    "takes_recorded_kernel",
+    "unavailable_reason",
+]
 
 
 def interpreting() -> bool:
@@ -31,6 +37,22 @@ def unavailable_reason(build_kernels: Callable[[bool], Any]) -> Optional[str]:
         return f"triton is not importable ({type(exc).__name__}: {exc})"
     build_kernels(interpreting())
     return None
+
+
+def check_runnable(
+    caller: str, device: torch.device, unavailable: Callable[[], Optional[str]]
+) -> None:
+    """Refuse, naming ``caller``, a kernel entry point called where it cannot run: a
+    non-CUDA ``device`` (CPU tensors only under ``TRITON_INTERPRET=1``), then a module
+    whose kernels are unavailable (``unavailable``: its ``unavailable_reason``, asked only
+    for a device the kernels could run on)."""
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{caller}: runs on CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {device}"
+        )
+    reason = unavailable()
+    if reason is not None:
+        raise RuntimeError(f"{caller}: {reason}")
 
 
 def launchable_here() -> bool:
