@@ -205,7 +205,9 @@ def test_the_plain_call_runs_few_python_functions():
     Each costs ~0.1-0.5 us on the host, which the GPU waits for at small shapes (issue
     24: eager within 1.3x ``torch.nn.Linear``). The counts were 24 and 14 before the
     module skipped the recipe lookups without a recipe and the plain call skipped
-    ``gemm``'s checks; a new call on this path needs a reason."""
+    ``gemm``'s checks; a new call on this path needs a reason. (15: ``autocast_enabled``
+    holds the autocast device types as a literal, which a compiled call does not guard
+    on every call as it did the module global the wrapper read before.)"""
     module = te.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
     module(x).sum().backward()  # warm
@@ -214,5 +216,5 @@ def test_the_plain_call_runs_few_python_functions():
     dy = torch.ones_like(y)
     backward = _own_frames(lambda: y.backward(dy))
     assert "linear_plain_call" in forward and "_PlainLinear.forward" in forward
-    assert len(forward) <= 14, forward
+    assert len(forward) <= 15, forward
     assert len(backward) <= 12, backward

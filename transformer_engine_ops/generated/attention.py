@@ -877,8 +877,9 @@ def call_dot_product_attention(
         reason = dot_product_attention_compile_blocker()
         if reason is None:
             # `dot_product_attention_compiled(dot_product_attention_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::dot_product_attention_fwd")
             flat = dot_product_attention_fwd(
                 q
                 if type(q) is torch.Tensor
@@ -991,9 +992,9 @@ def call_dot_product_attention(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::dot_product_attention_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::dot_product_attention_fwd", flat, keep.saved))
             return outputs
     args = DotProductAttnFwdArgs(
         q=q,

@@ -790,8 +790,9 @@ def call_grouped_linear(
         )
         if reason is None:
             # `grouped_linear_compiled(grouped_linear_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::grouped_linear_fwd")
             flat = grouped_linear_fwd(
                 inp
                 if type(inp) is torch.Tensor
@@ -886,9 +887,9 @@ def call_grouped_linear(
                     delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"
                 ),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::grouped_linear_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::grouped_linear_fwd", flat, keep.saved))
             return outputs
     args = GroupedLinearFwdArgs(
         inp=inp,

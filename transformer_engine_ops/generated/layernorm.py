@@ -466,8 +466,9 @@ def call_layernorm(
         reason = layernorm_compile_blocker(inp)
         if reason is None:
             # `layernorm_compiled(layernorm_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::layernorm_fwd")
             flat = layernorm_fwd(
                 inp
                 if type(inp) is torch.Tensor
@@ -498,9 +499,9 @@ def call_layernorm(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::layernorm_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::layernorm_fwd", flat, keep.saved))
             return outputs
     args = LayerNormFwdArgs(
         inp=inp,

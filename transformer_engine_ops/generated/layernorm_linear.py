@@ -1080,8 +1080,9 @@ def call_layernorm_linear(
         )
         if reason is None:
             # `layernorm_linear_compiled(layernorm_linear_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::layernorm_linear_fwd")
             flat = layernorm_linear_fwd(
                 inp
                 if type(inp) is torch.Tensor
@@ -1270,9 +1271,9 @@ def call_layernorm_linear(
                     delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"
                 ),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::layernorm_linear_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::layernorm_linear_fwd", flat, keep.saved))
             return outputs
     args = LayerNormLinearFwdArgs(
         inp=inp,

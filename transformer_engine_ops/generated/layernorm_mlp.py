@@ -1464,8 +1464,9 @@ def call_layernorm_mlp(
         )
         if reason is None:
             # `layernorm_mlp_compiled(layernorm_mlp_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::layernorm_mlp_fwd")
             flat = layernorm_mlp_fwd(
                 inp
                 if type(inp) is torch.Tensor
@@ -1746,9 +1747,9 @@ def call_layernorm_mlp(
                     )
                 ),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::layernorm_mlp_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::layernorm_mlp_fwd", flat, keep.saved))
             return outputs
     args = LayerNormMLPFwdArgs(
         inp=inp,

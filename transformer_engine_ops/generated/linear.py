@@ -937,8 +937,9 @@ def call_linear(
         )
         if reason is None:
             # `linear_compiled(linear_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::linear_fwd")
             flat = linear_fwd(
                 *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
                 inp
@@ -1083,9 +1084,9 @@ def call_linear(
                 if delay_wgrad_compute is True or delay_wgrad_compute is False
                 else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::linear_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::linear_fwd", flat, keep.saved))
             return outputs
     elif keep is None:
         outputs = linear_plain_call(

@@ -30,6 +30,22 @@ class GemmScalingState:
     per GEMM."""
 
 
+def forward_recipe(module: Any, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
+    """The recipe ``module``'s forward runs under: the active one, recorded on the
+    module (eagerly); in the recompute of an activation-checkpointed region (a forward run
+    by a backward pass, outside the ``autocast`` that wrapped the original forward) the
+    one the original forward recorded, so the recompute quantizes as the forward did.
+    Under torch.compile the recompute is traced with the forward's quantizers as graph
+    constants, so nothing is recorded there. (A function, not a method: a method looked
+    up on each layer is guarded, per layer and call, as absent from its ``__dict__``.)"""
+    if torch.compiler.is_compiling():
+        return active
+    if active is None and current_graph_task_id() != -1:
+        return module.__dict__.get("_teops_forward_recipe")
+    module.__dict__["_teops_forward_recipe"] = active
+    return active
+
+
 class ExtraStateMixin:
     """``get_extra_state``/``set_extra_state`` with TE's ``_extra_state`` key, the recipe
     a forward runs under (recorded for the recompute of activation checkpointing), and
@@ -69,20 +85,6 @@ class ExtraStateMixin:
         if owner is None:
             owner = self.__dict__[key] = GemmScalingState()
         return owner
-
-    def _forward_recipe(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
-        """The recipe a forward runs under: the active one, recorded on the module
-        (eagerly); in the recompute of an activation-checkpointed region (a forward run
-        by a backward pass, outside the ``autocast`` that wrapped the original forward)
-        the one the original forward recorded, so the recompute quantizes as the forward
-        did. Under torch.compile the recompute is traced with the forward's quantizers as
-        graph constants, so nothing is recorded there."""
-        if torch.compiler.is_compiling():
-            return active
-        if active is None and current_graph_task_id() != -1:
-            return self.__dict__.get("_teops_forward_recipe")
-        self.__dict__["_teops_forward_recipe"] = active
-        return active
 
     def _stateful_quantizers(
         self, shared: RecipeQuantizers | None, gemm: str | None = None
@@ -149,9 +151,9 @@ class ExtraStateMixin:
         return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
 
     def _recipe_quantizers(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
-        """The quantizers of this forward's (first) GEMM: :meth:`_forward_recipe` of
+        """The quantizers of this forward's (first) GEMM: :func:`forward_recipe` of
         ``active``, made stateful per module under delayed scaling."""
-        return self._stateful_quantizers(self._forward_recipe(active))
+        return self._stateful_quantizers(forward_recipe(self, active))
 
     def _initial_weight(
         self, init: RecipeQuantizers, weight: torch.Tensor, gemm: str | None = None

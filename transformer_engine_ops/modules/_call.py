@@ -48,16 +48,21 @@ def recipe_gemm_fields(quantizers: RecipeQuantizers | None) -> dict[str, Any]:
     }
 
 
-def activation_dtype(owner: str, inp: Any, params_dtype: torch.dtype) -> torch.dtype:
+def activation_dtype(owner: Any, inp: Any, params_dtype: torch.dtype) -> torch.dtype:
     """The dtype a module computes in: its input's, or ``params_dtype`` for an input that
     is not a tensor (a quantized storage; anything else is reported by the bundle's
     field check). An input of an integer, boolean or complex dtype is refused, as
-    ``torch.nn.Linear`` refuses it, instead of being cast."""
+    ``torch.nn.Linear`` refuses it, instead of being cast.
+
+    ``owner`` (the module, or its name) is named only in that refusal: a compiled
+    forward that read ``type(module)`` would guard, on every call, that each layer of a
+    model has the same class as the first (a Python guard per layer)."""
     if not isinstance(inp, torch.Tensor):
         return params_dtype
     if not inp.is_floating_point():
+        name = owner if isinstance(owner, str) else type(owner).__name__
         raise TypeError(
-            f"{owner}: input of dtype {inp.dtype}; expected a floating-point tensor "
+            f"{name}: input of dtype {inp.dtype}; expected a floating-point tensor "
             "(float32, bfloat16, float16 or float64): cast it first"
         )
     return inp.dtype
@@ -65,10 +70,18 @@ def activation_dtype(owner: str, inp: Any, params_dtype: torch.dtype) -> torch.d
 
 _Forward = TypeVar("_Forward", bound=Callable[..., Any])
 
-# The device types torch.autocast knows. Written out because Dynamo on torch 2.11 cannot
-# trace ``torch.amp.is_autocast_available`` (a skipped builtin), and this check runs
-# inside every compiled module call; ``torch.is_autocast_enabled`` it folds to a constant.
-AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia"})
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type``, for the device types it
+    knows (a device it does not know, e.g. meta, is reported by the field checks).
+
+    The types are written out because Dynamo on torch 2.11 cannot trace
+    ``torch.amp.is_autocast_available`` (a skipped builtin), and as a literal (a constant
+    of this code) because every compiled module call runs this: a module global read
+    here would be guarded on every call. ``torch.is_autocast_enabled`` Dynamo folds to a
+    constant."""
+    known = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia")
+    return device_type in known and torch.is_autocast_enabled(device_type)
 
 
 def follows_torch_autocast(forward: _Forward) -> _Forward:
@@ -84,8 +97,7 @@ def follows_torch_autocast(forward: _Forward) -> _Forward:
             return forward(self, inp, *args, **kwargs)
         # (``Tensor.device.type`` costs ~0.4 us a call; the flags ~0.05 us)
         device_type = "cuda" if inp.is_cuda else "cpu" if inp.is_cpu else inp.device.type
-        # (a device autocast does not know, e.g. meta, is reported by the field checks)
-        if device_type not in AUTOCAST_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
+        if not autocast_enabled(device_type):
             return forward(self, inp, *args, **kwargs)
         dtype = torch.get_autocast_dtype(device_type)
         if inp.is_floating_point() and inp.dtype != dtype:

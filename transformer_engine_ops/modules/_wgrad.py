@@ -34,18 +34,6 @@ class WgradScheduling:
         """Whether a weight gradient leaves autograd's path (main_grad, backward_dw)."""
         return self.fuse_wgrad_accumulation or self.delay_wgrad_compute
 
-    def _wgrad_flags(self, *weights: Any) -> dict[str, bool]:
-        """The bundle's flags: the module's settings where this call computes a gradient
-        of one of ``weights``, else off (a call under ``no_grad``, or of frozen weights,
-        compiles)."""
-        if not (self.fuse_wgrad_accumulation or self.delay_wgrad_compute):  # the usual module
-            return {"fuse_wgrad_accumulation": False, "delay_wgrad_compute": False}
-        on = torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)
-        return {
-            "fuse_wgrad_accumulation": on and self.fuse_wgrad_accumulation,
-            "delay_wgrad_compute": on and self.delay_wgrad_compute,
-        }
-
     def backward_dw(self) -> None:
         """Run the oldest wgrad GEMM the backward deferred for each weight
         (``delay_wgrad_compute``), as TE's ``backward_dw``: into ``main_grad`` when fused,
@@ -54,3 +42,17 @@ class WgradScheduling:
         if self.delay_wgrad_compute:
             for weight in self._wgrad_weights():
                 backward_dw(weight)
+
+
+def wgrad_flags(module: WgradScheduling, *weights: Any) -> dict[str, bool]:
+    """The bundle's flags: ``module``'s settings where this call computes a gradient of
+    one of ``weights``, else off (a call under ``no_grad``, or of frozen weights,
+    compiles). (A function, not a method: a method looked up on each layer is guarded,
+    per layer and call, as absent from its ``__dict__``.)"""
+    if not (module.fuse_wgrad_accumulation or module.delay_wgrad_compute):  # the usual module
+        return {"fuse_wgrad_accumulation": False, "delay_wgrad_compute": False}
+    on = torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)
+    return {
+        "fuse_wgrad_accumulation": on and module.fuse_wgrad_accumulation,
+        "delay_wgrad_compute": on and module.delay_wgrad_compute,
+    }

@@ -29,7 +29,7 @@ from ..ops.attention import (
 )
 from ..quantization.stochastic import draw_rng_state
 from ._base import ExtraStateMixin
-from ._call import AUTOCAST_DEVICE_TYPES
+from ._call import autocast_enabled
 from .autocast import STATE
 
 _NAME = "DotProductAttention"
@@ -399,7 +399,7 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
 def _autocast_device(q: torch.Tensor) -> str | None:
     """The device type of an enclosing ``torch.autocast`` that covers ``q``, else None."""
     device = q.device.type
-    if device in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device):
+    if autocast_enabled(device):
         return device
     return None
 

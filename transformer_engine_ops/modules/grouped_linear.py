@@ -51,6 +51,7 @@ from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
 from ._base import (
     ExtraStateMixin,
+    forward_recipe,
     full_then_shard,
     reject_unimplemented,
     te_default_init,
@@ -64,7 +65,7 @@ from ._call import (
     recipe_gemm_fields,
     zero_feature_gemms,
 )
-from ._wgrad import WgradScheduling
+from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
 
@@ -306,13 +307,13 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             return zero_feature_gemms(
                 cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
             )
-        shared = self._forward_recipe(STATE.autocast)
+        shared = forward_recipe(self, STATE.autocast)
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.
         qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]
         q: Any = shared
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
+        dtype = activation_dtype(self, inp, self.params_dtype)
         weights, biases = self._weights(), self._biases()
         weight_quantizers = [qi and qi.weight for qi in qs]
         # Caching only means something where this call quantizes a weight (TE's rule).
@@ -346,7 +347,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 weights[0].device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
-            **self._wgrad_flags(*weights),
+            **wgrad_flags(self, *weights),
         )
         keep = None
         if caching:

@@ -93,7 +93,7 @@ class _Norm(ExtraStateMixin, nn.Module):
     @follows_torch_autocast
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         is_tensor = isinstance(inp, torch.Tensor)
-        activation_dtype(type(self).__name__, inp, self.weight.dtype)  # refuses integers
+        activation_dtype(self, inp, self.weight.dtype)  # refuses integers
         bias = self.bias
         return call_layernorm(
             inp=inp,

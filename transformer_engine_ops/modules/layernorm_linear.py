@@ -35,7 +35,7 @@ from ._call import (
     quantizes_weight,
     recipe_gemm_fields,
 )
-from ._wgrad import WgradScheduling
+from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
 from .linear import _check_parallelism
@@ -236,7 +236,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         """This call's ``LayerNormLinearFwdArgs`` fields by name, as
         ``call_layernorm_linear`` takes them (no bundle is built on the compiled path)."""
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
+        dtype = activation_dtype(self, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
         return dict(
@@ -282,7 +282,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 self.weight.device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
-            **self._wgrad_flags(self.weight),
+            **wgrad_flags(self, self.weight),
         )
 
     def _keep_weight_workspace(self, weight_quantizer: Any, kept: tuple[Any, ...]) -> None:

@@ -28,13 +28,13 @@ from ..quantization.stochastic import rng_state_for
 from ..runtime.keep import Keep
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import ClampedSwiGLUParams
-from ._base import ExtraStateMixin, reject_unimplemented, te_default_init, tp_rank
+from ._base import ExtraStateMixin, forward_recipe, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     activation_dtype,
     follows_torch_autocast,
     recipe_gemm_fields,
 )
-from ._wgrad import WgradScheduling
+from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE, RecipeQuantizers
 from .layernorm_linear import check_normalization
@@ -194,7 +194,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         weights already quantized (``quantized_model_init``). Compiled as for ``Linear``:
         one graph per flag value, reading or writing the kept workspaces.
         """
-        shared = self._forward_recipe(STATE.autocast)
+        shared = forward_recipe(self, STATE.autocast)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None
         fields = self._op_fields(inp, shared, is_first_microbatch)
@@ -243,7 +243,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         q1: Any = self._stateful_quantizers(shared)
         q2: Any = self._stateful_quantizers(shared, "fc2")
         is_tensor = isinstance(inp, torch.Tensor)
-        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
+        dtype = activation_dtype(self, inp, self.params_dtype)
         fc2_bias = None if self.return_bias else self.fc2_bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
         fc1_weight, fc1_bias, fc2_weight = self.fc1_weight, self.fc1_bias, self.fc2_weight
@@ -309,7 +309,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
                 fc1_weight.device,
                 torch.is_grad_enabled(),
             ),
-            **self._wgrad_flags(fc1_weight, fc2_weight),
+            **wgrad_flags(self, fc1_weight, fc2_weight),
         )
 
     def _keep_weight_workspaces(

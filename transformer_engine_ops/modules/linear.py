@@ -20,6 +20,7 @@ from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
 from ._base import (
     ExtraStateMixin,
+    forward_recipe,
     full_then_shard,
     reject_unimplemented,
     te_default_init,
@@ -33,7 +34,7 @@ from ._call import (
     recipe_gemm_fields,
     zero_feature_gemms,
 )
-from ._wgrad import WgradScheduling
+from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
 
@@ -213,8 +214,12 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         # after a failed attribute lookup (~0.7 us a read); anything else (a parameter
         # deleted and replaced by a plain attribute, ``bias=False``'s None) by getattr.
         params = self._parameters
-        weight = params["weight"] if "weight" in params else self.weight
-        module_bias = params["bias"] if "bias" in params else self.bias
+        weight = params.get("weight")
+        if weight is None:
+            weight = self.weight
+        module_bias = params.get("bias")
+        if module_bias is None:
+            module_bias = self.bias
         if 0 in weight.shape and self.tp_size == 1:  # no features: nothing to quantize
             bias = None if self.return_bias else module_bias
             out = zero_feature_gemms(
@@ -228,11 +233,11 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             if self.return_bias:
                 return out, None if module_bias is None else module_bias.to(out.dtype)
             return out
-        active = self._recipe_of_this_forward(STATE.autocast)
+        active = forward_recipe(self, STATE.autocast)
         grad = torch.is_grad_enabled()
         # A non-tensor input reaches the op as is and is reported by its field check.
         input_requires_grad = isinstance(inp, torch.Tensor) and inp.requires_grad
-        dtype = activation_dtype(type(self).__name__, inp, self.params_dtype)
+        dtype = activation_dtype(self, inp, self.params_dtype)
         bias = None if self.return_bias else module_bias
         workspace = self._weight_cache.value if is_first_microbatch is False else None
         keep = None
@@ -259,7 +264,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
                     workspace = None  # remade with every usage this call needs
                 if workspace is None:
                     keep = Keep((1,), functools.partial(self._keep_weight_workspace, q.weight))
-        wgrad = self._wgrad_flags(weight)
+        wgrad = wgrad_flags(self, weight)
         # Named keywords only: a ``**`` in the call would rebuild every keyword as a dict.
         (out,) = call_linear(
             weight=weight,
@@ -318,11 +323,6 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return (self.weight,)
-
-    # The recipe a forward runs under (recorded for the recompute of activation
-    # checkpointing), the ``quantized_model_init`` weight (``_initial_weight``) and
-    # ``_extra_state`` are the family's (``ExtraStateMixin``).
-    _recipe_of_this_forward = ExtraStateMixin._forward_recipe
 
     def extra_repr(self) -> str:
         return (

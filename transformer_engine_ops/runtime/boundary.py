@@ -309,8 +309,13 @@ def decode_meta(code: str) -> QuantizedMeta:
 
 _NONE_META = QuantizedMeta("none")
 _TENSOR_META = QuantizedMeta("tensor")
-_NONE_CODE = meta_code(_NONE_META)
-_TENSOR_CODE = meta_code(_TENSOR_META)
+# Written out as literals where a compiled call reads them (``tensor_or_quantized``):
+# Dynamo guards a module global it reads on every call of the compiled frame, a
+# constant in a function's code only with that code. Checked against the encoder here.
+_NONE_CODE = '{"meta":"none","class":null,"inner":[],"context":[]}'
+_TENSOR_CODE = '{"meta":"tensor","class":null,"inner":[],"context":[]}'
+if (_NONE_CODE, _TENSOR_CODE) != (meta_code(_NONE_META), meta_code(_TENSOR_META)):
+    raise AssertionError("boundary: the literal layout codes no longer match meta_code")
 
 
 def _describe(value: QuantizedStorage | QuantizedTensor) -> QuantizedMeta:
@@ -346,7 +351,7 @@ def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, li
 
 def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
     if isinstance(value, torch.Tensor):
-        return value, [], _TENSOR_CODE
+        return value, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}'  # _TENSOR_CODE
     if isinstance(value, QuantizedStorage):
         return quantized_slots(value)
     raise _mismatch(where, "Tensor or a quantized storage", value)
@@ -354,7 +359,7 @@ def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
 
 def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
     if value is None:
-        return None, [], _NONE_CODE
+        return None, [], '{"meta":"none","class":null,"inner":[],"context":[]}'  # _NONE_CODE
     return tensor_or_quantized(value, where)
 
 

@@ -759,8 +759,9 @@ def call_every_kind(
         )
         if reason is None:
             # `every_kind_compiled(every_kind_fwd_slots(...))` written out: each
-            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10).
-            _r.begin_call(FORWARD_OP)
+            # call Dynamo inlines binds every field again (docs/benchmarks.md, figure 10);
+            # the op's name a literal: a module global read here is guarded on every call.
+            _r.begin_call("teops::every_kind_fwd")
             flat = every_kind_fwd(
                 x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
                 maybe_x
@@ -875,9 +876,9 @@ def call_every_kind(
                 ),
                 *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
             )
-            outputs = _r.user_outputs(FORWARD_OP, flat)
+            outputs = _r.user_outputs("teops::every_kind_fwd", flat)
             if keep is not None:
-                keep.into(_r.kept_values(FORWARD_OP, flat, keep.saved))
+                keep.into(_r.kept_values("teops::every_kind_fwd", flat, keep.saved))
             return outputs
     args = EveryKindFwdArgs(
         x=x,

@@ -1,0 +1,59 @@
+"""What a compiled call of our modules is guarded on. Dynamo checks every guard of a
+compiled frame on each of its calls, before the graph (or its CUDA graph) runs: at a
+small, host-bound step this check is a measurable part of the step (issue 24's
+``reduce-overhead`` figure). Each module global, attribute or method the traced path
+reads adds guards; these tests keep what was removed from coming back and bound what a
+layer adds, against ``torch.nn.Linear``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from transformer_engine_ops.modules.linear import Linear
+
+
+def _guards(make: Any, layers: int) -> list[tuple[str, str]]:
+    seen: list[list[tuple[str, str]]] = []
+
+    def keep_all(entries: Any) -> list[bool]:
+        seen.append([(e.name, e.guard_type) for e in entries])
+        return [True] * len(entries)
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(*[make() for _ in range(layers)])
+    compiled = torch.compile(
+        model, fullgraph=True, backend="eager", options={"guard_filter_fn": keep_all}
+    )
+    compiled(torch.randn(4, 16, requires_grad=True))
+    assert len(seen) == 1, "one compiled frame"
+    return seen[0]
+
+
+def _per_layer(make: Any) -> float:
+    return (len(_guards(make, 4)) - len(_guards(make, 1))) / 3
+
+
+def test_a_layer_adds_few_guards_beyond_torch_nn_linear():
+    """Per layer: torch.nn.Linear's parameters and hooks (12 on torch 2.13), plus our
+    module's settings the op reads (tensor parallelism, features, wgrad flags,
+    ``return_bias``); 37 on torch 2.13, 45 before the methods were looked up once."""
+    ours = _per_layer(lambda: Linear(16, 16))
+    theirs = _per_layer(lambda: torch.nn.Linear(16, 16))
+    assert ours - theirs <= 25, (ours, theirs)
+
+
+def test_no_guard_on_constants_types_or_method_lookups():
+    guards = _guards(lambda: Linear(16, 16), 4)
+    names = [name for name, _ in guards]
+    # Constants the compiled path reads are literals in its code, not module globals.
+    for constant in ("FORWARD_OP", "_TENSOR_CODE", "_NONE_CODE", "AUTOCAST_DEVICE_TYPES"):
+        assert not any(constant in name for name in names), constant
+    # No layer is guarded to have the first layer's class (``type(self)`` was read): an
+    # aliasing guard, evaluated in Python, per layer.
+    aliasing = [name for name, kind in guards if kind == "DUPLICATE_INPUT"]
+    assert not any("_modules[" in name for name in aliasing), aliasing
+    # The helpers are module functions: no per-layer "not in __dict__" guard for them.
+    layer_1 = [name for name in names if "_modules['1']" in name]
+    assert not any("_recipe_of_this_forward" in n or "_wgrad_flags" in n for n in layer_1)
