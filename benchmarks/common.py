@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,7 @@ GPU_DEFAULT_PARTS = (
     "sustained",
     "transformer_layer",
     "torchao",
+    "paired",
 )
 GPU_PARTS = (*GPU_DEFAULT_PARTS, "tp")
 
@@ -87,6 +89,53 @@ def interleaved(
     for _ in range(rounds):
         for name, timer in timers.items():
             out[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+    return out
+
+
+def paired_ratio(
+    ours: Callable[[], Any],
+    baseline: Callable[[], Any],
+    pairs: int = 300,
+    block: int = 10,
+    sync: Callable[[], None] = lambda: None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """ours / baseline over ``pairs`` pairs of back-to-back blocks of ``block`` calls
+    (synchronized wall time), the order alternating from pair to pair: a ratio near 1
+    at a host-bound step, where a round of ``interleaved`` (each contender timed for a
+    fraction of a second in turn) spreads by 10-20% with the host's drift. Reports the
+    stats of the per-pair ratios and a 95% bootstrap interval of their median."""
+
+    def timed(fn: Callable[[], Any]) -> float:
+        sync()
+        started = time.perf_counter()
+        for _ in range(block):
+            fn()
+        sync()
+        return (time.perf_counter() - started) / block
+
+    for _ in range(10):  # warm both
+        timed(ours)
+        timed(baseline)
+    ratios, ours_s, base_s = [], [], []
+    for i in range(pairs):
+        if i % 2:
+            a = timed(ours)
+            b = timed(baseline)
+        else:
+            b = timed(baseline)
+            a = timed(ours)
+        ratios.append(a / b)
+        ours_s.append(a)
+        base_s.append(b)
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(1000))
+    out = stats(ratios)
+    del out["samples"]
+    out["ci95"] = [medians[24], medians[974]]
+    out["ours_s"] = statistics.median(ours_s)
+    out["baseline_s"] = statistics.median(base_s)
+    out["pairs"], out["block"] = pairs, block
     return out
 
 

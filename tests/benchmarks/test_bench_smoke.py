@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,43 @@ def test_the_checked_in_report_is_what_the_report_writer_makes_of_the_checked_in
     cpu = json.loads((docs / "benchmarks_cpu.json").read_text())
     gpu = json.loads((docs / "benchmarks_h200.json").read_text())
     assert (docs / "benchmarks.md").read_text() == report.markdown(cpu, gpu) + "\n"
+
+
+def test_paired_ratio_alternates_short_blocks_and_bounds_its_median():
+    """``common.paired_ratio``: ours and the baseline in back-to-back blocks, the order
+    alternating; a contender twice as slow reads 2x within its interval."""
+    from benchmarks.common import paired_ratio
+
+    calls: list[str] = []
+
+    def spin(name: str, seconds: float):
+        def run() -> None:
+            calls.append(name)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+
+        return run
+
+    r = paired_ratio(spin("ours", 2e-4), spin("base", 1e-4), pairs=20, block=3)
+    assert r["n"] == 20 and r["pairs"] == 20 and r["block"] == 3
+    assert 1.6 < r["median"] < 2.4 and r["ci95"][0] <= r["median"] <= r["ci95"][1]
+    timed = calls[2 * 10 * 3 :]  # after the warm-up blocks
+    firsts = [timed[i * 6] for i in range(20)]
+    assert firsts == ["base", "ours"] * 10  # the order alternates pair by pair
+
+
+def test_paired_small_step_goals_enter_the_targets_table():
+    gpu = _gpu_v2_results()
+    gpu["paired"] = {
+        "reduce-overhead": {"median": 0.998, "ci95": [0.990, 1.007]},
+        "compiled": {"median": 1.25, "ci95": [1.2, 1.3]},
+    }
+    rows = {r[0]: r for r in report.gpu_targets(gpu)}
+    ro = rows[
+        "H200 small, paired blocks: ours bf16 reduce-overhead / torch.nn.Linear reduce-overhead"
+    ]
+    assert ro[2] == "0.998x (95% CI 0.990-1.007x)" and ro[3] == "met"
+    compiled = rows["H200 small, paired blocks: ours bf16 compiled / torch.nn.Linear compiled"]
+    assert compiled[3] == "**missed**"
+    assert not any("paired blocks: ours bf16 eager" in k for k in rows)  # not measured
