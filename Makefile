@@ -39,9 +39,13 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# pytest's exit code 5 ("no tests ran") must fail, never pass silently.
+# pytest's exit code 5 ("no tests ran") must fail, never pass silently. The tests run in
+# parallel workers, one a core (pytest-xdist; PYTEST_WORKERS=0 runs them in this process):
+# each worker compiles into its own Inductor cache (tests/conftest.py) and a distributed
+# test picks free ports.
+PYTEST_WORKERS ?= auto
 test: check-codegen lint
-	@$(PY) -m pytest -q; rc=$$?; \
+	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 demo: $(STAMP)

@@ -2,8 +2,8 @@
 
 Inductor's on-disk caches key compiled graphs on the graph, not on our custom ops'
 fake kernels, so a cache left by an older checkout (or a worktree beside this one) can
-serve code compiled for another output layout. Each test session compiles into its own
-fresh cache directory.
+serve code compiled for another output layout. Each test process (each pytest-xdist
+worker) compiles into its own fresh cache directory.
 """
 
 from __future__ import annotations
