@@ -37,11 +37,12 @@ def _per_layer(make: Any) -> float:
 
 def test_a_layer_adds_few_guards_beyond_torch_nn_linear():
     """Per layer: torch.nn.Linear's parameters and hooks (12 on torch 2.13), plus our
-    module's settings the op reads (tensor parallelism, features, wgrad flags,
-    ``return_bias``); 37 on torch 2.13, 45 before the methods were looked up once."""
+    module's settings as one constant (``_op_settings``) and the parameters' types; 23
+    on torch 2.13: 37 when each setting was an attribute of its own, 45 before the
+    helpers were module functions."""
     ours = _per_layer(lambda: Linear(16, 16))
     theirs = _per_layer(lambda: torch.nn.Linear(16, 16))
-    assert ours - theirs <= 25, (ours, theirs)
+    assert ours - theirs <= 12, (ours, theirs)
 
 
 def test_no_guard_on_constants_types_or_method_lookups():
@@ -57,3 +58,41 @@ def test_no_guard_on_constants_types_or_method_lookups():
     # The helpers are module functions: no per-layer "not in __dict__" guard for them.
     layer_1 = [name for name in names if "_modules['1']" in name]
     assert not any("_recipe_of_this_forward" in n or "_wgrad_flags" in n for n in layer_1)
+
+
+def test_the_forward_unpacks_the_settings_in_their_declared_order():
+    """``Linear.forward`` reads ``_op_settings`` into names in ``OP_SETTINGS``'s order:
+    a reordering on one side only would hand the op one setting for another."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Linear.forward.__wrapped__)))
+    unpacks = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "_op_settings"
+    ]
+    assert len(unpacks) == 1
+    names = tuple(elt.id for elt in unpacks[0].targets[0].elts)
+    assert names == Linear.OP_SETTINGS
+
+
+def test_a_setting_assigned_after_construction_takes_effect_eager_and_compiled():
+    """The settings live in one tuple; assigning one rebuilds it, so the next call (and a
+    compiled call, through its guard on the tuple) sees the new value."""
+    torch.manual_seed(0)
+    layer = Linear(16, 8)
+    x = torch.randn(4, 16)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for run in (layer, compiled):
+        layer.return_bias = False
+        assert isinstance(run(x), torch.Tensor)
+        layer.return_bias = True
+        out, bias = run(x)
+        assert torch.equal(bias, layer.bias)
+        assert torch.equal(out + bias, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert layer._op_settings[Linear.OP_SETTINGS.index("return_bias")] is True
+    assert layer.in_features == 16 and layer.out_features == 8 and layer.tp_size == 1

@@ -23,6 +23,43 @@ from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
 from .autocast import STATE, GemmRoles, RecipeQuantizers, custom_quantizers
 
+_UNSET = object()
+
+
+class OpSetting:
+    """A module attribute every call hands its op (tensor parallelism, features, wgrad
+    flags, ...), kept with the module's other such settings in one tuple,
+    ``module._op_settings``, which its forward reads at once (in the order of the class's
+    ``OP_SETTINGS``). Under torch.compile a tuple of plain values is guarded as one
+    constant, one check a layer and call, where each attribute read is guarded on its own
+    (two or three checks each; docs/design.md, "What a compiled call is guarded on").
+    Assigning the attribute rebuilds the tuple, so a forward never reads a stale value."""
+
+    def __init__(self, index: int, count: int) -> None:
+        self.index, self.count, self.name = index, count, f"setting {index}"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, module: Any, owner: type | None = None) -> Any:
+        if module is None:
+            return self
+        value = module.__dict__.get("_op_settings", ())[self.index : self.index + 1]
+        if not value or value[0] is _UNSET:
+            raise AttributeError(f"{type(module).__name__}.{self.name} is not set")
+        return value[0]
+
+    def __set__(self, module: Any, value: Any) -> None:
+        settings = module.__dict__.get("_op_settings") or (_UNSET,) * self.count
+        i = self.index
+        module.__dict__["_op_settings"] = (*settings[:i], value, *settings[i + 1 :])
+
+
+def op_settings(names: tuple[str, ...]) -> tuple[OpSetting, ...]:
+    """One :class:`OpSetting` per name, in order: ``a, b = op_settings(("a", "b"))`` in a
+    class body whose ``OP_SETTINGS`` is that tuple."""
+    return tuple(OpSetting(i, len(names)) for i in range(len(names)))
+
 
 class GemmScalingState:
     """Holds the delayed-scaling state of one further GEMM of a module (LayerNormMLP's

@@ -44,15 +44,13 @@ class WgradScheduling:
                 backward_dw(weight)
 
 
-def wgrad_flags(module: WgradScheduling, *weights: Any) -> dict[str, bool]:
-    """The bundle's flags: ``module``'s settings where this call computes a gradient of
-    one of ``weights``, else off (a call under ``no_grad``, or of frozen weights,
-    compiles). (A function, not a method: a method looked up on each layer is guarded,
+def wgrad_flags(fuse: bool, delay: bool, *weights: Any) -> dict[str, bool]:
+    """The bundle's flags for a module set to ``fuse`` (``fuse_wgrad_accumulation``) and
+    ``delay`` (``delay_wgrad_compute``): on where this call computes a gradient of one of
+    ``weights``, else off (a call under ``no_grad``, or of frozen weights, compiles). (A
+    function of the flags, not a method: a method looked up on each layer is guarded,
     per layer and call, as absent from its ``__dict__``.)"""
-    if not (module.fuse_wgrad_accumulation or module.delay_wgrad_compute):  # the usual module
+    if not (fuse or delay):  # the usual module
         return {"fuse_wgrad_accumulation": False, "delay_wgrad_compute": False}
     on = torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)
-    return {
-        "fuse_wgrad_accumulation": on and module.fuse_wgrad_accumulation,
-        "delay_wgrad_compute": on and module.delay_wgrad_compute,
-    }
+    return {"fuse_wgrad_accumulation": on and fuse, "delay_wgrad_compute": on and delay}

@@ -347,7 +347,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 weights[0].device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
-            **wgrad_flags(self, *weights),
+            **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, *weights),
         )
         keep = None
         if caching:

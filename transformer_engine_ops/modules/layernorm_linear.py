@@ -282,7 +282,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 self.weight.device,
                 torch.is_grad_enabled() and backward_override_of(q) is None,
             ),
-            **wgrad_flags(self, self.weight),
+            **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, self.weight),
         )
 
     def _keep_weight_workspace(self, weight_quantizer: Any, kept: tuple[Any, ...]) -> None:

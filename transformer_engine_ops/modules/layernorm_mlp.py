@@ -309,7 +309,9 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
                 fc1_weight.device,
                 torch.is_grad_enabled(),
             ),
-            **wgrad_flags(self, fc1_weight, fc2_weight),
+            **wgrad_flags(
+                self.fuse_wgrad_accumulation, self.delay_wgrad_compute, fc1_weight, fc2_weight
+            ),
         )
 
     def _keep_weight_workspaces(

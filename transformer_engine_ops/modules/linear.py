@@ -22,6 +22,7 @@ from ._base import (
     ExtraStateMixin,
     forward_recipe,
     full_then_shard,
+    op_settings,
     reject_unimplemented,
     te_default_init,
     tp_rank,
@@ -90,6 +91,33 @@ def _check_parallelism(
 
 class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
+
+    # The settings every call hands the op, kept in one tuple (``_base.OpSetting``) that
+    # ``forward`` unpacks in this order.
+    OP_SETTINGS = (
+        "parallel_mode",
+        "tp_group",
+        "tp_size",
+        "sequence_parallel",
+        "in_features",
+        "out_features",
+        "return_bias",
+        "params_dtype",
+        "fuse_wgrad_accumulation",
+        "delay_wgrad_compute",
+    )
+    (
+        parallel_mode,
+        tp_group,
+        tp_size,
+        sequence_parallel,
+        in_features,
+        out_features,
+        return_bias,
+        params_dtype,
+        fuse_wgrad_accumulation,
+        delay_wgrad_compute,
+    ) = op_settings(OP_SETTINGS)
 
     def __init__(
         self,
@@ -220,25 +248,37 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         module_bias = params.get("bias")
         if module_bias is None:
             module_bias = self.bias
-        if 0 in weight.shape and self.tp_size == 1:  # no features: nothing to quantize
-            bias = None if self.return_bias else module_bias
+        (
+            parallel_mode,
+            tp_group,
+            tp_size,
+            sequence_parallel,
+            in_features,
+            out_features,
+            return_bias,
+            params_dtype,
+            fuse_wgrad_accumulation,
+            delay_wgrad_compute,
+        ) = self._op_settings  # OP_SETTINGS, read at once
+        if 0 in weight.shape and tp_size == 1:  # no features: nothing to quantize
+            bias = None if return_bias else module_bias
             out = zero_feature_gemms(
                 type(self).__name__,
                 inp,
                 [weight],
                 None if bias is None else [bias],
                 None,
-                self.params_dtype,
+                params_dtype,
             )
-            if self.return_bias:
+            if return_bias:
                 return out, None if module_bias is None else module_bias.to(out.dtype)
             return out
         active = forward_recipe(self, STATE.autocast)
         grad = torch.is_grad_enabled()
         # A non-tensor input reaches the op as is and is reported by its field check.
         input_requires_grad = isinstance(inp, torch.Tensor) and inp.requires_grad
-        dtype = activation_dtype(self, inp, self.params_dtype)
-        bias = None if self.return_bias else module_bias
+        dtype = activation_dtype(self, inp, params_dtype)
+        bias = None if return_bias else module_bias
         workspace = self._weight_cache.value if is_first_microbatch is False else None
         keep = None
         if active is None:
@@ -264,7 +304,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
                     workspace = None  # remade with every usage this call needs
                 if workspace is None:
                     keep = Keep((1,), functools.partial(self._keep_weight_workspace, q.weight))
-        wgrad = wgrad_flags(self, weight)
+        wgrad = wgrad_flags(fuse_wgrad_accumulation, delay_wgrad_compute, weight)
         # Named keywords only: a ``**`` in the call would rebuild every keyword as a dict.
         (out,) = call_linear(
             weight=weight,
@@ -289,12 +329,12 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             wgrad_gemm=gemms["wgrad_gemm"],
             is_first_microbatch=is_first_microbatch,
             cache_weight=cache_weight,
-            parallel_mode=self.parallel_mode,
-            tp_group=self.tp_group,
-            tp_size=self.tp_size,
-            sequence_parallel=self.sequence_parallel,
-            in_features=self.in_features,
-            out_features=self.out_features,
+            parallel_mode=parallel_mode,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            sequence_parallel=sequence_parallel,
+            in_features=in_features,
+            out_features=out_features,
             ub_overlap_ag_fprop=False,
             ub_overlap_rs_fprop=False,
             ub_name=None,
@@ -305,7 +345,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             delay_wgrad_compute=wgrad["delay_wgrad_compute"],
             keep=keep,
         )
-        if self.return_bias:
+        if return_bias:
             return out, None if module_bias is None else module_bias.to(dtype)
         return out
 
