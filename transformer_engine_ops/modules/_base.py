@@ -33,6 +33,7 @@ class OpSetting:
     ``OP_SETTINGS``). Under torch.compile a tuple of plain values is guarded as one
     constant, one check a layer and call, where each attribute read is guarded on its own
     (two or three checks each; docs/design.md, "What a compiled call is guarded on").
+    Installed by :func:`with_op_settings`.
     Assigning the attribute rebuilds the tuple, so a forward never reads a stale value."""
 
     def __init__(self, index: int, count: int) -> None:
@@ -55,10 +56,15 @@ class OpSetting:
         module.__dict__["_op_settings"] = (*settings[:i], value, *settings[i + 1 :])
 
 
-def op_settings(names: tuple[str, ...]) -> tuple[OpSetting, ...]:
-    """One :class:`OpSetting` per name, in order: ``a, b = op_settings(("a", "b"))`` in a
-    class body whose ``OP_SETTINGS`` is that tuple."""
-    return tuple(OpSetting(i, len(names)) for i in range(len(names)))
+def with_op_settings(cls: type) -> type:
+    """Class decorator: an :class:`OpSetting` for each name of ``cls.OP_SETTINGS``, in
+    that order (the order ``forward`` unpacks ``_op_settings`` in)."""
+    names = cls.OP_SETTINGS  # type: ignore[attr-defined]
+    for index, name in enumerate(names):
+        setting = OpSetting(index, len(names))
+        setting.__set_name__(cls, name)
+        setattr(cls, name, setting)
+    return cls
 
 
 class GemmScalingState:

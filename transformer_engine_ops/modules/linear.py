@@ -22,10 +22,10 @@ from ._base import (
     ExtraStateMixin,
     forward_recipe,
     full_then_shard,
-    op_settings,
     reject_unimplemented,
     te_default_init,
     tp_rank,
+    with_op_settings,
 )
 from ._call import (
     activation_dtype,
@@ -89,11 +89,12 @@ def _check_parallelism(
     return tp_size
 
 
+@with_op_settings
 class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
     """``y = x W^T + b`` with TE's recipes, caching and parallelism parameters."""
 
     # The settings every call hands the op, kept in one tuple (``_base.OpSetting``) that
-    # ``forward`` unpacks in this order.
+    # ``forward`` unpacks in this order: each is an attribute as well (read and assigned).
     OP_SETTINGS = (
         "parallel_mode",
         "tp_group",
@@ -106,18 +107,6 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         "fuse_wgrad_accumulation",
         "delay_wgrad_compute",
     )
-    (
-        parallel_mode,
-        tp_group,
-        tp_size,
-        sequence_parallel,
-        in_features,
-        out_features,
-        return_bias,
-        params_dtype,
-        fuse_wgrad_accumulation,
-        delay_wgrad_compute,
-    ) = op_settings(OP_SETTINGS)
 
     def __init__(
         self,
