@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
+from transformer_engine_ops.modules.layernorm import LayerNorm
+from transformer_engine_ops.modules.layernorm_linear import LayerNormLinear
+from transformer_engine_ops.modules.layernorm_mlp import LayerNormMLP
 from transformer_engine_ops.modules.linear import Linear
 
 
@@ -96,3 +100,22 @@ def test_a_setting_assigned_after_construction_takes_effect_eager_and_compiled()
         assert torch.equal(out + bias, torch.nn.functional.linear(x, layer.weight, layer.bias))
     assert layer._op_settings[Linear.OP_SETTINGS.index("return_bias")] is True
     assert layer.in_features == 16 and layer.out_features == 8 and layer.tp_size == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Linear(16, 16),
+        lambda: LayerNormLinear(16, 16),
+        lambda: LayerNormMLP(16, 32),
+        lambda: LayerNorm(16),
+    ],
+    ids=["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"],
+)
+def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
+    """A forward that reads ``type(self)`` on its common path (a refusal's message built
+    before the test that refuses) makes Dynamo guard, per layer and in Python, that each
+    layer has the first one's class."""
+    guards = _guards(make, 3)
+    aliasing = [name for name, kind in guards if kind == "DUPLICATE_INPUT"]
+    assert not any("_modules[" in name for name in aliasing), aliasing

@@ -203,7 +203,8 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         fp8_output: bool = False,
         fp8_grad: bool = False,
     ) -> Any:
-        reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
+        if fp8_grad:  # TE's quantized input gradient (``type(self)`` only read here)
+            reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
