@@ -33,14 +33,11 @@ class OpSetting:
     ``OP_SETTINGS``). Under torch.compile a tuple of plain values is guarded as one
     constant, one check a layer and call, where each attribute read is guarded on its own
     (two or three checks each; docs/design.md, "What a compiled call is guarded on").
-    Installed by :func:`with_op_settings`.
-    Assigning the attribute rebuilds the tuple, so a forward never reads a stale value."""
+    Assigning the attribute rebuilds the tuple, so a forward never reads a stale value.
+    Installed by :func:`with_op_settings`."""
 
-    def __init__(self, index: int, count: int) -> None:
-        self.index, self.count, self.name = index, count, f"setting {index}"
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, index: int, count: int) -> None:
+        self.name, self.index, self.count = name, index, count
 
     def __get__(self, module: Any, owner: type | None = None) -> Any:
         if module is None:
@@ -61,9 +58,7 @@ def with_op_settings(cls: type) -> type:
     that order (the order ``forward`` unpacks ``_op_settings`` in)."""
     names = cls.OP_SETTINGS  # type: ignore[attr-defined]
     for index, name in enumerate(names):
-        setting = OpSetting(index, len(names))
-        setting.__set_name__(cls, name)
-        setattr(cls, name, setting)
+        setattr(cls, name, OpSetting(name, index, len(names)))
     return cls
 
 

@@ -309,13 +309,8 @@ def decode_meta(code: str) -> QuantizedMeta:
 
 _NONE_META = QuantizedMeta("none")
 _TENSOR_META = QuantizedMeta("tensor")
-# Written out as literals where a compiled call reads them (``tensor_or_quantized``):
-# Dynamo guards a module global it reads on every call of the compiled frame, a
-# constant in a function's code only with that code. Checked against the encoder here.
-_NONE_CODE = '{"meta":"none","class":null,"inner":[],"context":[]}'
-_TENSOR_CODE = '{"meta":"tensor","class":null,"inner":[],"context":[]}'
-if (_NONE_CODE, _TENSOR_CODE) != (meta_code(_NONE_META), meta_code(_TENSOR_META)):
-    raise AssertionError("boundary: the literal layout codes no longer match meta_code")
+_NONE_CODE = meta_code(_NONE_META)
+_TENSOR_CODE = meta_code(_TENSOR_META)
 
 
 def _describe(value: QuantizedStorage | QuantizedTensor) -> QuantizedMeta:
@@ -361,6 +356,16 @@ def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str
     if value is None:
         return None, [], '{"meta":"none","class":null,"inner":[],"context":[]}'  # _NONE_CODE
     return tensor_or_quantized(value, where)
+
+
+# The two functions above run in every compiled call: they return their codes as
+# literals (a constant of their code, guarded with it) where a module global would be
+# guarded on every call of the compiled frame. The literals are the encoder's text:
+if (
+    optional_tensor_or_quantized(None, "")[2],
+    tensor_or_quantized(torch.empty(0), "")[2],
+) != (_NONE_CODE, _TENSOR_CODE):
+    raise AssertionError("boundary: the literal layout codes no longer match meta_code")
 
 
 def tensor_or_quantized_list(
