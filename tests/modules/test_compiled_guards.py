@@ -119,3 +119,30 @@ def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
     guards = _guards(make, 3)
     aliasing = [name for name, kind in guards if kind == "DUPLICATE_INPUT"]
     assert not any("_modules[" in name for name in aliasing), aliasing
+
+
+def test_the_settings_tuple_survives_copy_save_load_and_subclassing(tmp_path):
+    """The settings live in the instance's ``__dict__``: a deep copy has its own (an
+    assignment to one does not reach the other), a pickled module loads with them, a
+    subclass inherits the descriptors, and a module whose settings were never assigned
+    reports the missing attribute instead of returning a placeholder."""
+    import copy
+
+    layer = Linear(8, 4, return_bias=True)
+    twin = copy.deepcopy(layer)
+    twin.return_bias = False
+    assert layer.return_bias is True and twin.return_bias is False
+    torch.save(layer, tmp_path / "layer.pt")
+    loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+    assert loaded._op_settings == layer._op_settings
+
+    class Sub(Linear):
+        pass
+
+    sub = Sub(8, 4)
+    x = torch.randn(0, 8)  # batch 0 too
+    assert sub(x).shape == (0, 4) and sub.out_features == 4
+    bare = Linear.__new__(Linear)
+    torch.nn.Module.__init__(bare)
+    with pytest.raises(AttributeError, match="tp_size"):
+        _ = bare.tp_size
