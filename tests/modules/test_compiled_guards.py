@@ -71,7 +71,7 @@ def test_the_forward_unpacks_the_settings_in_their_declared_order():
     import inspect
     import textwrap
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(Linear.forward.__wrapped__)))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Linear.forward)))
     unpacks = [
         node
         for node in ast.walk(tree)
@@ -119,6 +119,44 @@ def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
     guards = _guards(make, 3)
     aliasing = [name for name, kind in guards if kind == "DUPLICATE_INPUT"]
     assert not any("_modules[" in name for name in aliasing), aliasing
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Linear(16, 16),
+        lambda: LayerNormLinear(16, 16),
+        lambda: LayerNormMLP(16, 32),
+        lambda: LayerNorm(16),
+    ],
+    ids=["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"],
+)
+def test_no_guard_reaches_through_a_closure_or_a_module_level_dict(make):
+    """A forward wrapped by a decorator is guarded through the wrapper's closure cell
+    (the wrapped code and each default), and a module-level dict of the no-recipe GEMM
+    configurations was guarded key by key: each is a chain of checks on every call of
+    the frame. The forwards test ``torch_autocast_on`` themselves and the GEMM fields
+    are built per call from one shared configuration."""
+    names = [name for name, _ in _guards(make, 2)]
+    assert not any("__closure__" in n for n in names), names
+    assert not any("_NO_RECIPE_GEMMS" in n for n in names), names
+
+
+def test_a_forward_under_torch_autocast_casts_and_runs_with_it_off():
+    """TE's rule, now a test at the top of each forward instead of a decorator: the
+    input is cast to the autocast dtype, the module computes (and returns) that dtype,
+    and its op runs with autocast off, eagerly and compiled alike."""
+    layer = Linear(16, 8)
+    x = torch.randn(4, 16)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, traced = layer(x), compiled(x)
+    expected = torch.nn.functional.linear(
+        x.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16()
+    )
+    assert eager.dtype == traced.dtype == torch.bfloat16
+    assert torch.equal(eager, traced)
+    torch.testing.assert_close(eager, expected)
 
 
 def test_the_settings_tuple_survives_copy_save_load_and_subclassing(tmp_path):

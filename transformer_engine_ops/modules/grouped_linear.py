@@ -60,9 +60,10 @@ from ._base import (
 from ._call import (
     activation_dtype,
     backward_override_of,
-    follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    torch_autocast_on,
+    under_torch_autocast,
     zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling, wgrad_flags
@@ -277,7 +278,6 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             return None
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
-    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,
@@ -286,6 +286,10 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         out: torch.Tensor | None = None,
         dgrad_out: torch.Tensor | None = None,
     ) -> Any:
+        if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
+            return under_torch_autocast(
+                GroupedLinear.forward, self, inp, m_splits, is_first_microbatch, out, dgrad_out
+            )
         cls = f"{type(self).__name__}.forward"
         reject_unimplemented(
             cls,

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..generated.layernorm import call_layernorm
 from ._base import ExtraStateMixin
-from ._call import activation_dtype, follows_torch_autocast
+from ._call import activation_dtype, torch_autocast_on, under_torch_autocast
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -90,8 +90,9 @@ class _Norm(ExtraStateMixin, nn.Module):
             if self.bias is not None:
                 self.bias.zero_()
 
-    @follows_torch_autocast
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
+            return under_torch_autocast(_Norm.forward, self, inp)
         is_tensor = isinstance(inp, torch.Tensor)
         activation_dtype(self, inp, self.weight.dtype)  # refuses integers
         bias = self.bias

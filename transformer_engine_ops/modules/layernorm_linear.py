@@ -31,9 +31,10 @@ from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_de
 from ._call import (
     activation_dtype,
     backward_override_of,
-    follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    torch_autocast_on,
+    under_torch_autocast,
 )
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
@@ -195,7 +196,6 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         self._reset_weight("weight", weight)
         self._reset_filled(("bias",), 0.0)
 
-    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,
@@ -203,6 +203,10 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         fp8_output: bool = False,
         fp8_grad: bool = False,
     ) -> Any:
+        if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
+            return under_torch_autocast(
+                LayerNormLinear.forward, self, inp, is_first_microbatch, fp8_output, fp8_grad
+            )
         if fp8_grad:  # TE's quantized input gradient (``type(self)`` only read here)
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         q: Any = self._recipe_quantizers(STATE.autocast)

@@ -31,8 +31,9 @@ from ..runtime.values import ClampedSwiGLUParams
 from ._base import ExtraStateMixin, forward_recipe, reject_unimplemented, te_default_init, tp_rank
 from ._call import (
     activation_dtype,
-    follows_torch_autocast,
     recipe_gemm_fields,
+    torch_autocast_on,
+    under_torch_autocast,
 )
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
@@ -183,7 +184,6 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         self._reset_weight("fc1_weight", fc1)
         self._reset_weight("fc2_weight", fc2.narrow(1, rank * local, local).clone(), "fc2")
 
-    @follows_torch_autocast
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         """TE's ``LayerNormMLP.forward(inp, is_first_microbatch=None)``.
 
@@ -194,6 +194,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         weights already quantized (``quantized_model_init``). Compiled as for ``Linear``:
         one graph per flag value, reading or writing the kept workspaces.
         """
+        if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
+            return under_torch_autocast(LayerNormMLP.forward, self, inp, is_first_microbatch)
         shared = forward_recipe(self, STATE.autocast)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None

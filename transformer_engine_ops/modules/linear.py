@@ -30,9 +30,10 @@ from ._base import (
 from ._call import (
     activation_dtype,
     backward_override_of,
-    follows_torch_autocast,
     quantizes_weight,
     recipe_gemm_fields,
+    torch_autocast_on,
+    under_torch_autocast,
     zero_feature_gemms,
 )
 from ._wgrad import WgradScheduling, wgrad_flags
@@ -217,7 +218,6 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         self._reset_weight("weight", weight)
         self._reset_filled(("bias",), 0.0)
 
-    @follows_torch_autocast
     def forward(
         self,
         inp: torch.Tensor,
@@ -225,6 +225,10 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         fp8_output: bool = False,
         fp8_grad: bool = False,
     ) -> Any:
+        if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
+            return under_torch_autocast(
+                Linear.forward, self, inp, is_first_microbatch, fp8_output, fp8_grad
+            )
         if fp8_grad:  # TE's quantized input gradient
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
         # Each parameter read once, from the registry ``nn.Module.__getattr__`` reads
