@@ -102,16 +102,17 @@ def test_a_setting_assigned_after_construction_takes_effect_eager_and_compiled()
     assert layer.in_features == 16 and layer.out_features == 8 and layer.tp_size == 1
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: Linear(16, 16),
-        lambda: LayerNormLinear(16, 16),
-        lambda: LayerNormMLP(16, 32),
-        lambda: LayerNorm(16),
-    ],
-    ids=["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"],
-)
+# One layer of each module whose forward the guard rules cover.
+_MODULES = [
+    lambda: Linear(16, 16),
+    lambda: LayerNormLinear(16, 16),
+    lambda: LayerNormMLP(16, 32),
+    lambda: LayerNorm(16),
+]
+_MODULE_IDS = ["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"]
+
+
+@pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)
 def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
     """A forward that reads ``type(self)`` on its common path (a refusal's message built
     before the test that refuses) makes Dynamo guard, per layer and in Python, that each
@@ -121,16 +122,7 @@ def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
     assert not any("_modules[" in name for name in aliasing), aliasing
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: Linear(16, 16),
-        lambda: LayerNormLinear(16, 16),
-        lambda: LayerNormMLP(16, 32),
-        lambda: LayerNorm(16),
-    ],
-    ids=["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"],
-)
+@pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)
 def test_no_guard_reaches_through_a_closure_or_a_module_level_dict(make):
     """A forward wrapped by a decorator is guarded through the wrapper's closure cell
     (the wrapped code and each default), and a module-level dict of the no-recipe GEMM
