@@ -143,6 +143,11 @@ class CodeInput:
         # where `type(v)` is a builtin call it has to model.
         if exact == "bool":
             tests += [f"{v if tests else held} is True", f"{v} is False"]
+        elif exact == _TENSOR:
+            # Any tensor: a Parameter (every weight and bias) or a quantized wrapper
+            # subclass passes inline too, where an exact-type test sent each through the
+            # ``_b.check`` call (a guard on its code in every compiled call).
+            tests.append(f"isinstance({v if tests else bound}, {exact})")
         else:
             tests.append(f"type({v if tests else bound}) is {exact}")
         return f"{v} if {' or '.join(tests)} else _b.{self.check}({v}, {expected}, {self.where})"

@@ -229,38 +229,38 @@ def dot_product_attention_fwd_slots(
     """The forward op's slots from the fields of `DotProductAttnFwdArgs` (`call_dot_product_attention` has
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        q if type(q) is torch.Tensor else _b.check(q, torch.Tensor, "DotProductAttnFwdArgs.q"),
-        k if type(k) is torch.Tensor else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
-        v if type(v) is torch.Tensor else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
+        q if isinstance(q, torch.Tensor) else _b.check(q, torch.Tensor, "DotProductAttnFwdArgs.q"),
+        k if isinstance(k, torch.Tensor) else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
+        v if isinstance(v, torch.Tensor) else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
         attn_bias
-        if attn_bias is None or type(attn_bias) is torch.Tensor
+        if attn_bias is None or isinstance(attn_bias, torch.Tensor)
         else _b.check_optional(attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
         cu_seqlens_q
-        if cu_seqlens_q is None or type(cu_seqlens_q) is torch.Tensor
+        if cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor)
         else _b.check_optional(cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"),
         cu_seqlens_kv
-        if cu_seqlens_kv is None or type(cu_seqlens_kv) is torch.Tensor
+        if cu_seqlens_kv is None or isinstance(cu_seqlens_kv, torch.Tensor)
         else _b.check_optional(cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"),
         cu_seqlens_q_padded
-        if cu_seqlens_q_padded is None or type(cu_seqlens_q_padded) is torch.Tensor
+        if cu_seqlens_q_padded is None or isinstance(cu_seqlens_q_padded, torch.Tensor)
         else _b.check_optional(
             cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
         ),
         cu_seqlens_kv_padded
-        if cu_seqlens_kv_padded is None or type(cu_seqlens_kv_padded) is torch.Tensor
+        if cu_seqlens_kv_padded is None or isinstance(cu_seqlens_kv_padded, torch.Tensor)
         else _b.check_optional(
             cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
         ),
         attention_mask
-        if attention_mask is None or type(attention_mask) is torch.Tensor
+        if attention_mask is None or isinstance(attention_mask, torch.Tensor)
         else _b.check_optional(
             attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
         ),
         alibi_slopes
-        if alibi_slopes is None or type(alibi_slopes) is torch.Tensor
+        if alibi_slopes is None or isinstance(alibi_slopes, torch.Tensor)
         else _b.check_optional(alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"),
         rng_state
-        if rng_state is None or type(rng_state) is torch.Tensor
+        if rng_state is None or isinstance(rng_state, torch.Tensor)
         else _b.check_optional(rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
         q_requires_grad
         if q_requires_grad is True or q_requires_grad is False
@@ -365,46 +365,46 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
     """`DotProductAttnBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         v
-        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        if (v := args.grad_output) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.grad_output"),
         v
-        if type(v := args.q) is torch.Tensor
+        if isinstance(v := args.q, torch.Tensor)
         else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.q"),
         v
-        if type(v := args.k) is torch.Tensor
+        if isinstance(v := args.k, torch.Tensor)
         else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.k"),
         v
-        if type(v := args.v) is torch.Tensor
+        if isinstance(v := args.v, torch.Tensor)
         else _b.check(v, torch.Tensor, "DotProductAttnBwdArgs.v"),
         v
-        if (v := args.out) is None or type(v) is torch.Tensor
+        if (v := args.out) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.out"),
         v
-        if (v := args.attn_bias) is None or type(v) is torch.Tensor
+        if (v := args.attn_bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.attn_bias"),
         v
-        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_q) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q"),
         v
-        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_kv) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv"),
         v
-        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_q_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_q_padded"),
         v
-        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_kv_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.cu_seqlens_kv_padded"),
         v
-        if (v := args.attention_mask) is None or type(v) is torch.Tensor
+        if (v := args.attention_mask) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.attention_mask"),
         v
-        if (v := args.alibi_slopes) is None or type(v) is torch.Tensor
+        if (v := args.alibi_slopes) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.alibi_slopes"),
         v
-        if (v := args.softmax_stats) is None or type(v) is torch.Tensor
+        if (v := args.softmax_stats) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.softmax_stats"),
         v
-        if (v := args.rng_state) is None or type(v) is torch.Tensor
+        if (v := args.rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "DotProductAttnBwdArgs.rng_state"),
         v
         if (v := args.requires_dq) is True or v is False
@@ -882,49 +882,49 @@ def call_dot_product_attention(
             _r.begin_call("teops::dot_product_attention_fwd")
             flat = dot_product_attention_fwd(
                 q
-                if type(q) is torch.Tensor
+                if isinstance(q, torch.Tensor)
                 else _b.check(q, torch.Tensor, "DotProductAttnFwdArgs.q"),
                 k
-                if type(k) is torch.Tensor
+                if isinstance(k, torch.Tensor)
                 else _b.check(k, torch.Tensor, "DotProductAttnFwdArgs.k"),
                 v
-                if type(v) is torch.Tensor
+                if isinstance(v, torch.Tensor)
                 else _b.check(v, torch.Tensor, "DotProductAttnFwdArgs.v"),
                 attn_bias
-                if attn_bias is None or type(attn_bias) is torch.Tensor
+                if attn_bias is None or isinstance(attn_bias, torch.Tensor)
                 else _b.check_optional(attn_bias, torch.Tensor, "DotProductAttnFwdArgs.attn_bias"),
                 cu_seqlens_q
-                if cu_seqlens_q is None or type(cu_seqlens_q) is torch.Tensor
+                if cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor)
                 else _b.check_optional(
                     cu_seqlens_q, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q"
                 ),
                 cu_seqlens_kv
-                if cu_seqlens_kv is None or type(cu_seqlens_kv) is torch.Tensor
+                if cu_seqlens_kv is None or isinstance(cu_seqlens_kv, torch.Tensor)
                 else _b.check_optional(
                     cu_seqlens_kv, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv"
                 ),
                 cu_seqlens_q_padded
-                if cu_seqlens_q_padded is None or type(cu_seqlens_q_padded) is torch.Tensor
+                if cu_seqlens_q_padded is None or isinstance(cu_seqlens_q_padded, torch.Tensor)
                 else _b.check_optional(
                     cu_seqlens_q_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_q_padded"
                 ),
                 cu_seqlens_kv_padded
-                if cu_seqlens_kv_padded is None or type(cu_seqlens_kv_padded) is torch.Tensor
+                if cu_seqlens_kv_padded is None or isinstance(cu_seqlens_kv_padded, torch.Tensor)
                 else _b.check_optional(
                     cu_seqlens_kv_padded, torch.Tensor, "DotProductAttnFwdArgs.cu_seqlens_kv_padded"
                 ),
                 attention_mask
-                if attention_mask is None or type(attention_mask) is torch.Tensor
+                if attention_mask is None or isinstance(attention_mask, torch.Tensor)
                 else _b.check_optional(
                     attention_mask, torch.Tensor, "DotProductAttnFwdArgs.attention_mask"
                 ),
                 alibi_slopes
-                if alibi_slopes is None or type(alibi_slopes) is torch.Tensor
+                if alibi_slopes is None or isinstance(alibi_slopes, torch.Tensor)
                 else _b.check_optional(
                     alibi_slopes, torch.Tensor, "DotProductAttnFwdArgs.alibi_slopes"
                 ),
                 rng_state
-                if rng_state is None or type(rng_state) is torch.Tensor
+                if rng_state is None or isinstance(rng_state, torch.Tensor)
                 else _b.check_optional(rng_state, torch.Tensor, "DotProductAttnFwdArgs.rng_state"),
                 q_requires_grad
                 if q_requires_grad is True or q_requires_grad is False

@@ -235,7 +235,7 @@ def grouped_linear_fwd_slots(
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
         inp
-        if type(inp) is torch.Tensor
+        if isinstance(inp, torch.Tensor)
         else _b.check(inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
         *_b.tensor_or_quantized_list(weights, "GroupedLinearFwdArgs.weights"),
         None if biases is None else _b.tensor_list(biases, "GroupedLinearFwdArgs.biases"),
@@ -243,7 +243,7 @@ def grouped_linear_fwd_slots(
             weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
         ),
         m_splits
-        if type(m_splits) is torch.Tensor
+        if isinstance(m_splits, torch.Tensor)
         else _b.check(m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
         input_requires_grad
         if input_requires_grad is True or input_requires_grad is False
@@ -300,7 +300,7 @@ def grouped_linear_fwd_slots(
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
         else _b.check_optional(sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
         if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
@@ -351,11 +351,11 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
     return (
         _b.tensor_list(args.grad_outputs, "GroupedLinearBwdArgs.grad_outputs"),
         v
-        if type(v := args.inp) is torch.Tensor
+        if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "GroupedLinearBwdArgs.inp"),
         *_b.tensor_or_quantized_list(args.weights, "GroupedLinearBwdArgs.weights"),
         v
-        if type(v := args.m_splits) is torch.Tensor
+        if isinstance(v := args.m_splits, torch.Tensor)
         else _b.check(v, torch.Tensor, "GroupedLinearBwdArgs.m_splits"),
         *_b.optional_tensor_or_quantized_list(
             args.weight_workspaces, "GroupedLinearBwdArgs.weight_workspaces"
@@ -405,7 +405,7 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         if type(v := args.out_features) is int
         else _b.check(v, _b.INT, "GroupedLinearBwdArgs.out_features"),
         v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        if (v := args.sr_rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
         *(
             ()
@@ -795,7 +795,7 @@ def call_grouped_linear(
             _r.begin_call("teops::grouped_linear_fwd")
             flat = grouped_linear_fwd(
                 inp
-                if type(inp) is torch.Tensor
+                if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "GroupedLinearFwdArgs.inp"),
                 *_b.tensor_or_quantized_list(weights, "GroupedLinearFwdArgs.weights"),
                 None if biases is None else _b.tensor_list(biases, "GroupedLinearFwdArgs.biases"),
@@ -803,7 +803,7 @@ def call_grouped_linear(
                     weight_workspaces, "GroupedLinearFwdArgs.weight_workspaces"
                 ),
                 m_splits
-                if type(m_splits) is torch.Tensor
+                if isinstance(m_splits, torch.Tensor)
                 else _b.check(m_splits, torch.Tensor, "GroupedLinearFwdArgs.m_splits"),
                 input_requires_grad
                 if input_requires_grad is True or input_requires_grad is False
@@ -872,7 +872,7 @@ def call_grouped_linear(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "GroupedLinearFwdArgs.is_grad_enabled"),
                 sr_rng_state
-                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
                 else _b.check_optional(
                     sr_rng_state, torch.Tensor, "GroupedLinearFwdArgs.sr_rng_state"
                 ),

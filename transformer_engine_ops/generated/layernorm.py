@@ -119,12 +119,14 @@ def layernorm_fwd_slots(
     """The forward op's slots from the fields of `LayerNormFwdArgs` (`call_layernorm` has
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        inp if type(inp) is torch.Tensor else _b.check(inp, torch.Tensor, "LayerNormFwdArgs.inp"),
+        inp
+        if isinstance(inp, torch.Tensor)
+        else _b.check(inp, torch.Tensor, "LayerNormFwdArgs.inp"),
         weight
-        if type(weight) is torch.Tensor
+        if isinstance(weight, torch.Tensor)
         else _b.check(weight, torch.Tensor, "LayerNormFwdArgs.weight"),
         bias
-        if bias is None or type(bias) is torch.Tensor
+        if bias is None or isinstance(bias, torch.Tensor)
         else _b.check_optional(bias, torch.Tensor, "LayerNormFwdArgs.bias"),
         input_requires_grad
         if input_requires_grad is True or input_requires_grad is False
@@ -168,16 +170,16 @@ def flatten_layer_norm_bwd_args(args: LayerNormBwdArgs) -> tuple[Any, ...]:
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormBwdArgs.grad_outputs"),
         v
-        if type(v := args.inp) is torch.Tensor
+        if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormBwdArgs.inp"),
         v
-        if type(v := args.weight) is torch.Tensor
+        if isinstance(v := args.weight, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormBwdArgs.weight"),
         v
-        if (v := args.mu) is None or type(v) is torch.Tensor
+        if (v := args.mu) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormBwdArgs.mu"),
         v
-        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        if (v := args.rsigma) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormBwdArgs.rsigma"),
         v
         if (v := args.requires_dgrad) is True or v is False
@@ -471,13 +473,13 @@ def call_layernorm(
             _r.begin_call("teops::layernorm_fwd")
             flat = layernorm_fwd(
                 inp
-                if type(inp) is torch.Tensor
+                if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "LayerNormFwdArgs.inp"),
                 weight
-                if type(weight) is torch.Tensor
+                if isinstance(weight, torch.Tensor)
                 else _b.check(weight, torch.Tensor, "LayerNormFwdArgs.weight"),
                 bias
-                if bias is None or type(bias) is torch.Tensor
+                if bias is None or isinstance(bias, torch.Tensor)
                 else _b.check_optional(bias, torch.Tensor, "LayerNormFwdArgs.bias"),
                 input_requires_grad
                 if input_requires_grad is True or input_requires_grad is False

@@ -303,17 +303,17 @@ def layernorm_linear_fwd_slots(
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
         inp
-        if type(inp) is torch.Tensor
+        if isinstance(inp, torch.Tensor)
         else _b.check(inp, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
         ln_weight
-        if type(ln_weight) is torch.Tensor
+        if isinstance(ln_weight, torch.Tensor)
         else _b.check(ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
         ln_bias
-        if ln_bias is None or type(ln_bias) is torch.Tensor
+        if ln_bias is None or isinstance(ln_bias, torch.Tensor)
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
         bias
-        if bias is None or type(bias) is torch.Tensor
+        if bias is None or isinstance(bias, torch.Tensor)
         else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(
             weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
@@ -444,7 +444,7 @@ def layernorm_linear_fwd_slots(
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
         else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
         if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
@@ -509,16 +509,16 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormLinearBwdArgs.grad_outputs"),
         v
-        if type(v := args.inp) is torch.Tensor
+        if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormLinearBwdArgs.inp"),
         v
-        if type(v := args.ln_weight) is torch.Tensor
+        if isinstance(v := args.ln_weight, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormLinearBwdArgs.ln_weight"),
         v
-        if (v := args.mu) is None or type(v) is torch.Tensor
+        if (v := args.mu) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.mu"),
         v
-        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        if (v := args.rsigma) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.rsigma"),
         *_b.optional_tensor_or_quantized(args.inputmat, "LayerNormLinearBwdArgs.inputmat"),
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LayerNormLinearBwdArgs.weight_fp8"),
@@ -613,7 +613,7 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.sequence_parallel"),
         v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        if (v := args.sr_rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.sr_rng_state"),
         *(
             ()
@@ -1085,17 +1085,17 @@ def call_layernorm_linear(
             _r.begin_call("teops::layernorm_linear_fwd")
             flat = layernorm_linear_fwd(
                 inp
-                if type(inp) is torch.Tensor
+                if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "LayerNormLinearFwdArgs.inp"),
                 ln_weight
-                if type(ln_weight) is torch.Tensor
+                if isinstance(ln_weight, torch.Tensor)
                 else _b.check(ln_weight, torch.Tensor, "LayerNormLinearFwdArgs.ln_weight"),
                 ln_bias
-                if ln_bias is None or type(ln_bias) is torch.Tensor
+                if ln_bias is None or isinstance(ln_bias, torch.Tensor)
                 else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
                 *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
                 bias
-                if bias is None or type(bias) is torch.Tensor
+                if bias is None or isinstance(bias, torch.Tensor)
                 else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
                 *_b.optional_tensor_or_quantized(
                     weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
@@ -1256,7 +1256,7 @@ def call_layernorm_linear(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LayerNormLinearFwdArgs.is_grad_enabled"),
                 sr_rng_state
-                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
                 else _b.check_optional(
                     sr_rng_state, torch.Tensor, "LayerNormLinearFwdArgs.sr_rng_state"
                 ),

@@ -392,21 +392,21 @@ def layernorm_mlp_fwd_slots(
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
         inp
-        if type(inp) is torch.Tensor
+        if isinstance(inp, torch.Tensor)
         else _b.check(inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
         ln_weight
-        if type(ln_weight) is torch.Tensor
+        if isinstance(ln_weight, torch.Tensor)
         else _b.check(ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
         ln_bias
-        if ln_bias is None or type(ln_bias) is torch.Tensor
+        if ln_bias is None or isinstance(ln_bias, torch.Tensor)
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
         *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
         fc1_bias
-        if fc1_bias is None or type(fc1_bias) is torch.Tensor
+        if fc1_bias is None or isinstance(fc1_bias, torch.Tensor)
         else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
         *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
         fc2_bias
-        if fc2_bias is None or type(fc2_bias) is torch.Tensor
+        if fc2_bias is None or isinstance(fc2_bias, torch.Tensor)
         else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
         *_b.optional_tensor_or_quantized(
             fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
@@ -612,7 +612,7 @@ def layernorm_mlp_fwd_slots(
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
         else _b.check_optional(sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
         if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
@@ -695,22 +695,22 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
     return (
         _b.tensor_list(args.grad_outputs, "LayerNormMLPBwdArgs.grad_outputs"),
         v
-        if type(v := args.inp) is torch.Tensor
+        if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormMLPBwdArgs.inp"),
         v
-        if type(v := args.ln_weight) is torch.Tensor
+        if isinstance(v := args.ln_weight, torch.Tensor)
         else _b.check(v, torch.Tensor, "LayerNormMLPBwdArgs.ln_weight"),
         v
-        if (v := args.mu) is None or type(v) is torch.Tensor
+        if (v := args.mu) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.mu"),
         v
-        if (v := args.rsigma) is None or type(v) is torch.Tensor
+        if (v := args.rsigma) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.rsigma"),
         *_b.optional_tensor_or_quantized(args.fc1_inputmat, "LayerNormMLPBwdArgs.fc1_inputmat"),
         *_b.optional_tensor_or_quantized(args.fc1_weight_fp8, "LayerNormMLPBwdArgs.fc1_weight_fp8"),
         _b.size(args.ln_out_shape, "LayerNormMLPBwdArgs.ln_out_shape"),
         v
-        if (v := args.fc1_out) is None or type(v) is torch.Tensor
+        if (v := args.fc1_out) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.fc1_out"),
         *_b.optional_tensor_or_quantized(args.fc2_inputmat, "LayerNormMLPBwdArgs.fc2_inputmat"),
         *_b.optional_tensor_or_quantized(args.fc2_weight_fp8, "LayerNormMLPBwdArgs.fc2_weight_fp8"),
@@ -860,7 +860,7 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         if (v := args.sequence_parallel) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.sequence_parallel"),
         v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        if (v := args.sr_rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.sr_rng_state"),
         *(
             ()
@@ -1469,21 +1469,21 @@ def call_layernorm_mlp(
             _r.begin_call("teops::layernorm_mlp_fwd")
             flat = layernorm_mlp_fwd(
                 inp
-                if type(inp) is torch.Tensor
+                if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "LayerNormMLPFwdArgs.inp"),
                 ln_weight
-                if type(ln_weight) is torch.Tensor
+                if isinstance(ln_weight, torch.Tensor)
                 else _b.check(ln_weight, torch.Tensor, "LayerNormMLPFwdArgs.ln_weight"),
                 ln_bias
-                if ln_bias is None or type(ln_bias) is torch.Tensor
+                if ln_bias is None or isinstance(ln_bias, torch.Tensor)
                 else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
                 *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
                 fc1_bias
-                if fc1_bias is None or type(fc1_bias) is torch.Tensor
+                if fc1_bias is None or isinstance(fc1_bias, torch.Tensor)
                 else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
                 *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
                 fc2_bias
-                if fc2_bias is None or type(fc2_bias) is torch.Tensor
+                if fc2_bias is None or isinstance(fc2_bias, torch.Tensor)
                 else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
                 *_b.optional_tensor_or_quantized(
                     fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
@@ -1723,7 +1723,7 @@ def call_layernorm_mlp(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LayerNormMLPFwdArgs.is_grad_enabled"),
                 sr_rng_state
-                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
                 else _b.check_optional(
                     sr_rng_state, torch.Tensor, "LayerNormMLPFwdArgs.sr_rng_state"
                 ),

@@ -272,9 +272,9 @@ def linear_fwd_slots(
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
         *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
-        inp if type(inp) is torch.Tensor else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
+        inp if isinstance(inp, torch.Tensor) else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
         bias
-        if bias is None or type(bias) is torch.Tensor
+        if bias is None or isinstance(bias, torch.Tensor)
         else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(weight_workspace, "LinearFwdArgs.weight_workspace"),
         input_requires_grad
@@ -383,7 +383,7 @@ def linear_fwd_slots(
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
         sr_rng_state
-        if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+        if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
         else _b.check_optional(sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
         fuse_wgrad_accumulation
         if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False
@@ -529,7 +529,7 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
             else _b.unsupported(v, "LinearBwdArgs.main_grad_func")
         ),
         v
-        if (v := args.sr_rng_state) is None or type(v) is torch.Tensor
+        if (v := args.sr_rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.sr_rng_state"),
         *(
             ()
@@ -943,10 +943,10 @@ def call_linear(
             flat = linear_fwd(
                 *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
                 inp
-                if type(inp) is torch.Tensor
+                if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
                 bias
-                if bias is None or type(bias) is torch.Tensor
+                if bias is None or isinstance(bias, torch.Tensor)
                 else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
                 *_b.optional_tensor_or_quantized(
                     weight_workspace, "LinearFwdArgs.weight_workspace"
@@ -1073,7 +1073,7 @@ def call_linear(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LinearFwdArgs.is_grad_enabled"),
                 sr_rng_state
-                if sr_rng_state is None or type(sr_rng_state) is torch.Tensor
+                if sr_rng_state is None or isinstance(sr_rng_state, torch.Tensor)
                 else _b.check_optional(sr_rng_state, torch.Tensor, "LinearFwdArgs.sr_rng_state"),
                 fuse_wgrad_accumulation
                 if fuse_wgrad_accumulation is True or fuse_wgrad_accumulation is False

@@ -254,34 +254,34 @@ def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
         *_b.tensor_or_quantized(args.k, "FusedAttnFwdArgs.k"),
         *_b.tensor_or_quantized(args.v, "FusedAttnFwdArgs.v"),
         v
-        if (v := args.attn_bias) is None or type(v) is torch.Tensor
+        if (v := args.attn_bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.attn_bias"),
         v
-        if (v := args.softmax_offset) is None or type(v) is torch.Tensor
+        if (v := args.softmax_offset) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.softmax_offset"),
         v
-        if type(v := args.cu_seqlens_q) is torch.Tensor
+        if isinstance(v := args.cu_seqlens_q, torch.Tensor)
         else _b.check(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q"),
         v
-        if type(v := args.cu_seqlens_kv) is torch.Tensor
+        if isinstance(v := args.cu_seqlens_kv, torch.Tensor)
         else _b.check(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv"),
         v
-        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_q_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_q_padded"),
         v
-        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_kv_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.cu_seqlens_kv_padded"),
         v
-        if (v := args.page_table_k) is None or type(v) is torch.Tensor
+        if (v := args.page_table_k) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.page_table_k"),
         v
-        if (v := args.page_table_v) is None or type(v) is torch.Tensor
+        if (v := args.page_table_v) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.page_table_v"),
         v
-        if (v := args.packed_qkv) is None or type(v) is torch.Tensor
+        if (v := args.packed_qkv) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.packed_qkv"),
         v
-        if (v := args.packed_kv) is None or type(v) is torch.Tensor
+        if (v := args.packed_kv) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.packed_kv"),
         v
         if (v := args.is_training) is True or v is False
@@ -396,47 +396,47 @@ def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
     """`FusedAttnBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         v
-        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        if (v := args.grad_output) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.grad_output"),
         *_b.optional_tensor_or_quantized(args.q_fp8, "FusedAttnBwdArgs.q_fp8"),
         *_b.optional_tensor_or_quantized(args.k_fp8, "FusedAttnBwdArgs.k_fp8"),
         *_b.optional_tensor_or_quantized(args.v_fp8, "FusedAttnBwdArgs.v_fp8"),
         *_b.optional_tensor_or_quantized(args.out_fp8, "FusedAttnBwdArgs.out_fp8"),
         v
-        if (v := args.q) is None or type(v) is torch.Tensor
+        if (v := args.q) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.q"),
         v
-        if (v := args.k) is None or type(v) is torch.Tensor
+        if (v := args.k) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.k"),
         v
-        if (v := args.v) is None or type(v) is torch.Tensor
+        if (v := args.v) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.v"),
         v
-        if (v := args.out) is None or type(v) is torch.Tensor
+        if (v := args.out) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.out"),
         v
-        if (v := args.cu_seqlens_q) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_q) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q"),
         v
-        if (v := args.cu_seqlens_kv) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_kv) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv"),
         v
-        if (v := args.cu_seqlens_q_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_q_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_q_padded"),
         v
-        if (v := args.cu_seqlens_kv_padded) is None or type(v) is torch.Tensor
+        if (v := args.cu_seqlens_kv_padded) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.cu_seqlens_kv_padded"),
         v
-        if (v := args.softmax_stats) is None or type(v) is torch.Tensor
+        if (v := args.softmax_stats) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.softmax_stats"),
         v
-        if (v := args.rng_state) is None or type(v) is torch.Tensor
+        if (v := args.rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.rng_state"),
         v
-        if (v := args.aux_bias) is None or type(v) is torch.Tensor
+        if (v := args.aux_bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.aux_bias"),
         v
-        if (v := args.aux_softmax_offset) is None or type(v) is torch.Tensor
+        if (v := args.aux_softmax_offset) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.aux_softmax_offset"),
         v
         if (v := args.max_seqlen_q) is None or type(v) is int

@@ -258,10 +258,10 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
     return (
         *_b.tensor_or_quantized(args.weight, "LinearFwdArgs.weight"),
         v
-        if type(v := args.inp) is torch.Tensor
+        if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "LinearFwdArgs.inp"),
         v
-        if (v := args.bias) is None or type(v) is torch.Tensor
+        if (v := args.bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.bias"),
         *_b.optional_tensor_or_quantized(args.weight_workspace, "LinearFwdArgs.weight_workspace"),
         v
@@ -466,13 +466,13 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
     """`LinearBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         v
-        if (v := args.grad_output) is None or type(v) is torch.Tensor
+        if (v := args.grad_output) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.grad_output"),
         *_b.optional_tensor_or_quantized(args.inputmat, "LinearBwdArgs.inputmat"),
         *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
         *_b.optional_tensor_or_quantized(args.saved_weight, "LinearBwdArgs.saved_weight"),
         v
-        if (v := args.bias) is None or type(v) is torch.Tensor
+        if (v := args.bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.bias"),
         None
         if (v := args.input_quantizer) is None

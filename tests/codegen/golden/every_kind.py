@@ -264,18 +264,18 @@ def every_kind_fwd_slots(
     """The forward op's slots from the fields of `EveryKindFwdArgs` (`call_every_kind` has
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
+        x if isinstance(x, torch.Tensor) else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
         maybe_x
-        if maybe_x is None or type(maybe_x) is torch.Tensor
+        if maybe_x is None or isinstance(maybe_x, torch.Tensor)
         else _b.check_optional(maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
         aliased
-        if type(aliased) is torch.Tensor
+        if isinstance(aliased, torch.Tensor)
         else _b.check(aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
         forward_ref
-        if forward_ref is None or type(forward_ref) is torch.Tensor
+        if forward_ref is None or isinstance(forward_ref, torch.Tensor)
         else _b.check_optional(forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
         pipe_tensor
-        if pipe_tensor is None or type(pipe_tensor) is torch.Tensor
+        if pipe_tensor is None or isinstance(pipe_tensor, torch.Tensor)
         else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
         _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
         *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
@@ -763,18 +763,20 @@ def call_every_kind(
             # the op's name a literal: a module global read here is guarded on every call.
             _r.begin_call("teops::every_kind_fwd")
             flat = every_kind_fwd(
-                x if type(x) is torch.Tensor else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
+                x
+                if isinstance(x, torch.Tensor)
+                else _b.check(x, torch.Tensor, "EveryKindFwdArgs.x"),
                 maybe_x
-                if maybe_x is None or type(maybe_x) is torch.Tensor
+                if maybe_x is None or isinstance(maybe_x, torch.Tensor)
                 else _b.check_optional(maybe_x, torch.Tensor, "EveryKindFwdArgs.maybe_x"),
                 aliased
-                if type(aliased) is torch.Tensor
+                if isinstance(aliased, torch.Tensor)
                 else _b.check(aliased, torch.Tensor, "EveryKindFwdArgs.aliased"),
                 forward_ref
-                if forward_ref is None or type(forward_ref) is torch.Tensor
+                if forward_ref is None or isinstance(forward_ref, torch.Tensor)
                 else _b.check_optional(forward_ref, torch.Tensor, "EveryKindFwdArgs.forward_ref"),
                 pipe_tensor
-                if pipe_tensor is None or type(pipe_tensor) is torch.Tensor
+                if pipe_tensor is None or isinstance(pipe_tensor, torch.Tensor)
                 else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
                 _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
                 *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
