@@ -78,6 +78,12 @@ class Match:
 # The attribute the run-time codec caches an object's text under (runtime/codec.py's
 # ``CODE_ATTR``; a test holds the two equal).
 CODE_ATTR = "_teops_code"
+# The run-time descriptions of a plain tensor and of None in a tensor-or-quantized
+# field's meta slot (runtime/boundary.py's ``_TENSOR_CODE``/``_NONE_CODE``, which a test
+# holds equal): written into the generated pack as literals, so the common values cross
+# without a call.
+TENSOR_META_CODE = '{"meta":"tensor","class":null,"inner":[],"context":[]}'
+NONE_META_CODE = '{"meta":"none","class":null,"inner":[],"context":[]}'
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,37 @@ class CodeInput:
             return read
         held = v if bound == v else f"({bound})"
         return f"None if {held} is None else ({read.replace(bound, v, 1)})"
+
+    def tensor_or_quantized(self) -> str:
+        """A tensor-or-quantized field's three slots (a starred group): a tensor (a
+        quantized wrapper subclass included, as the ``_b`` call takes it) or None inline,
+        with its description as a literal; only a quantized storage (or a wrong value,
+        which it reports) goes through the ``_b`` call. Under Dynamo each inlined call is
+        guarded on its code in every compiled call."""
+        v, bound = self._named()
+        held = v if bound == v else f"({bound})"
+        call = f"_b.tensor_or_quantized({v}, {self.where})"
+        tensor = f"({v}, [], {TENSOR_META_CODE!r})"
+        if not self.type.optional:
+            return f"*({tensor} if isinstance({bound}, {_TENSOR}) else {call})"
+        return (
+            f"*((None, [], {NONE_META_CODE!r}) if {held} is None "
+            f"else {tensor} if isinstance({v}, {_TENSOR}) else {call})"
+        )
+
+    def chosen(self) -> str:
+        """A ``Literal`` field's value: a str among the choices passes by an inline test;
+        anything else goes to the ``_b.choice`` call, which accepts it or raises naming
+        the field and the choices (an inlined call is guarded in every compiled call)."""
+        v, bound = self._named()
+        choices = pyrepr(self.type.choices)
+        call = f"_b.choice({v}, {choices}, {self.where})"
+        if not self.type.optional:
+            return f"{v} if type({bound}) is str and {v} in {choices} else {call}"
+        held = v if bound == v else f"({bound})"
+        return (
+            f"None if {held} is None else {v} if type({v}) is str and {v} in {choices} else {call}"
+        )
 
     def checked(self, exact: str, expected: str) -> str:
         """The field's value, type-checked: an inline exact-type test (``exact``; None
@@ -415,7 +452,7 @@ KINDS: tuple[KindRecord, ...] = (
         ),
         _match_tq,
         _tq_slots,
-        lambda c: f"*_b.{c.opt}tensor_or_quantized({c.value}, {c.where})",
+        lambda c: c.tensor_or_quantized(),
         lambda c: "_b.unpack_tensor_or_quantized(slot(), slot(), slot())",
         spec="spec",
         gradient=Gradient.TENSOR,
@@ -510,7 +547,7 @@ KINDS: tuple[KindRecord, ...] = (
         (DocRow("`Literal['a', 'b']`", "`str` (+`?`)", "validated against the choices"),),
         _match_literal,
         _one("str"),
-        lambda c: c.call("choice", pyrepr(c.type.choices)),
+        lambda c: c.chosen(),
         _slot,
     ),
     KindRecord(

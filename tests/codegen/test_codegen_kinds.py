@@ -212,6 +212,15 @@ def test_the_generator_reads_the_text_the_codec_caches() -> None:
     assert CODE_ATTR == codec.CODE_ATTR
 
 
+def test_the_generator_writes_the_runtime_descriptions_of_a_tensor_and_none() -> None:
+    from codegen.kinds import NONE_META_CODE, TENSOR_META_CODE
+    from transformer_engine_ops.runtime import boundary
+
+    assert (TENSOR_META_CODE, NONE_META_CODE) == (boundary._TENSOR_CODE, boundary._NONE_CODE)
+    assert boundary.tensor_or_quantized(torch.zeros(1), "X.x")[2] == TENSOR_META_CODE
+    assert boundary.optional_tensor_or_quantized(None, "X.x")[2] == NONE_META_CODE
+
+
 def test_a_tensor_list_field_may_receive_gradients(repo_config: Config) -> None:
     text = (REPO_ROOT / EVERY_KIND).read_text(encoding="utf-8")
     (op,) = read_source(EVERY_KIND, text, repo_config).ops

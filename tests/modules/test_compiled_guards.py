@@ -113,13 +113,27 @@ _MODULE_IDS = ["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm"]
 
 
 @pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)
-def test_no_layer_is_guarded_to_share_the_first_ones_class(make):
-    """A forward that reads ``type(self)`` on its common path (a refusal's message built
-    before the test that refuses) makes Dynamo guard, per layer and in Python, that each
-    layer has the first one's class."""
+def test_no_object_is_guarded_as_reached_two_ways(make):
+    """Dynamo checks, in Python and on every call, that an object the trace reached
+    through two sources is still one object: each layer's class where a forward read
+    ``type(self)``, ``torch`` where a module and its generated op module both read it,
+    the runtime module as ``_r`` and as its own functions' globals. The traced path
+    reads each such object one way (module code imports ``is_tensor`` and
+    ``is_grad_enabled``; generated code reads ``torch``), so the frame has no such check."""
     guards = _guards(make, 3)
     aliasing = [name for name, kind in guards if kind == "DUPLICATE_INPUT"]
-    assert not any("_modules[" in name for name in aliasing), aliasing
+    assert not aliasing, aliasing
+
+
+@pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)
+def test_the_common_values_cross_without_an_inlined_call(make):
+    """Plain tensors, None and a ``Literal``'s choices pass the generated field checks
+    inline, the output layout is applied without ``_rebuild``, and the recipe is read
+    from its cell, not its property: each inlined function is a guard on its code in
+    every call of the frame."""
+    code_guards = [name for name, kind in _guards(make, 2) if kind == "CLOSURE_MATCH"]
+    for helper in ("tensor_or_quantized", "_b.choice", "_b.check", "_rebuild", "fget"):
+        assert not any(helper in name for name in code_guards), (helper, code_guards)
 
 
 @pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)

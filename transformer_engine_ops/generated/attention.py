@@ -291,13 +291,30 @@ def dot_product_attention_fwd_slots(
         dropout_p
         if type(dropout_p) is float
         else _b.check(dropout_p, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
-        _b.choice(qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
-        _b.choice(
+        qkv_format
+        if type(qkv_format) is str and qkv_format in ("sbhd", "bshd", "thd")
+        else _b.choice(qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
+        attn_bias_type
+        if type(attn_bias_type) is str
+        and attn_bias_type in ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+        else _b.choice(
             attn_bias_type,
             ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi"),
             "DotProductAttnFwdArgs.attn_bias_type",
         ),
-        _b.choice(
+        attn_mask_type
+        if type(attn_mask_type) is str
+        and attn_mask_type
+        in (
+            "no_mask",
+            "padding",
+            "causal",
+            "padding_causal",
+            "causal_bottom_right",
+            "padding_causal_bottom_right",
+            "arbitrary",
+        )
+        else _b.choice(
             attn_mask_type,
             (
                 "no_mask",
@@ -317,7 +334,9 @@ def dot_product_attention_fwd_slots(
         softcap
         if type(softcap) is float
         else _b.check(softcap, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
-        _b.choice(
+        backend
+        if type(backend) is str and backend in ("unfused", "flash", "cudnn", "efficient")
+        else _b.choice(
             backend, ("unfused", "flash", "cudnn", "efficient"), "DotProductAttnFwdArgs.backend"
         ),
         is_grad_enabled
@@ -430,14 +449,31 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         v
         if type(v := args.dropout_p) is float
         else _b.check(v, _b.FLOAT, "DotProductAttnBwdArgs.dropout_p"),
-        _b.choice(args.qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnBwdArgs.qkv_format"),
-        _b.choice(
-            args.attn_bias_type,
+        v
+        if type(v := args.qkv_format) is str and v in ("sbhd", "bshd", "thd")
+        else _b.choice(v, ("sbhd", "bshd", "thd"), "DotProductAttnBwdArgs.qkv_format"),
+        v
+        if type(v := args.attn_bias_type) is str
+        and v in ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+        else _b.choice(
+            v,
             ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi"),
             "DotProductAttnBwdArgs.attn_bias_type",
         ),
-        _b.choice(
-            args.attn_mask_type,
+        v
+        if type(v := args.attn_mask_type) is str
+        and v
+        in (
+            "no_mask",
+            "padding",
+            "causal",
+            "padding_causal",
+            "causal_bottom_right",
+            "padding_causal_bottom_right",
+            "arbitrary",
+        )
+        else _b.choice(
+            v,
             (
                 "no_mask",
                 "padding",
@@ -456,10 +492,10 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         v
         if type(v := args.softcap) is float
         else _b.check(v, _b.FLOAT, "DotProductAttnBwdArgs.softcap"),
-        _b.choice(
-            args.backend,
-            ("unfused", "flash", "cudnn", "efficient"),
-            "DotProductAttnBwdArgs.backend",
+        v
+        if type(v := args.backend) is str and v in ("unfused", "flash", "cudnn", "efficient")
+        else _b.choice(
+            v, ("unfused", "flash", "cudnn", "efficient"), "DotProductAttnBwdArgs.backend"
         ),
     )
 
@@ -807,7 +843,9 @@ def dot_product_attention_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = dot_product_attention_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def dot_product_attention_compile_blocker() -> str | None:
@@ -955,13 +993,32 @@ def call_dot_product_attention(
                 dropout_p
                 if type(dropout_p) is float
                 else _b.check(dropout_p, _b.FLOAT, "DotProductAttnFwdArgs.dropout_p"),
-                _b.choice(qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"),
-                _b.choice(
+                qkv_format
+                if type(qkv_format) is str and qkv_format in ("sbhd", "bshd", "thd")
+                else _b.choice(
+                    qkv_format, ("sbhd", "bshd", "thd"), "DotProductAttnFwdArgs.qkv_format"
+                ),
+                attn_bias_type
+                if type(attn_bias_type) is str
+                and attn_bias_type in ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+                else _b.choice(
                     attn_bias_type,
                     ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi"),
                     "DotProductAttnFwdArgs.attn_bias_type",
                 ),
-                _b.choice(
+                attn_mask_type
+                if type(attn_mask_type) is str
+                and attn_mask_type
+                in (
+                    "no_mask",
+                    "padding",
+                    "causal",
+                    "padding_causal",
+                    "causal_bottom_right",
+                    "padding_causal_bottom_right",
+                    "arbitrary",
+                )
+                else _b.choice(
                     attn_mask_type,
                     (
                         "no_mask",
@@ -983,7 +1040,9 @@ def call_dot_product_attention(
                 softcap
                 if type(softcap) is float
                 else _b.check(softcap, _b.FLOAT, "DotProductAttnFwdArgs.softcap"),
-                _b.choice(
+                backend
+                if type(backend) is str and backend in ("unfused", "flash", "cudnn", "efficient")
+                else _b.choice(
                     backend,
                     ("unfused", "flash", "cudnn", "efficient"),
                     "DotProductAttnFwdArgs.backend",
@@ -992,7 +1051,7 @@ def call_dot_product_attention(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs("teops::dot_product_attention_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::dot_product_attention_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::dot_product_attention_fwd", flat, keep.saved))
             return outputs

@@ -137,7 +137,9 @@ def layernorm_fwd_slots(
         bias_requires_grad
         if bias_requires_grad is True or bias_requires_grad is False
         else _b.check(bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
-        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
+        normalization
+        if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+        else _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
         zero_centered_gamma
         if zero_centered_gamma is True or zero_centered_gamma is False
@@ -190,7 +192,9 @@ def flatten_layer_norm_bwd_args(args: LayerNormBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.requires_bgrad) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.requires_bgrad"),
-        _b.choice(args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormBwdArgs.normalization"),
+        v
+        if type(v := args.normalization) is str and v in ("LayerNorm", "RMSNorm")
+        else _b.choice(v, ("LayerNorm", "RMSNorm"), "LayerNormBwdArgs.normalization"),
         v
         if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormBwdArgs.zero_centered_gamma"),
@@ -412,7 +416,9 @@ def layernorm_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def layernorm_compile_blocker(
@@ -490,7 +496,9 @@ def call_layernorm(
                 bias_requires_grad
                 if bias_requires_grad is True or bias_requires_grad is False
                 else _b.check(bias_requires_grad, bool, "LayerNormFwdArgs.bias_requires_grad"),
-                _b.choice(
+                normalization
+                if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+                else _b.choice(
                     normalization, ("LayerNorm", "RMSNorm"), "LayerNormFwdArgs.normalization"
                 ),
                 eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormFwdArgs.eps"),
@@ -501,7 +509,7 @@ def call_layernorm(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs("teops::layernorm_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_fwd", flat, keep.saved))
             return outputs

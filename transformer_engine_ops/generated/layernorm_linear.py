@@ -311,12 +311,20 @@ def layernorm_linear_fwd_slots(
         ln_bias
         if ln_bias is None or isinstance(ln_bias, torch.Tensor)
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
-        *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
+        *(
+            (weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(weight, torch.Tensor)
+            else _b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight")
+        ),
         bias
         if bias is None or isinstance(bias, torch.Tensor)
         else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
-        *_b.optional_tensor_or_quantized(
-            weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if weight_workspace is None
+            else (weight_workspace, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(weight_workspace, torch.Tensor)
+            else _b.tensor_or_quantized(weight_workspace, "LayerNormLinearFwdArgs.weight_workspace")
         ),
         input_requires_grad
         if input_requires_grad is True or input_requires_grad is False
@@ -335,7 +343,11 @@ def layernorm_linear_fwd_slots(
         bias_requires_grad
         if bias_requires_grad is True or bias_requires_grad is False
         else _b.check(bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"),
-        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"),
+        normalization
+        if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+        else _b.choice(
+            normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"
+        ),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormLinearFwdArgs.eps"),
         zero_centered_gamma
         if zero_centered_gamma is True or zero_centered_gamma is False
@@ -426,6 +438,8 @@ def layernorm_linear_fwd_slots(
         else _b.check(cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
         None
         if parallel_mode is None
+        else parallel_mode
+        if type(parallel_mode) is str and parallel_mode in ("column",)
         else _b.choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
         None if tp_group is None else _b.group_name(tp_group, "LayerNormLinearFwdArgs.tp_group"),
         tp_size
@@ -520,8 +534,20 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         v
         if (v := args.rsigma) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormLinearBwdArgs.rsigma"),
-        *_b.optional_tensor_or_quantized(args.inputmat, "LayerNormLinearBwdArgs.inputmat"),
-        *_b.optional_tensor_or_quantized(args.weight_fp8, "LayerNormLinearBwdArgs.weight_fp8"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.inputmat) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormLinearBwdArgs.inputmat")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.weight_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormLinearBwdArgs.weight_fp8")
+        ),
         _b.size(args.ln_out_shape, "LayerNormLinearBwdArgs.ln_out_shape"),
         v
         if (v := args.requires_dgrad) is True or v is False
@@ -541,9 +567,9 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         v
         if (v := args.ln_bias_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.ln_bias_requires_grad"),
-        _b.choice(
-            args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearBwdArgs.normalization"
-        ),
+        v
+        if type(v := args.normalization) is str and v in ("LayerNorm", "RMSNorm")
+        else _b.choice(v, ("LayerNorm", "RMSNorm"), "LayerNormLinearBwdArgs.normalization"),
         v
         if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormLinearBwdArgs.zero_centered_gamma"),
@@ -602,6 +628,8 @@ def flatten_layer_norm_linear_bwd_args(args: LayerNormLinearBwdArgs) -> tuple[An
         or _b.code(v, GemmConfig, "LayerNormLinearBwdArgs.wgrad_gemm"),
         None
         if (v := args.parallel_mode) is None
+        else v
+        if type(v) is str and v in ("column",)
         else _b.choice(v, ("column",), "LayerNormLinearBwdArgs.parallel_mode"),
         None
         if (v := args.tp_group) is None
@@ -948,7 +976,9 @@ def layernorm_linear_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_linear_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def layernorm_linear_compile_blocker(
@@ -1093,12 +1123,26 @@ def call_layernorm_linear(
                 ln_bias
                 if ln_bias is None or isinstance(ln_bias, torch.Tensor)
                 else _b.check_optional(ln_bias, torch.Tensor, "LayerNormLinearFwdArgs.ln_bias"),
-                *_b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight"),
+                *(
+                    (weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(weight, torch.Tensor)
+                    else _b.tensor_or_quantized(weight, "LayerNormLinearFwdArgs.weight")
+                ),
                 bias
                 if bias is None or isinstance(bias, torch.Tensor)
                 else _b.check_optional(bias, torch.Tensor, "LayerNormLinearFwdArgs.bias"),
-                *_b.optional_tensor_or_quantized(
-                    weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
+                *(
+                    (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+                    if weight_workspace is None
+                    else (
+                        weight_workspace,
+                        [],
+                        '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+                    )
+                    if isinstance(weight_workspace, torch.Tensor)
+                    else _b.tensor_or_quantized(
+                        weight_workspace, "LayerNormLinearFwdArgs.weight_workspace"
+                    )
                 ),
                 input_requires_grad
                 if input_requires_grad is True or input_requires_grad is False
@@ -1125,7 +1169,9 @@ def call_layernorm_linear(
                 else _b.check(
                     bias_requires_grad, bool, "LayerNormLinearFwdArgs.bias_requires_grad"
                 ),
-                _b.choice(
+                normalization
+                if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+                else _b.choice(
                     normalization, ("LayerNorm", "RMSNorm"), "LayerNormLinearFwdArgs.normalization"
                 ),
                 eps
@@ -1236,6 +1282,8 @@ def call_layernorm_linear(
                 else _b.check(cache_weight, bool, "LayerNormLinearFwdArgs.cache_weight"),
                 None
                 if parallel_mode is None
+                else parallel_mode
+                if type(parallel_mode) is str and parallel_mode in ("column",)
                 else _b.choice(parallel_mode, ("column",), "LayerNormLinearFwdArgs.parallel_mode"),
                 None
                 if tp_group is None
@@ -1271,7 +1319,7 @@ def call_layernorm_linear(
                     delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"
                 ),
             )
-            outputs = _r.user_outputs("teops::layernorm_linear_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_linear_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_linear_fwd", flat, keep.saved))
             return outputs

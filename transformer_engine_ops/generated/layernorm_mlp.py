@@ -400,19 +400,47 @@ def layernorm_mlp_fwd_slots(
         ln_bias
         if ln_bias is None or isinstance(ln_bias, torch.Tensor)
         else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
-        *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
+        *(
+            (fc1_weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(fc1_weight, torch.Tensor)
+            else _b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight")
+        ),
         fc1_bias
         if fc1_bias is None or isinstance(fc1_bias, torch.Tensor)
         else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
-        *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
+        *(
+            (fc2_weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(fc2_weight, torch.Tensor)
+            else _b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight")
+        ),
         fc2_bias
         if fc2_bias is None or isinstance(fc2_bias, torch.Tensor)
         else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
-        *_b.optional_tensor_or_quantized(
-            fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if fc1_weight_workspace is None
+            else (
+                fc1_weight_workspace,
+                [],
+                '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+            )
+            if isinstance(fc1_weight_workspace, torch.Tensor)
+            else _b.tensor_or_quantized(
+                fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+            )
         ),
-        *_b.optional_tensor_or_quantized(
-            fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if fc2_weight_workspace is None
+            else (
+                fc2_weight_workspace,
+                [],
+                '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+            )
+            if isinstance(fc2_weight_workspace, torch.Tensor)
+            else _b.tensor_or_quantized(
+                fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+            )
         ),
         is_first_microbatch
         if is_first_microbatch is None
@@ -449,7 +477,11 @@ def layernorm_mlp_fwd_slots(
         fc2_bias_requires_grad
         if fc2_bias_requires_grad is True or fc2_bias_requires_grad is False
         else _b.check(fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"),
-        _b.choice(normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"),
+        normalization
+        if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+        else _b.choice(
+            normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"
+        ),
         eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
         zero_centered_gamma
         if zero_centered_gamma is True or zero_centered_gamma is False
@@ -457,7 +489,24 @@ def layernorm_mlp_fwd_slots(
         return_layernorm_output
         if return_layernorm_output is True or return_layernorm_output is False
         else _b.check(return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"),
-        _b.choice(
+        activation
+        if type(activation) is str
+        and activation
+        in (
+            "gelu",
+            "relu",
+            "qgelu",
+            "srelu",
+            "silu",
+            "glu",
+            "swiglu",
+            "geglu",
+            "qgeglu",
+            "reglu",
+            "sreglu",
+            "clamped_swiglu",
+        )
+        else _b.choice(
             activation,
             (
                 "gelu",
@@ -706,14 +755,38 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         v
         if (v := args.rsigma) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.rsigma"),
-        *_b.optional_tensor_or_quantized(args.fc1_inputmat, "LayerNormMLPBwdArgs.fc1_inputmat"),
-        *_b.optional_tensor_or_quantized(args.fc1_weight_fp8, "LayerNormMLPBwdArgs.fc1_weight_fp8"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.fc1_inputmat) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormMLPBwdArgs.fc1_inputmat")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.fc1_weight_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormMLPBwdArgs.fc1_weight_fp8")
+        ),
         _b.size(args.ln_out_shape, "LayerNormMLPBwdArgs.ln_out_shape"),
         v
         if (v := args.fc1_out) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.fc1_out"),
-        *_b.optional_tensor_or_quantized(args.fc2_inputmat, "LayerNormMLPBwdArgs.fc2_inputmat"),
-        *_b.optional_tensor_or_quantized(args.fc2_weight_fp8, "LayerNormMLPBwdArgs.fc2_weight_fp8"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.fc2_inputmat) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormMLPBwdArgs.fc2_inputmat")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.fc2_weight_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LayerNormMLPBwdArgs.fc2_weight_fp8")
+        ),
         _b.size(args.act_shape, "LayerNormMLPBwdArgs.act_shape"),
         v
         if (v := args.fc1_requires_dgrad) is True or v is False
@@ -742,17 +815,34 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
         v
         if (v := args.ln_bias_requires_grad) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.ln_bias_requires_grad"),
-        _b.choice(
-            args.normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPBwdArgs.normalization"
-        ),
+        v
+        if type(v := args.normalization) is str and v in ("LayerNorm", "RMSNorm")
+        else _b.choice(v, ("LayerNorm", "RMSNorm"), "LayerNormMLPBwdArgs.normalization"),
         v
         if (v := args.zero_centered_gamma) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.zero_centered_gamma"),
         v
         if (v := args.return_layernorm_output) is True or v is False
         else _b.check(v, bool, "LayerNormMLPBwdArgs.return_layernorm_output"),
-        _b.choice(
-            args.activation,
+        v
+        if type(v := args.activation) is str
+        and v
+        in (
+            "gelu",
+            "relu",
+            "qgelu",
+            "srelu",
+            "silu",
+            "glu",
+            "swiglu",
+            "geglu",
+            "qgeglu",
+            "reglu",
+            "sreglu",
+            "clamped_swiglu",
+        )
+        else _b.choice(
+            v,
             (
                 "gelu",
                 "relu",
@@ -1285,7 +1375,9 @@ def layernorm_mlp_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_mlp_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def layernorm_mlp_compile_blocker(
@@ -1477,19 +1569,47 @@ def call_layernorm_mlp(
                 ln_bias
                 if ln_bias is None or isinstance(ln_bias, torch.Tensor)
                 else _b.check_optional(ln_bias, torch.Tensor, "LayerNormMLPFwdArgs.ln_bias"),
-                *_b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight"),
+                *(
+                    (fc1_weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(fc1_weight, torch.Tensor)
+                    else _b.tensor_or_quantized(fc1_weight, "LayerNormMLPFwdArgs.fc1_weight")
+                ),
                 fc1_bias
                 if fc1_bias is None or isinstance(fc1_bias, torch.Tensor)
                 else _b.check_optional(fc1_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc1_bias"),
-                *_b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight"),
+                *(
+                    (fc2_weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(fc2_weight, torch.Tensor)
+                    else _b.tensor_or_quantized(fc2_weight, "LayerNormMLPFwdArgs.fc2_weight")
+                ),
                 fc2_bias
                 if fc2_bias is None or isinstance(fc2_bias, torch.Tensor)
                 else _b.check_optional(fc2_bias, torch.Tensor, "LayerNormMLPFwdArgs.fc2_bias"),
-                *_b.optional_tensor_or_quantized(
-                    fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+                *(
+                    (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+                    if fc1_weight_workspace is None
+                    else (
+                        fc1_weight_workspace,
+                        [],
+                        '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+                    )
+                    if isinstance(fc1_weight_workspace, torch.Tensor)
+                    else _b.tensor_or_quantized(
+                        fc1_weight_workspace, "LayerNormMLPFwdArgs.fc1_weight_workspace"
+                    )
                 ),
-                *_b.optional_tensor_or_quantized(
-                    fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+                *(
+                    (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+                    if fc2_weight_workspace is None
+                    else (
+                        fc2_weight_workspace,
+                        [],
+                        '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+                    )
+                    if isinstance(fc2_weight_workspace, torch.Tensor)
+                    else _b.tensor_or_quantized(
+                        fc2_weight_workspace, "LayerNormMLPFwdArgs.fc2_weight_workspace"
+                    )
                 ),
                 is_first_microbatch
                 if is_first_microbatch is None
@@ -1534,7 +1654,9 @@ def call_layernorm_mlp(
                 else _b.check(
                     fc2_bias_requires_grad, bool, "LayerNormMLPFwdArgs.fc2_bias_requires_grad"
                 ),
-                _b.choice(
+                normalization
+                if type(normalization) is str and normalization in ("LayerNorm", "RMSNorm")
+                else _b.choice(
                     normalization, ("LayerNorm", "RMSNorm"), "LayerNormMLPFwdArgs.normalization"
                 ),
                 eps if type(eps) is float else _b.check(eps, _b.FLOAT, "LayerNormMLPFwdArgs.eps"),
@@ -1546,7 +1668,24 @@ def call_layernorm_mlp(
                 else _b.check(
                     return_layernorm_output, bool, "LayerNormMLPFwdArgs.return_layernorm_output"
                 ),
-                _b.choice(
+                activation
+                if type(activation) is str
+                and activation
+                in (
+                    "gelu",
+                    "relu",
+                    "qgelu",
+                    "srelu",
+                    "silu",
+                    "glu",
+                    "swiglu",
+                    "geglu",
+                    "qgeglu",
+                    "reglu",
+                    "sreglu",
+                    "clamped_swiglu",
+                )
+                else _b.choice(
                     activation,
                     (
                         "gelu",
@@ -1747,7 +1886,7 @@ def call_layernorm_mlp(
                     )
                 ),
             )
-            outputs = _r.user_outputs("teops::layernorm_mlp_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_mlp_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_mlp_fwd", flat, keep.saved))
             return outputs

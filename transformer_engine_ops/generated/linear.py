@@ -271,12 +271,22 @@ def linear_fwd_slots(
     """The forward op's slots from the fields of `LinearFwdArgs` (`call_linear` has
     them as keywords, no bundle built), in schema order; each field is checked."""
     return (
-        *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
+        *(
+            (weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(weight, torch.Tensor)
+            else _b.tensor_or_quantized(weight, "LinearFwdArgs.weight")
+        ),
         inp if isinstance(inp, torch.Tensor) else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
         bias
         if bias is None or isinstance(bias, torch.Tensor)
         else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
-        *_b.optional_tensor_or_quantized(weight_workspace, "LinearFwdArgs.weight_workspace"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if weight_workspace is None
+            else (weight_workspace, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(weight_workspace, torch.Tensor)
+            else _b.tensor_or_quantized(weight_workspace, "LinearFwdArgs.weight_workspace")
+        ),
         input_requires_grad
         if input_requires_grad is True or input_requires_grad is False
         else _b.check(input_requires_grad, bool, "LinearFwdArgs.input_requires_grad"),
@@ -357,6 +367,8 @@ def linear_fwd_slots(
         else _b.check(cache_weight, bool, "LinearFwdArgs.cache_weight"),
         None
         if parallel_mode is None
+        else parallel_mode
+        if type(parallel_mode) is str and parallel_mode in ("column", "row")
         else _b.choice(parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
         None if tp_group is None else _b.group_name(tp_group, "LinearFwdArgs.tp_group"),
         tp_size if type(tp_size) is int else _b.check(tp_size, _b.INT, "LinearFwdArgs.tp_size"),
@@ -441,8 +453,20 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
     """`LinearBwdArgs` -> the backward op's slots, in schema order; each field is checked."""
     return (
         _b.tensor_list(args.grad_outputs, "LinearBwdArgs.grad_outputs"),
-        *_b.optional_tensor_or_quantized(args.inputmat, "LinearBwdArgs.inputmat"),
-        *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.inputmat) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearBwdArgs.inputmat")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.weight_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearBwdArgs.weight_fp8")
+        ),
         _b.size(args.inp_shape, "LinearBwdArgs.inp_shape"),
         v
         if (v := args.requires_dgrad) is True or v is False
@@ -503,6 +527,8 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         or _b.code(v, GemmConfig, "LinearBwdArgs.wgrad_gemm"),
         None
         if (v := args.parallel_mode) is None
+        else v
+        if type(v) is str and v in ("column", "row")
         else _b.choice(v, ("column", "row"), "LinearBwdArgs.parallel_mode"),
         None if (v := args.tp_group) is None else _b.group_name(v, "LinearBwdArgs.tp_group"),
         v if type(v := args.tp_size) is int else _b.check(v, _b.INT, "LinearBwdArgs.tp_size"),
@@ -809,7 +835,9 @@ def linear_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = linear_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def linear_compile_blocker(
@@ -941,15 +969,27 @@ def call_linear(
             # the op's name a literal: a module global read here is guarded on every call.
             _r.begin_call("teops::linear_fwd")
             flat = linear_fwd(
-                *_b.tensor_or_quantized(weight, "LinearFwdArgs.weight"),
+                *(
+                    (weight, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(weight, torch.Tensor)
+                    else _b.tensor_or_quantized(weight, "LinearFwdArgs.weight")
+                ),
                 inp
                 if isinstance(inp, torch.Tensor)
                 else _b.check(inp, torch.Tensor, "LinearFwdArgs.inp"),
                 bias
                 if bias is None or isinstance(bias, torch.Tensor)
                 else _b.check_optional(bias, torch.Tensor, "LinearFwdArgs.bias"),
-                *_b.optional_tensor_or_quantized(
-                    weight_workspace, "LinearFwdArgs.weight_workspace"
+                *(
+                    (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+                    if weight_workspace is None
+                    else (
+                        weight_workspace,
+                        [],
+                        '{"meta":"tensor","class":null,"inner":[],"context":[]}',
+                    )
+                    if isinstance(weight_workspace, torch.Tensor)
+                    else _b.tensor_or_quantized(weight_workspace, "LinearFwdArgs.weight_workspace")
                 ),
                 input_requires_grad
                 if input_requires_grad is True or input_requires_grad is False
@@ -1041,6 +1081,8 @@ def call_linear(
                 else _b.check(cache_weight, bool, "LinearFwdArgs.cache_weight"),
                 None
                 if parallel_mode is None
+                else parallel_mode
+                if type(parallel_mode) is str and parallel_mode in ("column", "row")
                 else _b.choice(parallel_mode, ("column", "row"), "LinearFwdArgs.parallel_mode"),
                 None if tp_group is None else _b.group_name(tp_group, "LinearFwdArgs.tp_group"),
                 tp_size
@@ -1084,7 +1126,7 @@ def call_linear(
                 if delay_wgrad_compute is True or delay_wgrad_compute is False
                 else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
             )
-            outputs = _r.user_outputs("teops::linear_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::linear_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::linear_fwd", flat, keep.saved))
             return outputs

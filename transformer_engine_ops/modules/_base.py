@@ -15,6 +15,7 @@ import types
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
 from ..runtime._torch_private import current_graph_task_id
 from ..runtime.boundary import registered_group
@@ -68,15 +69,18 @@ class GemmScalingState:
     per GEMM."""
 
 
-def forward_recipe(module: Any, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
-    """The recipe ``module``'s forward runs under: the active one, recorded on the
-    module (eagerly); in the recompute of an activation-checkpointed region (a forward run
-    by a backward pass, outside the ``autocast`` that wrapped the original forward) the
-    one the original forward recorded, so the recompute quantizes as the forward did.
-    Under torch.compile the recompute is traced with the forward's quantizers as graph
-    constants, so nothing is recorded there. (A function, not a method: a method looked
-    up on each layer is guarded, per layer and call, as absent from its ``__dict__``.)"""
-    if torch.compiler.is_compiling():
+def forward_recipe(module: Any) -> RecipeQuantizers | None:
+    """The recipe ``module``'s forward runs under: the calling thread's active one,
+    recorded on the module (eagerly); in the recompute of an activation-checkpointed
+    region (a forward run by a backward pass, outside the ``autocast`` that wrapped the
+    original forward) the one the original forward recorded, so the recompute quantizes
+    as the forward did. Under torch.compile the recompute is traced with the forward's
+    quantizers as graph constants, so nothing is recorded there. (A function, not a
+    method: a method looked up on each layer is guarded, per layer and call, as absent
+    from its ``__dict__``; the recipe read from its cell, not through the
+    ``STATE.autocast`` property, whose getter a compiled call guards.)"""
+    active = STATE.autocast_cell[0]
+    if is_compiling():
         return active
     if active is None and current_graph_task_id() != -1:
         return module.__dict__.get("_teops_forward_recipe")
@@ -188,10 +192,10 @@ class ExtraStateMixin:
     def _own_quantizers(self, shared: RecipeQuantizers, gemm: str | None) -> RecipeQuantizers:
         return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
 
-    def _recipe_quantizers(self, active: RecipeQuantizers | None) -> RecipeQuantizers | None:
-        """The quantizers of this forward's (first) GEMM: :func:`forward_recipe` of
-        ``active``, made stateful per module under delayed scaling."""
-        return self._stateful_quantizers(forward_recipe(self, active))
+    def _recipe_quantizers(self) -> RecipeQuantizers | None:
+        """The quantizers of this forward's (first) GEMM: :func:`forward_recipe`'s,
+        made stateful per module under delayed scaling."""
+        return self._stateful_quantizers(forward_recipe(self))
 
     def _initial_weight(
         self, init: RecipeQuantizers, weight: torch.Tensor, gemm: str | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from torch import is_grad_enabled
 
 from ..ops._wgrad import backward_dw
 
@@ -52,5 +52,5 @@ def wgrad_flags(fuse: bool, delay: bool, *weights: Any) -> dict[str, bool]:
     per layer and call, as absent from its ``__dict__``.)"""
     if not (fuse or delay):  # the usual module
         return {"fuse_wgrad_accumulation": False, "delay_wgrad_compute": False}
-    on = torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)
+    on = is_grad_enabled() and any(weight.requires_grad for weight in weights)
     return {"fuse_wgrad_accumulation": on and fuse, "delay_wgrad_compute": on and delay}

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.grouped_linear import call_grouped_linear
 from ..quantization.stochastic import rng_state_for
@@ -298,9 +298,9 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         )
         if isinstance(m_splits, (list, tuple)):
             m_splits = torch.tensor(_row_counts(cls, m_splits), dtype=torch.int64)
-        elif not isinstance(m_splits, torch.Tensor):
+        elif not is_tensor(m_splits):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
-        if 0 in self.weight0.shape and isinstance(inp, torch.Tensor):
+        if 0 in self.weight0.shape and is_tensor(inp):
             # No features: nothing to quantize or multiply (zeros, plus each GEMM's bias
             # on its rows).
             if sum(m_splits.tolist()) != math.prod(inp.shape[:-1]):
@@ -311,12 +311,11 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             return zero_feature_gemms(
                 cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
             )
-        shared = forward_recipe(self, STATE.autocast)
+        shared = forward_recipe(self)
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.
         qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]
         q: Any = shared
-        is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(self, inp, self.params_dtype)
         weights, biases = self._weights(), self._biases()
         weight_quantizers = [qi and qi.weight for qi in qs]
@@ -330,7 +329,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             biases=biases,
             weight_workspaces=self._weight_workspaces if is_first_microbatch is False else None,
             m_splits=m_splits,
-            input_requires_grad=is_tensor and inp.requires_grad,
+            input_requires_grad=is_tensor(inp) and inp.requires_grad,
             weights_requires_grad=any(w.requires_grad for w in weights),
             biases_requires_grad=biases is not None and any(b.requires_grad for b in biases),
             input_quantizers=[qi and qi.input for qi in qs],
@@ -344,12 +343,12 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             out_features=self.out_features,
             is_first_microbatch=is_first_microbatch,
             cache_weight=caching,
-            is_grad_enabled=torch.is_grad_enabled(),
+            is_grad_enabled=is_grad_enabled(),
             sr_rng_state=rng_state_for(
                 [qi and qi.grad_output for qi in qs],
                 inp,
                 weights[0].device,
-                torch.is_grad_enabled() and backward_override_of(q) is None,
+                is_grad_enabled() and backward_override_of(q) is None,
             ),
             **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, *weights),
         )

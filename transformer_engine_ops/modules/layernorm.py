@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.layernorm import call_layernorm
 from ._base import ExtraStateMixin
@@ -93,20 +93,19 @@ class _Norm(ExtraStateMixin, nn.Module):
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(_Norm.forward, self, inp)
-        is_tensor = isinstance(inp, torch.Tensor)
         activation_dtype(self, inp, self.weight.dtype)  # refuses integers
         bias = self.bias
         return call_layernorm(
             inp=inp,
             weight=self.weight,
             bias=bias,
-            input_requires_grad=is_tensor and inp.requires_grad,
+            input_requires_grad=is_tensor(inp) and inp.requires_grad,
             weight_requires_grad=self.weight.requires_grad,
             bias_requires_grad=bias is not None and bias.requires_grad,
             normalization=self.normalization,
             eps=self.eps,
             zero_centered_gamma=self.zero_centered_gamma,
-            is_grad_enabled=torch.is_grad_enabled(),
+            is_grad_enabled=is_grad_enabled(),
         )[0]
 
     def extra_repr(self) -> str:

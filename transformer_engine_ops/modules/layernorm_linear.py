@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.layernorm_linear import call_layernorm_linear
 from ..quantization.stochastic import rng_state_for
@@ -209,7 +209,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         if fp8_grad:  # TE's quantized input gradient (``type(self)`` only read here)
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
-        q: Any = self._recipe_quantizers(STATE.autocast)
+        q: Any = self._recipe_quantizers()
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
         fields = self._op_fields(inp, q, is_first_microbatch, fp8_output)
@@ -240,7 +240,6 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     ) -> dict[str, Any]:
         """This call's ``LayerNormLinearFwdArgs`` fields by name, as
         ``call_layernorm_linear`` takes them (no bundle is built on the compiled path)."""
-        is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(self, inp, self.params_dtype)
         bias = None if self.return_bias else self.bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
@@ -251,7 +250,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             weight=self.weight,
             bias=bias,
             weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
-            input_requires_grad=is_tensor and inp.requires_grad,
+            input_requires_grad=is_tensor(inp) and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
             ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
             weight_requires_grad=self.weight.requires_grad,
@@ -280,12 +279,12 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             sequence_parallel=self.sequence_parallel,
             in_features=self.in_features,
             out_features=self.out_features,
-            is_grad_enabled=torch.is_grad_enabled(),
+            is_grad_enabled=is_grad_enabled(),
             sr_rng_state=rng_state_for(
                 (q and q.grad_output,),
                 inp,
                 self.weight.device,
-                torch.is_grad_enabled() and backward_override_of(q) is None,
+                is_grad_enabled() and backward_override_of(q) is None,
             ),
             **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, self.weight),
         )

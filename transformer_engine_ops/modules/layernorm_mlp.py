@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.layernorm_mlp import call_layernorm_mlp
 from ..ops.layernorm_mlp import (
@@ -196,7 +196,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         """
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(LayerNormMLP.forward, self, inp, is_first_microbatch)
-        shared = forward_recipe(self, STATE.autocast)
+        shared = forward_recipe(self)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None
         fields = self._op_fields(inp, shared, is_first_microbatch)
@@ -244,7 +244,6 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         q1: Any = self._stateful_quantizers(shared)
         q2: Any = self._stateful_quantizers(shared, "fc2")
-        is_tensor = isinstance(inp, torch.Tensor)
         dtype = activation_dtype(self, inp, self.params_dtype)
         fc2_bias = None if self.return_bias else self.fc2_bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias
@@ -268,10 +267,13 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             fc2_bias=fc2_bias,
             fc1_weight_workspace=self._fc1_weight_workspace if later else None,
             fc2_weight_workspace=self._fc2_weight_workspace if later else None,
-            # (also read by a fused wgrad: True overwrites main_grad, as in TE)
-            is_first_microbatch=is_first_microbatch if cache or self.routes_wgrad else None,
+            # (also read by a fused wgrad: True overwrites main_grad, as in TE; the flags
+            # read directly, not through ``routes_wgrad``: a property's getter is guarded)
+            is_first_microbatch=is_first_microbatch
+            if cache or self.fuse_wgrad_accumulation or self.delay_wgrad_compute
+            else None,
             cache_weight=cache,
-            input_requires_grad=is_tensor and inp.requires_grad,
+            input_requires_grad=is_tensor(inp) and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
             ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,
             fc1_weight_requires_grad=fc1_weight.requires_grad,
@@ -304,12 +306,12 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             sequence_parallel=self.sequence_parallel,
             hidden_size=self.hidden_size,
             ffn_hidden_size=self.ffn_hidden_size,
-            is_grad_enabled=torch.is_grad_enabled(),
+            is_grad_enabled=is_grad_enabled(),
             sr_rng_state=rng_state_for(
                 (q1 and q1.grad_output, q2 and q2.grad_output),
                 inp,
                 fc1_weight.device,
-                torch.is_grad_enabled(),
+                is_grad_enabled(),
             ),
             **wgrad_flags(
                 self.fuse_wgrad_accumulation, self.delay_wgrad_compute, fc1_weight, fc2_weight

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.linear import call_linear
 from ..quantization.stochastic import rng_state_for
@@ -266,10 +266,10 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             if return_bias:
                 return out, None if module_bias is None else module_bias.to(out.dtype)
             return out
-        active = forward_recipe(self, STATE.autocast)
-        grad = torch.is_grad_enabled()
+        active = forward_recipe(self)
+        grad = is_grad_enabled()
         # A non-tensor input reaches the op as is and is reported by its field check.
-        input_requires_grad = isinstance(inp, torch.Tensor) and inp.requires_grad
+        input_requires_grad = is_tensor(inp) and inp.requires_grad
         dtype = activation_dtype(self, inp, params_dtype)
         bias = None if return_bias else module_bias
         workspace = self._weight_cache.value if is_first_microbatch is False else None

@@ -345,8 +345,12 @@ def quantized_slots(value: QuantizedStorage | QuantizedTensor) -> tuple[None, li
 
 
 def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
+    """A tensor-or-quantized value's three slots. The generated pack passes a tensor
+    and None inline with the descriptions written as literals (``codegen.kinds``'
+    ``TENSOR_META_CODE``/``NONE_META_CODE``, held equal to these by a test); it calls
+    this for anything else."""
     if isinstance(value, torch.Tensor):
-        return value, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}'  # _TENSOR_CODE
+        return value, [], _TENSOR_CODE
     if isinstance(value, QuantizedStorage):
         return quantized_slots(value)
     raise _mismatch(where, "Tensor or a quantized storage", value)
@@ -354,18 +358,8 @@ def tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
 
 def optional_tensor_or_quantized(value: Any, where: str) -> tuple[Any, list, str]:
     if value is None:
-        return None, [], '{"meta":"none","class":null,"inner":[],"context":[]}'  # _NONE_CODE
+        return None, [], _NONE_CODE
     return tensor_or_quantized(value, where)
-
-
-# The two functions above run in every compiled call: they return their codes as
-# literals (a constant of their code, guarded with it) where a module global would be
-# guarded on every call of the compiled frame. The literals are the encoder's text:
-if (
-    optional_tensor_or_quantized(None, "")[2],
-    tensor_or_quantized(torch.empty(0), "")[2],
-) != (_NONE_CODE, _TENSOR_CODE):
-    raise AssertionError("boundary: the literal layout codes no longer match meta_code")
 
 
 def tensor_or_quantized_list(

@@ -303,10 +303,28 @@ def record_output_specs(
     )
 
 
-def user_outputs(qualname: str, flat: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """The user outputs of a forward op's flat result, quantized ones rebuilt, by the
-    layout of the call this thread just made (see :func:`begin_call`)."""
-    return tuple(_rebuild(output_layout(qualname), flat, 0)[0])
+def user_outputs(
+    layout: tuple[tuple[Any, ...], ...], flat: Sequence[torch.Tensor]
+) -> tuple[Any, ...]:
+    """The user outputs of a forward op's flat result, quantized ones rebuilt, by
+    ``layout``: the :func:`output_layout` of the call this thread just made (see
+    :func:`begin_call`), which the caller reads (a constant while traced). Tensors and
+    Nones are placed here, not through :func:`_rebuild`: under Dynamo every inlined
+    function, and every global its body reads, is guarded on each compiled call."""
+    values: list[Any] = []
+    cursor = 0
+    for entry in layout:
+        tag = entry[0]
+        if tag == "tensor":
+            values.append(flat[cursor])
+            cursor += 1
+        elif tag == "none":
+            values.append(None)
+            cursor += 1
+        else:
+            value, cursor = _rebuild_quantized(entry, flat, cursor)
+            values.append(value)
+    return tuple(values)
 
 
 def _call_layouts(qualname: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -676,15 +694,23 @@ def _rebuild(
             values.append(flat[cursor])
             cursor += 1
         else:
-            _, cls, names, context = entry
-            inner = list(flat[cursor : cursor + len(names)])
-            cursor += len(names)
-            if tag == "storage":
-                values.append(cls._from_flat(names, inner, context))
-            else:
-                # What ``__tensor_unflatten__`` does, spelled so dynamo traces it (it
-                # cannot trace that classmethod on a tensor subclass).
-                meta = dict(context)
-                buffers = dict(zip(names, inner, strict=False))
-                values.append(cls(buffers, quantizer=meta["quantizer"], dtype=meta["dtype"]))
+            value, cursor = _rebuild_quantized(entry, flat, cursor)
+            values.append(value)
     return values, cursor
+
+
+def _rebuild_quantized(
+    entry: tuple[Any, ...], flat: Sequence[torch.Tensor], cursor: int
+) -> tuple[Any, int]:
+    """The quantized value (a storage or a wrapper tensor) laid out by ``entry`` in
+    ``flat`` at ``cursor``, and the cursor after it."""
+    tag, cls, names, context = entry
+    inner = list(flat[cursor : cursor + len(names)])
+    cursor += len(names)
+    if tag == "storage":
+        return cls._from_flat(names, inner, context), cursor
+    # What ``__tensor_unflatten__`` does, spelled so dynamo traces it (it cannot trace
+    # that classmethod on a tensor subclass).
+    meta = dict(context)
+    buffers = dict(zip(names, inner, strict=False))
+    return cls(buffers, quantizer=meta["quantizer"], dtype=meta["dtype"]), cursor

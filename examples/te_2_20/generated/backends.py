@@ -250,9 +250,21 @@ BACKWARD_SLOTS = (
 def flatten_fused_attn_fwd_args(args: FusedAttnFwdArgs) -> tuple[Any, ...]:
     """`FusedAttnFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        *_b.tensor_or_quantized(args.q, "FusedAttnFwdArgs.q"),
-        *_b.tensor_or_quantized(args.k, "FusedAttnFwdArgs.k"),
-        *_b.tensor_or_quantized(args.v, "FusedAttnFwdArgs.v"),
+        *(
+            (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v := args.q, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnFwdArgs.q")
+        ),
+        *(
+            (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v := args.k, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnFwdArgs.k")
+        ),
+        *(
+            (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v := args.v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnFwdArgs.v")
+        ),
         v
         if (v := args.attn_bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnFwdArgs.attn_bias"),
@@ -398,10 +410,34 @@ def flatten_fused_attn_bwd_args(args: FusedAttnBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.grad_output) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.grad_output"),
-        *_b.optional_tensor_or_quantized(args.q_fp8, "FusedAttnBwdArgs.q_fp8"),
-        *_b.optional_tensor_or_quantized(args.k_fp8, "FusedAttnBwdArgs.k_fp8"),
-        *_b.optional_tensor_or_quantized(args.v_fp8, "FusedAttnBwdArgs.v_fp8"),
-        *_b.optional_tensor_or_quantized(args.out_fp8, "FusedAttnBwdArgs.out_fp8"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.q_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnBwdArgs.q_fp8")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.k_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnBwdArgs.k_fp8")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.v_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnBwdArgs.v_fp8")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.out_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "FusedAttnBwdArgs.out_fp8")
+        ),
         v
         if (v := args.q) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "FusedAttnBwdArgs.q"),

@@ -256,14 +256,24 @@ BACKWARD_SLOTS = (
 def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
     """`LinearFwdArgs` -> the forward op's slots, in schema order; each field is checked."""
     return (
-        *_b.tensor_or_quantized(args.weight, "LinearFwdArgs.weight"),
+        *(
+            (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v := args.weight, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearFwdArgs.weight")
+        ),
         v
         if isinstance(v := args.inp, torch.Tensor)
         else _b.check(v, torch.Tensor, "LinearFwdArgs.inp"),
         v
         if (v := args.bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearFwdArgs.bias"),
-        *_b.optional_tensor_or_quantized(args.weight_workspace, "LinearFwdArgs.weight_workspace"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.weight_workspace) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearFwdArgs.weight_workspace")
+        ),
         v
         if (v := args.input_requires_grad) is True or v is False
         else _b.check(v, bool, "LinearFwdArgs.input_requires_grad"),
@@ -468,9 +478,27 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
         v
         if (v := args.grad_output) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.grad_output"),
-        *_b.optional_tensor_or_quantized(args.inputmat, "LinearBwdArgs.inputmat"),
-        *_b.optional_tensor_or_quantized(args.weight_fp8, "LinearBwdArgs.weight_fp8"),
-        *_b.optional_tensor_or_quantized(args.saved_weight, "LinearBwdArgs.saved_weight"),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.inputmat) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearBwdArgs.inputmat")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.weight_fp8) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearBwdArgs.weight_fp8")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if (v := args.saved_weight) is None
+            else (v, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(v, torch.Tensor)
+            else _b.tensor_or_quantized(v, "LinearBwdArgs.saved_weight")
+        ),
         v
         if (v := args.bias) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "LinearBwdArgs.bias"),

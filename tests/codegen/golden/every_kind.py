@@ -278,8 +278,18 @@ def every_kind_fwd_slots(
         if pipe_tensor is None or isinstance(pipe_tensor, torch.Tensor)
         else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
         _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
-        *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
-        *_b.optional_tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w"),
+        *(
+            (w, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(w, torch.Tensor)
+            else _b.tensor_or_quantized(w, "EveryKindFwdArgs.w")
+        ),
+        *(
+            (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+            if maybe_w is None
+            else (maybe_w, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+            if isinstance(maybe_w, torch.Tensor)
+            else _b.tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w")
+        ),
         flag if flag is True or flag is False else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
         maybe_flag
         if maybe_flag is None or maybe_flag is True or maybe_flag is False
@@ -316,9 +326,13 @@ def every_kind_fwd_slots(
         None
         if maybe_color is None
         else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
-        _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
+        mode
+        if type(mode) is str and mode in ("fast", "exact")
+        else _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
         None
         if rounding is None
+        else rounding
+        if type(rounding) is str and rounding in ("nearest", "stochastic")
         else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
         isinstance(quantizer, Quantizer)
         and getattr(quantizer, "_teops_code", None)
@@ -654,7 +668,9 @@ def every_kind_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = every_kind_fwd(*slots)
-    return _r.user_outputs(FORWARD_OP, flat), _r.kept_values(FORWARD_OP, flat, kept)
+    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
+        FORWARD_OP, flat, kept
+    )
 
 
 def every_kind_compile_blocker(
@@ -779,8 +795,18 @@ def call_every_kind(
                 if pipe_tensor is None or isinstance(pipe_tensor, torch.Tensor)
                 else _b.check_optional(pipe_tensor, torch.Tensor, "EveryKindFwdArgs.pipe_tensor"),
                 _b.tensor_list(xs, "EveryKindFwdArgs.xs"),
-                *_b.tensor_or_quantized(w, "EveryKindFwdArgs.w"),
-                *_b.optional_tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w"),
+                *(
+                    (w, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(w, torch.Tensor)
+                    else _b.tensor_or_quantized(w, "EveryKindFwdArgs.w")
+                ),
+                *(
+                    (None, [], '{"meta":"none","class":null,"inner":[],"context":[]}')
+                    if maybe_w is None
+                    else (maybe_w, [], '{"meta":"tensor","class":null,"inner":[],"context":[]}')
+                    if isinstance(maybe_w, torch.Tensor)
+                    else _b.tensor_or_quantized(maybe_w, "EveryKindFwdArgs.maybe_w")
+                ),
                 flag
                 if flag is True or flag is False
                 else _b.check(flag, bool, "EveryKindFwdArgs.flag"),
@@ -823,9 +849,13 @@ def call_every_kind(
                 None
                 if maybe_color is None
                 else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
-                _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
+                mode
+                if type(mode) is str and mode in ("fast", "exact")
+                else _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
                 None
                 if rounding is None
+                else rounding
+                if type(rounding) is str and rounding in ("nearest", "stochastic")
                 else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
                 isinstance(quantizer, Quantizer)
                 and getattr(quantizer, "_teops_code", None)
@@ -878,7 +908,7 @@ def call_every_kind(
                 ),
                 *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
             )
-            outputs = _r.user_outputs("teops::every_kind_fwd", flat)
+            outputs = _r.user_outputs(_r.output_layout("teops::every_kind_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::every_kind_fwd", flat, keep.saved))
             return outputs
