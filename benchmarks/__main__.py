@@ -37,6 +37,7 @@ FIGURES = (
     "overhead",
     "block",
     "compile_depth",
+    "entry",
 )
 
 
@@ -84,6 +85,7 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         codegen_time,
         compile_depth,
         compile_time,
+        compiled_entry,
         import_time,
         memory,
         overhead,
@@ -133,6 +135,10 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
             compile_depth.run(depths=(1,), rounds=1, rows=8, hidden=16, fill_bytecode_cache=False)
             if quick
             else compile_depth.run()
+        )
+    if "entry" in only:
+        results["entry"] = (
+            compiled_entry.run(layers=(1,), rounds=3, calls=100) if quick else compiled_entry.run()
         )
     return results
 

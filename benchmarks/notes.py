@@ -42,6 +42,18 @@ NOTES = {
         "environment sets `PYTHONDONTWRITEBYTECODE=1`, which adds about 35 ms of source "
         "compilation to every import of this package); a warm-up round is dropped."
     ),
+    "entry_method": (
+        "What a call of a compiled model costs before its graph runs: Dynamo's frame "
+        "entry and the check of every guard of the frame (`benchmarks/compiled_entry.py`). "
+        "A model of 1 or 8 layers (64x256 float32 input, one thread) is compiled with a "
+        "backend that runs the graph once and then hands back the same outputs, so a "
+        "later call times the entry alone; each contender's `forward` is its own code "
+        "object. Ours and `torch.nn.Linear` are timed in turn, 2000 calls a block, 31 "
+        "rounds; the gap is the median of the per-round differences. With every guard "
+        "filtered out the two `reduce-overhead` steps on the H200 take the same time "
+        "(docs/gpu.md), so this gap is what ours adds to a host-bound step there; "
+        'docs/design.md, "What a compiled call is guarded on", says what it is made of.'
+    ),
     "codegen_method": (
         "Wall time of fresh `python -m codegen` (up-to-date tree: parses every source "
         "with libcst, renders with Jinja2, formats with ruff, rewrites nothing) and "

@@ -681,6 +681,23 @@ def _compile_depth(cpu: dict[str, Any]) -> list[str]:
     return out + ["![compile_depth](benchmarks/compile_depth.png)", ""]
 
 
+def _entry(cpu: dict[str, Any]) -> list[str]:
+    r = cpu["entry"]
+    out = ["## 11. Entering a compiled frame: its guard check", "", NOTES["entry_method"], ""]
+    rows = [
+        [
+            n,
+            fmt(v["ours_us"], 1, " us"),
+            fmt(v["torch_us"], 1, " us"),
+            fmt(v["gap_us"], 2, " us"),
+            f"{v['guards']['ours']} / {v['guards']['torch']}",
+        ]
+        for n, v in r["layers"].items()
+    ]
+    header = ["layers", "ours", "torch.nn.Linear", "ours - torch.nn.Linear (per round)"]
+    return out + _table([*header, "guard entries: ours / torch.nn.Linear"], rows) + [""]
+
+
 def _step(cpu: dict[str, Any]) -> list[str]:
     out = ["## 5. CPU step time (forward + backward)", "", NOTES["step_method"], ""]
     for shape, r in cpu["step"].items():
@@ -931,6 +948,8 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         lines += _block(cpu)
     if "compile_depth" in cpu:
         lines += _compile_depth(cpu)
+    if "entry" in cpu:
+        lines += _entry(cpu)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 

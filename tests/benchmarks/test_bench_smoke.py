@@ -240,6 +240,22 @@ def test_a_steps_host_time_is_measured_with_the_gpu_kept_busy():
     assert 0 < out["host_ms_per_step"] < 3 * out["step_ms"]
 
 
+def test_entry_figure_times_both_frames_and_counts_their_guards(tmp_path: Path) -> None:
+    """Figure 11's quick path: each contender's frame compiled once (its own code
+    object, so neither call checks the other's guards first), timed, its guards
+    counted; and the report's section."""
+    from benchmarks import compiled_entry
+
+    out = compiled_entry.run(layers=(1,), rows=4, hidden=8, rounds=2, calls=20)
+    one = out["layers"]["1"]
+    assert one["guards"]["ours"] > one["guards"]["torch"] > 0
+    assert one["ours_us"]["n"] == one["torch_us"]["n"] == one["gap_us"]["n"] == 2
+    assert one["ours_us"]["median"] > 0 and one["torch_us"]["median"] > 0
+    md = _write_report(tmp_path, {"entry": out})
+    assert "## 11. Entering a compiled frame: its guard check" in md
+    assert f"| {one['guards']['ours']} / {one['guards']['torch']} |" in md
+
+
 @pytest.mark.slow
 def test_compile_depth_figure_and_its_report_section(tmp_path: Path) -> None:
     """Figure 10's quick path: each contender measured cold in its own process (one
