@@ -246,9 +246,14 @@ of the sixteenth session (docs/design.md, "What a compiled call is guarded on") 
 `reduce-overhead` at 1.025x (1.014-1.034x): ~13 us a step of Dynamo's guard checks (the
 profiler's "TorchDynamo Cache Lookup", 37.9 us against `torch.nn.Linear`'s 24.5 us).
 After the first cuts, on three leases: 1.001x (0.993-1.010x), 1.009x (0.999-1.019x),
-1.016x (1.011-1.025x); with the module settings in one guarded tuple as well (the
-table's row): 1.021x (1.012-1.030x). Between leases the figure moves by more than its
-interval: ours sits 0-2% above `torch.nn.Linear` under CUDA graphs, not at or below it.
+1.016x (1.011-1.025x); with the module settings in one guarded tuple as well: 1.021x
+(1.012-1.030x). Between leases the figure moves by more than its interval. The
+seventeenth and eighteenth sessions' cuts (no decorator, then no aliasing guard and the
+common values inline; figure 11 times the entry on the CPU) brought it to 0.991-1.015x,
+then 0.998-1.004x (the table's row: 1.004x), the latter's intervals all holding 1.0: at
+parity with
+`torch.nn.Linear` under CUDA graphs within the measurement's precision, with a guard-free
+control 1-2% below it (docs/gpu.md).
 Eager is `Linear`'s plain call (`_PlainLinear`: no recipe, one rank, plain 2-D tensors
 of one dtype), which runs the op impls' own kernels without the bundle, field checks
 and generic autograd glue (before it: 1.62-1.73x); a later run measured 1.34x, and
