@@ -128,7 +128,8 @@ def test_no_object_is_guarded_as_reached_two_ways(make):
 @pytest.mark.parametrize("make", _MODULES, ids=_MODULE_IDS)
 def test_the_common_values_cross_without_an_inlined_call(make):
     """Plain tensors, None and a ``Literal``'s choices pass the generated field checks
-    inline, the output layout is applied without ``_rebuild``, and the recipe is read
+    inline, the output layout is applied with no call per output (only a quantized one
+    reaches ``_rebuild_quantized``), and the recipe is read
     from its cell, not its property: each inlined function is a guard on its code in
     every call of the frame."""
     code_guards = [name for name, kind in _guards(make, 2) if kind == "CLOSURE_MATCH"]

@@ -843,9 +843,7 @@ def dot_product_attention_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = dot_product_attention_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def dot_product_attention_compile_blocker() -> str | None:
@@ -1051,7 +1049,7 @@ def call_dot_product_attention(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::dot_product_attention_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::dot_product_attention_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::dot_product_attention_fwd", flat, keep.saved))
             return outputs

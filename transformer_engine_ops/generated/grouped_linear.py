@@ -693,9 +693,7 @@ def grouped_linear_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = grouped_linear_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def grouped_linear_compile_blocker(
@@ -889,7 +887,7 @@ def call_grouped_linear(
                     delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"
                 ),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::grouped_linear_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::grouped_linear_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::grouped_linear_fwd", flat, keep.saved))
             return outputs

@@ -416,9 +416,7 @@ def layernorm_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def layernorm_compile_blocker(
@@ -509,7 +507,7 @@ def call_layernorm(
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "LayerNormFwdArgs.is_grad_enabled"),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::layernorm_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_fwd", flat, keep.saved))
             return outputs

@@ -976,9 +976,7 @@ def layernorm_linear_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_linear_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def layernorm_linear_compile_blocker(
@@ -1319,7 +1317,7 @@ def call_layernorm_linear(
                     delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"
                 ),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_linear_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::layernorm_linear_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_linear_fwd", flat, keep.saved))
             return outputs

@@ -1375,9 +1375,7 @@ def layernorm_mlp_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = layernorm_mlp_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def layernorm_mlp_compile_blocker(
@@ -1886,7 +1884,7 @@ def call_layernorm_mlp(
                     )
                 ),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::layernorm_mlp_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::layernorm_mlp_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::layernorm_mlp_fwd", flat, keep.saved))
             return outputs

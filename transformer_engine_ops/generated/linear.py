@@ -835,9 +835,7 @@ def linear_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = linear_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def linear_compile_blocker(
@@ -1126,7 +1124,7 @@ def call_linear(
                 if delay_wgrad_compute is True or delay_wgrad_compute is False
                 else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::linear_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::linear_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::linear_fwd", flat, keep.saved))
             return outputs

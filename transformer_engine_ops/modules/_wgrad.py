@@ -29,11 +29,6 @@ class WgradScheduling:
     def _wgrad_weights(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    @property
-    def routes_wgrad(self) -> bool:
-        """Whether a weight gradient leaves autograd's path (main_grad, backward_dw)."""
-        return self.fuse_wgrad_accumulation or self.delay_wgrad_compute
-
     def backward_dw(self) -> None:
         """Run the oldest wgrad GEMM the backward deferred for each weight
         (``delay_wgrad_compute``), as TE's ``backward_dw``: into ``main_grad`` when fused,

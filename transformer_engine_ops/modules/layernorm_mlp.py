@@ -267,8 +267,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             fc2_bias=fc2_bias,
             fc1_weight_workspace=self._fc1_weight_workspace if later else None,
             fc2_weight_workspace=self._fc2_weight_workspace if later else None,
-            # (also read by a fused wgrad: True overwrites main_grad, as in TE; the flags
-            # read directly, not through ``routes_wgrad``: a property's getter is guarded)
+            # (also read by a fused wgrad: True overwrites main_grad, as in TE)
             is_first_microbatch=is_first_microbatch
             if cache or self.fuse_wgrad_accumulation or self.delay_wgrad_compute
             else None,

@@ -303,17 +303,16 @@ def record_output_specs(
     )
 
 
-def user_outputs(
-    layout: tuple[tuple[Any, ...], ...], flat: Sequence[torch.Tensor]
-) -> tuple[Any, ...]:
-    """The user outputs of a forward op's flat result, quantized ones rebuilt, by
-    ``layout``: the :func:`output_layout` of the call this thread just made (see
-    :func:`begin_call`), which the caller reads (a constant while traced). Tensors and
-    Nones are placed here, not through :func:`_rebuild`: under Dynamo every inlined
-    function, and every global its body reads, is guarded on each compiled call."""
+def rebuild(layouts: Sequence[tuple[Any, ...]], flat: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """The values laid out by ``layouts`` from the start of ``flat``, quantized ones
+    rebuilt as their class: a forward op's user outputs by its call's
+    :func:`output_layout` (the generated call reads it: a constant while traced), or
+    saved values by theirs. Tensors and Nones are placed here and only a quantized
+    value costs a call (:func:`_rebuild_quantized`): under Dynamo every inlined
+    function is guarded on each compiled call."""
     values: list[Any] = []
     cursor = 0
-    for entry in layout:
+    for entry in layouts:
         tag = entry[0]
         if tag == "tensor":
             values.append(flat[cursor])
@@ -365,7 +364,7 @@ def kept_values(
                     "kept across calls must be a tensor or a quantized wrapper tensor"
                 )
             buffers = [t.detach() for t in flat[cursor : cursor + width]]
-            found[index] = _rebuild((entry,), buffers, 0)[0][0]
+            found[index] = rebuild((entry,), buffers)[0]
         cursor += width
     return tuple(found[index] for index in kept)
 
@@ -538,8 +537,8 @@ def redispatch_forward(
     with _private.AutoDispatchBelowAutograd():
         flat = op.redispatch(below, *slots)
     out_layout, saved_layout = result_layouts(qualname)
-    outputs, cursor = _rebuild(out_layout, flat, 0)
-    saved, _ = _rebuild(saved_layout, flat, cursor)
+    outputs = rebuild(out_layout, flat)
+    saved = rebuild(saved_layout, flat[sum(_width(entry) for entry in out_layout) :])
     return flat, outputs, saved
 
 
@@ -677,26 +676,6 @@ def _zeros_spec(value: Any) -> tuple[Any, ...] | None:
     if value is None:
         return None
     return (tuple(value.shape), value.dtype, value.device)
-
-
-def _rebuild(
-    layouts: Sequence[tuple[Any, ...]], flat: Sequence[torch.Tensor], cursor: int
-) -> tuple[list[Any], int]:
-    """The values laid out by ``layouts`` in ``flat`` from ``cursor`` on (quantized ones
-    rebuilt as their class), and the cursor after them."""
-    values: list[Any] = []
-    for entry in layouts:
-        tag = entry[0]
-        if tag == "none":
-            values.append(None)
-            cursor += 1
-        elif tag == "tensor":
-            values.append(flat[cursor])
-            cursor += 1
-        else:
-            value, cursor = _rebuild_quantized(entry, flat, cursor)
-            values.append(value)
-    return values, cursor
 
 
 def _rebuild_quantized(

@@ -668,9 +668,7 @@ def every_kind_compiled(
     handed out of the graph with the outputs."""
     _r.begin_call(FORWARD_OP)
     flat = every_kind_fwd(*slots)
-    return _r.user_outputs(_r.output_layout(FORWARD_OP), flat), _r.kept_values(
-        FORWARD_OP, flat, kept
-    )
+    return _r.rebuild(_r.output_layout(FORWARD_OP), flat), _r.kept_values(FORWARD_OP, flat, kept)
 
 
 def every_kind_compile_blocker(
@@ -908,7 +906,7 @@ def call_every_kind(
                 ),
                 *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
             )
-            outputs = _r.user_outputs(_r.output_layout("teops::every_kind_fwd"), flat)
+            outputs = _r.rebuild(_r.output_layout("teops::every_kind_fwd"), flat)
             if keep is not None:
                 keep.into(_r.kept_values("teops::every_kind_fwd", flat, keep.saved))
             return outputs
