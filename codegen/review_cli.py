@@ -219,6 +219,8 @@ def review_against(
         with revision.tree_at(root, commit) as copy:
             old_root = copy / root.relative_to(top)
             before = read_side(old_root, _templates_at(top, copy), notes, label)
+    except revision.UnsafeRevision as exc:
+        raise CannotCompare(f"error: {label}: {exc}") from None
     except revision.RevisionError as exc:
         raise CannotCompare(f"error: {exc}") from None
     except CodegenError as exc:

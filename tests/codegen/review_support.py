@@ -9,8 +9,12 @@ so commits (and their ids) do not depend on the machine.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+from codegen_support import REPO_ROOT
 
 OP_MODULE = "demo/scale.py"
 OUTPUT_DIR = "demo/generated"
@@ -90,10 +94,15 @@ GIT_ENV = {
 }
 
 
-def git(root: Path, *args: str) -> str:
+def git(root: Path, *args: str, input_text: str | None = None) -> str:
     env = {**os.environ, **GIT_ENV}
     result = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, env=env, check=True
+        ["git", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        input=input_text,
     )
     return result.stdout.strip()
 
@@ -125,3 +134,55 @@ def edit(root: Path, old: str, new: str, rel: str = OP_MODULE) -> None:
     text = path.read_text(encoding="utf-8")
     assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in {rel}"
     path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+# A hostile revision must be refused or reported within seconds: a run that takes longer
+# fails its test (a hang would otherwise stall the suite).
+HOSTILE_TIMEOUT_S = 20
+
+
+def add_generator(root: Path) -> str:
+    """Copy this repository's generator (codegen/, templates/) into the project and commit
+    it, so the reviewed repository holds the templates of the generator that runs (as this
+    repository does) when :func:`run_diff` runs the project's copy."""
+    for folder in ("codegen", "templates"):
+        shutil.copytree(
+            REPO_ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return commit(root, "the generator itself")
+
+
+def run_diff(
+    root: Path,
+    *argv: str,
+    tmpdir: Path,
+    own_generator: bool = False,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m codegen --root ROOT diff ARGV`` in a subprocess, from ``root``, with
+    TMPDIR at ``tmpdir`` (where the revision's temporary copy goes); a run that outlives
+    HOSTILE_TIMEOUT_S fails the test. ``own_generator``: run the project's copy of the
+    generator (:func:`add_generator`) instead of this repository's."""
+    generator = root if own_generator else REPO_ROOT
+    full_env = {
+        **os.environ,
+        **GIT_ENV,
+        "PYTHONPATH": str(generator),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": str(tmpdir),
+        **(env or {}),
+    }
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "codegen", "--root", str(root), "diff", *argv],
+            cwd=root,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=HOSTILE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"codegen diff {' '.join(argv)} did not end within {HOSTILE_TIMEOUT_S} s"
+        ) from None

@@ -1,0 +1,248 @@
+"""``codegen diff --against REV`` on a hostile revision: nothing REV holds is run.
+
+REV is untrusted input (docs/review.md, "What `codegen diff` trusts"): its templates,
+Python and configuration are read as data, never rendered, imported or executed, and
+what cannot be compared safely is refused with exit code 2 within seconds. Each test
+commits a hostile revision in a throw-away repository (review_support), puts the
+working tree back to a harmless state, and runs the command in a subprocess with a
+timeout, a canary file standing for any command REV could run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from review_support import (
+    GIT_ENV,
+    OP_MODULE,
+    PYPROJECT,
+    commit,
+    git,
+    make_project,
+    run_diff,
+)
+
+from codegen import revision
+
+SCHEMA_TEMPLATE = "templates/_schema.j2"
+OP_TEMPLATE = "templates/op_module.py.j2"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "project")
+
+
+@pytest.fixture
+def tmpdir(tmp_path: Path) -> Path:
+    """TMPDIR of the command: the revision's copy goes here, and is gone afterwards."""
+    return tmp_path / "tmp"
+
+
+def _commit_then_restore(project: Path, rel: str, text: str | bytes) -> str:
+    """Commit ``rel`` holding ``text``, then put the working tree's ``rel`` back."""
+    path = project / rel
+    before = path.read_bytes()
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    path.write_bytes(text)
+    rev = commit(project, f"hostile {rel}")
+    path.write_bytes(before)
+    return rev
+
+
+def _cannot_compare(result: subprocess.CompletedProcess[str], *phrases: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.endswith("codegen diff: cannot compare\n"), result.stderr
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in result.stderr, result.stderr
+
+
+def _left_nothing(tmpdir: Path, *expected: str) -> None:
+    """The revision's copy is removed and nothing was written beside it."""
+    assert sorted(p.name for p in tmpdir.iterdir()) == sorted(expected)
+
+
+# --- Links: resolved through the revision, never out of it ----------------------------
+
+
+def _links_then_restore(project: Path, links: dict[str, str]) -> None:
+    """Commit ``links`` (path -> target), then put the working tree back as it was."""
+    saved = {rel: (project / rel).read_bytes() for rel in links if (project / rel).is_file()}
+    for rel, target in links.items():
+        path = project / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        path.symlink_to(target)
+    commit(project, "links")
+    for rel in links:
+        (project / rel).unlink()
+        if rel in saved:
+            (project / rel).write_bytes(saved[rel])
+
+
+def test_a_link_out_through_a_linked_folder_is_refused(project: Path, tmpdir: Path) -> None:
+    """``esc/up -> ..`` is the tree's root, so ``esc/up/../x.toml`` is beside the tree."""
+    tmpdir.mkdir()
+    (tmpdir / "x.toml").write_text(
+        PYPROJECT.replace('namespace = "demo"', 'namespace = "leaked"'), encoding="utf-8"
+    )
+    _links_then_restore(project, {"esc/up": "..", "pyproject.toml": "esc/up/../x.toml"})
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    assert "leaked" not in result.stdout
+    _cannot_compare(
+        result, "pyproject.toml: a link to `esc/up/../x.toml` that leads out of the revision"
+    )
+    _left_nothing(tmpdir, "x.toml")
+
+
+def test_an_absolute_link_is_refused(project: Path, tmpdir: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_text((project / "demo/types.py").read_text(encoding="utf-8"), encoding="utf-8")
+    _links_then_restore(project, {"demo/types.py": str(outside)})
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(result, f"demo/types.py: a link to `{outside}` that leads out of the revision")
+    _left_nothing(tmpdir)
+
+
+def test_a_chain_of_links_out_is_refused_at_its_first_link(project: Path, tmpdir: Path) -> None:
+    _links_then_restore(
+        project,
+        {
+            "demo/types.py": "../lib/first.py",
+            "lib/first.py": "second.py",
+            "lib/second.py": "../../outside.py",
+        },
+    )
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(
+        result,
+        "demo/types.py: a link to `../lib/first.py` that leads out of the revision "
+        "(through `lib/second.py` -> `../../outside.py`)",
+    )
+    _left_nothing(tmpdir)
+
+
+def _tree_error(project: Path) -> str:
+    with pytest.raises(revision.UnsafeRevision) as exc:
+        with revision.tree_at(project, revision.resolve(project, "HEAD")):
+            pass
+    return str(exc.value)
+
+
+def test_a_cycle_of_links_is_refused(project: Path) -> None:
+    (project / "demo/a.py").symlink_to("b.py")
+    (project / "demo/b.py").symlink_to("a.py")
+    commit(project, "a.py -> b.py -> a.py")
+
+    assert _tree_error(project) == (
+        "demo/a.py: a link that does not resolve (more than 40 links in a row: a cycle of links)"
+    )
+
+
+def test_a_link_to_a_folder_that_holds_it_is_refused(project: Path) -> None:
+    (project / "lib").mkdir()
+    (project / "lib/again").symlink_to("../lib")
+    commit(project, "lib/again -> ../lib")
+
+    assert _tree_error(project) == (
+        "lib/again: a link to the folder `lib`, which holds the link: codegen diff copies no "
+        "folder into itself"
+    )
+
+
+def test_folder_links_that_lead_to_each_other_are_refused(project: Path) -> None:
+    for here, there in (("a", "b"), ("b", "a")):
+        (project / here).mkdir()
+        (project / here / "x.py").write_text("", encoding="utf-8")
+        (project / here / "to").symlink_to(f"../{there}")
+    commit(project, "a/to -> ../b, b/to -> ../a")
+
+    assert _tree_error(project).startswith("a/to: a link to the folder `b`, which holds the link")
+
+
+def test_folder_links_that_multiply_a_folder_stop_at_the_bounds(project: Path) -> None:
+    """Two links a level to the next level: 2**16 paths to one file."""
+    levels = 16
+    for level in range(levels):
+        (project / f"l{level}").mkdir()
+        for name in ("x", "y"):
+            (project / f"l{level}" / name).symlink_to(f"../l{level + 1}")
+    (project / f"l{levels}").mkdir()
+    (project / f"l{levels}/leaf.py").write_text("", encoding="utf-8")
+    commit(project, "links that double a folder at every level")
+
+    message = _tree_error(project)
+
+    assert message.startswith(
+        f"the revision's files to read exceed {revision.MAX_FILES} files or "
+        f"{revision.MAX_TOTAL_BYTES} bytes (at l"
+    )
+
+
+# --- Paths, sizes, binary files -------------------------------------------------------
+
+
+def test_a_tree_entry_named_dot_dot_writes_nothing_outside_the_copy(
+    project: Path, tmpdir: Path
+) -> None:
+    """git refuses to check out such a tree, but a fetched one can hold it."""
+    blob = git(project, "hash-object", "-w", "--stdin", input_text="x = 1\n")
+    inner = git(project, "mktree", input_text=f"100644 blob {blob}\tevil.py\n")
+    listing = git(project, "ls-tree", "HEAD")
+    tree = git(project, "mktree", input_text=f"{listing}\n040000 tree {inner}\t..\n")
+    crafted = git(project, "commit-tree", tree, "-p", "HEAD", "-m", "a `..` entry")
+
+    result = run_diff(project, "--against", crafted, tmpdir=tmpdir)
+
+    _left_nothing(tmpdir)
+    _cannot_compare(result, "../evil.py: a path with a `..` component")
+
+
+@pytest.mark.slow
+def test_a_100_mb_source_file_is_refused_before_it_is_read(project: Path, tmpdir: Path) -> None:
+    padding = b"# " + b"x" * 77 + b"\n"
+    with (project / OP_MODULE).open("ab") as module:
+        module.write(padding * (100 * 2**20 // len(padding)))
+    commit(project, "a 100 MB op module")
+    git(project, "checkout", "HEAD~1", "--", OP_MODULE)
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(result, "demo/scale.py: 104858", "more than the 1048576 bytes")
+    _left_nothing(tmpdir)
+
+
+def test_the_total_size_of_a_revision_is_bounded(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(revision, "MAX_TOTAL_BYTES", 1000)
+
+    assert _tree_error(project).startswith(
+        f"the revision's files to read exceed {revision.MAX_FILES} files or 1000 bytes (at "
+    )
+
+
+def test_a_nul_byte_in_a_module_the_reader_resolves_is_refused(project: Path, tmpdir: Path) -> None:
+    types = (project / "demo/types.py").read_bytes()
+    _commit_then_restore(project, "demo/types.py", types.replace(b"pass", b"pass  # \x00", 1))
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(result, "demo/types.py: a binary file (a NUL byte at offset")
+    _left_nothing(tmpdir)
