@@ -1,17 +1,21 @@
 """``python -m codegen diff --against REV``: what a bundle change means, for a PR review.
 
-Both sides go through the same reader and IR: the working tree as it is, and REV's
-files read from git into a temporary folder (``revision.tree_at``; nothing is checked
-out). Each side's schemas are rendered by its own templates when the project holds the
-generator's templates (this repository), so a template change shows too; the
-configuration (namespace, kinds) is each side's own. ``review.compare`` classifies the
-differences; the report is laid out by ``templates/review/``.
+Both sides go through the working tree's reader, configuration loader, emitter and
+templates: the working tree as it is, and REV's files read from git into a temporary
+folder (``revision.tree_at``; nothing is checked out). REV is untrusted (docs/review.md,
+"What `codegen diff` trusts"): its files are read as data and nothing it holds is
+rendered, imported or run; a change to its templates is reported as a text diff of the
+template files. The configuration (namespace, kinds) is each side's own.
+``review.compare`` classifies the differences; the report is laid out by
+``templates/review/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +33,11 @@ from .schema_text import Schema, parse_schema
 REVIEW_TEMPLATES = TEMPLATE_DIR / "review"
 FORMATS = {"text": "diff.txt.j2", "markdown": "diff.md.j2"}
 RULES_DOC = "docs/review.md"
+
+# Bounds on the template diff (docs/review.md); revision.py bounds a revision's files.
+TEMPLATE_DIFF_MAX_BYTES = 64 << 10  # a template larger than this is not diffed
+TEMPLATE_DIFF_MAX_LINES = 2000  # nor one of more lines (difflib's work grows as their product)
+TEMPLATE_DIFF_SHOWN_LINES = 400  # diff lines shown, all templates together
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,8 +116,8 @@ def _rendered_constants(code: str) -> dict[str, str]:
 def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> dict[str, OpSide]:
     """Every configured op at ``root``, with the schemas ``template_dir`` renders for it.
 
-    Templates that cannot render this generator's context (REV's, from before a change
-    to the generator) leave the schemas derived from the IR, with a note saying so.
+    An op module this generator reads but would not generate, or templates that cannot
+    render its context, leave the schemas derived from the IR, with a note saying so.
     """
     config = load_config(root)
     modules = read_all(config)
@@ -144,14 +153,64 @@ def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> d
     return sides
 
 
-def _templates_at(toplevel: Path, copy: Path) -> Path:
-    """REV's copy of the generator's templates when this repository holds them."""
+@dataclass(frozen=True)
+class TemplateChange:
+    """A template file of the generator that differs between REV and the working tree."""
+
+    path: str  # repository-relative: templates/_schema.j2
+    status: str  # added, removed, changed
+    diff: tuple[str, ...]  # unified diff lines shown (REV first), maybe cut short
+    note: str = ""  # why (part of) the diff is not shown
+
+
+def template_changes(top: Path, copy: Path, against: str) -> tuple[TemplateChange, ...]:
+    """REV's templates against the working tree's, as text: never rendered.
+
+    Empty unless the reviewed repository holds the templates of the generator that runs
+    (this one does). A template too large to diff is named with its sizes; the diff
+    lines shown stop after TEMPLATE_DIFF_SHOWN_LINES.
+    """
     try:
-        rel = TEMPLATE_DIR.relative_to(toplevel)
+        rel = TEMPLATE_DIR.relative_to(top)
     except ValueError:
-        return TEMPLATE_DIR
-    at_rev = copy / rel
-    return at_rev if (at_rev / "op_module.py.j2").is_file() else TEMPLATE_DIR
+        return ()
+    sides = []
+    for folder in (copy / rel, TEMPLATE_DIR):
+        files = sorted(p for p in folder.rglob("*.j2") if p.is_file()) if folder.is_dir() else []
+        sides.append({p.relative_to(folder).as_posix(): p for p in files})
+    before, after = sides
+    changes = []
+    budget = TEMPLATE_DIFF_SHOWN_LINES
+    for name in sorted(before.keys() | after.keys()):
+        old = before[name].read_bytes() if name in before else b""
+        new = after[name].read_bytes() if name in after else b""
+        if old == new:
+            continue
+        status = "added" if name not in before else "removed" if name not in after else "changed"
+        path = (rel / name).as_posix()
+        try:
+            old_lines = old.decode("utf-8").splitlines()
+            new_lines = new.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            changes.append(TemplateChange(path, status, (), "not UTF-8 text: not shown"))
+            continue
+        if max(len(old), len(new)) > TEMPLATE_DIFF_MAX_BYTES or (
+            max(len(old_lines), len(new_lines)) > TEMPLATE_DIFF_MAX_LINES
+        ):
+            size = f"{len(old)} bytes at {against}, {len(new)} now"
+            changes.append(TemplateChange(path, status, (), f"{size}: too large to show as a diff"))
+            continue
+        lines = list(
+            difflib.unified_diff(old_lines, new_lines, f"{against}:{path}", path, lineterm="", n=2)
+        )
+        shown, budget = lines[: max(budget, 0)], budget - len(lines)
+        note = (
+            f"{len(lines) - len(shown)} more diff lines not shown"
+            if len(shown) < len(lines)
+            else ""
+        )
+        changes.append(TemplateChange(path, status, tuple(shown), note))
+    return tuple(changes)
 
 
 # --- The report --------------------------------------------------------------------------
@@ -165,6 +224,7 @@ class Report:
     reviews: tuple[OpReview, ...]
     consumers: tuple[Consumer, ...]
     notes: tuple[str, ...]
+    templates: tuple[TemplateChange, ...] = ()
 
     def breaking(self) -> list[Consumer]:
         return [c for c in self.consumers if any(r.breaks((c,)) for r in self.reviews)]
@@ -177,9 +237,24 @@ def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _markdown_fence(lines: tuple[str, ...]) -> str:
+    """A code fence longer than any run of backticks in ``lines``, so none closes it."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _markdown_code(text: str) -> str:
+    """``text`` as a Markdown code span that no backtick in it ends."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
+
+
 def _environment() -> jinja2.Environment:
     env = render.environment(REVIEW_TEMPLATES)
     env.filters["cell"] = _markdown_cell
+    env.filters["fence"] = _markdown_fence
+    env.filters["code"] = _markdown_code
     return env
 
 
@@ -218,7 +293,8 @@ def review_against(
         top = revision.toplevel(root)
         with revision.tree_at(root, commit) as copy:
             old_root = copy / root.relative_to(top)
-            before = read_side(old_root, _templates_at(top, copy), notes, label)
+            before = read_side(old_root, TEMPLATE_DIR, notes, label)
+            templates = template_changes(top, copy, against)
     except revision.UnsafeRevision as exc:
         raise CannotCompare(f"error: {label}: {exc}") from None
     except revision.RevisionError as exc:
@@ -227,7 +303,15 @@ def review_against(
         raise CannotCompare(f"{label}: {exc}") from None
     except ConfigError as exc:
         raise CannotCompare(f"error: {label}: {exc}") from None
-    return Report(against, commit[:12], merge_base, compare(before, after), consumers, tuple(notes))
+    return Report(
+        against,
+        commit[:12],
+        merge_base,
+        compare(before, after),
+        consumers,
+        tuple(notes),
+        templates,
+    )
 
 
 def run(args: argparse.Namespace, fail: Callable[[str], None]) -> int:

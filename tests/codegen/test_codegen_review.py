@@ -12,19 +12,32 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from codegen_support import REPO_ROOT, run_main, subprocess_env
-from review_support import GIT_ENV, OP_MODULE, commit, edit, git, make_project
+from codegen_support import REPO_ROOT, run_main
+from review_support import (
+    GIT_ENV,
+    OP_MODULE,
+    add_generator,
+    commit,
+    edit,
+    git,
+    make_project,
+    run_diff,
+)
 
 from codegen import revision
 from codegen.pipeline import TEMPLATE_DIR
 from codegen.review import RULES, Consumer, Finding, OpSide, compare
-from codegen.review_cli import Report, read_side, review_against
+from codegen.review_cli import (
+    Report,
+    TemplateChange,
+    read_side,
+    render_report,
+    review_against,
+)
 from codegen.schema_text import Schema
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "review_scale.md"
@@ -420,13 +433,12 @@ def test_templates_that_do_not_render_leave_the_schemas_of_the_bundles_with_a_no
     assert len(notes) == 1 and notes[0].startswith("at REV: demo/scale.py: its schemas come")
 
 
-def test_a_template_change_at_rev_is_read_from_revs_own_templates(project: Path) -> None:
-    """A repository holding the generator (as this one does): REV's templates render REV."""
-    for folder in ("codegen", "templates"):
-        shutil.copytree(
-            REPO_ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    commit(project, "the generator itself")
+def test_a_template_change_at_rev_is_shown_as_text_never_rendered(
+    project: Path, tmp_path: Path
+) -> None:
+    """A repository holding the generator (as this one does): REV's templates are
+    untrusted, so both sides render with the working tree's and REV's show as a diff."""
+    add_generator(project)
     edit(
         project,
         "{{ row[3] }} {{ row[2] }}",
@@ -434,22 +446,28 @@ def test_a_template_change_at_rev_is_read_from_revs_own_templates(project: Path)
         rel="templates/_schema.j2",
     )
 
-    result = subprocess.run(
-        [sys.executable, "-m", "codegen", "diff", "--against", "HEAD"],
-        cwd=project,
-        env={**subprocess_env(), "PYTHONPATH": str(project)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmp_path / "tmp", own_generator=True)
 
     assert result.returncode == 0, result.stderr
-    assert "SLOT_DEFAULT_CHANGED demo::scale_fwd: recipe" in result.stdout
+    assert result.stdout.startswith("codegen diff: no bundle changes against HEAD (")
+    assert "SLOT_DEFAULT_CHANGED" not in result.stdout
+    assert "\n  changed templates/_schema.j2\n    --- HEAD:templates/_schema.j2\n" in result.stdout
+    assert "    +++ templates/_schema.j2\n" in result.stdout
     assert (
-        "after:  demo::scale_fwd(Tensor inp, float factor, str mode, str? recipe=None"
-        in result.stdout
-    )
+        """    +    "{{ ", " if not loop.first }}{{ row[3] }} {{ row[2] }}{{ '=None' if """
+        """row[3].endswith('?') }}"\n"""
+    ) in result.stdout
     assert "note:" not in result.stdout
+
+
+def test_a_template_diff_in_markdown_stays_in_its_fence() -> None:
+    """A template line with backticks neither closes the diff's fence nor its name's span."""
+    change = TemplateChange("templates/a`b.j2", "changed", ("--- x", "+``` not a fence"))
+    report = Report("HEAD", "0" * 12, False, (), tuple(Consumer), (), (change,))
+
+    text = render_report(report, "markdown")
+
+    assert "``templates/a`b.j2`` (changed)\n\n````diff\n--- x\n+``` not a fence\n````\n" in text
 
 
 # --- The command -------------------------------------------------------------------------
@@ -599,7 +617,7 @@ def test_diff_of_this_repository_against_its_own_head_runs(tmp_path: Path) -> No
     corpus file that is not UTF-8 is the reader's to judge, not a refusal)."""
     result = run_main("--root", str(REPO_ROOT), "diff", "--against", "HEAD")
     assert result.rc == 0, result.err
-    assert "note:" not in result.out
+    assert not [line for line in result.out.splitlines() if line.startswith("note:")]
 
 
 def test_every_rule_is_documented_with_its_meaning() -> None:

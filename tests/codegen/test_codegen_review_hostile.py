@@ -18,6 +18,7 @@ from review_support import (
     GIT_ENV,
     OP_MODULE,
     PYPROJECT,
+    add_generator,
     commit,
     git,
     make_project,
@@ -245,4 +246,88 @@ def test_a_nul_byte_in_a_module_the_reader_resolves_is_refused(project: Path, tm
     result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
 
     _cannot_compare(result, "demo/types.py: a binary file (a NUL byte at offset")
+    _left_nothing(tmpdir)
+
+
+# --- Templates: REV's are never rendered ----------------------------------------------
+
+
+def _hostile_template(project: Path, rel: str, line: str) -> None:
+    add_generator(project)
+    text = (project / rel).read_text(encoding="utf-8")
+    _commit_then_restore(project, rel, line + "\n" + text)
+
+
+def test_a_template_injection_at_rev_runs_nothing(
+    project: Path, tmpdir: Path, tmp_path: Path
+) -> None:
+    canary = tmp_path / "canary"
+    injection = f"{{{{ cycler.__init__.__globals__.os.system('touch {canary}') }}}}"
+    _hostile_template(project, SCHEMA_TEMPLATE, injection)
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir, own_generator=True)
+
+    assert not canary.exists()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("codegen diff: no bundle changes against HEAD (")
+    assert "templates changed since HEAD" in result.stdout
+    assert f"    -{injection}" in result.stdout  # shown as text, removed by the working tree
+    _left_nothing(tmpdir)
+
+
+def test_a_template_that_loops_for_ever_at_rev_is_not_rendered(project: Path, tmpdir: Path) -> None:
+    _hostile_template(project, OP_TEMPLATE, "{% for i in range(10 ** 15) %}{% endfor %}")
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir, own_generator=True)
+
+    assert result.returncode == 0, result.stderr
+    assert "changed templates/op_module.py.j2" in result.stdout
+    _left_nothing(tmpdir)
+
+
+def test_a_template_of_nested_loops_at_rev_is_not_rendered(project: Path, tmpdir: Path) -> None:
+    loops = (
+        "{% for a in range(10 ** 6) %}{% for b in range(10 ** 6) %}{{ a * b }}"
+        "{% endfor %}{% endfor %}"
+    )
+    _hostile_template(project, SCHEMA_TEMPLATE, loops)
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir, own_generator=True)
+
+    assert result.returncode == 0, result.stderr
+    assert "changed templates/_schema.j2" in result.stdout
+    _left_nothing(tmpdir)
+
+
+def test_a_template_that_is_not_text_at_rev_is_named_not_shown(project: Path, tmpdir: Path) -> None:
+    add_generator(project)
+    _commit_then_restore(project, SCHEMA_TEMPLATE, b"{{ row }}\xff\xfe\n")
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir, own_generator=True)
+
+    assert result.returncode == 0, result.stderr
+    assert "  changed templates/_schema.j2\n    (not UTF-8 text: not shown)\n" in result.stdout
+    assert "note:" not in result.stdout
+    _left_nothing(tmpdir)
+
+
+def test_a_template_diff_is_bounded(project: Path, tmpdir: Path) -> None:
+    add_generator(project)
+    lines = {"templates/long.j2": 3000, "templates/many.j2": 1000}
+    for rel, count in lines.items():
+        (project / rel).write_text("".join(f"{{# {i} #}}\n" for i in range(count)), "utf-8")
+    commit(project, "templates with many lines")
+    for rel in lines:
+        (project / rel).unlink()
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir, own_generator=True)
+
+    assert result.returncode == 0, result.stderr
+    assert (
+        "  removed templates/long.j2\n    (31890 bytes at HEAD, 0 now: too large to show as a "
+        "diff)\n" in result.stdout
+    )
+    assert "  removed templates/many.j2\n" in result.stdout
+    assert "    (603 more diff lines not shown)\n" in result.stdout
+    assert len(result.stdout.splitlines()) < 420
     _left_nothing(tmpdir)
