@@ -38,11 +38,11 @@ class Config:
         return self.kinds.get(qualname)
 
 
-def _read_config(root: Path) -> Config:
+def _read_config(root: Path, confine_to: Path | None = None) -> Config:
     pyproject = root / "pyproject.toml"
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: cannot read the generator config: {exc}") from exc
     table: object = data
     for depth, key in enumerate(CONFIG_TABLE):
@@ -74,16 +74,31 @@ def _read_config(root: Path) -> Config:
             output_dir=table["output_dir"],
             meta_type=table["meta_type"],
             kinds=kinds,
-            reading=load_reading(table, root, pyproject),
+            reading=load_reading(table, root, pyproject, confine_to),
         )
     except KeyError as exc:
         raise ConfigError(f"{pyproject}: generator config lacks key {exc}") from exc
 
 
-def load_config(root: Path) -> Config:
-    """Read the settings and reject any that would reach generated code or paths unchecked."""
-    config = _read_config(root)
-    check_settings(config, root / "pyproject.toml", ".".join(CONFIG_TABLE))
+def load_config(root: Path, confine_to: Path | None = None) -> Config:
+    """Read the settings and reject any that would reach generated code or paths unchecked.
+
+    ``confine_to``: the folder an untrusted copy of a project lies in (a revision under
+    review). Its configuration is data: ``source_root`` is not expanded (no environment
+    variable, no ``~``) and must lie inside ``confine_to``, and a ``sources`` pattern may
+    hold one ``**`` at most (several make glob's work grow as a power of the folder
+    depth); checked before any path is looked at.
+    """
+    config = _read_config(root, confine_to)
+    pyproject = root / "pyproject.toml"
+    if confine_to is not None:
+        for entry in config.sources:
+            if isinstance(entry, str) and entry.split("/").count("**") > 1:
+                raise ConfigError(
+                    f"{pyproject}: sources entry `{entry}` holds more than one `**`, which "
+                    "is not expanded for a revision under review"
+                )
+    check_settings(config, pyproject, ".".join(CONFIG_TABLE))
     return config
 
 
@@ -205,19 +220,41 @@ def expand_path(raw: str) -> str:
     return os.path.expanduser(os.path.expandvars(raw))
 
 
-def load_reading(table: dict, root: Path, pyproject: Path) -> Reading:
+def _confined_source_root(raw: str, root: Path, pyproject: Path, confine_to: Path) -> Path:
+    setting = f"{pyproject}: source_root = {json.dumps(raw, ensure_ascii=False)}"
+    if "$" in raw or raw.startswith("~"):
+        raise ConfigError(
+            f"{setting}: names an environment variable or `~`, which is not expanded for a "
+            "revision under review (its configuration does not see the reviewer's environment)"
+        )
+    source_root = (root / raw).resolve()
+    if not source_root.is_relative_to(confine_to.resolve()):
+        raise ConfigError(
+            f"{setting}: lies outside the revision; a revision under review is read from "
+            "its own files only"
+        )
+    return source_root
+
+
+def load_reading(
+    table: dict, root: Path, pyproject: Path, confine_to: Path | None = None
+) -> Reading:
     """The optional keys ``source_root``, ``declaration_forms``, ``ops``, ``te_layout``.
 
     ``source_root`` (``~`` and ``$VARS`` expanded; relative to the project root) is
     where ``sources`` and the packages they import are found, so a source may live
     outside the project (an unpacked wheel in a cache). Output is always written
-    under the project root.
+    under the project root. With ``confine_to`` (see ``load_config``) it is taken as
+    written and must resolve inside that folder.
     """
     where = ".".join(CONFIG_TABLE)
     source_root = None
     if "source_root" in table:
         raw = str(_expect(table["source_root"], str, f"{where}.source_root", pyproject))
-        source_root = (root / expand_path(raw)).resolve()
+        if confine_to is None:
+            source_root = (root / expand_path(raw)).resolve()
+        else:
+            source_root = _confined_source_root(raw, root, pyproject, confine_to)
     forms = [OWN_FORM]
     declared = _expect(
         table.get("declaration_forms", []), list, f"{where}.declaration_forms", pyproject

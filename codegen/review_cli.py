@@ -14,27 +14,35 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import re
+import signal
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
 from . import emit, render, revision
-from .config import load_config
+from .config import Config, load_config
 from .errors import CodegenError, ConfigError
 from .pipeline import TEMPLATE_DIR, read_all
 from .review import RULES, Consumer, OpReview, OpSide, compare
 from .schema_text import Schema, parse_schema
+from .sources import select as select_sources
 
 REVIEW_TEMPLATES = TEMPLATE_DIR / "review"
 FORMATS = {"text": "diff.txt.j2", "markdown": "diff.md.j2"}
 RULES_DOC = "docs/review.md"
 
-# Bounds on the template diff (docs/review.md); revision.py bounds a revision's files.
+# Bounds on reading a revision (docs/review.md, "Bounds"); revision.py bounds its files.
+MAX_OP_MODULE_BYTES = 256 << 10  # one op module (libcst reads about 1 MiB in 5 s)
+MAX_OP_MODULES_BYTES = 1 << 20  # every op module of the revision
+REVISION_DEADLINE_S = 60.0  # copying and reading the revision, its template diff included
 TEMPLATE_DIFF_MAX_BYTES = 64 << 10  # a template larger than this is not diffed
 TEMPLATE_DIFF_MAX_LINES = 2000  # nor one of more lines (difflib's work grows as their product)
 TEMPLATE_DIFF_SHOWN_LINES = 400  # diff lines shown, all templates together
@@ -113,13 +121,16 @@ def _rendered_constants(code: str) -> dict[str, str]:
     return constants
 
 
-def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> dict[str, OpSide]:
-    """Every configured op at ``root``, with the schemas ``template_dir`` renders for it.
+def read_side(
+    root: Path, template_dir: Path, notes: list[str], label: str, config: Config | None = None
+) -> dict[str, OpSide]:
+    """Every configured op at ``root`` (``config``: its configuration, already loaded),
+    with the schemas ``template_dir`` renders for it.
 
     An op module this generator reads but would not generate, or templates that cannot
     render its context, leave the schemas derived from the IR, with a note saying so.
     """
-    config = load_config(root)
+    config = config or load_config(root)
     modules = read_all(config)
     env = render.environment(template_dir)
     sides = {}
@@ -151,6 +162,33 @@ def read_side(root: Path, template_dir: Path, notes: list[str], label: str) -> d
             Schema(constants["BACKWARD_OP"], constants["BACKWARD_SCHEMA"]),
         )
     return sides
+
+
+def read_revision_side(root: Path, copy: Path, notes: list[str], label: str) -> dict[str, OpSide]:
+    """Every configured op of the revision copied to ``copy`` (``root`` is the project's
+    folder in it), read as data: its configuration confined to the copy, its op modules
+    within the bounds, its schemas rendered by the working tree's templates."""
+    config = load_config(root, confine_to=copy)
+    base = config.reading.source_root or config.root
+    total = 0
+    for rel in select_sources(config):
+        try:
+            size = (base / rel).stat().st_size
+        except OSError:
+            continue  # read_all says the op module is missing
+        total += size
+        if size > MAX_OP_MODULE_BYTES or total > MAX_OP_MODULES_BYTES:
+            what = (
+                f"{size} bytes, more than the {MAX_OP_MODULE_BYTES} bytes"
+                if size > MAX_OP_MODULE_BYTES
+                else f"the op modules up to this one hold {total} bytes, more than the "
+                f"{MAX_OP_MODULES_BYTES} bytes"
+            )
+            raise CannotCompare(
+                f"error: {label}: {(base / rel).relative_to(copy).as_posix()}: {what} "
+                "codegen diff reads as a revision's op modules"
+            )
+    return read_side(root, TEMPLATE_DIR, notes, label, config)
 
 
 @dataclass(frozen=True)
@@ -273,14 +311,62 @@ class CannotCompare(Exception):
     """A side that cannot be read: no such revision, or a reader or configuration error."""
 
 
+class _Overtime(BaseException):
+    """Raised by the deadline's timer; a BaseException, so no ``except Exception`` in the
+    reader or a library swallows it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, label: str) -> Iterator[None]:
+    """``CannotCompare`` when the block runs longer than ``seconds``.
+
+    A real-time timer signal (SIGALRM) interrupts the block, so only the main thread of
+    a POSIX process sets one; elsewhere the block runs unbounded. A timer already set
+    (a test harness's) is put back, less the time the block took.
+    """
+    if seconds <= 0 or not hasattr(signal, "setitimer"):
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _Overtime
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # the timer may fire up to here
+    except _Overtime:
+        raise CannotCompare(
+            f"error: {label}: reading the revision took more than {seconds:g} s; codegen diff "
+            "stops there (see the bounds in docs/review.md)"
+        ) from None
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
 def review_against(
     root: Path,
     commit: str,
     against: str,
     merge_base: bool = False,
     consumers: tuple[Consumer, ...] = tuple(Consumer),
+    time_limit: float | None = None,
 ) -> Report:
-    """The working tree at ``root`` against ``commit`` (which the user called ``against``)."""
+    """The working tree at ``root`` against ``commit`` (which the user called ``against``).
+
+    The revision's side is copied and read within ``time_limit`` seconds (default
+    REVISION_DEADLINE_S); messages about it name its files by their path in the
+    repository, not in the temporary copy.
+    """
     notes: list[str] = []
     try:
         after = read_side(root, TEMPLATE_DIR, notes, "working tree")
@@ -289,20 +375,28 @@ def review_against(
     except ConfigError as exc:
         raise CannotCompare(f"error: {exc}") from None
     label = f"at {against} ({commit[:12]})"
+    limit = REVISION_DEADLINE_S if time_limit is None else time_limit
     try:
         top = revision.toplevel(root)
-        with revision.tree_at(root, commit) as copy:
-            old_root = copy / root.relative_to(top)
-            before = read_side(old_root, TEMPLATE_DIR, notes, label)
-            templates = template_changes(top, copy, against)
+        with deadline(limit, label), revision.tree_at(root, commit) as copy:
+
+            def relative(text: str) -> str:
+                for folder in (copy, copy.resolve()):
+                    text = text.replace(f"{folder}/", "")
+                return text
+
+            try:
+                before = read_revision_side(copy / root.relative_to(top), copy, notes, label)
+                templates = template_changes(top, copy, against)
+            except CodegenError as exc:
+                raise CannotCompare(relative(f"{label}: {exc}")) from None
+            except ConfigError as exc:
+                raise CannotCompare(relative(f"error: {label}: {exc}")) from None
+            notes = [relative(note) for note in notes]
     except revision.UnsafeRevision as exc:
         raise CannotCompare(f"error: {label}: {exc}") from None
     except revision.RevisionError as exc:
         raise CannotCompare(f"error: {exc}") from None
-    except CodegenError as exc:
-        raise CannotCompare(f"{label}: {exc}") from None
-    except ConfigError as exc:
-        raise CannotCompare(f"error: {label}: {exc}") from None
     return Report(
         against,
         commit[:12],

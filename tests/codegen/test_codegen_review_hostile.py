@@ -11,21 +11,25 @@ timeout, a canary file standing for any command REV could run.
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from codegen_support import run_main
 from review_support import (
     GIT_ENV,
     OP_MODULE,
     PYPROJECT,
+    SCALE,
     add_generator,
     commit,
+    edit,
     git,
     make_project,
     run_diff,
 )
 
-from codegen import revision
+from codegen import review_cli, revision
 
 SCHEMA_TEMPLATE = "templates/_schema.j2"
 OP_TEMPLATE = "templates/op_module.py.j2"
@@ -331,3 +335,175 @@ def test_a_template_diff_is_bounded(project: Path, tmpdir: Path) -> None:
     assert "    (603 more diff lines not shown)\n" in result.stdout
     assert len(result.stdout.splitlines()) < 420
     _left_nothing(tmpdir)
+
+
+# --- Python and configuration at REV: read as data ------------------------------------
+
+
+def test_python_files_at_rev_are_never_imported_or_run(
+    project: Path, tmpdir: Path, tmp_path: Path
+) -> None:
+    canary = tmp_path / "canary"
+    payload = f"import pathlib\npathlib.Path({str(canary)!r}).write_text('ran')\n"
+    hostile = {
+        "sitecustomize.py": payload,
+        "usercustomize.py": payload,
+        "conftest.py": payload,
+        "evil.pth": f"import pathlib; pathlib.Path({str(canary)!r}).write_text('ran')\n",
+        "demo/conftest.py": payload,
+        "demo/__init__.py": payload,
+        "demo/types.py": payload + (project / "demo/types.py").read_text(encoding="utf-8"),
+        OP_MODULE: SCALE.replace("import torch\n", "import torch\n\n" + payload),
+        "ruff.toml": "line-length = 1\n",
+    }
+    for rel, text in hostile.items():
+        (project / rel).write_text(text, encoding="utf-8")
+    commit(project, "a revision that runs code when imported")
+    for rel in hostile:
+        (project / rel).unlink()
+    git(project, "checkout", "HEAD~1", "--", ".")
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    assert not canary.exists()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("codegen diff: no bundle changes against HEAD (")
+    _left_nothing(tmpdir)
+
+
+def test_a_review_runs_no_program_but_git(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REV's text reaches no formatter, linter or shell: only git reads the revision."""
+    edit(project, "    factor: float\n    mode", "    mode")
+    started: list[str] = []
+    popen = subprocess.Popen
+
+    def record(args: list[str], *rest: object, **kwargs: object) -> subprocess.Popen:
+        started.append(args[0])
+        return popen(args, *rest, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "Popen", record)
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert result.rc == 0, result.err
+    assert "FIELD_REMOVED ScaleFwdArgs.factor" in result.out
+    assert started and set(started) == {"git"}
+
+
+def test_a_configuration_that_is_not_utf8_at_rev_is_a_clear_error(
+    project: Path, tmpdir: Path
+) -> None:
+    _commit_then_restore(project, "pyproject.toml", PYPROJECT.encode() + b"# \xe9\n")
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(
+        result,
+        "error: at HEAD (",
+        "): pyproject.toml: cannot read the generator config: 'utf-8' codec can't decode",
+    )
+    _left_nothing(tmpdir)
+
+
+def test_a_source_root_out_of_the_revision_is_refused(
+    project: Path, tmpdir: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "demo").mkdir(parents=True)
+    (elsewhere / OP_MODULE).write_text(
+        SCALE.replace("    factor: float\n", "    factor: float\n    leaked: int = 0\n", 1),
+        encoding="utf-8",
+    )
+    _commit_then_restore(
+        project,
+        "pyproject.toml",
+        PYPROJECT.replace(
+            'namespace = "demo"\n', f'namespace = "demo"\nsource_root = "{elsewhere}"\n'
+        ),
+    )
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    assert "leaked" not in result.stdout
+    _cannot_compare(result, "pyproject.toml: source_root", "outside the revision")
+    _left_nothing(tmpdir)
+
+
+def test_a_source_root_naming_an_environment_variable_is_not_expanded(
+    project: Path, tmpdir: Path
+) -> None:
+    _commit_then_restore(
+        project,
+        "pyproject.toml",
+        PYPROJECT.replace(
+            'namespace = "demo"\n', 'namespace = "demo"\nsource_root = "${REVIEW_SECRET}"\n'
+        ),
+    )
+
+    result = run_diff(
+        project, "--against", "HEAD", tmpdir=tmpdir, env={"REVIEW_SECRET": "s3cr3t-t0ken"}
+    )
+
+    assert "s3cr3t-t0ken" not in result.stdout + result.stderr
+    _cannot_compare(result, "source_root", "not expanded")
+    _left_nothing(tmpdir)
+
+
+def test_a_revision_does_not_see_the_environment(project: Path, tmpdir: Path) -> None:
+    """Nothing in REV's configuration names the reviewer's environment or home."""
+    _commit_then_restore(
+        project,
+        "pyproject.toml",
+        PYPROJECT.replace('namespace = "demo"\n', 'namespace = "demo"\nsource_root = "~"\n'),
+    )
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    assert "read under source_root" not in result.stderr
+    _cannot_compare(result, "source_root", "not expanded")
+
+
+def test_a_sources_pattern_with_two_recursive_globs_is_refused(project: Path, tmpdir: Path) -> None:
+    deep = project / "/".join(["d"] * 150)
+    deep.mkdir(parents=True)
+    (deep / "x.py").write_text("", encoding="utf-8")
+    _commit_then_restore(
+        project,
+        "pyproject.toml",
+        PYPROJECT.replace('["demo/scale.py"]', '["**/**/**/**/scale.py"]'),
+    )
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    _cannot_compare(result, "`**/**/**/**/scale.py`", "more than one `**`")
+    _left_nothing(tmpdir)
+
+
+def test_an_op_module_over_its_bound_is_refused_before_libcst_reads_it(project: Path) -> None:
+    padding = "# " + "x" * 77 + "\n"
+    _commit_then_restore(project, OP_MODULE, SCALE + padding * (300 * 1024 // len(padding)))
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert result.rc == 2
+    assert ": demo/scale.py: 307935 bytes, more than" in result.err
+    assert "more than the 262144 bytes codegen diff reads as a revision's op modules" in result.err
+
+
+def test_reading_a_revision_stops_at_the_deadline(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow(*args: object) -> None:
+        time.sleep(30)
+
+    monkeypatch.setattr(review_cli, "read_revision_side", slow)
+    start = time.monotonic()
+
+    with pytest.raises(review_cli.CannotCompare) as exc:
+        review_cli.review_against(
+            project, revision.resolve(project, "HEAD"), "HEAD", time_limit=0.5
+        )
+
+    assert time.monotonic() - start < 10
+    assert str(exc.value).startswith("error: at HEAD (")
+    assert "reading the revision took more than 0.5 s" in str(exc.value)
