@@ -296,12 +296,29 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+# What a terminal or a Markdown page would act on rather than show: C0 and C1 control
+# characters (an escape sequence can retitle or clear a terminal, a carriage return
+# overwrite a line) and the bidirectional overrides that reorder text as shown.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or bidirectional character written as an escape
+    (``\\x1b``, ``\\u202e``): a report and its errors quote a revision's text."""
+    return _UNPRINTABLE.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
+    )
+
+
 def render_report(report: Report, fmt: str) -> str:
-    return (
+    text = (
         _environment()
         .get_template(FORMATS[fmt])
         .render(report=report, consumers=report.consumers, rules_doc=RULES_DOC, rules=RULES)
     )
+    return printable(text)
 
 
 # --- The command -------------------------------------------------------------------------
@@ -427,7 +444,7 @@ def run(args: argparse.Namespace, fail: Callable[[str], None]) -> int:
         report = review_against(root, commit, against, bool(args.merge_base), args.consumers)
     except (revision.RevisionError, CannotCompare) as exc:
         text = str(exc) if isinstance(exc, CannotCompare) else f"error: {exc}"
-        print(text, file=sys.stderr)
+        print(printable(text), file=sys.stderr)
         print("codegen diff: cannot compare", file=sys.stderr)
         return 2
     print(render_report(report, args.format), end="")

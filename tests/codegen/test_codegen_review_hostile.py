@@ -507,3 +507,28 @@ def test_reading_a_revision_stops_at_the_deadline(
     assert time.monotonic() - start < 10
     assert str(exc.value).startswith("error: at HEAD (")
     assert "reading the revision took more than 0.5 s" in str(exc.value)
+
+
+# --- What reaches the terminal --------------------------------------------------------
+
+
+def test_control_characters_from_rev_reach_the_terminal_escaped(
+    project: Path, tmpdir: Path
+) -> None:
+    """A file name is any bytes but `/` and NUL; an error that names it prints it escaped."""
+    name = "demo/\x1b]0;owned\x07\u202ecod.py"
+    (project / name).write_text(SCALE.replace('"scale"', '"other"'), encoding="utf-8")
+    commit(project, "an op module no entry of `sources` lists")
+    (project / name).unlink()
+
+    result = run_diff(project, "--against", "HEAD", tmpdir=tmpdir)
+
+    assert not any(c in result.stdout + result.stderr for c in "\x1b\x07\u202e")
+    _cannot_compare(result, "demo/\\x1b]0;owned\\x07\\u202ecod.py:")
+    _left_nothing(tmpdir)
+
+
+def test_printable_escapes_what_a_terminal_acts_on() -> None:
+    assert review_cli.printable("a\tb\nc\rd\x1b[2J\x9b\u2066e\u00e9") == (
+        "a\tb\nc\\x0dd\\x1b[2J\\x9b\\u2066e\u00e9"
+    )
