@@ -85,15 +85,23 @@ def load_config(root: Path, confine_to: Path | None = None) -> Config:
 
     ``confine_to``: the folder an untrusted copy of a project lies in (a revision under
     review). Its configuration is data: ``source_root`` is not expanded (no environment
-    variable, no ``~``) and must lie inside ``confine_to``, and a ``sources`` pattern may
-    hold one ``**`` at most (several make glob's work grow as a power of the folder
-    depth); checked before any path is looked at.
+    variable, no ``~``) and must lie inside ``confine_to``, a ``sources`` entry may not
+    climb out with ``..`` or be absolute, and a pattern may hold one ``**`` at most
+    (several make glob's work grow as a power of the folder depth); checked before any
+    path is looked at.
     """
     config = _read_config(root, confine_to)
     pyproject = root / "pyproject.toml"
     if confine_to is not None:
         for entry in config.sources:
-            if isinstance(entry, str) and entry.split("/").count("**") > 1:
+            if not isinstance(entry, str):
+                continue  # check_settings names it
+            if entry.startswith("/") or ".." in entry.split("/"):
+                raise ConfigError(
+                    f"{pyproject}: sources entry `{entry}` leads out of the revision; a "
+                    "revision under review is read from its own files only"
+                )
+            if entry.split("/").count("**") > 1:
                 raise ConfigError(
                     f"{pyproject}: sources entry `{entry}` holds more than one `**`, which "
                     "is not expanded for a revision under review"

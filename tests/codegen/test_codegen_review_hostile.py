@@ -479,6 +479,29 @@ def test_a_sources_pattern_with_two_recursive_globs_is_refused(project: Path, tm
     _left_nothing(tmpdir)
 
 
+@pytest.mark.parametrize("entry", ["../*/scale.py", "/etc/*.py", "demo/../../**/*.py"])
+def test_a_sources_entry_out_of_the_revision_is_refused_before_it_is_globbed(
+    project: Path, entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _commit_then_restore(
+        project, "pyproject.toml", PYPROJECT.replace('["demo/scale.py"]', f'["{entry}"]')
+    )
+    globbed: list[str] = []
+    glob = Path.glob
+
+    def record(self: Path, pattern: str) -> object:
+        globbed.append(pattern)
+        return glob(self, pattern)
+
+    monkeypatch.setattr(Path, "glob", record)
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert entry not in globbed
+    assert result.rc == 2
+    assert f"pyproject.toml: sources entry `{entry}` leads out of the revision" in result.err
+
+
 def test_an_op_module_over_its_bound_is_refused_before_libcst_reads_it(project: Path) -> None:
     padding = "# " + "x" * 77 + "\n"
     _commit_then_restore(project, OP_MODULE, SCALE + padding * (300 * 1024 // len(padding)))
