@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import contextvars
 import io
 import keyword
 import re
@@ -425,7 +427,10 @@ class _Resolver:
         if module not in self._paths:
             rel = module.replace(".", "/")
             found = None
-            for candidate in (f"{rel}.py", f"{rel}/__init__.py"):
+            # `from .x import y` in a top-level module names `.x`: no module (Python says
+            # "beyond top-level package"), and as `/x.py` a path out of the root.
+            candidates = (f"{rel}.py", f"{rel}/__init__.py") if all(module.split(".")) else ()
+            for candidate in candidates:
                 if (self._root / candidate).is_file():
                     found = candidate
                     break
@@ -565,6 +570,8 @@ class _Resolver:
             try:
                 text = decode_source(path, (self._root / path).read_bytes())
                 self._files[module] = _parse_file(path, text, self)
+            except LibcstBudgetExceeded:
+                raise
             except (CodegenError, OSError):
                 return None
         file = self._files[module]
@@ -1132,6 +1139,8 @@ def _read_declaration(
         plain_call = node.value
         try:
             plain_fields = _plain_call_fields(file, functions[plain_call], forward)
+        except LibcstBudgetExceeded:
+            raise
         except CodegenError as e:
             plain_problem = Problem(e.location, e.message, e.hint)
     return Op(
@@ -1288,6 +1297,44 @@ def decode_source(path: str, data: bytes) -> str:
         ) from None
 
 
+class LibcstBudgetExceeded(CodegenError):
+    """A module libcst would parse past the bound :func:`libcst_budget` sets."""
+
+
+# What libcst may still parse in the current context ([bytes left, the bound]); None:
+# no bound. A context variable, so concurrent readings (threads, tasks) never share one.
+_LIBCST_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "libcst_budget", default=None
+)
+
+
+@contextlib.contextmanager
+def libcst_budget(limit: int) -> Iterator[None]:
+    """Bound the bytes libcst parses in the block (op modules and the modules whose type
+    aliases they use): libcst takes seconds and hundreds of MiB per MiB of source, so an
+    untrusted tree (a revision under review) is read within a bound. A module past it is
+    ``LibcstBudgetExceeded`` at its path, never skipped."""
+    token = _LIBCST_BUDGET.set([limit, limit])
+    try:
+        yield
+    finally:
+        _LIBCST_BUDGET.reset(token)
+
+
+def _charge_libcst(path: str, text: str) -> None:
+    budget = _LIBCST_BUDGET.get()
+    if budget is None:
+        return
+    budget[0] -= len(text.encode("utf-8", "surrogatepass"))
+    if budget[0] < 0:
+        raise LibcstBudgetExceeded(
+            Location(path, 1, 1),
+            f"with this module, libcst would parse more than the {budget[1]} bytes it may "
+            "parse here",
+            "the bound on an untrusted tree (docs/review.md, Bounds)",
+        )
+
+
 def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
     # Python's parser first: it refuses nesting deeper than it can compile (200 brackets)
     # with a position, where libcst's recursive tree building overflows the stack.
@@ -1301,6 +1348,7 @@ def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
         ) from None
     except (ValueError, RecursionError, MemoryError):
         pass  # a NUL byte (Python < 3.12), ...: libcst's report below
+    _charge_libcst(path, text)
     try:
         tree = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:

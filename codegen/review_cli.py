@@ -31,6 +31,7 @@ from . import emit, render, revision
 from .config import Config, load_config
 from .errors import CodegenError, ConfigError
 from .pipeline import TEMPLATE_DIR, read_all
+from .reader import libcst_budget
 from .review import RULES, Consumer, OpReview, OpSide, compare
 from .schema_text import Schema, parse_schema
 from .sources import select as select_sources
@@ -40,8 +41,8 @@ FORMATS = {"text": "diff.txt.j2", "markdown": "diff.md.j2"}
 RULES_DOC = "docs/review.md"
 
 # Bounds on reading a revision (docs/review.md, "Bounds"); revision.py bounds its files.
-MAX_OP_MODULE_BYTES = 256 << 10  # one op module (libcst reads about 1 MiB in 5 s)
-MAX_OP_MODULES_BYTES = 1 << 20  # every op module of the revision
+MAX_OP_MODULE_BYTES = 256 << 10  # one op module (libcst takes seconds per MiB)
+MAX_LIBCST_BYTES = 1 << 20  # all libcst parses of the revision: op modules, alias modules
 REVISION_DEADLINE_S = 60.0  # copying and reading the revision, its template diff included
 TEMPLATE_DIFF_MAX_BYTES = 64 << 10  # a template larger than this is not diffed
 TEMPLATE_DIFF_MAX_LINES = 2000  # nor one of more lines (difflib's work grows as their product)
@@ -166,29 +167,23 @@ def read_side(
 
 def read_revision_side(root: Path, copy: Path, notes: list[str], label: str) -> dict[str, OpSide]:
     """Every configured op of the revision copied to ``copy`` (``root`` is the project's
-    folder in it), read as data: its configuration confined to the copy, its op modules
-    within the bounds, its schemas rendered by the working tree's templates."""
+    folder in it), read as data: its configuration confined to the copy, what libcst
+    parses within the bounds, its schemas rendered by the working tree's templates."""
     config = load_config(root, confine_to=copy)
     base = config.reading.source_root or config.root
-    total = 0
     for rel in select_sources(config):
         try:
             size = (base / rel).stat().st_size
         except OSError:
             continue  # read_all says the op module is missing
-        total += size
-        if size > MAX_OP_MODULE_BYTES or total > MAX_OP_MODULES_BYTES:
-            what = (
-                f"{size} bytes, more than the {MAX_OP_MODULE_BYTES} bytes"
-                if size > MAX_OP_MODULE_BYTES
-                else f"the op modules up to this one hold {total} bytes, more than the "
-                f"{MAX_OP_MODULES_BYTES} bytes"
-            )
+        if size > MAX_OP_MODULE_BYTES:
             raise CannotCompare(
-                f"error: {label}: {(base / rel).relative_to(copy).as_posix()}: {what} "
-                "codegen diff reads as a revision's op modules"
+                f"error: {label}: {(base / rel).relative_to(copy).as_posix()}: {size} bytes, "
+                f"more than the {MAX_OP_MODULE_BYTES} bytes codegen diff reads as a "
+                "revision's op module"
             )
-    return read_side(root, TEMPLATE_DIR, notes, label, config)
+    with libcst_budget(MAX_LIBCST_BYTES):
+        return read_side(root, TEMPLATE_DIR, notes, label, config)
 
 
 @dataclass(frozen=True)

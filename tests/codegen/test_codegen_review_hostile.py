@@ -510,7 +510,59 @@ def test_an_op_module_over_its_bound_is_refused_before_libcst_reads_it(project: 
 
     assert result.rc == 2
     assert ": demo/scale.py: 307935 bytes, more than" in result.err
-    assert "more than the 262144 bytes codegen diff reads as a revision's op modules" in result.err
+    assert "more than the 262144 bytes codegen diff reads as a revision's op module" in result.err
+
+
+def test_a_module_libcst_parses_for_an_alias_counts_against_the_bound(project: Path) -> None:
+    """An op module under its bound can still make libcst parse a 1 MiB module for a
+    type alias: everything libcst parses at REV is bounded together."""
+    types = (project / "demo/types.py").read_text(encoding="utf-8")
+    types += "\nimport torch\nfrom typing import Optional\n\nMaybeTensor = Optional[torch.Tensor]\n"
+    statement = "_pad_{:07} = 1\n"  # code, not comments: libcst's work is per node
+    count = (1_048_000 - len(types)) // len(statement.format(0))
+    types += "".join(statement.format(i) for i in range(count))
+    (project / "demo/types.py").write_text(types, encoding="utf-8")
+    edit(project, "from demo.types import Recipe", "from demo.types import MaybeTensor, Recipe")
+    edit(project, "    bias: Optional[torch.Tensor] = None", "    bias: MaybeTensor = None")
+    commit(project, "an alias from a module of 1 MB")
+    git(project, "checkout", "HEAD~1", "--", ".")
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert result.rc == 2, result.out
+    assert (
+        "): demo/types.py:1:1: error: with this module, libcst would parse more than the "
+        "1048576 bytes it may parse here"
+    ) in result.err
+
+
+def test_a_relative_import_above_the_top_level_looks_for_no_file_out_of_the_revision(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a top-level module, `from .etc.x import y` names the module `.etc.x`, which as a
+    path (`/etc/x.py`) is out of the root."""
+    (project / "scale.py").write_text(
+        SCALE.replace("from demo.types import Recipe", "from .etc.teops_probe import Recipe"),
+        encoding="utf-8",
+    )
+    (project / OP_MODULE).unlink()
+    edit(project, '"demo/scale.py"', '"scale.py"', rel="pyproject.toml")
+    commit(project, "a top-level op module")
+    git(project, "checkout", "HEAD~1", "--", ".")
+    (project / "scale.py").unlink()
+    looked: list[str] = []
+    is_file = Path.is_file
+
+    def record(self: Path) -> bool:
+        looked.append(str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", record)
+
+    result = run_main("--root", str(project), "diff", "--against", "HEAD")
+
+    assert not [path for path in looked if path.startswith("/etc/")]
+    assert result.rc == 2
 
 
 def test_reading_a_revision_stops_at_the_deadline(
