@@ -4,9 +4,11 @@
 
 MODULES = (
     "attention",
+    "bias_dropout",
     "grouped_linear",
     "layernorm",
     "layernorm_linear",
     "layernorm_mlp",
     "linear",
+    "rope",
 )

@@ -1,20 +1,25 @@
 """Rotary position embeddings: TE 2.20.2's ``RotaryPositionEmbedding`` and
-``apply_rotary_pos_emb``, in plain PyTorch.
+``apply_rotary_pos_emb``.
 
 The frequencies are TE's (``inv_freq = 1 / base^(2i/dim)``, optional sequence-length
 interpolation, ``[s, 1, 1, d]`` output, halves or interleaved pairs); applying them
 rotates the first ``d`` features of each head (partial rotary leaves the rest as they
 are) for the ``sbhd``, ``bshd`` and ``thd`` formats, with per-sequence
 ``start_positions`` (the KV-cache offsets of a decode step) and TE's context-parallel
-frequency slicing. Everything is tensor arithmetic without host reads, so it traces
-into one graph with dynamic sequence lengths (TE's unfused ``thd`` path calls
-``.tolist()``; here the token positions are computed from ``cu_seqlens`` on device).
+frequency slicing. Gathering each token's angles is index arithmetic without host
+reads, so it traces into one graph with dynamic sequence lengths (TE's unfused ``thd``
+path calls ``.tolist()``; here the token positions are computed from ``cu_seqlens`` on
+device); the rotation itself (cos, sin and their products) is the ``rope`` op, which
+computes eager's bits compiled too (``ops/rope.py``).
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import is_grad_enabled, nn
+
+from ..generated.rope import call_rope
+from ..ops.rope import rotate
 
 _FORMATS = ("sbhd", "bshd", "thd")
 
@@ -68,35 +73,32 @@ class RotaryPositionEmbedding(nn.Module):
         return emb.reshape(emb.size(0), 1, 1, emb.size(1))
 
 
-def _rotate_half(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    if not interleaved:
-        x1, x2 = torch.chunk(x, 2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
-    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
-
-
 def _rotate(t: torch.Tensor, angles: torch.Tensor, interleaved: bool, fused: bool) -> torch.Tensor:
     """``t`` (``[..., d_head]``) with its first ``angles.shape[-1]`` features rotated by
-    ``angles`` (broadcast against ``t``). ``fused``: in fp32, cast back once (TE's fused
-    kernel, which MultiheadAttention uses); otherwise in ``t``'s dtype with cos and sin
-    cast to it (TE's unfused path)."""
+    ``angles`` (broadcast against ``t``), through the ``rope`` op. ``fused``: in
+    fp32, cast back once (TE's fused kernel, which MultiheadAttention uses); otherwise in
+    ``t``'s dtype with cos and sin cast to it (TE's unfused path).
+
+    Angles that require grad (a learned frequency table: TE's unfused path
+    differentiates them, its fused kernel does not) take the same arithmetic in plain
+    PyTorch, so that autograd reaches them; compiled, Inductor then computes it to
+    rounding only."""
     rot_dim = angles.shape[-1]
     if rot_dim > t.shape[-1]:
         raise ValueError(
             f"apply_rotary_pos_emb: the frequencies rotate {rot_dim} features but the "
             f"tensor has {t.shape[-1]} per head"
         )
-    part, rest = t[..., :rot_dim], t[..., rot_dim:]
-    if fused:
-        x = part.float()
-        angles = angles.float()
-        rotated = (x * torch.cos(angles) + _rotate_half(x, interleaved) * torch.sin(angles)).to(
-            t.dtype
-        )
-    else:
-        cos, sin = torch.cos(angles).to(t.dtype), torch.sin(angles).to(t.dtype)
-        rotated = part * cos + _rotate_half(part, interleaved) * sin
-    return torch.cat((rotated, rest), dim=-1)
+    if angles.requires_grad and is_grad_enabled():
+        return rotate(t, angles, interleaved, fused)
+    return call_rope(
+        t=t,
+        angles=angles,
+        t_requires_grad=t.requires_grad,
+        interleaved=interleaved,
+        fused=fused,
+        is_grad_enabled=is_grad_enabled(),
+    )[0]
 
 
 def _cp_slice(freqs: torch.Tensor, seqlen: int, cp_size: int, cp_rank: int) -> torch.Tensor:

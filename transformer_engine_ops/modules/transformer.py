@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+from torch import is_grad_enabled, nn
 
+from ..generated.bias_dropout import call_bias_dropout
 from ..runtime.boundary import registered_group
 from ._base import reject_unimplemented
 from .layernorm import LayerNorm, RMSNorm
@@ -28,7 +28,9 @@ LAYER_TYPES = ("encoder", "decoder")
 
 class DropPath(nn.Module):
     """TE's stochastic depth: in training, each sample's (dim 0's) branch output is
-    dropped with ``drop_prob`` and the kept ones scaled by ``1 / (1 - drop_prob)``."""
+    dropped with ``drop_prob`` and the kept ones scaled by ``1 / (1 - drop_prob)`` (the
+    ``bias_dropout`` op's ``drop_path``, which ``TransformerLayer`` folds into its
+    bias-dropout-add)."""
 
     def __init__(self, drop_prob: float = 0.0) -> None:
         super().__init__()
@@ -37,12 +39,16 @@ class DropPath(nn.Module):
     def forward(self, hidden_state: torch.Tensor) -> torch.Tensor:
         if self.drop_prob == 0.0 or not self.training:
             return hidden_state
-        keep = 1 - self.drop_prob
-        shape = (hidden_state.shape[0],) + (1,) * (hidden_state.dim() - 1)
-        mask = (
-            keep + torch.rand(shape, dtype=hidden_state.dtype, device=hidden_state.device)
-        ).floor()
-        return hidden_state.div(keep) * mask
+        return call_bias_dropout(
+            inp=hidden_state,
+            bias=None,
+            inp_requires_grad=hidden_state.requires_grad,
+            bias_requires_grad=False,
+            dropout=0.0,
+            drop_path=self.drop_prob,
+            training=True,
+            is_grad_enabled=is_grad_enabled(),
+        )[0]
 
 
 class TransformerLayer(nn.Module):
@@ -394,10 +400,23 @@ class TransformerLayer(nn.Module):
         residual: torch.Tensor,
         drop_path: DropPath | None = None,
     ) -> torch.Tensor:
-        """TE's ``residual + drop_path(dropout(hidden_state + bias))``."""
-        if bias is not None and bias.numel() != 0:
-            hidden_state = hidden_state + bias
-        out = F.dropout(hidden_state, p=self.hidden_dropout, training=self.training)
-        if drop_path is not None:
-            out = drop_path(out)
-        return residual + out
+        """TE's ``residual + drop_path(dropout(hidden_state + bias))``: the part before the
+        residual add is the ``bias_dropout`` op whenever it computes anything (a bias,
+        dropout in training, stochastic depth in training), so that compiled it keeps
+        eager's bits (its bias gradient is a sum over the tokens, its masks come from
+        torch's generator); the residual add is one rounding of two stored tensors."""
+        has_bias = bias is not None and bias.numel() != 0
+        dropout = self.hidden_dropout if self.training else 0.0
+        path = drop_path.drop_prob if drop_path is not None and self.training else 0.0
+        if has_bias or dropout or path:
+            hidden_state = call_bias_dropout(
+                inp=hidden_state,
+                bias=bias if has_bias else None,
+                inp_requires_grad=hidden_state.requires_grad,
+                bias_requires_grad=has_bias and bias.requires_grad,
+                dropout=dropout,
+                drop_path=path,
+                training=self.training,
+                is_grad_enabled=is_grad_enabled(),
+            )[0]
+        return residual + hidden_state
