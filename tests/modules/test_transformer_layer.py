@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from inductor_widths import SCALAR, inductor_width, width_params
 from module_cases import QUANTIZED, graph_breaks, recipe_context, unique_graphs
 from transformer_cases import FFN, HEADS, HIDDEN, layer_step, make_layer, reference_step
 
@@ -297,6 +298,64 @@ def test_compiled_equals_eager_bitwise_gqa_rmsnorm_swiglu(recipe: str) -> None:
 @pytest.mark.slow
 def test_compiled_equals_eager_bitwise_te_defaults_bf16() -> None:
     _compiled_equals_eager("bf16")
+
+
+def _seeded_step(layer: object, x: torch.Tensor, seed: int, **forward: object) -> tuple:
+    """:func:`layer_step` from a fixed generator state: dropout draws the same masks."""
+    torch.manual_seed(seed)
+    return layer_step(layer, x, weighted=True, **forward)
+
+
+def _inductor_equals_eager(dtype: torch.dtype, steps: int = 2, **kwargs: object) -> None:
+    """Default Inductor (no backend or setting of ours), training mode, every step bit
+    for bit: output, input gradient, every parameter gradient."""
+    rope = kwargs.pop("rope", False)
+    layer = make_layer(seed=21, dtype=dtype, **kwargs)
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(16) if rope else None
+    compiled = torch.compile(layer, fullgraph=True)
+    for step in range(steps):
+        x = torch.randn(16, 2, HIDDEN, generator=torch.Generator().manual_seed(step)).to(dtype)
+        eager = _seeded_step(layer, x, 100 + step, rotary_pos_emb=freqs)
+        got = _seeded_step(compiled, x, 100 + step, rotary_pos_emb=freqs)
+        _bitwise(got, eager)
+    assert graph_breaks() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", width_params())
+def test_inductor_equals_eager_bitwise_te_defaults_with_dropout(width: int | None) -> None:
+    """TE's defaults (bias, LayerNorm, GELU, hidden and attention dropout 0.1): the bias
+    gradients are sums over the tokens, the masks random draws; both inside ops."""
+    with inductor_width(width):
+        _inductor_equals_eager(torch.bfloat16, hidden_dropout=0.1, attention_dropout=0.1)
+
+
+@pytest.mark.slow
+def test_inductor_equals_eager_bitwise_fp32_rope_gqa_drop_path() -> None:
+    """fp32 with rotary embeddings (cos and sin inside the op), GQA, RMSNorm, SwiGLU and
+    stochastic depth, with scalar Inductor code against ATen's vectorized kernels."""
+    with inductor_width(SCALAR):
+        _inductor_equals_eager(
+            torch.float32,
+            rope=True,
+            num_gqa_groups=2,
+            normalization="RMSNorm",
+            activation="swiglu",
+            drop_path_rate=0.1,
+            hidden_dropout=0.1,
+        )
+
+
+@pytest.mark.slow
+def test_inductor_parallel_attention_mlp_rounds_its_three_way_gradient_sum_as_eager() -> None:
+    """``parallel_attention_mlp``: the layer input's gradient sums three contributions
+    (the residual, attention's and the MLP's norms), which Inductor fuses into one fp32
+    sum unless ``emulate_precision_casts`` rounds it after each addition as eager does
+    (docs/transformer.md): with it, bit for bit."""
+    import torch._inductor.config as config
+
+    with config.patch(emulate_precision_casts=True):
+        _inductor_equals_eager(torch.bfloat16, parallel_attention_mlp=True)
 
 
 @pytest.mark.slow
