@@ -113,9 +113,71 @@ def test_a_padding_mask_of_the_wrong_shape_is_refused_naming_it():
 
 def test_mismatched_heads_are_refused_naming_the_shapes():
     dpa = te.DotProductAttention(H, D, num_gqa_groups=2)
-    q, k, v = torch.randn(6, 2, H, D), torch.randn(6, 2, 3, D), torch.randn(6, 2, 3, D)
-    with pytest.raises(ValueError, match=r"4 query heads are not a multiple of 3"):
+    q, k, v = torch.randn(6, 2, 3, D), torch.randn(6, 2, 2, D), torch.randn(6, 2, 2, D)
+    with pytest.raises(ValueError, match=r"query_layer \(6, 2, 3, 8\) has 3 heads, not a multiple"):
         dpa(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "shapes,message",
+    [
+        # TE's example: built for 4 heads x 16 channels (2 KV groups), given 2 heads x 32.
+        (
+            [(5, 1, 2, 32)] * 3,
+            r"query_layer of shape \(5, 1, 2, 32\), expected \(5, 1, 2, 16\): head_dim = 32, "
+            r"but kv_channels = 16 \(module: num_attention_heads=4, num_gqa_groups=2, "
+            r"kv_channels=16\)",
+        ),
+        (
+            [(5, 1, 4, 16)] * 3,
+            r"key_layer of shape \(5, 1, 4, 16\), expected \(5, 1, 2, 16\): 4 heads, but "
+            r"num_gqa_groups = 2",
+        ),
+        (
+            [(5, 1, 4, 16), (5, 1, 2, 16), (5, 1, 2, 8)],
+            r"value_layer of shape \(5, 1, 2, 8\), expected \(5, 1, 2, 16\): head_dim = 8, "
+            r"but kv_channels = 16",
+        ),
+        (
+            [(5, 1, 4, 16), (5, 1, 2, 16), (5, 2, 2, 16)],
+            r"key_layer \(5, 1, 2, 16\) and value_layer \(5, 2, 2, 16\) must have the same",
+        ),
+        ([(5, 1, 4, 16), (5, 1, 2, 16), (5, 1, 2)], r"4-D .* value_layer has shape \(5, 1, 2\)"),
+    ],
+)
+def test_layers_contradicting_the_configuration_are_refused_naming_both_shapes(shapes, message):
+    """TE asserts the key/value heads and each head dim against the module's
+    num_gqa_groups and kv_channels; the softmax scale comes from kv_channels, so a call
+    with other head dims would run with the wrong scale."""
+    dpa = te.DotProductAttention(4, 16, num_gqa_groups=2, attn_mask_type="no_mask")
+    with pytest.raises(ValueError, match=message):
+        dpa(*(torch.randn(s) for s in shapes))
+
+
+def test_the_value_head_dim_is_checked_against_kv_channels_pair():
+    dpa = te.DotProductAttention(H, (D, 6), qkv_format="bshd")
+    q = k = torch.randn(2, 5, H, D)
+    with pytest.raises(ValueError, match=r"value_layer .* head_dim = 8, but kv_channels\[1\] = 6"):
+        dpa(q, k, torch.randn(2, 5, H, D))
+
+
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda: te.DotProductAttention(0, D), "num_attention_heads=0"),
+        (lambda: te.DotProductAttention(H, 0), "kv_channels=0"),
+        (lambda: te.DotProductAttention(H, (D, 0)), r"kv_channels\[1\]=0"),
+        (lambda: te.DotProductAttention(H, D, num_gqa_groups=0), "num_gqa_groups=0"),
+        (lambda: te.MultiheadAttention(32, 0), "num_attention_heads=0"),
+        (lambda: te.MultiheadAttention(32, H, num_gqa_groups=0), "num_gqa_groups=0"),
+        (lambda: te.MultiheadAttention(2, H), r"hidden_size // num_attention_heads=0"),
+        (lambda: te.TransformerLayer(32, 64, 0), "TransformerLayer: num_attention_heads=0"),
+        (lambda: te.TransformerLayer(32, 64, H, num_gqa_groups=0), "num_gqa_groups=0"),
+    ],
+)
+def test_zero_heads_or_channels_are_refused_naming_the_argument(make, name):
+    with pytest.raises(ValueError, match=f"{name}, expected a positive integer"):
+        make()
 
 
 def test_state_dict_holds_tes_extra_state_and_loads_without_it():

@@ -315,6 +315,14 @@ def reject_unimplemented(cls: str, **given: tuple[Any, Any]) -> None:
         )
 
 
+def check_positive(cls: str, **given: Any) -> None:
+    """Raise naming the first argument that is not a positive integer (head counts and
+    head dims, which the constructors divide by)."""
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{cls}: {name}={value!r}, expected a positive integer")
+
+
 def te_default_init(weight: torch.Tensor) -> None:
     """TE's default weight init (``init_method_normal(0.023)``)."""
     torch.nn.init.normal_(weight, mean=0.0, std=0.023)

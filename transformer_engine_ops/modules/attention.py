@@ -28,7 +28,7 @@ from ..ops.attention import (
     select_backend,
 )
 from ..quantization.stochastic import draw_rng_state
-from ._base import ExtraStateMixin
+from ._base import ExtraStateMixin, check_positive
 from ._call import autocast_enabled
 from .autocast import STATE
 
@@ -173,6 +173,21 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             raise ValueError(f"{_NAME}: qkv_format {qkv_format!r}, expected one of {QKV_FORMATS}")
         if attention_type not in ("self", "cross"):
             raise ValueError(f"{_NAME}: attention_type {attention_type!r}, expected self or cross")
+        if not isinstance(kv_channels, int):
+            kv_channels = tuple(kv_channels)
+            if len(kv_channels) != 2:
+                raise ValueError(
+                    f"{_NAME}: kv_channels={kv_channels}, expected an int or a pair "
+                    "(head dim of queries and keys, head dim of values)"
+                )
+            check_positive(
+                _NAME, **{"kv_channels[0]": kv_channels[0], "kv_channels[1]": kv_channels[1]}
+            )
+        else:
+            check_positive(_NAME, kv_channels=kv_channels)
+        check_positive(_NAME, num_attention_heads=num_attention_heads)
+        if num_gqa_groups is not None:
+            check_positive(_NAME, num_gqa_groups=num_gqa_groups)
         self.qkv_format = qkv_format
         self.attn_mask_type = _mask_type(attn_mask_type)
         self.window_size = check_set_window_size(self.attn_mask_type, window_size)
@@ -270,6 +285,7 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
         q, k, v = _unpack_layers(
             query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim
         )
+        self._check_layers(q, k, v, fmt)
         autocast_device = _autocast_device(q)
         if autocast_device is not None:
             # TE's modules follow torch.autocast: the inputs take its dtype, and the op's
@@ -324,7 +340,7 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
                 f"of {ATTN_BIAS_TYPES}"
             )
         if core_attention_bias_type == "alibi" and alibi_slopes is None:
-            alibi_slopes = default_alibi_slopes(self.num_attention_heads // self.tp_size, q.device)
+            alibi_slopes = default_alibi_slopes(q.shape[-2], q.device)  # TE: the query's heads
         if core_attention_bias_type != "alibi":
             alibi_slopes = None
         bias = core_attention_bias if core_attention_bias_type.endswith("_scale_bias") else None
@@ -386,6 +402,63 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             return call_dot_product_attention(**fields)[0]
         with torch.autocast(autocast_device, enabled=False):
             return call_dot_product_attention(**fields)[0]
+
+    def _check_layers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
+        """TE's forward assertions on the layers' shapes against this module's
+        configuration, each naming the argument, the shape the configuration expects and
+        the one given: q/k/v 3-D (thd) or 4-D, k and v alike but for the head dim, the
+        head dims ``kv_channels``, ``num_gqa_groups / tp_size`` key/value heads. Like TE,
+        the query's head count is not fixed (it must be a multiple of the key/value
+        heads); the softmax scale comes from ``kv_channels`` alone."""
+        want = 3 if fmt == "thd" else 4
+        layers = (("query_layer", q), ("key_layer", k), ("value_layer", v))
+        for name, t in layers:
+            if t.dim() != want:
+                raise ValueError(
+                    f"{_NAME}: qkv_format {fmt!r} takes {want}-D query, key and value layers; "
+                    f"{name} has shape {tuple(t.shape)}"
+                )
+        if k.shape[:-1] != v.shape[:-1]:
+            raise ValueError(
+                f"{_NAME}: key_layer {tuple(k.shape)} and value_layer {tuple(v.shape)} must "
+                "have the same batch size, sequence length and number of heads"
+            )
+        groups = self.num_gqa_groups_per_partition
+        dk, dv = self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v
+        heads = q.shape[-2]
+        groups_arg = "num_gqa_groups" if self.tp_size == 1 else "num_gqa_groups / tp_size"
+        dk_arg, dv_arg = ("kv_channels",) * 2 if dk == dv else ("kv_channels[0]", "kv_channels[1]")
+        expected = (
+            ("query_layer", q, heads, dk, dk_arg),
+            ("key_layer", k, groups, dk, dk_arg),
+            ("value_layer", v, groups, dv, dv_arg),
+        )
+        for name, t, n, d, dim_arg in expected:
+            want_shape = (*t.shape[:-2], n, d)
+            if tuple(t.shape) != want_shape:
+                why = (
+                    f"head_dim = {t.shape[-1]}, but {dim_arg} = {d}"
+                    if t.shape[-1] != d
+                    else f"{t.shape[-2]} heads, but {groups_arg} = {n}"
+                )
+                raise ValueError(
+                    f"{_NAME}: {name} of shape {tuple(t.shape)}, expected {want_shape}: "
+                    f"{why} (module: {self._config()})"
+                )
+        if heads % groups != 0:
+            raise ValueError(
+                f"{_NAME}: query_layer {tuple(q.shape)} has {heads} heads, not a multiple of "
+                f"the {groups} key/value heads (module: {self._config()})"
+            )
+
+    def _config(self) -> str:
+        kv = self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v
+        channels = kv[0] if kv[0] == kv[1] else kv
+        per_partition = f" / tp_size={self.tp_size}" if self.tp_size != 1 else ""
+        return (
+            f"num_attention_heads={self.num_attention_heads}, num_gqa_groups="
+            f"{self.num_gqa_groups}{per_partition}, kv_channels={channels}"
+        )
 
     def extra_repr(self) -> str:
         return (

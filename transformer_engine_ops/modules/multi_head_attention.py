@@ -23,7 +23,7 @@ from torch import nn
 
 from ..ops.attention import ATTN_MASK_TYPES
 from ..runtime.boundary import registered_group
-from ._base import reject_unimplemented
+from ._base import check_positive, reject_unimplemented
 from ._split_weights import SplitLayerNormLinear, SplitLinear
 from .attention import DotProductAttention, check_set_window_size
 from .layernorm import LayerNorm, RMSNorm
@@ -135,7 +135,13 @@ class MultiheadAttention(nn.Module):
         resolve_mask(attn_mask_type, window_size, bottom_right_diagonal)  # fail early
         if tp_group is not None:
             tp_size = registered_group(tp_group, f"{cls}.tp_group").size()
-        kv_channels = kv_channels or hidden_size // num_attention_heads
+        check_positive(cls, num_attention_heads=num_attention_heads)
+        if num_gqa_groups is not None:
+            check_positive(cls, num_gqa_groups=num_gqa_groups)
+        if not kv_channels:  # TE: None or 0 is hidden_size // num_attention_heads
+            kv_channels = hidden_size // num_attention_heads
+            check_positive(cls, **{"hidden_size // num_attention_heads": kv_channels})
+        check_positive(cls, kv_channels=kv_channels)
         num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % num_gqa_groups:
             raise ValueError(

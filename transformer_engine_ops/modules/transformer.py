@@ -18,7 +18,7 @@ from torch import is_grad_enabled, nn
 
 from ..generated.bias_dropout import call_bias_dropout
 from ..runtime.boundary import registered_group
-from ._base import reject_unimplemented
+from ._base import check_positive, reject_unimplemented
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_mlp import LayerNormMLP
 from .multi_head_attention import MultiheadAttention, resolve_mask
@@ -153,7 +153,10 @@ class TransformerLayer(nn.Module):
             apply_residual_connection_post_layernorm
         )
         self.parallel_attention_mlp = bool(parallel_attention_mlp)
-        self.kv_channels = kv_channels or hidden_size // num_attention_heads
+        check_positive(cls, num_attention_heads=num_attention_heads)
+        if num_gqa_groups is not None:
+            check_positive(cls, num_gqa_groups=num_gqa_groups)
+        self.kv_channels = kv_channels or hidden_size // num_attention_heads  # TE: 0 is unset
         self.tp_group, self.tp_size = tp_group, tp_size
         self.sequence_parallel = tp_size > 1 and bool(sequence_parallel)
         self.seq_length = seq_length
