@@ -89,6 +89,53 @@ def test_cross_attention_padding_pairs_match_the_reference(mask_type):
     _check(dpa, ref, "bshd", q, k, v, attention_mask=(pad(sq, lq), pad(skv, lk)))
 
 
+def _padded_positions(fmt: str, seq: int, heads: int, lens: list[int]) -> torch.Tensor:
+    """Which elements of a [s, b, h, d] (sbhd) or [b, s, h, d] (bshd) layer are padding."""
+    pad = torch.arange(seq).view(1, seq) >= torch.tensor(lens).view(-1, 1)  # [b, s]
+    pad = pad.t() if fmt == "sbhd" else pad
+    return pad.view(*pad.shape, 1, 1).expand(*pad.shape, heads, D)
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_nan_or_inf_in_padded_positions_reaches_no_real_token(fmt, bad, softcap):
+    """Padded tokens are never part of the result (TE's flash backend unpads them away):
+    a NaN or Inf in padded queries, keys, values and output gradients leaves the real
+    tokens' outputs and q/k/v gradients those of finite padding, bit for bit, and the
+    padded rows and their gradients zeros (cross attention, GQA, each side's lengths)."""
+    b, sq, skv, lq, lk = 3, 5, 7, [5, 2, 0], [4, 7, 1]
+    q = randn(*_layout(fmt, b, sq, H, D), seed=1)
+    k, v = (randn(*_layout(fmt, b, skv, 2, D), seed=i) for i in (2, 3))
+    mask = lambda s, lens: torch.arange(s).view(1, 1, 1, s) >= torch.tensor(lens).view(-1, 1, 1, 1)  # noqa: E731
+    dpa = te.DotProductAttention(
+        H,
+        D,
+        num_gqa_groups=2,
+        qkv_format=fmt,
+        attn_mask_type="padding_causal_bottom_right",
+        attention_type="cross",
+        softcap=softcap,
+    )
+    pad_q, pad_kv = _padded_positions(fmt, sq, H, lq), _padded_positions(fmt, skv, 2, lk)
+    dirty = [
+        t.detach().masked_fill(pad, bad).requires_grad_(True)
+        for t, pad in ((q, pad_q), (k, pad_kv), (v, pad_kv))
+    ]
+    pad_out = pad_q.flatten(-2)
+    grad = torch.randn(pad_out.shape, generator=torch.Generator().manual_seed(9), dtype=q.dtype)
+    runs = []
+    for inputs, g in ((dirty, grad.masked_fill(pad_out, bad)), ([q, k, v], grad)):
+        out = dpa(*inputs, attention_mask=(mask(sq, lq), mask(skv, lk)))
+        runs.append((out, torch.autograd.grad(out, inputs, g)))
+    (out, got), (clean_out, want) = runs
+    assert torch.equal(out, clean_out)
+    assert not out[pad_out].any()
+    for name, g, w, pad in zip("qkv", got, want, (pad_q, pad_kv, pad_kv), strict=True):
+        assert torch.equal(g, w), f"d{name}"
+        assert not g[pad].any(), f"d{name} at padding"
+
+
 @pytest.mark.parametrize("mask_type", PADDING)
 @pytest.mark.parametrize("gaps", [False, True])
 def test_thd_with_ragged_cu_seqlens_matches_the_reference(mask_type, gaps):

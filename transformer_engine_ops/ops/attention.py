@@ -14,7 +14,8 @@ Kernels:
   whose log-sum-exp is saved, dropout, ``P V``. The backward recomputes the
   probabilities from the saved log-sum-exp. A query row with no key to attend to
   (a padding row, or a window that leaves none) gives zeros, as TE's fused and flash
-  backends give.
+  backends give. Padded tokens (sbhd/bshd) are zeroed before any product, so whatever
+  they hold reaches no real token.
 * ``flash``, ``cudnn``, ``efficient``: torch's fused SDPA kernels on CUDA, called
   through their aten ops for the configurations each supports (:func:`backend_support`).
   The forward saves the output and the kernel's log-sum-exp; the backward calls the
@@ -568,11 +569,25 @@ def _expand_groups(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def _padding_zeroed(x: torch.Tensor, lens: Any, fmt: str) -> torch.Tensor:
+    """``x`` [b, h, s, d] with each sequence's padding (its rows at and past ``lens``
+    [b, 1, 1, 1]) zero, for padding masks in sbhd/bshd: a padded token's query, key,
+    value or output gradient, whatever it holds (NaN, Inf), then reaches no real
+    token's output or gradient through a zero weight (``0 * nan`` is nan). thd's
+    layout already reads padding as zeros."""
+    if lens is None or fmt == "thd":
+        return x
+    pos = torch.arange(x.shape[2], device=x.device).view(1, 1, -1, 1)
+    return torch.where(pos < lens, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def _scores(args: Any, plan: _Plan, lq: _Layout, lkv: _Layout) -> _Scores:
     dtype = math_dtype(args.q.dtype)
-    q = _to_bhsd(args.q, lq).to(dtype)
-    k = _expand_groups(_to_bhsd(args.k, lkv).to(dtype), plan.heads)
-    v = _expand_groups(_to_bhsd(args.v, lkv).to(dtype), plan.heads)
+    fmt, (len_q, len_kv) = args.qkv_format, _seqlens(args, plan)
+    q = _padding_zeroed(_to_bhsd(args.q, lq), len_q, fmt).to(dtype)
+    k = _padding_zeroed(_to_bhsd(args.k, lkv), len_kv, fmt).to(dtype)
+    v = _padding_zeroed(_to_bhsd(args.v, lkv), len_kv, fmt).to(dtype)
+    k, v = _expand_groups(k, plan.heads), _expand_groups(v, plan.heads)
     s = q @ k.transpose(-1, -2)
     if args.attn_bias_type == "pre_scale_bias":
         s = s + args.attn_bias.to(dtype)
@@ -635,7 +650,7 @@ def _unfused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], .
     p = torch.exp(sc.logits - args.softmax_stats.unsqueeze(-1))
     dtype = p.dtype
     do = args.grad_output.reshape(*args.grad_output.shape[:-1], plan.heads, plan.head_dim_v)
-    do = _to_bhsd(do, lq).to(dtype)
+    do = _padding_zeroed(_to_bhsd(do, lq), _seqlens(args, plan)[0], args.qkv_format).to(dtype)
     dropout = _uses_dropout(args)
     keep = _keep_bits(args, tuple(p.shape), p.device) if dropout else None
     scale_kept = 1.0 / (1.0 - args.dropout_p)
