@@ -256,3 +256,84 @@ def test_torch_autocast_casts_the_inputs_and_keeps_the_math_in_fp32():
         out = dpa(q, k, v)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, dpa(*(t.bfloat16() for t in (q, k, v))))
+
+
+def _cu(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+THD_VALUES = {
+    # max_seqlen below the longest sequence: thd would read 5 of its 7 tokens.
+    "short-max_seqlen": (
+        dict(cu_seqlens_q=_cu(0, 3, 10), max_seqlen_q=5),
+        r"max_seqlen_q: 5, but cu_seqlens_q \[0, 3, 10\] holds a sequence of 7 tokens",
+    ),
+    "short-max_seqlen_kv": (
+        dict(cu_seqlens_kv=_cu(0, 8, 10), max_seqlen_kv=7),
+        r"max_seqlen_kv: 7, but cu_seqlens_kv \[0, 8, 10\] holds a sequence of 8 tokens",
+    ),
+    "decreasing": (
+        dict(cu_seqlens_q=_cu(0, 6, 3)),
+        r"cu_seqlens_q: \[0, 6, 3\]; cumulative sequence lengths start at 0 and never decrease",
+    ),
+    "non-zero-start": (
+        dict(cu_seqlens_kv=_cu(2, 5, 9)),
+        r"cu_seqlens_kv: \[2, 5, 9\]; cumulative sequence lengths start at 0",
+    ),
+    "past-the-tokens": (
+        dict(cu_seqlens_q=_cu(0, 5, 12)),
+        r"cu_seqlens_q: \[0, 5, 12\] ends past the query layer's 10 tokens \(thd \(10, 4, 8\)\)",
+    ),
+    "padded-too-small": (
+        dict(cu_seqlens_q_padded=_cu(0, 4, 10)),
+        r"cu_seqlens_q_padded: \[0, 4, 10\]; padded starts from 0 with room for each "
+        r"sequence's cu_seqlens_q length \(\[5, 5\]\)",
+    ),
+    "padded-past-the-tokens": (
+        dict(cu_seqlens_kv_padded=_cu(0, 6, 11)),
+        r"cu_seqlens_kv_padded: \[0, 6, 11\]; .* within the key layer's 10 tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+@pytest.mark.parametrize("case", list(THD_VALUES))
+def test_thd_cu_seqlens_and_max_seqlen_the_kernel_cannot_honour_are_refused(case, compiled):
+    """No silent truncation, no internal IndexError: each value is checked where the
+    kernel reads it (on the CPU eagerly and in a compiled graph alike)."""
+    given, message = THD_VALUES[case]
+    dpa = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding")
+    run = torch.compile(dpa, backend="aot_eager", fullgraph=True) if compiled else dpa
+    kw = dict(cu_seqlens_q=_cu(0, 5, 10), cu_seqlens_kv=_cu(0, 5, 10))
+    kw.update(max_seqlen_q=8, max_seqlen_kv=8)
+    kw.update(given)
+    q = torch.randn(10, H, D)
+    with pytest.raises(ValueError, match=message):
+        run(q, q, q, **kw)
+
+
+def test_thd_accepts_what_the_checks_allow():
+    """Padded starts with gaps and room to spare, max_seqlen above the longest sequence,
+    cu_seqlens ending before the last token."""
+    dpa = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding")
+    q = torch.randn(10, H, D)
+    out = dpa(
+        q,
+        q,
+        q,
+        cu_seqlens_q=_cu(0, 3, 7),
+        cu_seqlens_kv=_cu(0, 3, 7),
+        cu_seqlens_q_padded=_cu(0, 5, 10),
+        cu_seqlens_kv_padded=_cu(0, 5, 10),
+        max_seqlen_q=9,
+        max_seqlen_kv=9,
+    )
+    assert out.shape == (10, H * D)
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_padding_cu_seqlens_longer_than_the_layers_are_refused(fmt):
+    dpa = te.DotProductAttention(H, D, qkv_format=fmt, attn_mask_type="padding")
+    q = torch.randn(*((6, 2) if fmt == "sbhd" else (2, 6)), H, D)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q: \[0, 7, 9\] holds a sequence longer"):
+        dpa(q, q, q, cu_seqlens_q=_cu(0, 7, 9), cu_seqlens_kv=_cu(0, 6, 9))

@@ -244,3 +244,39 @@ def test_the_fused_backends_run_under_cuda_graphs(backend, monkeypatch):
     assert torch.equal(eager[0], got[0])
     for a, b in zip(eager[1], got[1], strict=True):
         assert torch.equal(a, b)
+
+
+def test_thd_seqlen_checks_read_nothing_on_the_host():
+    """On CUDA the cu_seqlens/max_seqlen rules are one device-side assertion: a valid
+    thd call (max_seqlen given) never synchronizes with the device."""
+    dpa = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding_causal")
+    cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
+    q = torch.randn(128, H, D, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = dpa(q, q, q, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=78, max_seqlen_kv=78)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == (128, H * D)
+
+
+def test_a_thd_max_seqlen_below_the_longest_sequence_fails_on_the_device():
+    """The device-side assertion fails the process's CUDA context, so it runs in a
+    child process: a max_seqlen below the longest sequence is never a silent result."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, transformer_engine_ops as te\n"
+        f"dpa = te.DotProductAttention({H}, {D}, qkv_format='thd', attn_mask_type='padding')\n"
+        "cu = torch.tensor([0, 50, 128], dtype=torch.int32, device='cuda')\n"
+        f"q = torch.randn(128, {H}, {D}, device='cuda', dtype=torch.bfloat16)\n"
+        "out = dpa(q, q, q, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=64, "
+        "max_seqlen_kv=78)\n"
+        "torch.cuda.synchronize()\n"
+        "print('RAN')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode != 0 and "RAN" not in done.stdout
+    assert "device-side assert" in done.stderr or "Assertion" in done.stderr, done.stderr[-2000:]

@@ -285,6 +285,93 @@ def _plan(args: Any) -> _Plan:
     return _Plan(batch, h, hg, seq_q, seq_kv, d, dv, tokens_q)
 
 
+def _listed(t: torch.Tensor) -> str:
+    values = t.tolist()
+    return str(values) if len(values) <= 12 else f"[{', '.join(map(str, values[:12]))}, ...]"
+
+
+def _seqlen_rules(args: Any, side: str) -> list[tuple[torch.Tensor, Any]]:
+    """The rules one side's (``q`` or ``kv``) ``cu_seqlens`` and ``max_seqlen`` keep, as
+    ``(ok, message)``: ``ok`` a bool tensor on their device, ``message()`` the error,
+    from the host values. cu_seqlens are cumulative lengths from 0, never decreasing;
+    in thd each sequence fits ``max_seqlen`` (the layout reads that many tokens of
+    each) and the layer's tokens, and a padded start table starts at 0 with room for
+    each sequence; in sbhd/bshd each length is at most the layer's sequence length."""
+    where, fmt = "DotProductAttnFwdArgs", args.qkv_format
+    name = f"cu_seqlens_{side}"
+    cu, padded = getattr(args, name), getattr(args, f"{name}_padded")
+    x, layer = (args.q, "query") if side == "q" else (args.k, "key")
+    if cu is None:
+        return []
+    lens = cu[1:] - cu[:-1]
+    rules = [
+        (
+            (cu[:1] == 0).all() & (lens >= 0).all(),
+            lambda: f"{where}.{name}: {_listed(cu)}; cumulative sequence lengths start at 0 "
+            "and never decrease",
+        )
+    ]
+    if fmt != "thd":
+        seq = x.shape[0 if fmt == "sbhd" else 1]
+        rules.append(
+            (
+                (lens <= seq).all(),
+                lambda: f"{where}.{name}: {_listed(cu)} holds a sequence longer than the "
+                f"{layer} layer's {seq} tokens per sequence ({fmt} {tuple(x.shape)})",
+            )
+        )
+        return rules
+    max_seqlen = getattr(args, f"max_seqlen_{side}")
+    rules.append(
+        (
+            (lens <= max_seqlen).all(),
+            lambda: f"{where}.max_seqlen_{side}: {max_seqlen}, but {name} {_listed(cu)} holds "
+            f"a sequence of {int(lens.max())} tokens; thd reads max_seqlen_{side} tokens of "
+            "each sequence",
+        )
+    )
+    if padded is None:
+        rules.append(
+            (
+                (cu[-1:] <= x.shape[0]).all(),
+                lambda: f"{where}.{name}: {_listed(cu)} ends past the {layer} layer's "
+                f"{x.shape[0]} tokens (thd {tuple(x.shape)})",
+            )
+        )
+        return rules
+    room = padded[1:] - padded[:-1]
+    rules.append(
+        (
+            (padded[:1] == 0).all() & (room >= lens).all() & (padded[-1:] <= x.shape[0]).all(),
+            lambda: f"{where}.{name}_padded: {_listed(padded)}; padded starts from 0 with "
+            f"room for each sequence's {name} length ({_listed(lens)}), within the {layer} "
+            f"layer's {x.shape[0]} tokens (thd {tuple(x.shape)})",
+        )
+    )
+    return rules
+
+
+def _check_seqlens(args: Any) -> None:
+    """Refuse cu_seqlens and max_seqlen values the kernel would read past or silently
+    truncate (:func:`_seqlen_rules`). On the CPU the values are read (no device to
+    wait for) and a ValueError names the field and its values, eagerly and in a
+    compiled graph alike (the op's kernel runs as one node); on CUDA the rules become
+    one ``torch._assert_async``: a device-side assertion, no host synchronization and
+    safe under CUDA graphs, that fails the stream (the error surfaces at the next
+    synchronization, without the field's name)."""
+    rules = _seqlen_rules(args, "q") + _seqlen_rules(args, "kv")
+    if not rules:
+        return
+    device = rules[0][0].device
+    if device.type == "cpu":
+        for ok, message in rules:
+            if not bool(ok):
+                raise ValueError(message())
+        return
+    ok = torch.stack([r[0] for r in rules]).all()
+    torch._assert_async(ok, "DotProductAttention: invalid cu_seqlens or max_seqlen")
+
+
 def _check_broadcast(t: Any, full: tuple[Any, ...], name: str) -> None:
     shape = tuple(t.shape)
     ok = len(shape) == 4 and all(s == 1 or s == f for s, f in zip(shape, full, strict=True))
@@ -956,6 +1043,7 @@ def attention_forward(
     or [t, h*dv] (thd), in the inputs' dtype; the log-sum-exp when a backward follows."""
     plan = _plan(args)
     _check_backend(args, "DotProductAttnFwdArgs", _bias_grad(args))
+    _check_seqlens(args)
     if args.backend == "unfused":
         out, lse = _unfused_forward(args, plan)
         return (out,), (lse if _needs_backward(args) else None,)
