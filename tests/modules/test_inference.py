@@ -342,3 +342,97 @@ def test_attention_biases_with_a_cache_are_refused_by_name() -> None:
             inference_params=params,
             core_attention_bias_type="alibi",
         )
+
+
+def _prefilled(paged: bool = False) -> tuple[te.TransformerLayer, te.InferenceParams, torch.Tensor]:
+    """A layer and a cache holding two sequences of 4 tokens (one forward after pre_step)."""
+    layer = _layer()
+    freqs = te.RotaryPositionEmbedding(D)(MAX_LEN)
+    params = _params(paged)
+    params.pre_step(OrderedDict([("a", 4), ("b", 4)]))
+    with torch.no_grad():
+        layer(torch.randn(2, 4, HIDDEN), rotary_pos_emb=freqs, inference_params=params)
+    return layer, params, freqs
+
+
+# name -> (what happens before the forward, its input [b, s, hidden], the error)
+MISUSES = {
+    "no-pre_step": (
+        lambda p: p.reset(),
+        (2, 1),
+        r"InferenceParams.step \(layer_number=1\): no sequences declared \(bshd keys "
+        r"\(2, 1, 2, 16\), .*call pre_step",
+    ),
+    "forward-again-without-pre_step": (
+        lambda p: None,
+        (2, 1),
+        r"layer_number=1\): this layer already wrote this step's keys and values; call "
+        "pre_step before each forward",
+    ),
+    "batch-larger-than-declared": (
+        lambda p: p.pre_step(OrderedDict([("a", 1)])),
+        (2, 1),
+        r"bshd keys \(2, 1, 2, 16\), values \(2, 1, 2, 16\) hold a batch of 2, but pre_step "
+        "declared a batch of 1",
+    ),
+    "fewer-tokens-than-declared": (
+        lambda p: p.pre_step(OrderedDict([("a", 3), ("b", 1)])),
+        (2, 2),
+        r"hold 2 tokens per sequence, but pre_step declared 3 new tokens for a sequence",
+    ),
+}
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_a_forward_the_last_pre_step_did_not_declare_is_refused(misuse, paged):
+    """Each ran silently: no pre_step (or a second forward after one) wrote over the
+    cache at stale positions, a batch entry pre_step did not declare wrote nothing and
+    read zeros, and fewer tokens than declared left cache rows that the mask reads
+    unwritten."""
+    layer, params, freqs = _prefilled(paged)
+    before, shape, message = MISUSES[misuse]
+    before(params)
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        layer(torch.randn(*shape, HIDDEN), rotary_pos_emb=freqs, inference_params=params)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_a_compiled_forward_the_last_pre_step_did_not_declare_is_refused(misuse):
+    """The same checks under torch.compile(fullgraph=True): sizes and host counts, so
+    they are guards (the decode steps before share one graph), and the error carries
+    the message."""
+    layer, params, freqs = _prefilled()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for _ in range(2):
+            params.pre_step(OrderedDict([("a", 1), ("b", 1)]))
+            compiled(torch.randn(2, 1, HIDDEN), rotary_pos_emb=freqs, inference_params=params)
+        assert unique_graphs() == 1
+        before, shape, message = MISUSES[misuse]
+        before(params)
+        with pytest.raises(Exception, match=message):
+            compiled(torch.randn(*shape, HIDDEN), rotary_pos_emb=freqs, inference_params=params)
+
+
+@pytest.mark.parametrize(
+    "cache,message",
+    [
+        (
+            dict(num_heads_kv=4),
+            r"InferenceParams.step \(layer_number=1\): bshd keys of shape \(1, 2, 2, 16\), "
+            r"expected \[\.\.\., 4, 16\] \(the cache's num_heads_kv=4, head_dim_k=16\)",
+        ),
+        (dict(head_dim_k=8), r"keys of shape \(1, 2, 2, 16\), expected \[\.\.\., 2, 8\]"),
+        (dict(head_dim_v=8), r"values of shape \(1, 2, 2, 16\), .* head_dim_v=8\)"),
+    ],
+)
+def test_a_cache_of_other_heads_or_head_dims_is_refused_naming_it(cache, message):
+    """Was a bare index_put_ shape error that named neither the cache nor the layer."""
+    layer = _layer()
+    kw = dict(num_heads_kv=GROUPS, head_dim_k=D) | cache
+    params = te.InferenceParams(1, MAX_LEN, dtype=torch.float32, qkv_format="bshd", **kw)
+    params.pre_step(OrderedDict([("a", 2)]))
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        layer(torch.randn(1, 2, HIDDEN), inference_params=params)

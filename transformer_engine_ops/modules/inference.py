@@ -8,9 +8,10 @@ cached length before the step and its step length. It keeps a host copy of each 
 copies only what changed (in steady decoding, the cached lengths), through pinned
 memory without blocking on CUDA, so the host never waits for the device between steps.
 
-A layer's forward then reads only those tensors: ``step`` writes the new keys and values
-into the cache at the step's positions (one scatter each, in place) and returns the keys
-and values to attend over; ``attention_mask`` says which cached keys each query sees.
+A layer's forward then reads only those tensors (and checks its keys and values against
+what ``pre_step`` declared, from sizes and host values): ``step`` writes the new keys and
+values into the cache at the step's positions (one scatter each, in place) and returns
+the keys and values to attend over; ``attention_mask`` says which cached keys each query sees.
 No host read within a step, fixed addresses: the decode step traces into one graph and
 replays under CUDA graphs (the cache and the bookkeeping tensors are marked static, as
 TE marks its caches).
@@ -121,6 +122,11 @@ class InferenceParams:
         self._pages: dict[Any, list[int]] = {}
         self._free = list(range(self.total_num_pages))
         self.batch_size = 0
+        # What the last pre_step declared, for step's checks (host values: no device
+        # read): the most new tokens of one sequence, and the layers that have written
+        # this step's keys and values since (cleared in place, one set for good).
+        self._longest_step = 0
+        self._stepped: set[int] = set()
 
     @property
     def trash_page(self) -> int:
@@ -141,6 +147,8 @@ class InferenceParams:
         self._pages = {}
         self._free = list(range(self.total_num_pages))
         self.batch_size = 0
+        self._longest_step = 0
+        self._stepped.clear()
 
     def allocate_memory(self, layer_number: int) -> None:
         shape = (self.total_num_pages + 1, self.page_size, self.num_heads_kv)
@@ -175,6 +183,8 @@ class InferenceParams:
             (seq, cached + new) for seq, cached, new in zip(step_dict, before, counts, strict=True)
         )
         self.batch_size = len(step_dict)
+        self._longest_step = max(counts, default=0)
+        self._stepped.clear()
         unused = self.max_batch_size - self.batch_size
         table = self._empty_table()
         if self.is_paged:
@@ -242,6 +252,7 @@ class InferenceParams:
             raise NotImplementedError(
                 f"{type(self).__name__}.step: qkv_format={qkv_format!r} (one of {_FORMATS})"
             )
+        self._check_step(layer_number, new_k, new_v, qkv_format)
         if qkv_format == "sbhd":
             new_k, new_v = new_k.transpose(0, 1), new_v.transpose(0, 1)
         k_cache, v_cache = self.cache[layer_number]
@@ -263,6 +274,60 @@ class InferenceParams:
         keys = k_cache[table].reshape(batch, length, *k_cache.shape[2:])
         values = v_cache[table].reshape(batch, length, *v_cache.shape[2:])
         return keys, values
+
+    def _check_step(
+        self, layer_number: int, new_k: torch.Tensor, new_v: torch.Tensor, qkv_format: str
+    ) -> None:
+        """That ``step``'s keys and values (in ``qkv_format``) are what the last
+        ``pre_step`` declared and the cache holds: one write per layer and ``pre_step``,
+        as many sequences, at least the longest sequence's new tokens (fewer would leave
+        cache rows the mask reads unwritten), ``num_heads_kv`` heads of ``head_dim_k``
+        / ``head_dim_v``. Sizes and host values only: under torch.compile these are
+        guards, never a device read."""
+        where = f"InferenceParams.step (layer_number={layer_number})"
+        shapes = f"{qkv_format} keys {tuple(new_k.shape)}, values {tuple(new_v.shape)}"
+        if layer_number not in self.cache:
+            raise ValueError(
+                f"{where}: no cache for this layer; allocate_memory({layer_number}) first"
+            )
+        if self.batch_size == 0:
+            raise ValueError(
+                f"{where}: no sequences declared ({shapes}); call pre_step(OrderedDict("
+                "seq_id -> new tokens)) before each forward"
+            )
+        if layer_number in self._stepped:
+            raise ValueError(
+                f"{where}: this layer already wrote this step's keys and values; call "
+                "pre_step before each forward (a second forward would write over the same "
+                "cache positions)"
+            )
+        for name, t, dim, dim_name in (
+            ("keys", new_k, self.head_dim_k, "head_dim_k"),
+            ("values", new_v, self.head_dim_v, "head_dim_v"),
+        ):
+            if t.dim() != 4 or t.shape[2] != self.num_heads_kv or t.shape[3] != dim:
+                raise ValueError(
+                    f"{where}: {qkv_format} {name} of shape {tuple(t.shape)}, expected "
+                    f"[..., {self.num_heads_kv}, {dim}] (the cache's num_heads_kv="
+                    f"{self.num_heads_kv}, {dim_name}={dim})"
+                )
+        if new_k.shape[:2] != new_v.shape[:2]:
+            raise ValueError(f"{where}: {shapes} differ in batch or sequence length")
+        batch, steps = (new_k.shape[1], new_k.shape[0]) if qkv_format == "sbhd" else new_k.shape[:2]
+        # int() in the messages: under torch.compile these sizes and counts may be
+        # symbolic, which Dynamo formats only once made concrete.
+        if batch != self.batch_size:
+            raise ValueError(
+                f"{where}: {shapes} hold a batch of {int(batch)}, but pre_step declared a batch "
+                f"of {int(self.batch_size)}"
+            )
+        if steps < self._longest_step:
+            raise ValueError(
+                f"{where}: {shapes} hold {int(steps)} tokens per sequence, but pre_step declared "
+                f"{int(self._longest_step)} new tokens for a sequence (the cache rows past the "
+                "tokens given would be attended over without being written)"
+            )
+        self._stepped.add(layer_number)
 
     def attention_mask(
         self, batch: int, steps: int, causal: bool, window_size: tuple[int, int]
