@@ -261,6 +261,35 @@ def test_thd_seqlen_checks_read_nothing_on_the_host():
     assert out.shape == (128, H * D)
 
 
+def test_thd_with_its_seqlen_checks_runs_under_cuda_graphs():
+    """The device-side assertion is captured with the step: ``reduce-overhead`` replays
+    a thd call (its checks included) with no CUDA-graph skip, bitwise equal to eager."""
+    from torch._dynamo.utils import counters
+
+    dpa = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding_causal")
+    cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(128, H, D, generator=gen).to("cuda", torch.bfloat16).requires_grad_(True)
+        for _ in range(3)
+    )
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=78, max_seqlen_kv=78)
+
+    def step(fn):
+        out = fn(q, k, v, **kw)
+        return out.detach().clone(), torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    eager = step(dpa)
+    compiled = torch.compile(dpa, fullgraph=True, mode="reduce-overhead")
+    skips = counters["inductor"]["cudagraph_skips"]
+    for _ in range(3):
+        got = step(compiled)
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert torch.equal(eager[0], got[0])
+    for a, b in zip(eager[1], got[1], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_thd_max_seqlen_below_the_longest_sequence_fails_on_the_device():
     """The device-side assertion fails the process's CUDA context, so it runs in a
     child process: a max_seqlen below the longest sequence is never a silent result."""
