@@ -7,7 +7,8 @@ of ``t``. The op holds the arithmetic: ``cos`` and ``sin`` of the angles, the ro
 and its transpose for the backward. Inductor would regenerate ``cos`` and ``sin`` with
 its own vectorized functions, whose last bits depend on the host's vector width, and
 fuse the rotation's roundings away; as an op node the rotation computes eager's bits in
-every compile, on every host.
+every compile, on every host. On CUDA the rotation is one fused Triton kernel each way
+(``rope_kernels``), in eager and compiled calls alike.
 
 Two precisions, as TE's two paths: ``fused`` (TE's fused kernel) rotates in fp32 (float64
 for float64 data) and rounds once to ``t``'s dtype; otherwise ``cos`` and ``sin`` are rounded to ``t``'s dtype
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from transformer_engine_ops.ops import rope_kernels
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -130,9 +132,13 @@ def rotate(t: torch.Tensor, angles: torch.Tensor, interleaved: bool, fused: bool
 
 
 def rope_forward(args: RopeFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``((out,), ())``: ``t`` with its first ``d'`` features rotated, in ``t``'s dtype."""
-    check_angles(args.t, args.angles, "RopeFwdArgs")
-    return (rotate(args.t, args.angles, args.interleaved, args.fused),), ()
+    """``((out,), ())``: ``t`` with its first ``d'`` features rotated, in ``t``'s dtype
+    (on CUDA by one fused kernel, ``rope_kernels``)."""
+    t, angles = args.t, args.angles
+    check_angles(t, angles, "RopeFwdArgs")
+    if rope_kernels.eligible(t, angles):
+        return (rope_kernels.fused_rope(t, angles, args.interleaved, args.fused, False),), ()
+    return (rotate(t, angles, args.interleaved, args.fused),), ()
 
 
 def rope_forward_spec(args: RopeFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -159,6 +165,8 @@ def rope_backward(args: RopeBwdArgs) -> tuple[torch.Tensor | None]:
     if not args.requires_dgrad:
         return (None,)
     g = args.grad_outputs[0]
+    if rope_kernels.eligible(g, args.angles):
+        return (rope_kernels.fused_rope(g, args.angles, args.interleaved, args.fused, True),)
     rot_dim = args.angles.shape[-1]
     part = g[..., :rot_dim]
     cos, sin = _cos_sin(args.angles, g.dtype, args.fused)
