@@ -12,3 +12,12 @@ import os
 import tempfile
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="teops-inductor-")
+
+# ``TEOPS_INDUCTOR_SIMDLEN=0`` (or 256, 512) compiles every test's Inductor CPU code at
+# that vector width instead of the host's pick, so a bitwise claim that rests on Inductor
+# and ATen summing in the same order fails on any host (tests/modules/inductor_widths.py).
+_SIMDLEN = os.environ.get("TEOPS_INDUCTOR_SIMDLEN")
+if _SIMDLEN:
+    import torch._inductor.config
+
+    torch._inductor.config.cpp.simdlen = int(_SIMDLEN)
