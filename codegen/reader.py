@@ -24,7 +24,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from . import kinds
+from . import kinds, nesting
 from .config import OWN_DECLARATION, Config, ConfiguredOp, DeclarationForm
 from .errors import CodegenError, Location
 from .model import (
@@ -612,9 +612,23 @@ def _type_expr(
     node: cst.BaseExpression,
     anchor: cst.CSTNode | None = None,
     in_literal: bool = False,
+    depth: int = 0,
 ) -> TypeExpr:
-    """Convert an annotation expression; ``anchor`` positions nodes parsed from a string."""
+    """Convert an annotation expression; ``anchor`` positions nodes parsed from a string.
+
+    ``depth`` counts the calls above this one, through the type aliases expanded on
+    the way: each module's text is bounded on its own (nesting.py), a chain of aliases
+    is bounded here, so the walks of the result (kinds.classify, kinds.render) are too.
+    """
     where = file.loc(anchor if anchor is not None else node)
+    if depth > nesting.MAX_LEVELS:
+        raise CodegenError(
+            where,
+            f"the annotation nests deeper than {nesting.MAX_LEVELS} levels, counting the "
+            "type aliases it expands",
+            "define the aliases with less nesting",
+        )
+    deeper = depth + 1
     if in_literal:
         if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
             return TypeExpr("<literal>", where, value=node.evaluated_value)
@@ -625,6 +639,8 @@ def _type_expr(
     if isinstance(node, cst.SimpleString | cst.ConcatenatedString):
         # A forward reference: libcst does not resolve these, so parse and resolve here.
         text = node.evaluated_value
+        if isinstance(text, str):
+            nesting.check_annotation(text, where)
         try:
             # Python's parser first: it bounds the nesting libcst would recurse into.
             ast.parse(text, mode="eval") if isinstance(text, str) else None
@@ -637,18 +653,20 @@ def _type_expr(
                 f"cannot parse the string annotation {_shorten(text)!r}",
                 "write the annotation without quotes",
             )
-        return _string_type_expr(file, parsed, anchor or node, text)
+        return _string_type_expr(file, parsed, anchor or node, text, deeper)
     if isinstance(node, cst.Ellipsis):
         return TypeExpr("...", where)
     if isinstance(node, cst.List):
         return TypeExpr(
-            "<list>", where, tuple(_type_expr(file, e.value, anchor) for e in node.elements)
+            "<list>",
+            where,
+            tuple(_type_expr(file, e.value, anchor, depth=deeper) for e in node.elements),
         )
     # (libcst.matchers would read nicer but costs 0.4 s of import time per run.)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
         assert isinstance(node, cst.BinaryOperation)
-        left = _type_expr(file, node.left, anchor)
-        right = _type_expr(file, node.right, anchor)
+        left = _type_expr(file, node.left, anchor, depth=deeper)
+        right = _type_expr(file, node.right, anchor, depth=deeper)
         members = tuple(
             a for side in (left, right) for a in (side.args if side.name == "<union>" else (side,))
         )
@@ -659,7 +677,7 @@ def _type_expr(
             return TypeExpr("None", where)
         if dotted in file.aliases:
             file.check_unambiguous(dotted, anchor or node)
-            return _expand_alias(file, dotted, anchor or node)
+            return _expand_alias(file, dotted, anchor or node, deeper)
         qualname = file.qualify(dotted, anchor or node)
         if file.resolver is not None:
             try:
@@ -674,18 +692,20 @@ def _type_expr(
                     "the `if`",
                 ) from None
             if qualname.rpartition(".")[0] != file.module:  # local aliases: expanded above
-                expansion = _expand_foreign_alias(file.resolver, qualname, where)
+                expansion = _expand_foreign_alias(file.resolver, qualname, where, deeper)
                 if expansion is not None:
                     return expansion
         return TypeExpr(qualname, where)
     if isinstance(node, cst.Subscript):
-        base = _type_expr(file, node.value, anchor)
+        base = _type_expr(file, node.value, anchor, depth=deeper)
         literal = base.name in {"typing.Literal", "typing_extensions.Literal"}
         args = []
         for element in node.slice:
             if not isinstance(element.slice, cst.Index):
                 raise CodegenError(file.loc(anchor or element), "slices are not annotations")
-            args.append(_type_expr(file, element.slice.value, anchor, in_literal=literal))
+            args.append(
+                _type_expr(file, element.slice.value, anchor, in_literal=literal, depth=deeper)
+            )
         return TypeExpr(base.name, where, tuple(args))
     raise CodegenError(
         where,
@@ -694,7 +714,7 @@ def _type_expr(
     )
 
 
-def _expand_alias(file: _File, name: str, use: cst.CSTNode) -> TypeExpr:
+def _expand_alias(file: _File, name: str, use: cst.CSTNode, depth: int) -> TypeExpr:
     """A module-level type alias reads as what it stands for, positioned at its use."""
     if name in file.expanding:
         raise CodegenError(
@@ -704,12 +724,14 @@ def _expand_alias(file: _File, name: str, use: cst.CSTNode) -> TypeExpr:
         )
     file.expanding += (name,)
     try:
-        return _type_expr(file, file.aliases[name], use)
+        return _type_expr(file, file.aliases[name], use, depth=depth)
     finally:
         file.expanding = file.expanding[:-1]
 
 
-def _expand_foreign_alias(resolver: _Resolver, qualname: str, use: Location) -> TypeExpr | None:
+def _expand_foreign_alias(
+    resolver: _Resolver, qualname: str, use: Location, depth: int
+) -> TypeExpr | None:
     """A type alias defined in another module under the source root, read where it is defined."""
     if resolver.configured(qualname):
         return None
@@ -723,19 +745,19 @@ def _expand_foreign_alias(resolver: _Resolver, qualname: str, use: Location) -> 
     other, node = found
     resolver.expanding += (qualname,)
     try:
-        return _type_expr(other, node)
+        return _type_expr(other, node, depth=depth)
     finally:
         resolver.expanding = resolver.expanding[:-1]
 
 
 def _string_type_expr(
-    file: _File, parsed: cst.BaseExpression, anchor: cst.CSTNode, text: str
+    file: _File, parsed: cst.BaseExpression, anchor: cst.CSTNode, text: str, depth: int
 ) -> TypeExpr:
     try:
-        return _type_expr(file, parsed, anchor)
+        return _type_expr(file, parsed, anchor, depth=depth)
     except CodegenError as exc:
         raise CodegenError(
-            exc.location, f"in string annotation {text!r}: {exc.message}", exc.hint
+            exc.location, f"in string annotation {_shorten(text)!r}: {exc.message}", exc.hint
         ) from None
 
 
@@ -1337,18 +1359,28 @@ def _charge_libcst(path: str, text: str) -> None:
 
 def _parse_file(path: str, text: str, resolver: _Resolver | None) -> _File:
     # Python's parser first: it refuses nesting deeper than it can compile (200 brackets)
-    # with a position, where libcst's recursive tree building overflows the stack.
+    # with a position; then no statement may nest deeper than libcst's recursive tree
+    # building and walking, and this module's, can follow (nesting.py). The text is
+    # charged to the context's libcst budget first, before either parser reads it.
+    _charge_libcst(path, text)
+    tree: ast.Module | None = None
     try:
-        ast.parse(text, filename=path)
+        tree = ast.parse(text, filename=path)
     except SyntaxError as exc:
         raise CodegenError(
             Location(path, exc.lineno or 1, exc.offset or 1),
             f"syntax error: {exc.msg}",
             "fix the Python syntax; the generator reads this file as text",
         ) from None
-    except (ValueError, RecursionError, MemoryError):
-        pass  # a NUL byte (Python < 3.12), ...: libcst's report below
-    _charge_libcst(path, text)
+    except (RecursionError, MemoryError):
+        pass  # nested beyond what Python's parser builds: measured on its tokens
+    except ValueError:  # a NUL byte (Python < 3.12): libcst's report below
+        return _parse_libcst(path, text, resolver)
+    nesting.check_module(path, text, tree)
+    return _parse_libcst(path, text, resolver)
+
+
+def _parse_libcst(path: str, text: str, resolver: _Resolver | None) -> _File:
     try:
         tree = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:

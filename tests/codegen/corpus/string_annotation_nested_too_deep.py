@@ -1,4 +1,4 @@
-# expect: 17:8 cannot parse the string annotation
+# expect: 17:8 the string annotation nests deeper than 150 levels
 """Corpus: a 1500-deep string annotation (libcst's parser crashed on 1500 levels; Python's refuses over 200)."""
 
 from __future__ import annotations
