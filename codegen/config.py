@@ -17,7 +17,7 @@ from pathlib import Path
 import tomllib
 
 from .errors import ConfigError
-from .safety import check_settings
+from .safety import check_settings, is_dotted_name, is_identifier, setting_error
 
 CONFIG_TABLE = ("tool", "transformer_engine_ops", "codegen")
 CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value", "unsupported")
@@ -315,8 +315,16 @@ def load_reading(
                 f"{pyproject}: {what}.source {entry['source']!r} is not in `sources` "
                 "(nor matched by a pattern there)"
             )
-        if not str(entry["name"]).isidentifier():
-            raise ConfigError(f"{pyproject}: {what}.name {entry['name']!r} is not an identifier")
+        if not is_identifier(entry["name"]):
+            raise setting_error(
+                pyproject,
+                where,
+                f"ops[{i}].name",
+                entry["name"],
+                "not an identifier; the op is registered as `<namespace>::<name>_fwd` and "
+                "its generated functions are named after it, so use ASCII letters, digits "
+                "and `_`, not a Python keyword",
+            )
         if any(o.source == entry["source"] for o in ops):
             raise ConfigError(f"{pyproject}: {what}: a second op for {entry['source']!r}")
         grads = _strings(entry["grad_fields"], f"{what}.grad_fields", pyproject)
@@ -331,10 +339,33 @@ def load_reading(
                 f"{pyproject}: {where}.te_layout needs exactly `runtime` and `value_bundle_type`"
             )
         for key in ("runtime", "value_bundle_type"):
-            value = str(_expect(entry[key], str, f"{where}.te_layout.{key}", pyproject))  # type: ignore[index]
-            if not all(part.isidentifier() for part in value.split(".")):
-                raise ConfigError(
-                    f"{pyproject}: {where}.te_layout.{key} {value!r} is not a dotted name"
-                )
+            _expect(entry[key], str, f"{where}.te_layout.{key}", pyproject)  # type: ignore[index]
         te_layout = TeLayout(entry["runtime"], entry["value_bundle_type"])  # type: ignore[index]
+        _check_te_layout(te_layout, pyproject)
     return Reading(source_root, tuple(forms), tuple(ops), te_layout)
+
+
+def _check_te_layout(layout: TeLayout, pyproject: Path) -> None:
+    """Both settings are pasted into the TE-layout module: ``runtime`` into
+    ``from <module> import <name> as _te``, ``value_bundle_type`` into schema string
+    literals; a keyword, a quote or a lone name there made code ruff could not parse."""
+    table = ".".join(CONFIG_TABLE)
+    if not is_dotted_name(layout.runtime) or "." not in layout.runtime:
+        raise setting_error(
+            pyproject,
+            table,
+            "te_layout.runtime",
+            layout.runtime,
+            "not a module's dotted name: the TE-layout module runs `from <package> "
+            "import <module> as _te` with it, so write `package.module` in identifiers "
+            "that are not Python keywords",
+        )
+    if not is_dotted_name(layout.value_bundle_type):
+        raise setting_error(
+            pyproject,
+            table,
+            "te_layout.value_bundle_type",
+            layout.value_bundle_type,
+            "not a dotted name of identifiers that are not Python keywords; it is the "
+            "schema type of the value-bundle slots, written into schema strings",
+        )

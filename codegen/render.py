@@ -65,21 +65,39 @@ def format_python(sources: dict[str, str]) -> dict[str, str]:
         root = Path(tmp)
         for i, name in enumerate(names):
             (root / f"{i}.py").write_text(sources[name], encoding="utf-8")
+        # Not --quiet: it silences the parse errors too, and they are the report.
         done = subprocess.run(
-            [*_ruff(), "format", *_RUFF_OPTIONS, "--quiet", "."],
+            [*_ruff(), "format", *_RUFF_OPTIONS, "."],
             capture_output=True,
             text=True,
             cwd=root,
         )
         if done.returncode != 0:
-            stderr = re.sub(
-                r"\b(\d+)\.py\b",
-                lambda m: names[int(m[1])] if int(m[1]) < len(names) else m[0],
-                done.stderr.strip(),
-            )
             raise FormatterError(
-                "ruff could not format the generated code (a template bug):\n" + stderr
+                "ruff could not format the generated code (a template bug):\n"
+                + _report(done.stderr, names, sources)
             )
         return {
             name: (root / f"{i}.py").read_text(encoding="utf-8") for i, name in enumerate(names)
         }
+
+
+_FILE_POSITION = re.compile(r"\b(\d+)\.py\b(?::(\d+):\d+)?")
+
+
+def _report(stderr: str, names: list[str], sources: dict[str, str]) -> str:
+    """ruff's errors with each ``<i>.py`` named as the generated file it stands for, and
+    the generated line a parse error points at quoted under it."""
+    lines = []
+    for line in stderr.strip().splitlines():
+        match = _FILE_POSITION.search(line)
+        if match is None or int(match[1]) >= len(names):
+            lines.append(line)
+            continue
+        name = names[int(match[1])]
+        lines.append(line[: match.start()] + name + line[match.start(1) + len(match[1]) + 3 :])
+        code = sources[name].splitlines()
+        row = int(match[2] or 0)
+        if 0 < row <= len(code):
+            lines.append(f"    {code[row - 1].strip()}")
+    return "\n".join(lines) or "(ruff said nothing)"

@@ -49,11 +49,18 @@ def is_dotted_name(text: object) -> bool:
 # --- configuration ---------------------------------------------------------------------
 
 
+def setting_error(
+    pyproject: Path, table: str, key: str, value: object, problem: str
+) -> ConfigError:
+    """``.../pyproject.toml: [table] key = "value": problem``, the value as TOML spells it."""
+    return ConfigError(f"{pyproject}: [{table}] {key} = {_quote(value)}: {problem}")
+
+
 def check_settings(config: Config, pyproject: Path, table: str) -> None:
     """Raise ``ConfigError`` naming the setting for any value that is unsafe to use."""
 
     def fail(key: str, value: object, problem: str) -> ConfigError:
-        return ConfigError(f"{pyproject}: [{table}] {key} = {_quote(value)}: {problem}")
+        return setting_error(pyproject, table, key, value, problem)
 
     if not is_identifier(config.namespace):
         raise fail(

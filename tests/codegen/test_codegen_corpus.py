@@ -251,6 +251,41 @@ def _source(rel: str) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _te_layout(runtime: str, value_bundle_type: str = "pkg.runtime.Bundle") -> Callable:
+    """A `te_layout` table (TE-layout output for every op module) in pyproject.toml."""
+
+    def setup(root: Path) -> list[str]:
+        path = root / "pyproject.toml"
+        table = (
+            "\n[tool.transformer_engine_ops.codegen.te_layout]\n"
+            f"runtime = {json.dumps(runtime)}\n"
+            f"value_bundle_type = {json.dumps(value_bundle_type)}\n"
+        )
+        path.write_text(path.read_text(encoding="utf-8") + table, encoding="utf-8")
+        return []
+
+    return setup
+
+
+def _configured_op(name: str) -> Callable[[Path], list[str]]:
+    """An op declared in the configuration (`ops`), for a source a pattern selects."""
+
+    def setup(root: Path) -> list[str]:
+        path = root / "pyproject.toml"
+        table = (
+            "\n[[tool.transformer_engine_ops.codegen.ops]]\n"
+            f'source = "{OPS_DIR}/_fused.py"\n'
+            f"name = {json.dumps(name)}\n"
+            'forward = "FwdArgs"\nbackward = "BwdArgs"\ngrad_fields = []\n'
+        )
+        text = path.read_text(encoding="utf-8")
+        anchor = "[tool.transformer_engine_ops.codegen.kinds]"
+        path.write_text(text.replace(anchor, table.lstrip("\n") + "\n" + anchor), "utf-8")
+        return []
+
+    return setup
+
+
 def _setting(key: str, value: object, problem: str) -> str:
     return rf"^error: .*{SETTINGS}{re.escape(key)} = {re.escape(json.dumps(value, ensure_ascii=False))}: {problem}"
 
@@ -436,6 +471,56 @@ TREE_CASES = [
         2,
         _setting("namespace", "class", "not an identifier"),
     ),
+    # te_layout: `runtime` is pasted into an import line of each TE-layout module,
+    # `value_bundle_type` into its schema string literals (a keyword there ended in
+    # "ruff could not format the generated code (a template bug)" with no detail).
+    TreeCase(
+        "te_layout_runtime_of_keywords",
+        _te_layout("class.import"),
+        2,
+        _setting("te_layout.runtime", "class.import", "not a module's dotted name"),
+    ),
+    TreeCase(
+        "te_layout_runtime_one_name",
+        _te_layout("custom_op"),
+        2,
+        _setting("te_layout.runtime", "custom_op", "not a module's dotted name"),
+    ),
+    TreeCase(
+        "te_layout_runtime_injection",
+        _te_layout("os import system; system('touch M'); from x.y"),
+        2,
+        _setting(
+            "te_layout.runtime",
+            "os import system; system('touch M'); from x.y",
+            "not a module's dotted name",
+        ),
+    ),
+    TreeCase(
+        "te_layout_value_bundle_type_a_keyword",
+        _te_layout("pkg.runtime", "pkg.None"),
+        2,
+        _setting("te_layout.value_bundle_type", "pkg.None", "not a dotted name of identifiers"),
+    ),
+    TreeCase(
+        "te_layout_value_bundle_type_with_a_quote",
+        _te_layout("pkg.runtime", 'Bundle", "x'),
+        2,
+        _setting("te_layout.value_bundle_type", 'Bundle", "x', "not a dotted name of identifiers"),
+    ),
+    # ops: a configured op's name makes its registered and generated names.
+    TreeCase(
+        "configured_op_name_a_keyword",
+        _configured_op("class"),
+        2,
+        _setting("ops[0].name", "class", "not an identifier"),
+    ),
+    TreeCase(
+        "configured_op_name_not_ascii",
+        _configured_op("línear"),
+        2,
+        _setting("ops[0].name", "línear", "not an identifier"),
+    ),
     # Source paths: they become a module name, an output file name and header text.
     TreeCase(
         "source_file_name_with_a_dash",
@@ -558,6 +643,36 @@ def test_unsafe_tree_is_refused_and_nothing_is_written_anywhere(
         assert re.match(r"^  hint: \S", result.err.splitlines()[1]), result.err
     assert "nothing was written" in result.err
     assert snapshot(tmp_path) == before
+
+
+def test_a_valid_te_layout_setting_generates_formatted_modules(tmp_path: Path, cli) -> None:
+    """What the te_layout checks accept renders into code ruff formats: the runtime's
+    import line and the value-bundle type in the schema strings."""
+    root = copy_essentials(tmp_path / "root")
+    _te_layout("pkg.runtime.custom_op", "pkg.runtime.custom_op.OpaqueValueBundle")(root)
+
+    result = cli("--root", str(root))
+
+    assert result.rc == 0, result.err
+    te_linear = (root / OUTPUT_DIR / "te_linear.py").read_text(encoding="utf-8")
+    assert "from pkg.runtime import custom_op as _te\n" in te_linear
+    assert '"pkg.runtime.custom_op.OpaqueValueBundle _simple_meta"' in te_linear
+
+
+def test_a_formatter_failure_names_the_generated_file_and_quotes_its_line() -> None:
+    """ruff's parse error (silenced by --quiet before) names the generated file, not
+    the temporary name it was formatted under, and the line it could not parse."""
+    from codegen.render import FormatterError, format_python
+
+    sources = {
+        "pkg/generated/a.py": "x = 1\n",
+        "pkg/generated/te_b.py": "y = 2\nfrom class import x\n",
+    }
+    with pytest.raises(FormatterError) as raised:
+        format_python(sources)
+    message = str(raised.value)
+    assert "pkg/generated/te_b.py:2:" in message, message
+    assert "\n    from class import x" in message, message
 
 
 def test_a_planted_temp_file_symlink_is_never_followed(tmp_path: Path, cli) -> None:
