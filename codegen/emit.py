@@ -64,6 +64,43 @@ def snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
+class Spelling:
+    """How the generated functions that take the forward fields as parameters
+    (``call_<op>``, ``<op>_fwd_slots``, ``<op>_compile_blocker``) spell every other name
+    they read.
+
+    A field hides a builtin, a module-level name or a local of its name in those
+    functions: a field named ``type`` made ``type(v) is str`` call the field's value
+    ("'int' object is not callable"). No field starts with ``_`` (the reader refuses
+    it), so where a field has a name the functions read, they read it as ``_<name>``: a
+    local is named so, and a builtin or module-level name is bound to it once at module
+    level (``_type = type``). Every other name is spelled as is, so an op whose fields
+    hide nothing keeps its generated code, and the Dynamo guards of a compiled call
+    (each global a compiled call reads is one) stay as they are.
+    """
+
+    def __init__(self, fields: frozenset[str]) -> None:
+        self._fields = fields
+        self._aliases: dict[str, str] = {}
+
+    def __call__(self, dotted: str) -> str:
+        """A builtin or module-level name (``torch.Tensor``: by its first part)."""
+        head, dot, rest = dotted.partition(".")
+        if head not in self._fields:
+            return dotted
+        self._aliases[f"_{head}"] = head
+        return f"_{head}{dot}{rest}"
+
+    def local(self, name: str) -> str:
+        """A local variable of those functions."""
+        return f"_{name}" if name in self._fields else name
+
+    @property
+    def aliases(self) -> list[tuple[str, str]]:
+        """``(alias, name)`` of each module-level alias a spelled name needs, sorted."""
+        return sorted(self._aliases.items())
+
+
 class _Imports:
     """``from module import Name`` lines, sorted, with deterministic aliases on clashes."""
 
@@ -112,17 +149,12 @@ def _tuple_literal(items: tuple[str, ...]) -> str:
     return kinds.pyrepr(tuple(items))
 
 
-def _field_code(bundle: Bundle, field: Field, imports: _Imports) -> FieldCode:
+def _field_code(bundle: Bundle, field: Field, imports: _Imports, spell: Spelling) -> FieldCode:
     rec = kinds.record(field.type.kind)
-
-    def code(value: str) -> kinds.CodeInput:
-        where = kinds.pyrepr(f"{bundle.name}.{field.name}")
-        return kinds.CodeInput(value=value, where=where, type=field.type, local=imports.use)
-
-    bundled = code(f"args.{field.name}")
-    return FieldCode(
-        field.name, rec.name, rec.pack(bundled), rec.unpack(bundled), rec.pack(code(field.name))
-    )
+    where = kinds.pyrepr(f"{bundle.name}.{field.name}")
+    bundled = kinds.CodeInput(f"args.{field.name}", where, field.type, imports.use)
+    local = kinds.CodeInput(field.name, where, field.type, imports.use, spell)
+    return FieldCode(field.name, rec.name, rec.pack(bundled), rec.unpack(bundled), rec.pack(local))
 
 
 def schema_string(bundle: Bundle) -> str:
@@ -131,7 +163,7 @@ def schema_string(bundle: Bundle) -> str:
 
 
 def _bundle_context(
-    op: Op, bundle: Bundle, role: str, config: Config, imports: _Imports
+    op: Op, bundle: Bundle, role: str, config: Config, imports: _Imports, spell: Spelling
 ) -> BundleContext:
     suffix = "fwd" if role == "forward" else "bwd"
     prefix = role.upper()
@@ -151,7 +183,7 @@ def _bundle_context(
         doc_rows=tuple(
             (f.name, f.type.kind.value, s.name, s.type) for f in bundle.fields for s in f.slots
         ),
-        fields=tuple(_field_code(bundle, f, imports) for f in bundle.fields),
+        fields=tuple(_field_code(bundle, f, imports, spell) for f in bundle.fields),
         schema=schema_string(bundle),
         spec_name=f"spec_{snake(bundle.name)}",
         tensor_fields=tuple(
@@ -228,11 +260,11 @@ class EagerReason:
     reason: str  # an escaped Python literal
 
 
-def _eager_reasons(op: Op) -> list[EagerReason]:
+def _eager_reasons(op: Op, spell: Spelling) -> list[EagerReason]:
     reasons = []
     for entry in op.eager_when:
         terms = [
-            f"isinstance({name}, _r.QuantizedData)" if quantized else name
+            f"{spell('isinstance')}({name}, _r.QuantizedData)" if quantized else name
             for name, quantized in entry.terms
         ]
         reasons.append(EagerReason(" and ".join(terms), kinds.pyrepr(entry.reason)))
@@ -276,26 +308,37 @@ def _literal_default(field: Field) -> str | None:
     return field.default
 
 
-# Names the generated entry and slot function use besides the fields (and the
-# module-level names `_reserved_names` lists): a field of one of these names would
-# shadow it there.
-_ENTRY_NAMES = frozenset(
-    {"Any", "torch", "_b", "_r", "keep", "reason", "outputs", "values", "args"}
-)
+# `call_<op>`'s own keyword beside the fields.
+KEEP = "keep"
 
 
-def _check_entry_fields(op: Op, generated: frozenset[str]) -> None:
-    for f in op.forward.fields:
-        if f.name in _ENTRY_NAMES or f.name in generated:
-            raise CodegenError(
-                f.location,
-                f"field `{f.name}` of {op.forward.name} would shadow `{f.name}` in the "
-                f"generated `call_{op.name}`, which takes each field as a keyword",
-                "rename the field",
-            )
+def _check_entry_fields(op: Op) -> None:
+    """Any field name works (see Spelling) but the one `call_<op>` has a keyword of."""
+    keep = op.forward.field(KEEP)
+    if keep is not None:
+        raise CodegenError(
+            keep.location,
+            f"field `{KEEP}` of {op.forward.name} is named like the `{KEEP}` keyword of the "
+            f"generated `call_{op.name}`, which takes every forward field as a keyword "
+            f"beside it (`{KEEP}`: the saved values a module keeps across calls)",
+            "rename the field",
+        )
 
 
-def calling_side_context(op: Op) -> dict:
+def _spelled_names(op: Op, spell: Spelling) -> dict[str, str]:
+    """The names the calling-side templates read besides the fields, as they spell them."""
+    return {
+        "torch": spell("torch"),
+        "type": spell("type"),
+        "getattr": spell("getattr"),
+        "fwd_op": spell(f"{op.name}_fwd"),
+        "bwd_op": spell(f"{op.name}_bwd"),
+        "blocker": spell(f"{op.name}_compile_blocker"),
+        **{name: spell.local(name) for name in ("reason", "flat", "outputs", "args")},
+    }
+
+
+def calling_side_context(op: Op, spell: Spelling) -> dict:
     """What the generated autograd Functions and calling side need, field by field."""
     grad_name = (
         GRAD_OUTPUTS_FIELD
@@ -334,7 +377,8 @@ def calling_side_context(op: Op) -> dict:
         "slot_lengths": _lengths(slot_values, lists),
         "saved_fields": tuple(saved),
         "backward_values": backward_values,
-        "eager_reasons": _eager_reasons(op),
+        "eager_reasons": _eager_reasons(op, spell),
+        "n": _spelled_names(op, spell),
         "cudagraph_unsafe": (
             None if op.cudagraph_unsafe is None else kinds.pyrepr(op.cudagraph_unsafe)
         ),
@@ -374,26 +418,23 @@ def _generated_names(op: Op) -> frozenset[str]:
     return frozenset(generated)
 
 
-# Module-level names every generated op module with impls defines.
-_TEMPLATE_GLOBALS = frozenset(
-    {"FORWARD_OP", "BACKWARD_OP", "_call_eagerly", "_EagerNode", "_OpNode"}
-)
-
-
 def _reserved_names(op: Op) -> frozenset[str]:
-    # The forward fields too: `call_<op>` and the slot function take them as locals.
+    # The forward fields too: `call_<op>` and the slot function take them as locals; and
+    # `_<field>`, the alias or local a name such a field hides is read by (Spelling).
     fields = {f.name for f in op.forward.fields}
-    return _template_names() | _generated_names(op) | fields
+    aliases = {f"_{name}" for name in fields}
+    return _template_names() | _generated_names(op) | fields | aliases
 
 
 def op_module_context(source: SourceModule, config: Config) -> dict:
     (op,) = source.ops  # the reader allows exactly one op per module
     imports = _Imports(_reserved_names(op))
+    spell = Spelling(frozenset(f.name for f in op.forward.fields))
     for bundle in (op.forward, op.backward):
         imports.use(bundle.qualname)
     registration: dict = {"impls": op.impls}
     if op.impls is not None:
-        _check_entry_fields(op, _generated_names(op) | _TEMPLATE_GLOBALS)
+        _check_entry_fields(op)
         if op.plain_problem is not None:
             p = op.plain_problem
             raise CodegenError(p.location, p.message, p.hint)
@@ -406,12 +447,14 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
             plain_call=plain_call,
             forward_quantized_slots=_quantized_slots(op.forward),
             backward_quantized_slots=_quantized_slots(op.backward),
-            **calling_side_context(op),
+            **calling_side_context(op, spell),
         )
     bundles = [
-        _bundle_context(op, op.forward, "forward", config, imports),
-        _bundle_context(op, op.backward, "backward", config, imports),
+        _bundle_context(op, op.forward, "forward", config, imports, spell),
+        # No backward field is a parameter of a generated function.
+        _bundle_context(op, op.backward, "backward", config, imports, Spelling(frozenset())),
     ]
+    registration["aliases"] = spell.aliases  # every name is spelled by now
     return {
         "source_path": source.path,
         "format_version": FORMAT_VERSION,

@@ -86,14 +86,25 @@ TENSOR_META_CODE = '{"meta":"tensor","class":null,"inner":[],"context":[]}'
 NONE_META_CODE = '{"meta":"none","class":null,"inner":[],"context":[]}'
 
 
+def _as_is(name: str) -> str:
+    return name
+
+
 @dataclass(frozen=True)
 class CodeInput:
-    """What a record's code functions see for one field of one bundle."""
+    """What a record's code functions see for one field of one bundle.
+
+    ``spell`` gives the name the code reads a builtin or a module-level name by
+    (``isinstance``, ``torch.Tensor``): in ``call_<op>`` and ``<op>_fwd_slots``, whose
+    parameters are the forward fields, a field named ``type`` would hide the builtin, so
+    there it is read as the module's alias ``_type`` (see ``emit.Spelling``).
+    """
 
     value: str  # the expression of the field's value in flatten: `args.x`
     where: str  # a Python string literal naming `Bundle.field`, for error messages
     type: FieldType
     local: Callable[[str], str]  # qualified name -> its name in the generated module
+    spell: Callable[[str], str] = _as_is  # builtin or module-level name -> how it is read
 
     @property
     def opt(self) -> str:
@@ -128,7 +139,8 @@ class CodeInput:
         only where not. Under Dynamo the call costs ~3x the inline read."""
         v, bound = self._named()
         cls = self.local(self.type.python_type)
-        cached = f"isinstance({bound}, {cls}) and getattr({v}, {CODE_ATTR!r}, None)"
+        isinstance_, getattr_ = self.spell("isinstance"), self.spell("getattr")
+        cached = f"{isinstance_}({bound}, {cls}) and {getattr_}({v}, {CODE_ATTR!r}, None)"
         read = f"{cached} or _b.code({v}, {cls}, {self.where})"
         if not self.type.optional:
             return read
@@ -145,11 +157,12 @@ class CodeInput:
         held = v if bound == v else f"({bound})"
         call = f"_b.tensor_or_quantized({v}, {self.where})"
         tensor = f"({v}, [], {TENSOR_META_CODE!r})"
+        isinstance_, tensor_type = self.spell("isinstance"), self.spell(_TENSOR)
         if not self.type.optional:
-            return f"*({tensor} if isinstance({bound}, {_TENSOR}) else {call})"
+            return f"*({tensor} if {isinstance_}({bound}, {tensor_type}) else {call})"
         return (
             f"*((None, [], {NONE_META_CODE!r}) if {held} is None "
-            f"else {tensor} if isinstance({v}, {_TENSOR}) else {call})"
+            f"else {tensor} if {isinstance_}({v}, {tensor_type}) else {call})"
         )
 
     def chosen(self) -> str:
@@ -159,11 +172,13 @@ class CodeInput:
         v, bound = self._named()
         choices = pyrepr(self.type.choices)
         call = f"_b.choice({v}, {choices}, {self.where})"
+        type_, str_ = self.spell("type"), self.spell("str")
         if not self.type.optional:
-            return f"{v} if type({bound}) is str and {v} in {choices} else {call}"
+            return f"{v} if {type_}({bound}) is {str_} and {v} in {choices} else {call}"
         held = v if bound == v else f"({bound})"
         return (
-            f"None if {held} is None else {v} if type({v}) is str and {v} in {choices} else {call}"
+            f"None if {held} is None else {v} if {type_}({v}) is {str_} and {v} in {choices} "
+            f"else {call}"
         )
 
     def checked(self, exact: str, expected: str) -> str:
@@ -176,6 +191,7 @@ class CodeInput:
         v, bound = self._named()
         held = v if bound == v else f"({bound})"  # the first test binds the name
         tests = [f"{held} is None"] if self.type.optional else []
+        exact_type, expected = self.spell(exact), self.spell(expected)
         # A bool is one of the two bools: an `is` on a constant Dynamo folds at once,
         # where `type(v)` is a builtin call it has to model.
         if exact == "bool":
@@ -184,9 +200,9 @@ class CodeInput:
             # Any tensor: a Parameter (every weight and bias) or a quantized wrapper
             # subclass passes inline too, where an exact-type test sent each through the
             # ``_b.check`` call (a guard on its code in every compiled call).
-            tests.append(f"isinstance({v if tests else bound}, {exact})")
+            tests.append(f"{self.spell('isinstance')}({v if tests else bound}, {exact_type})")
         else:
-            tests.append(f"type({v if tests else bound}) is {exact}")
+            tests.append(f"{self.spell('type')}({v if tests else bound}) is {exact_type}")
         return f"{v} if {' or '.join(tests)} else _b.{self.check}({v}, {expected}, {self.where})"
 
 

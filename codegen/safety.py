@@ -243,6 +243,10 @@ def check_generated_names(module: SourceModule, code: str) -> None:
         return
     imported: dict[str, str] = {}  # local name -> qualified name
     defined: dict[str, str] = {}  # module-level generated name -> what defines it
+    # A forward field may be named like an import of the generated module's own (`torch`,
+    # `Any`; user names are imported under aliases): the functions taking the fields as
+    # parameters read what it hides under an alias (emit.Spelling).
+    fields = {f.name for op in module.ops for f in op.forward.fields}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
             for alias in node.names:
@@ -264,7 +268,7 @@ def check_generated_names(module: SourceModule, code: str) -> None:
         bound: list[tuple[str, str]] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.append((node.name, f"the generated definition of `{node.name}`"))
-            for local in sorted(_locals(node)):
+            for local in sorted(_locals(node) - fields):
                 if local in imported:
                     where = f"a local name in the generated `{node.name}`"
                     _clash(module, local, imported[local], where)

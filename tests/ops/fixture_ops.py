@@ -37,7 +37,11 @@ from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
 
 FIXTURE_DIR = "tests/ops/fixtures"
 # Every fixture op module; each has its tests in tests/ops/test_<stem>.py.
-FIXTURE_SOURCES = (f"{FIXTURE_DIR}/every_kind_op.py", f"{FIXTURE_DIR}/grouped_op.py")
+FIXTURE_SOURCES = (
+    f"{FIXTURE_DIR}/every_kind_op.py",
+    f"{FIXTURE_DIR}/grouped_op.py",
+    f"{FIXTURE_DIR}/shadowing_op.py",
+)
 _OUTPUT_DIR = "fixture_ops_out"
 
 _STATE: dict[str, object] = {}

@@ -1,4 +1,4 @@
-# expect: 16:5 field `keep` of FwdArgs would shadow `keep` in the generated `call_bad`
+# expect: 16:5 field `keep` of FwdArgs is named like the `keep` keyword of the generated `call_bad`
 """Corpus: a forward field named like `call_<op>`'s own `keep` keyword."""
 
 from __future__ import annotations
