@@ -83,6 +83,7 @@ EXPECTED_FORWARD = {
     "maybe_quantizers": ("quantizer list", f"{QUANTIZER}?[]? maybe_quantizers"),
     "generator": ("unsupported", NONE),
     "extra": ("unsupported", NONE),
+    "type": ("scalar", "SymInt type"),
 }
 EXPECTED_BACKWARD = {
     "grad_outputs": ("tensor list", "Tensor[] grad_outputs"),

@@ -88,6 +88,7 @@ FORWARD_SCHEMA = (
     ", str[] maybe_weights__meta"
     ", str?[] quantizers"
     ", str?[]? maybe_quantizers"
+    ", SymInt type"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -141,6 +142,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("maybe_weights", "tensor-or-quantized list", "maybe_weights__meta", "str[]"),
     _b.SlotRow("quantizers", "quantizer list", "quantizers", "str?[]"),
     _b.SlotRow("maybe_quantizers", "quantizer list", "maybe_quantizers", "str?[]?"),
+    _b.SlotRow("type", "scalar", "type", "SymInt"),
 )
 
 BACKWARD_SCHEMA = (
@@ -210,6 +212,7 @@ def flatten_every_kind_fwd_args(args: EveryKindFwdArgs) -> tuple[Any, ...]:
         args.maybe_quantizers,
         args.generator,
         args.extra,
+        args.type,
     )
 
 
@@ -260,6 +263,7 @@ def every_kind_fwd_slots(
     maybe_quantizers: Any,
     generator: Any,
     extra: Any,
+    type: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `EveryKindFwdArgs` (`call_every_kind` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -294,29 +298,29 @@ def every_kind_fwd_slots(
         maybe_flag
         if maybe_flag is None or maybe_flag is True or maybe_flag is False
         else _b.check_optional(maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
-        count if type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
+        count if _type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
         maybe_count
-        if maybe_count is None or type(maybe_count) is int
+        if maybe_count is None or _type(maybe_count) is int
         else _b.check_optional(maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
-        scale if type(scale) is float else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
+        scale if _type(scale) is float else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
         maybe_scale
-        if maybe_scale is None or type(maybe_scale) is float
+        if maybe_scale is None or _type(maybe_scale) is float
         else _b.check_optional(maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
-        label if type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
+        label if _type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
         maybe_label
-        if maybe_label is None or type(maybe_label) is str
+        if maybe_label is None or _type(maybe_label) is str
         else _b.check_optional(maybe_label, str, "EveryKindFwdArgs.maybe_label"),
         dtype
-        if type(dtype) is torch.dtype
+        if _type(dtype) is torch.dtype
         else _b.check(dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
         maybe_dtype
-        if maybe_dtype is None or type(maybe_dtype) is torch.dtype
+        if maybe_dtype is None or _type(maybe_dtype) is torch.dtype
         else _b.check_optional(maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
         device
-        if type(device) is torch.device
+        if _type(device) is torch.device
         else _b.check(device, torch.device, "EveryKindFwdArgs.device"),
         maybe_device
-        if maybe_device is None or type(maybe_device) is torch.device
+        if maybe_device is None or _type(maybe_device) is torch.device
         else _b.check_optional(maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
         _b.size(shape, "EveryKindFwdArgs.shape"),
         _b.size(dims, "EveryKindFwdArgs.dims"),
@@ -327,12 +331,12 @@ def every_kind_fwd_slots(
         if maybe_color is None
         else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
         mode
-        if type(mode) is str and mode in ("fast", "exact")
+        if _type(mode) is str and mode in ("fast", "exact")
         else _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
         None
         if rounding is None
         else rounding
-        if type(rounding) is str and rounding in ("nearest", "stochastic")
+        if _type(rounding) is str and rounding in ("nearest", "stochastic")
         else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
         isinstance(quantizer, Quantizer)
         and getattr(quantizer, "_teops_code", None)
@@ -374,6 +378,7 @@ def every_kind_fwd_slots(
         else _b.code_list(maybe_quantizers, Quantizer, "EveryKindFwdArgs.maybe_quantizers"),
         *(() if generator is None else _b.unsupported(generator, "EveryKindFwdArgs.generator")),
         *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
+        type if _type(type) is int else _b.check(type, _b.INT, "EveryKindFwdArgs.type"),
     )
 
 
@@ -427,6 +432,7 @@ def unflatten_every_kind_fwd_args(*slots: Any) -> EveryKindFwdArgs:
         maybe_quantizers=_b.decode_list(slot()),
         generator=None,
         extra=None,
+        type=slot(),
     )
 
 
@@ -683,9 +689,9 @@ def every_kind_compile_blocker(
     out: Dynamo traces it without inlining a call per quantizer."""
     if every_kind_fwd is None or every_kind_bwd is None:
         return _r.registration_error()
-    if quantizer is not None and not getattr(type(quantizer), "value_opaque", True):
+    if quantizer is not None and not getattr(_type(quantizer), "value_opaque", True):
         return _r.quantizer_blocker(quantizer)
-    if maybe_quantizer is not None and not getattr(type(maybe_quantizer), "value_opaque", True):
+    if maybe_quantizer is not None and not getattr(_type(maybe_quantizer), "value_opaque", True):
         return _r.quantizer_blocker(maybe_quantizer)
     reason = _r.quantizer_blocker(*(quantizers or ()))
     if reason is not None:
@@ -702,6 +708,12 @@ def _call_eagerly(args: EveryKindFwdArgs, keep: _r.Keep | None) -> tuple[Any, ..
     if keep is not None:
         keep.into(tuple(saved[i] for i in keep.saved))
     return outputs
+
+
+# Forward fields hide these names in the functions that take them as parameters
+# (`call_every_kind`, `every_kind_fwd_slots`, `every_kind_compile_blocker`),
+# which read each under its alias instead (all defined by here).
+_type = type
 
 
 def call_every_kind(
@@ -752,6 +764,7 @@ def call_every_kind(
     maybe_quantizers: Any,
     generator: Any,
     extra: Any,
+    type: Any,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `every_kind` op's user outputs on the fields of a `EveryKindFwdArgs`, given by
@@ -811,31 +824,31 @@ def call_every_kind(
                 maybe_flag
                 if maybe_flag is None or maybe_flag is True or maybe_flag is False
                 else _b.check_optional(maybe_flag, bool, "EveryKindFwdArgs.maybe_flag"),
-                count if type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
+                count if _type(count) is int else _b.check(count, _b.INT, "EveryKindFwdArgs.count"),
                 maybe_count
-                if maybe_count is None or type(maybe_count) is int
+                if maybe_count is None or _type(maybe_count) is int
                 else _b.check_optional(maybe_count, _b.INT, "EveryKindFwdArgs.maybe_count"),
                 scale
-                if type(scale) is float
+                if _type(scale) is float
                 else _b.check(scale, _b.FLOAT, "EveryKindFwdArgs.scale"),
                 maybe_scale
-                if maybe_scale is None or type(maybe_scale) is float
+                if maybe_scale is None or _type(maybe_scale) is float
                 else _b.check_optional(maybe_scale, _b.FLOAT, "EveryKindFwdArgs.maybe_scale"),
-                label if type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
+                label if _type(label) is str else _b.check(label, str, "EveryKindFwdArgs.label"),
                 maybe_label
-                if maybe_label is None or type(maybe_label) is str
+                if maybe_label is None or _type(maybe_label) is str
                 else _b.check_optional(maybe_label, str, "EveryKindFwdArgs.maybe_label"),
                 dtype
-                if type(dtype) is torch.dtype
+                if _type(dtype) is torch.dtype
                 else _b.check(dtype, torch.dtype, "EveryKindFwdArgs.dtype"),
                 maybe_dtype
-                if maybe_dtype is None or type(maybe_dtype) is torch.dtype
+                if maybe_dtype is None or _type(maybe_dtype) is torch.dtype
                 else _b.check_optional(maybe_dtype, torch.dtype, "EveryKindFwdArgs.maybe_dtype"),
                 device
-                if type(device) is torch.device
+                if _type(device) is torch.device
                 else _b.check(device, torch.device, "EveryKindFwdArgs.device"),
                 maybe_device
-                if maybe_device is None or type(maybe_device) is torch.device
+                if maybe_device is None or _type(maybe_device) is torch.device
                 else _b.check_optional(maybe_device, torch.device, "EveryKindFwdArgs.maybe_device"),
                 _b.size(shape, "EveryKindFwdArgs.shape"),
                 _b.size(dims, "EveryKindFwdArgs.dims"),
@@ -848,12 +861,12 @@ def call_every_kind(
                 if maybe_color is None
                 else _b.enum_name(maybe_color, Color, "EveryKindFwdArgs.maybe_color"),
                 mode
-                if type(mode) is str and mode in ("fast", "exact")
+                if _type(mode) is str and mode in ("fast", "exact")
                 else _b.choice(mode, ("fast", "exact"), "EveryKindFwdArgs.mode"),
                 None
                 if rounding is None
                 else rounding
-                if type(rounding) is str and rounding in ("nearest", "stochastic")
+                if _type(rounding) is str and rounding in ("nearest", "stochastic")
                 else _b.choice(rounding, ("nearest", "stochastic"), "EveryKindFwdArgs.rounding"),
                 isinstance(quantizer, Quantizer)
                 and getattr(quantizer, "_teops_code", None)
@@ -905,6 +918,7 @@ def call_every_kind(
                     else _b.unsupported(generator, "EveryKindFwdArgs.generator")
                 ),
                 *(() if extra is None else _b.unsupported(extra, "EveryKindFwdArgs.extra")),
+                type if _type(type) is int else _b.check(type, _b.INT, "EveryKindFwdArgs.type"),
             )
             outputs = _r.rebuild(_r.output_layout("teops::every_kind_fwd"), flat)
             if keep is not None:
@@ -957,6 +971,7 @@ def call_every_kind(
         maybe_quantizers=maybe_quantizers,
         generator=generator,
         extra=extra,
+        type=type,
     )
     if reason is None:
         return _call_eagerly(args, keep)
