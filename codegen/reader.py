@@ -312,8 +312,8 @@ def module_of(path: str) -> tuple[str, str]:
 def _ast_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     for statement in body:
         if isinstance(statement, ast.If):
-            yield from _ast_statements(statement.body)
-            yield from _ast_statements(statement.orelse)
+            for branch in _ast_if_branches(statement):
+                yield from _ast_statements(branch)
         elif isinstance(statement, ast.Try | getattr(ast, "TryStar", ast.Try)):
             for handler in statement.handlers:  # first, so the body's bindings win
                 yield from _ast_statements(handler.body)
@@ -327,12 +327,13 @@ def _ast_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 def _ast_dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = _ast_dotted(node.value)
-        return None if head is None else f"{head}.{node.attr}"
-    return None
+    attributes = []
+    while isinstance(node, ast.Attribute):  # a loop: a chain may be thousands long
+        attributes.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(attributes)])
 
 
 def _ast_bindings(statement: ast.stmt) -> Iterator[tuple[str, tuple[object, ...]]]:
@@ -356,10 +357,13 @@ def _ast_bindings(statement: ast.stmt) -> Iterator[tuple[str, tuple[object, ...]
 
 
 def _ast_if_branches(node: ast.If) -> list[list[ast.stmt]]:
+    """The bodies of an ``if``, its ``elif``s and its ``else``, in order (a loop: other
+    modules are read with ``ast`` alone, unbounded, and an ``elif`` chain may be long)."""
     branches = [node.body]
-    if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
-        branches += _ast_if_branches(node.orelse[0])
-    elif node.orelse:
+    while len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+        node = node.orelse[0]
+        branches.append(node.body)
+    if node.orelse:
         branches.append(node.orelse)
     return branches
 

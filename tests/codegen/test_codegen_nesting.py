@@ -251,3 +251,52 @@ def test_the_op_modules_nest_at_most_half_the_bound(monkeypatch) -> None:
     for path in sorted((REPO_ROOT / "transformer_engine_ops" / "ops").glob("*.py")):
         text = path.read_text(encoding="utf-8")
         nesting.check_module(path.name, text, ast.parse(text))
+
+
+# --- modules read with Python's `ast` alone (the names an op module imports) ----------
+
+_HELPER_USER = _module(annotation="Optional[A]").replace(
+    "from typing import List, Optional\n",
+    "from typing import List, Optional\n\nfrom pkg.helper import A\n",
+)
+
+
+def _elif_chain(n: int) -> str:
+    """`A` bound differently in each branch of a module-level `if` with n - 1 `elif`s."""
+    return "X = 0\nif X == 0:\n    A = int\n" + "".join(
+        f"elif X == {i}:\n    A = float\n" for i in range(1, n)
+    )
+
+
+@pytest.mark.parametrize(
+    "helper,message",
+    [
+        (_elif_chain(1500), "which the branches of the module-level `if` at pkg/helper.py:3"),
+        ("import torch\nA = torch" + ".a" * 2000 + "\n", "unknown type `torch.a.a.a"),
+    ],
+    ids=["elif_chain_1500", "attribute_chain_2000"],
+)
+@pytest.mark.parametrize("selected", ["--source", "a sources pattern"])
+def test_a_long_chain_in_an_imported_module_is_no_recursion_error(
+    helper: str, message: str, selected: str, tmp_path: Path, cli
+) -> None:
+    """Other modules are read with `ast` alone (their names), and the op modules a
+    `sources` pattern matches too (whether they declare an op): an `elif` chain or an
+    attribute chain there was walked recursively, a RecursionError past ~1000."""
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = re.sub(r"(?m)^sources = .*$", 'sources = ["pkg/*.py"]', pyproject)
+    (tmp_path / "pyproject.toml").write_text(pyproject, encoding="utf-8")
+    (tmp_path / "pkg").mkdir()
+    # Naming the declaration form makes a pattern's selection read the helper too.
+    helper = "# declares no OpDeclaration\n" + helper
+    (tmp_path / "pkg" / "helper.py").write_text(helper, encoding="utf-8")
+    (tmp_path / "pkg" / "op.py").write_text(_HELPER_USER, encoding="utf-8")
+    argv = ["--source", "pkg/op.py"] if selected == "--source" else []
+
+    result = cli("--root", str(tmp_path), "--check", *argv)
+
+    assert result.rc == 1, result.err
+    assert "Traceback" not in result.err
+    line = _line(_HELPER_USER, "x:")
+    assert re.match(rf"^pkg/op\.py:{line}:\d+: error: ", result.err), result.err
+    assert message in result.err.splitlines()[0], result.err
