@@ -131,6 +131,7 @@ def _forward_args(fx: ModuleType):
         maybe_quantizers=None,
         generator=None,
         extra=None,
+        type=7,  # named like the builtin the checks call: they read that as `_type`
     )
 
 
@@ -198,6 +199,7 @@ def test_every_kind_fake_view_describes_tensor_lists_with_quantized_and_none_ele
         ("window", (1, 2, 3), "EveryKindFwdArgs.window: expected a tuple of 2 ints"),
         ("window", (1, True), "EveryKindFwdArgs.window: expected a tuple of 2 ints"),
         ("splits", [1.5], "EveryKindFwdArgs.splits: expected a list of ints"),
+        ("type", 1.5, "EveryKindFwdArgs.type: expected int or SymInt, got float"),
         ("quantizers", [1], "EveryKindFwdArgs.quantizers: expected a list of Quantizer"),
         ("weights", [1], r"EveryKindFwdArgs.weights\[0\]: expected Tensor"),
         ("generator", torch.Generator(), "EveryKindFwdArgs.generator: this field cannot"),
