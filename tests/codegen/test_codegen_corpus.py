@@ -13,6 +13,7 @@ parent* byte-identical (files, folders and symlinks alike).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import json
@@ -221,18 +222,23 @@ def _plant(rel: str) -> Callable[[Path], list[str]]:
 
 
 # The op modules listed one by one, as this project's pyproject.toml did before patterns.
+def _generated_modules() -> tuple[str, ...]:
+    """Every op module this project generates from, by name: ``MODULES`` of the
+    checked-in ``generated/__init__.py``, read as text (so a new op module is listed)."""
+    text = (REPO_ROOT / "transformer_engine_ops/generated/__init__.py").read_text()
+    (node,) = [
+        n.value
+        for n in ast.parse(text).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "MODULES"
+    ]
+    return tuple(ast.literal_eval(node))
+
+
 _LISTED = (
     "sources = ["
     + ", ".join(
         f'"{OPS_DIR}/{name}.py"'
-        for name in (
-            "linear",
-            "layernorm",
-            "layernorm_linear",
-            "layernorm_mlp",
-            "grouped_linear",
-            "attention",
-        )
+        for name in _generated_modules()
     )
     + "]"
 )
