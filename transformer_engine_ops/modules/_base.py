@@ -12,6 +12,7 @@ values when asked), the pieces of ``reset_parameters`` and ``set_tensor_parallel
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -75,17 +76,40 @@ def forward_recipe(module: Any) -> RecipeQuantizers | None:
     region (a forward run by a backward pass, outside the ``autocast`` that wrapped the
     original forward) the one the original forward recorded, so the recompute quantizes
     as the forward did. Under torch.compile the recompute is traced with the forward's
-    quantizers as graph constants, so nothing is recorded there. (A function, not a
+    quantizers as graph constants, so nothing is recorded there. Eagerly, a forward
+    under a recipe of another type than the module's last quantized forward warns as
+    TE's does (a compiled call, which records nothing, does not). (A function, not a
     method: a method looked up on each layer is guarded, per layer and call, as absent
     from its ``__dict__``; the recipe read from its cell, not through the
     ``STATE.autocast`` property, whose getter a compiled call guards.)"""
     active = STATE.autocast_cell[0]
     if is_compiling():
         return active
-    if active is None and current_graph_task_id() != -1:
-        return module.__dict__.get("_teops_forward_recipe")
-    module.__dict__["_teops_forward_recipe"] = active
+    state = module.__dict__
+    if active is None:
+        if current_graph_task_id() != -1:
+            return state.get("_teops_forward_recipe")
+    else:
+        kind = type(active.recipe)
+        if state.get("_teops_recipe_type", kind) is not kind:
+            _recipe_type_changed(state, kind)
+        state["_teops_recipe_type"] = kind
+    state["_teops_forward_recipe"] = active
     return active
+
+
+def _recipe_type_changed(state: dict[str, Any], kind: type) -> None:
+    """TE's warning when a module runs under a recipe of another type than its last
+    quantized forward (neither class a subclass of the other). TE drops the module's
+    cached weights then; here a kept weight is read only by its own quantizer
+    (``WeightWorkspace.read``), so a copy of the old recipe is never used."""
+    last = state["_teops_recipe_type"]
+    if not (issubclass(kind, last) or issubclass(last, kind)):
+        warnings.warn(
+            f"Recipe type changed from {last.__name__} to {kind.__name__}. "
+            "This may affect model behavior.",
+            stacklevel=3,
+        )
 
 
 class ExtraStateMixin:

@@ -327,7 +327,9 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             inp=inp,
             weights=weights,
             biases=biases,
-            weight_workspaces=self._weight_workspaces if is_first_microbatch is False else None,
+            weight_workspaces=self._read_workspaces(weight_quantizers, weights)
+            if caching and is_first_microbatch is False
+            else None,
             m_splits=m_splits,
             input_requires_grad=is_tensor(inp) and inp.requires_grad,
             weights_requires_grad=any(w.requires_grad for w in weights),
@@ -371,6 +373,21 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         if any(m is not None for m in made):
             for cache, weight, quantizer in zip(self._weight_caches, made, quantizers, strict=True):
                 cache.keep(weight, quantizer)
+
+    def _read_workspaces(self, quantizers: list[Any], weights: list[Any]) -> list[Any] | None:
+        """The kept quantized weights this call reads, one per GEMM (None for a GEMM
+        whose weight it does not quantize): all of them, each made by this call's
+        quantizer of its GEMM, or None (every weight is quantized and kept afresh)."""
+        read = []
+        for cache, quantizer, weight in zip(self._weight_caches, quantizers, weights, strict=True):
+            if not quantizes_weight(quantizer, weight):
+                read.append(None)
+                continue
+            value = cache.read(quantizer)
+            if value is None:
+                return None
+            read.append(value)
+        return read
 
     @property
     def _weight_workspaces(self) -> list[Any] | None:

@@ -215,6 +215,8 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         fields = self._op_fields(inp, q, is_first_microbatch, fp8_output)
         keep = None
         if fields["cache_weight"]:
+            if is_first_microbatch is False:  # a copy made by this call's quantizer
+                fields["weight_workspace"] = self._weight_cache.read(fields["weight_quantizer"])
             if fields["weight_workspace"] is not None and not _workspace_fits(fields):
                 fields["weight_workspace"] = None  # remade with every usage this call needs
             if fields["weight_workspace"] is None:
@@ -249,7 +251,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ln_bias=ln_bias,
             weight=self.weight,
             bias=bias,
-            weight_workspace=self._weight_workspace if is_first_microbatch is False else None,
+            weight_workspace=None,  # read below, by this call's weight quantizer
             input_requires_grad=is_tensor(inp) and inp.requires_grad,
             ln_weight_requires_grad=ln_weight.requires_grad,
             ln_bias_requires_grad=ln_bias is not None and ln_bias.requires_grad,

@@ -265,8 +265,9 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             fc1_bias=fc1_bias,
             fc2_weight=fc2_weight,
             fc2_bias=fc2_bias,
-            fc1_weight_workspace=self._fc1_weight_workspace if later else None,
-            fc2_weight_workspace=self._fc2_weight_workspace if later else None,
+            # Copies made by this call's own quantizers (another recipe's never).
+            fc1_weight_workspace=self._fc1_weight_cache.read(q1.weight) if later else None,
+            fc2_weight_workspace=self._fc2_weight_cache.read(q2.weight) if later else None,
             # (also read by a fused wgrad: True overwrites main_grad, as in TE)
             is_first_microbatch=is_first_microbatch
             if cache or self.fuse_wgrad_accumulation or self.delay_wgrad_compute

@@ -272,7 +272,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         input_requires_grad = is_tensor(inp) and inp.requires_grad
         dtype = activation_dtype(self, inp, params_dtype)
         bias = None if return_bias else module_bias
-        workspace = self._weight_cache.value if is_first_microbatch is False else None
+        workspace = None
         keep = None
         if active is None:
             # No recipe (the common bf16 call): no quantizer, GEMM configuration, random
@@ -292,6 +292,8 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
                 (q.grad_output,), inp, weight.device, grad and override is None
             )
             if cache_weight:
+                if is_first_microbatch is False:  # a copy made by this call's quantizer
+                    workspace = self._weight_cache.read(q.weight)
                 needs_columnwise = grad and input_requires_grad and override is None
                 if workspace is not None and not _workspace_fits(workspace, needs_columnwise):
                     workspace = None  # remade with every usage this call needs
