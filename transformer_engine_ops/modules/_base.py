@@ -135,10 +135,16 @@ class ExtraStateMixin:
     def set_extra_state(self, state: Any) -> None:
         if isinstance(state, dict):
             _extra_state.check_gemm_entries(type(self).__name__, state, self.further_gemms)
-        _extra_state.set_extra_state(self, state)  # type: ignore[arg-type]
+        # Every GEMM's state is read and checked before any is installed: a bad entry
+        # leaves the module's scaling state as it was.
+        cls = type(self).__name__
+        loaded = [(self, _extra_state.read_extra_state(state, cls))]
         if isinstance(state, dict):
             for gemm in self.further_gemms:
-                _extra_state.set_extra_state(self._scaling_owner(gemm), state.get(gemm))
+                owner = self._scaling_owner(gemm)
+                loaded.append((owner, _extra_state.read_extra_state(state.get(gemm), cls, gemm)))
+        for owner, scaling in loaded:
+            _extra_state.install(owner, scaling)
 
     def _scaling_owner(self, gemm: str | None) -> Any:
         """What keeps the scaling state of ``gemm`` (None: the first GEMM, the module)."""

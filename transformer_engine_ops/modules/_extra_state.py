@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -108,7 +109,10 @@ class ScalingState:
         return state
 
     @classmethod
-    def from_dict(cls, owner: str, state: dict[str, Any]) -> ScalingState:
+    def from_dict(cls, owner: str, state: dict[str, Any], entry: str = "") -> ScalingState:
+        """The state ``to_dict`` saved, checked; ``entry`` prefixes the names of its
+        entries in errors (a further GEMM's state sits in the module's dict under its
+        name)."""
         try:
             fields = state["recipe"]
             recipe = DelayedScaling(
@@ -129,11 +133,29 @@ class ScalingState:
                         f"{tuple(history.shape)} do not match amax_history_len="
                         f"{recipe.amax_history_len} and {len(roles)} roles"
                     )
+                _check_scales(entry, scale_key, scale, roles)
                 for i, role in enumerate(roles):
                     new.quantizers[role].load_state(scale[i : i + 1], history[:, i])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{owner}: malformed delayed-scaling _extra_state: {error}") from None
         return new
+
+
+def _check_scales(entry: str, key: str, scale: torch.Tensor, roles: tuple[str, ...]) -> None:
+    """Refuse a scale that is not finite and positive: with a NaN, infinite or zero
+    scale the next forward comes out non-finite, without an error (TE loads it as it
+    is); a negative one is no scale the update makes. A saved
+    state never holds one (the update sets a scale only from a finite, positive amax).
+    An amax history may hold non-finite values (an overflowing step records them, and
+    the update skips them), so it is loaded as saved."""
+    for i, role in enumerate(roles):
+        value = float(scale[i])
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(
+                f"{entry}{key}[{i}] (the {role} scale) is {value}; a delayed-scaling "
+                "scale must be finite and positive (the update never makes another; a "
+                "NaN, infinite or zero scale makes the next forward non-finite)"
+            )
 
 
 def module_quantizers(module: torch.nn.Module, shared: RecipeQuantizers) -> RecipeQuantizers:
@@ -193,15 +215,21 @@ def get_extra_state(module: torch.nn.Module) -> Any:
     return state.to_dict()
 
 
-def set_extra_state(module: torch.nn.Module, state: Any) -> None:
+def set_extra_state(module: Any, state: Any) -> None:
     """Restore what :func:`get_extra_state` saved. None and an empty tensor (TE's entry
     for a module without scaling state) leave the module as it is."""
-    owner = type(module).__name__
+    install(module, read_extra_state(state, type(module).__name__))
+
+
+def read_extra_state(state: Any, owner: str, gemm: str | None = None) -> ScalingState | None:
+    """The scaling state ``state`` holds (None: leave the module's as it is), checked;
+    errors name ``owner`` (the module's class) and, for a further GEMM's state, the
+    GEMM's entry (``fc2.scale_fwd[1]``)."""
     if state is None:
-        return
+        return None
     if isinstance(state, torch.Tensor):
         if state.numel() == 0:
-            return
+            return None
         raise ValueError(
             f"{owner}: this _extra_state is a non-empty byte tensor (Transformer Engine's "
             "pickled FP8 metadata); it is not loaded because unpickling runs arbitrary code. "
@@ -209,11 +237,18 @@ def set_extra_state(module: torch.nn.Module, state: Any) -> None:
             "afresh"
         )
     if not isinstance(state, dict) or state.get("format") != EXTRA_STATE_FORMAT:
+        where = f"{gemm} entry of its " if gemm else ""
         raise ValueError(
-            f"{owner}: unrecognised _extra_state {type(state).__name__}; expected None, an "
-            f"empty tensor or a dict with format {EXTRA_STATE_FORMAT!r}"
+            f"{owner}: unrecognised {where}_extra_state {type(state).__name__}; expected "
+            f"None, an empty tensor or a dict with format {EXTRA_STATE_FORMAT!r}"
         )
-    loaded = ScalingState.from_dict(owner, state)
+    return ScalingState.from_dict(owner, state, f"{gemm}." if gemm else "")
+
+
+def install(module: Any, loaded: ScalingState | None) -> None:
+    """Make ``loaded`` (from :func:`read_extra_state`) ``module``'s scaling state."""
+    if loaded is None:
+        return
     current: ScalingState | None = module.__dict__.get(_ATTR)
     if current is not None and current.recipe == loaded.recipe:
         # Into the quantizers in place: a ``quantized_model_init`` weight holds the
