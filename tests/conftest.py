@@ -1,15 +1,24 @@
-"""Suite-wide set-up: compiled code never comes from an earlier run's caches.
+"""Suite-wide set-up: compiled code never comes from an earlier run's caches, and the
+GPU tests run every recipe, emulated where the GPU cannot run it natively.
 
 Inductor's on-disk caches key compiled graphs on the graph, not on our custom ops'
 fake kernels, so a cache left by an older checkout (or a worktree beside this one) can
 serve code compiled for another output layout. Each test process (each pytest-xdist
 worker) compiles into its own fresh cache directory.
+
+A module on a CUDA device refuses a recipe that device cannot run natively (MXFP8 and
+NVFP4 below Blackwell), unless ``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1``
+(``transformer_engine_ops/availability.py``). The tests marked ``gpu`` check every
+recipe on whatever GPU runs them (an H100 or H200 too), so they run with it on; a test
+of the refusal itself turns it off.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+
+import pytest
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="teops-inductor-")
 
@@ -21,3 +30,12 @@ if _SIMDLEN:
     import torch._inductor.config
 
     torch._inductor.config.cpp.simdlen = int(_SIMDLEN)
+
+
+@pytest.fixture(autouse=True)
+def emulate_unsupported_recipes_on_gpu_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1`` for the tests marked ``gpu``."""
+    if request.node.get_closest_marker("gpu") is not None:
+        monkeypatch.setenv("TEOPS_EMULATE_UNSUPPORTED_RECIPES", "1")

@@ -56,14 +56,13 @@ def test_top_level_names() -> None:
         "is_nvfp4_available",
     ],
 )
-def test_format_queries_say_how_the_format_runs(query: str) -> None:
-    """Every format runs here; the reason names this device and native or emulated."""
-    assert getattr(te, query)() is True
+def test_format_queries_answer_a_bool_or_a_bool_and_a_reason(query: str) -> None:
+    """TE's two forms. On the CPU every format runs, emulated; on CUDA the answers are
+    TE's for the device (``test_recipe_availability.py``)."""
     available, reason = getattr(te, query)(return_reason=True)
-    assert available is True
-    assert ("emulated" in reason or "natively" in reason) and "on " in reason
+    assert getattr(te, query)() is available and isinstance(reason, str)
     if not torch.cuda.is_available():
-        assert "emulated" in reason and "CPU" in reason
+        assert available is True and "emulated on the CPU" in reason
 
 
 def test_bf16_default_recipe_and_capability() -> None:

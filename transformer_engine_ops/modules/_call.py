@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import is_autocast_enabled, is_tensor
 
+from ..availability import recipe_refusal
 from ..ops.linear import BackwardOverride
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
@@ -151,6 +152,17 @@ def zero_feature_gemms(
 def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:
     """The recipe's ``backward_override`` as the ops' enum (None without a recipe)."""
     return None if quantizers is None else BACKWARD_OVERRIDES[quantizers.backward_override]
+
+
+def refuse_unsupported(q: RecipeQuantizers | None, weight: Any) -> None:
+    """Raise where ``weight`` (the module's weight, which says where it computes) is on a
+    CUDA device that cannot run the formats of ``q`` natively, unless emulation is
+    switched on (``availability.recipe_refusal``: the recipe and TE's reason). Nothing
+    to do without a recipe or on the CPU."""
+    if q is not None and weight.is_cuda:
+        reason = recipe_refusal(q.needs, weight.device.index)
+        if reason:
+            raise RuntimeError(reason)
 
 
 def quantizes_weight(quantizer: Any, weight: Any) -> bool:

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch.utils.checkpoint
 
+from ..availability import quantizer_format
 from ..quantization.float8 import deferred_scale_updates
 from ..quantization.recipes import (
     ROLES,
@@ -87,6 +88,11 @@ class RecipeQuantizers:
     # value), which a CustomRecipe's per-module quantizers are kept under.
     key: tuple[Any, ...] | None = None
 
+    # The formats these quantizers need of a CUDA device, as (format, what needs it)
+    # pairs (availability.recipe_refusal): the recipe's formats, named by the recipe,
+    # or, for a CustomRecipe, each role's quantizer's.
+    needs: tuple[tuple[str, str], ...] = ()
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         """The quantizers of ``recipe``'s current value. A dataclass of values
@@ -128,7 +134,23 @@ class RecipeQuantizers:
             wgrad_gemm=wgrad,
             backward_override=getattr(recipe, "backward_override", None),
             key=key,
+            needs=_needs(recipe, dict(zip(ROLES, quantizers, strict=True))),
         )
+
+
+def _needs(recipe: Recipe, quantizers: dict[str, Quantizer]) -> tuple[tuple[str, str], ...]:
+    """The formats ``quantizers`` (by role) need of a CUDA device: each once, named by
+    the recipe for a built-in one, by the role and quantizer class for a CustomRecipe,
+    whose factory may answer each role with another format."""
+    needs: dict[str, str] = {}
+    name = type(recipe).__name__
+    for role, quantizer in quantizers.items():
+        fmt = quantizer_format(quantizer)
+        if fmt is not None and fmt not in needs:
+            what = type(quantizer).__name__
+            custom = isinstance(recipe, CustomRecipe)
+            needs[fmt] = f"{name} (its {role} quantizer {what})" if custom else name
+    return tuple(needs.items())
 
 
 # The memo of shared quantizers: recipe_key(recipe) -> the quantizers of that value
@@ -341,7 +363,9 @@ def _with_roles(shared: RecipeQuantizers, roles: GemmRoles) -> RecipeQuantizers:
     fields = dict(
         zip(("input", "weight", "output", "grad_output", "grad_input"), made, strict=True)
     )
-    return dataclasses.replace(shared, **fields, grad_weight=fields["grad_output"])
+    return dataclasses.replace(
+        shared, **fields, grad_weight=fields["grad_output"], needs=_needs(recipe, fields)
+    )
 
 
 @torch.compiler.assume_constant_result

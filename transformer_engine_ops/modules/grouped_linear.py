@@ -62,6 +62,7 @@ from ._call import (
     backward_override_of,
     quantizes_weight,
     recipe_gemm_fields,
+    refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
     zero_feature_gemms,
@@ -315,9 +316,12 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.
         qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]
+        weights = self._weights()
+        for qi in qs:
+            refuse_unsupported(qi, weights[0])  # a format this CUDA device lacks
         q: Any = shared
         dtype = activation_dtype(self, inp, self.params_dtype)
-        weights, biases = self._weights(), self._biases()
+        biases = self._biases()
         weight_quantizers = [qi and qi.weight for qi in qs]
         # Caching only means something where this call quantizes a weight (TE's rule).
         caching = is_first_microbatch is not None and any(

@@ -33,6 +33,7 @@ from ._call import (
     backward_override_of,
     quantizes_weight,
     recipe_gemm_fields,
+    refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
 )
@@ -212,6 +213,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         q: Any = self._recipe_quantizers()
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
+        refuse_unsupported(q, self.weight)  # a format this CUDA device lacks
         fields = self._op_fields(inp, q, is_first_microbatch, fp8_output)
         keep = None
         if fields["cache_weight"]:

@@ -32,6 +32,7 @@ from ._base import ExtraStateMixin, forward_recipe, reject_unimplemented, te_def
 from ._call import (
     activation_dtype,
     recipe_gemm_fields,
+    refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
 )
@@ -244,6 +245,8 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         q1: Any = self._stateful_quantizers(shared)
         q2: Any = self._stateful_quantizers(shared, "fc2")
+        refuse_unsupported(q1, self.fc1_weight)  # a format this CUDA device lacks
+        refuse_unsupported(q2, self.fc2_weight)
         dtype = activation_dtype(self, inp, self.params_dtype)
         fc2_bias = None if self.return_bias else self.fc2_bias
         ln_weight, ln_bias = self.layer_norm_weight, self.layer_norm_bias

@@ -32,6 +32,7 @@ from ._call import (
     backward_override_of,
     quantizes_weight,
     recipe_gemm_fields,
+    refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
     zero_feature_gemms,
@@ -284,6 +285,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             sr_rng_state = None
         else:
             q = self._role_quantizers(self._stateful_quantizers(active))  # a CustomRecipe's
+            refuse_unsupported(q, weight)  # a format this CUDA device lacks
             override = backward_override_of(q)
             # Caching only means something where this call quantizes the weight.
             cache_weight = is_first_microbatch is not None and quantizes_weight(q.weight, weight)
