@@ -14,9 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import is_autocast_enabled, is_tensor
+from torch.compiler import is_compiling
 
 from ..availability import recipe_refusal
 from ..ops.linear import BackwardOverride
+from ..runtime._torch_private import functorch_transform_active
 from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from .autocast import RecipeQuantizers
@@ -152,6 +154,34 @@ def zero_feature_gemms(
 def backward_override_of(quantizers: RecipeQuantizers | None) -> BackwardOverride | None:
     """The recipe's ``backward_override`` as the ops' enum (None without a recipe)."""
     return None if quantizers is None else BACKWARD_OVERRIDES[quantizers.backward_override]
+
+
+@torch.compiler.assume_constant_result
+def _transform_traced() -> bool:
+    """Whether Dynamo is tracing inside a torch.func transform (a compiled
+    ``torch.func.grad(f)``): run for real while tracing, a constant of the graph."""
+    return functorch_transform_active()
+
+
+def refuse_torch_func(module: Any) -> None:
+    """Raise, naming ``module`` (a module or its class name) and what is supported, when
+    a torch.func transform runs its forward: the ops' autograd Functions define no
+    ``setup_context`` (nor vmap rules), so torch would raise its generic error from
+    inside the op. Each module's forward begins with it. Compiled, the question is
+    answered while tracing (a transform Dynamo traces is active then); the refusal then
+    reaches the caller as Dynamo's error quoting it (``fullgraph=True``), or from the
+    eager call behind the graph break."""
+    if not (_transform_traced() if is_compiling() else functorch_transform_active()):
+        return
+    name = module if isinstance(module, str) else type(module).__name__
+    raise RuntimeError(
+        f"{name}: torch.func transforms (grad, vmap, jvp, vjp, jacrev, jacfwd, hessian) "
+        "are not supported: its ops' autograd Functions define no setup_context, which "
+        "the transforms need. Supported: torch.autograd (loss.backward(), "
+        "torch.autograd.grad, create_graph=True for a second order), eagerly or under "
+        "torch.compile; torch.func.functional_call outside a transform calls the module "
+        "with other parameters and buffers"
+    )
 
 
 def refuse_unsupported(q: RecipeQuantizers | None, weight: Any) -> None:

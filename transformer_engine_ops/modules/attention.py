@@ -29,7 +29,7 @@ from ..ops.attention import (
 )
 from ..quantization.stochastic import draw_rng_state
 from ._base import ExtraStateMixin, check_positive
-from ._call import autocast_enabled
+from ._call import autocast_enabled, refuse_torch_func
 from .autocast import STATE
 
 _NAME = "DotProductAttention"
@@ -261,6 +261,7 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
         thd_attention_policies: Any = None,
         thd_attention_policy_dispatch: str = "auto",
     ) -> torch.Tensor:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         _refuse(
             checkpoint_core_attention=checkpoint_core_attention,
             inference_params=inference_params is not None,

@@ -62,6 +62,7 @@ from ._call import (
     backward_override_of,
     quantizes_weight,
     recipe_gemm_fields,
+    refuse_torch_func,
     refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
@@ -287,6 +288,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         out: torch.Tensor | None = None,
         dgrad_out: torch.Tensor | None = None,
     ) -> Any:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(
                 GroupedLinear.forward, self, inp, m_splits, is_first_microbatch, out, dgrad_out

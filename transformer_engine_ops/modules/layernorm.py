@@ -17,7 +17,7 @@ from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.layernorm import call_layernorm
 from ._base import ExtraStateMixin
-from ._call import activation_dtype, torch_autocast_on, under_torch_autocast
+from ._call import activation_dtype, refuse_torch_func, torch_autocast_on, under_torch_autocast
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -91,6 +91,7 @@ class _Norm(ExtraStateMixin, nn.Module):
                 self.bias.zero_()
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(_Norm.forward, self, inp)
         activation_dtype(self, inp, self.weight.dtype)  # refuses integers

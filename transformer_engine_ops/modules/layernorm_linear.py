@@ -33,6 +33,7 @@ from ._call import (
     backward_override_of,
     quantizes_weight,
     recipe_gemm_fields,
+    refuse_torch_func,
     refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
@@ -204,6 +205,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         fp8_output: bool = False,
         fp8_grad: bool = False,
     ) -> Any:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(
                 LayerNormLinear.forward, self, inp, is_first_microbatch, fp8_output, fp8_grad

@@ -32,6 +32,7 @@ from ._base import ExtraStateMixin, forward_recipe, reject_unimplemented, te_def
 from ._call import (
     activation_dtype,
     recipe_gemm_fields,
+    refuse_torch_func,
     refuse_unsupported,
     torch_autocast_on,
     under_torch_autocast,
@@ -195,6 +196,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         weights already quantized (``quantized_model_init``). Compiled as for ``Linear``:
         one graph per flag value, reading or writing the kept workspaces.
         """
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(LayerNormMLP.forward, self, inp, is_first_microbatch)
         shared = forward_recipe(self)

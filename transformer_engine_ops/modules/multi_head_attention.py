@@ -24,6 +24,7 @@ from torch import nn
 from ..ops.attention import ATTN_MASK_TYPES
 from ..runtime.boundary import registered_group
 from ._base import check_positive, reject_unimplemented
+from ._call import refuse_torch_func
 from ._split_weights import SplitLayerNormLinear, SplitLinear
 from .attention import DotProductAttention, check_set_window_size
 from .layernorm import LayerNorm, RMSNorm
@@ -318,6 +319,7 @@ class MultiheadAttention(nn.Module):
         thd_attention_policy_dispatch: str = "auto",
         softcap: float | None = None,
     ) -> Any:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         cls = type(self).__name__
         reject_unimplemented(
             f"{cls}.forward",

@@ -19,6 +19,7 @@ from torch import is_grad_enabled, nn
 from ..generated.bias_dropout import call_bias_dropout
 from ..runtime.boundary import registered_group
 from ._base import check_positive, reject_unimplemented
+from ._call import refuse_torch_func
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_mlp import LayerNormMLP
 from .multi_head_attention import MultiheadAttention, resolve_mask
@@ -300,6 +301,7 @@ class TransformerLayer(nn.Module):
         thd_attention_policy_dispatch: str = "auto",
         softcap: float | None = None,
     ) -> torch.Tensor:
+        refuse_torch_func(self)  # a torch.func transform: a clear error
         cls = type(self).__name__
         if self.sequence_parallel and self.seq_length is not None:
             expected = self.seq_length // self.tp_size
