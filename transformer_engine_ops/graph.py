@@ -2,12 +2,14 @@
 ``torch.cuda.make_graphed_callables``, with TE's recipe arguments.
 
 Each callable is captured inside ``te.autocast(enabled, recipe)``: the recipe's
-quantizers are plain values, so the captured kernels replay the same quantization. Two
-kinds of recipe are refused, naming them: delayed scaling (its scales update in Python
-when the autocast region exits, which a replay would skip) and NVFP4 (its stochastic
-rounding draws a fresh (seed, offset) on the host per call, which a replay would
-repeat). The callables returned wrap the given ones (TE rewires the modules' own
-``forward``); call those.
+quantizers are plain values, so the captured kernels replay the same quantization.
+Delayed scaling is refused, naming it: its scales update in Python when the autocast
+region exits, which a replay would skip. Stochastic rounding (NVFP4's gradients, by
+``NVFP4BlockScaling`` or a ``CustomRecipe``'s quantizer) is not: each module call draws
+its (seed, offset) pair on the CUDA device's generator, which a graph replay advances
+as an eager call does, so a replay rounds with fresh bits, eager's for the same
+generator state (``quantization/stochastic.py``). The callables returned wrap the
+given ones (TE rewires the modules' own ``forward``); call those.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Union
 import torch
 
 from .modules.autocast import autocast
-from .quantization.recipes import DelayedScaling, NVFP4BlockScaling, Recipe
+from .quantization.recipes import DelayedScaling, Recipe
 
 
 class _UnderRecipe(torch.nn.Module):
@@ -109,12 +111,11 @@ def make_graphed_callables(
             + ", ".join(named)
             + " (leave these at TE's defaults)"
         )
-    if isinstance(recipe, (DelayedScaling, NVFP4BlockScaling)):
+    if isinstance(recipe, DelayedScaling):
         raise NotImplementedError(
-            f"make_graphed_callables: {type(recipe).__name__} under CUDA graphs is not "
-            "implemented by transformer_engine_ops (delayed scaling updates its scales on "
-            "the host at each autocast exit; NVFP4 draws its stochastic-rounding seed on "
-            "the host per call: a graph replay would skip or repeat them)"
+            "make_graphed_callables: DelayedScaling under CUDA graphs is not implemented by "
+            "transformer_engine_ops (delayed scaling updates its scales on the host at each "
+            "autocast exit: a graph replay would skip it)"
         )
     if not torch.cuda.is_available():
         raise RuntimeError(
