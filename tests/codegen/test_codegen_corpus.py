@@ -234,14 +234,7 @@ def _generated_modules() -> tuple[str, ...]:
     return tuple(ast.literal_eval(node))
 
 
-_LISTED = (
-    "sources = ["
-    + ", ".join(
-        f'"{OPS_DIR}/{name}.py"'
-        for name in _generated_modules()
-    )
-    + "]"
-)
+_LISTED = "sources = [" + ", ".join(f'"{OPS_DIR}/{name}.py"' for name in _generated_modules()) + "]"
 
 
 def _source(rel: str) -> Callable[[Path], list[str]]:
