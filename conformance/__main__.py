@@ -28,7 +28,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
-    p.add_argument("--te-src", type=Path, required=True, help="a TE checkout (read only)")
+    p.add_argument("--te-src", type=Path, help="a TE checkout (read only)")
     p.add_argument(
         "--files",
         nargs="+",
@@ -54,18 +54,27 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="runs JSON (default: --out's .json)")
     p.add_argument("--results", type=Path, default=None, help="also write every test's outcome")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument(
+        "--render-only", action="store_true", help="only render --out from the runs JSON"
+    )
     args = p.parse_args(argv)
     args.files = [f if f.endswith(".py") else f"{f}.py" for f in args.files]
     if args.sample is not None and args.sample < 1:
         p.error("--sample must be at least 1")
     if args.json is None:
         args.json = args.out.with_suffix(".json")
+    if args.te_src is None and not args.render_only:
+        p.error("--te-src is required")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
+    if args.render_only:
+        args.out.write_text(report.render(report.load_runs(args.json)))
+        print(f"wrote {args.out}")
+        return 0
     options = runner.Options(
         te_src=args.te_src,
         files=args.files,

@@ -379,7 +379,11 @@ class _Rewriter(cst.CSTTransformer):
         # The sub-chain that names exactly res.key is replaced.
         for sub in chain:
             if te_qualified_name(self._qnames(sub)) == res.key:
-                self.replace[sub] = self._expression_for(res, res.key)
+                expression = self._expression_for(res, res.key)
+                # the chain's children are not visited: the outermost node is rebuilt
+                self.replace[node] = (
+                    expression if sub is node else node.deep_replace(sub, expression)
+                )
                 self.rules["reference"] += 1
                 return
         self._error(node, f"cannot find the part of {name} that names {res.key}")
@@ -390,6 +394,7 @@ class _Rewriter(cst.CSTTransformer):
         if original_node in self.replace:
             return self.replace[original_node]
         if imported_name(self._qnames(original_node)) == "torch.cuda":
+            self._require("_teops_device")
             self.rules["device-torch-cuda"] += 1
             return cst.parse_expression(CUDA_EXPR)
         return updated_node

@@ -198,6 +198,15 @@ def te_revision(te_src: Path, given: str | None) -> dict[str, str | None]:
     commit = tag = None
     source = None
     try:
+        top = subprocess.run(
+            ["git", "-C", str(te_src), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if Path(top).resolve() != te_src.resolve():
+            # a folder inside another repository (this one's test fixture): not TE's git
+            raise subprocess.CalledProcessError(1, "git")
         commit = subprocess.run(
             ["git", "-C", str(te_src), "rev-parse", "HEAD"],
             capture_output=True,

@@ -353,7 +353,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if hasattr(report, "wasxfail"):
         record["xfail"] = True
     if report.skipped and isinstance(report.longrepr, tuple):
-        record["reason"] = str(report.longrepr[2])
+        record["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
     if report.failed and "teops_failure" not in props:
         record["longrepr"] = report.longreprtext[-3000:]
     _append(record)

@@ -21,6 +21,7 @@ Copied beside the rewritten tests (conformance/rewrite.py says which names come 
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -137,9 +138,8 @@ def attention_mask_func(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 def fp8_global_state_reset() -> None:
     """Return this package's per-thread recipe state to no recipe (what TE's
     ``FP8GlobalStateManager.reset()`` does to TE's global state)."""
-    from transformer_engine_ops.modules import autocast
-
-    state = autocast.STATE
+    # the module, not the function transformer_engine_ops.modules exports under its name
+    state = importlib.import_module("transformer_engine_ops.modules.autocast").STATE
     for cell in ("autocast", "model_init"):
         if not hasattr(state, cell):
             raise RuntimeError(

@@ -1,0 +1,1 @@
+"""Modules copied beside the rewritten TE tests (conformance/runner.py)."""
