@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary review
+.PHONY: all codegen check-codegen lint format test test-all demo bench clean test-torch-versions te-boundary te-conformance review
 
 all: test
 
@@ -66,6 +66,18 @@ bench: $(STAMP)
 te-boundary: $(STAMP)
 	$(PY) -m codegen.te_wheel
 	$(PY) -m codegen --root examples/te_2_20
+
+# Transformer Engine's own tests against this package: the chosen files of
+# $(TE_SRC)/tests/pytorch (a TE checkout, read and never copied here) are copied into a
+# temporary folder, their TE imports and device rewritten, the tests reaching a TE
+# internal skipped, and the results written to docs/te_conformance.md (see there).
+# TE_CONFORMANCE_ARGS adds options: --files, --device cuda, --sample K, --workers N,
+# -k EXPR, --label NAME, --te-commit SHA (when TE_SRC is not a git work tree).
+TE_SRC ?=
+TE_CONFORMANCE_ARGS ?=
+te-conformance: $(STAMP)
+	@test -n "$(TE_SRC)" || { echo "error: make te-conformance TE_SRC=<a TE checkout>" >&2; exit 2; }
+	$(PY) -m conformance --te-src "$(TE_SRC)" $(TE_CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

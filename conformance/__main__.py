@@ -53,6 +53,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DOCS / "te_conformance.md")
     p.add_argument("--json", type=Path, default=None, help="runs JSON (default: --out's .json)")
     p.add_argument("--results", type=Path, default=None, help="also write every test's outcome")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="interrupt pytest after SECONDS and report what ran (the rest: not reported)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument(
         "--render-only", action="store_true", help="only render --out from the runs JSON"
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         keyword=args.keyword,
         timeout=args.timeout,
         keep=args.keep,
+        deadline=args.deadline,
     )
     try:
         revision = runner.te_revision(args.te_src, args.te_commit)
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             "timeout_s": args.timeout,
             "duration_s": round(duration, 1),
             "pytest_exit": code,
+            "deadline_s": args.deadline,
             "availability": session.get("availability", {}),
             "rules": prepared.rules,
             "import_time_internal": {

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ class Options:
     keyword: str | None = None
     timeout: float = 600.0
     keep: bool = False
+    deadline: float | None = None
     helpers: Sequence[str] = symbols.HELPER_FILES
     extra_pytest_args: Sequence[str] = field(default_factory=tuple)
 
@@ -156,7 +159,10 @@ def pytest_command(options: Options, prepared: Prepared) -> list[str]:
 
 def run_pytest(options: Options, prepared: Prepared, echo: bool = True) -> int:
     """Run pytest on the prepared folder; its output goes to results/pytest.log (and,
-    with ``echo``, to stderr). Returns pytest's exit code."""
+    with ``echo``, to stderr). Returns pytest's exit code. At ``options.deadline``
+    seconds pytest is interrupted (SIGINT: it stops after the running tests and keeps
+    what it reported; the tests it did not reach count as not reported), and killed a
+    minute later if still running."""
     env = dict(os.environ)
     env["TEOPS_CONFORMANCE_CONFIG"] = str(prepared.tests / "_teops_run.json")
     env["TEOPS_CONFORMANCE_DEVICE"] = options.device
@@ -173,12 +179,25 @@ def run_pytest(options: Options, prepared: Prepared, echo: bool = True) -> int:
             text=True,
         )
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            if echo:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-        return proc.wait()
+        timers = []
+        if options.deadline:
+            timers = [
+                threading.Timer(options.deadline, proc.send_signal, (signal.SIGINT,)),
+                threading.Timer(options.deadline + 60, proc.kill),
+            ]
+        for timer in timers:
+            timer.daemon = True
+            timer.start()
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                if echo:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            return proc.wait()
+        finally:
+            for timer in timers:
+                timer.cancel()
 
 
 def execute(options: Options) -> tuple[Prepared, int, float]:
