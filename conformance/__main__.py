@@ -6,6 +6,11 @@ rewrites their TE imports and their device, skips the tests that reach a TE inte
 runs pytest there, and records the run under ``--label`` in the JSON beside ``--out``
 (other runs kept), then renders ``--out`` from it.
 
+The preparation (which reads TE's sources with libcst) and the run can happen on two
+machines: ``--prepare-only DIR`` writes the folder and stops; ``--run-prepared DIR``
+runs it (pytest and torch are all it needs) and reports. ``--merge JSON`` adds the runs
+of another runs JSON to ``--json``; ``--render-only`` renders ``--out`` again.
+
 Exit status: 0 when every test run passed or skipped (and, on the CPU, none skipped for
 availability), 1 when some failed, errored or did not report, 2 when the run could not
 be made (no such file, a TE name the lists in conformance/symbols.py do not cover).
@@ -20,6 +25,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import report, runner, symbols
 
@@ -61,7 +67,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="interrupt pytest after SECONDS and report what ran (the rest: not reported)",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--prepare-only", type=Path, metavar="DIR", help="only prepare DIR")
+    mode.add_argument("--run-prepared", type=Path, metavar="DIR", help="run a prepared DIR")
+    mode.add_argument("--merge", type=Path, metavar="JSON", help="add another JSON's runs")
+    mode.add_argument(
         "--render-only", action="store_true", help="only render --out from the runs JSON"
     )
     args = p.parse_args(argv)
@@ -70,7 +80,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         p.error("--sample must be at least 1")
     if args.json is None:
         args.json = args.out.with_suffix(".json")
-    if args.te_src is None and not args.render_only:
+    if args.te_src is None and not (args.render_only or args.merge or args.run_prepared):
         p.error("--te-src is required")
     return args
 
@@ -78,51 +88,61 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
-    if args.render_only:
-        args.out.write_text(report.render(report.load_runs(args.json)))
+    if args.render_only or args.merge:
+        data = report.load_runs(args.json)
+        if args.merge:
+            data = report.save_runs(args.json, report.load_runs(args.merge)["runs"])
+        args.out.write_text(report.render(data))
         print(f"wrote {args.out}")
         return 0
-    options = runner.Options(
-        te_src=args.te_src,
-        files=args.files,
-        device=args.device,
-        sample=args.sample,
-        workers=args.workers,
-        keyword=args.keyword,
-        timeout=args.timeout,
-        keep=args.keep,
-        deadline=args.deadline,
-    )
     try:
-        revision = runner.te_revision(args.te_src, args.te_commit)
-        started = dt.datetime.now(dt.timezone.utc)
-        prepared, code, duration = runner.execute(options)
+        if args.run_prepared:
+            prepared, plan = runner.load_prepared(args.run_prepared)
+        else:
+            plan = {
+                "te": runner.te_revision(args.te_src, args.te_commit),
+                "device": args.device,
+                "sample": args.sample,
+                "timeout_s": args.timeout,
+                "argv": argv,
+            }
+            root = args.prepare_only
+            if root is not None:
+                root.mkdir(parents=True, exist_ok=True)
+            prepared = runner.prepare(_options(args), root=root, plan=plan)
+            if args.prepare_only:
+                print(f"prepared {prepared.root}")
+                return 0
     except runner.RunnerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    keep = args.keep or args.run_prepared is not None
     try:
+        started = dt.datetime.now(dt.timezone.utc)
+        code, duration = runner.run_timed(_options(args, plan), prepared)
         collection, lines, session = report.read_results(prepared.results)
         if not collection and not lines:
             print(
                 f"error: pytest (exit {code}) reported nothing; see {prepared.results}/pytest.log",
                 file=sys.stderr,
             )
-            options.keep = True
+            keep = True
             return 2
-        folded = report.fold(collection, lines, prepared.files)
-        label = args.label or f"{args.device}: " + ", ".join(Path(f).stem for f in args.files)
+        label = args.label or f"{plan['device']}: " + ", ".join(
+            Path(f).stem for f in prepared.files
+        )
         run = {
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python -m conformance " + shlex.join(argv),
-            "device": args.device,
+            "command": _command(plan["argv"], argv, args.run_prepared is not None),
+            "device": plan["device"],
             "device_name": session.get("device_name", ""),
             "torch": session.get("torch", ""),
             "python": session.get("python", ""),
-            "te": revision,
-            "sample": args.sample,
+            "te": plan["te"],
+            "sample": plan["sample"],
             "keyword": args.keyword,
             "workers": args.workers,
-            "timeout_s": args.timeout,
+            "timeout_s": plan["timeout_s"],
             "duration_s": round(duration, 1),
             "pytest_exit": code,
             "deadline_s": args.deadline,
@@ -133,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                 for m, facts in prepared.manifest.items()
                 if facts["import_time"]
             },
-            **folded,
+            **report.fold(collection, lines, prepared.files),
         }
         status = report.exit_status(run)
         run["status"] = status
-        data = report.save_run(args.json, label, run)
+        data = report.save_runs(args.json, {label: run})
         args.out.write_text(report.render(data))
         if args.results is not None:
             outcomes = report.fold_outcomes(lines)
@@ -145,13 +165,34 @@ def main(argv: list[str] | None = None) -> int:
         _summary(label, run, args)
         return status
     finally:
-        if options.keep:
+        if keep:
             print(f"kept {prepared.root}", file=sys.stderr)
         else:
             shutil.rmtree(prepared.root, ignore_errors=True)
 
 
-def _summary(label: str, run: dict, args: argparse.Namespace) -> None:
+def _options(args: argparse.Namespace, plan: dict[str, Any] | None = None) -> runner.Options:
+    plan = plan or {}
+    return runner.Options(
+        te_src=args.te_src or Path("."),
+        files=args.files,
+        device=plan.get("device", args.device),
+        sample=plan.get("sample", args.sample),
+        workers=args.workers,
+        keyword=args.keyword,
+        timeout=plan.get("timeout_s", args.timeout),
+        deadline=args.deadline,
+    )
+
+
+def _command(prepare_argv: list[str], argv: list[str], split: bool) -> str:
+    command = "python -m conformance " + shlex.join(prepare_argv)
+    if split:
+        command += " && python -m conformance " + shlex.join(argv)
+    return command
+
+
+def _summary(label: str, run: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{label}: TE {run['te'].get('commit') or 'unknown'}, torch {run['torch']}")
     for name, row in run["files"].items():
         skipped = sum(row["skipped"].values())

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import rewrite, symbols
+from . import symbols
 
 SKIP_CATEGORIES = ("internal", "cuda-only", "availability", "test", "xfail")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -265,12 +265,13 @@ def load_runs(path: Path) -> dict[str, Any]:
     return {"runs": {}}
 
 
-def save_run(path: Path, label: str, run: dict[str, Any]) -> dict[str, Any]:
+def save_runs(path: Path, runs: Mapping[str, Any]) -> dict[str, Any]:
+    """Add (or replace, by label) runs in the runs JSON; returns its new content."""
     data = load_runs(path)
-    data["runs"][label] = run
+    data["runs"].update(runs)
     data["runs"] = dict(sorted(data["runs"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return data
 
 
@@ -401,6 +402,7 @@ def render(data: Mapping[str, Any], top: int = 25) -> str:
     )
     for device in sorted({run["device"] for run in runs.values()}):
         out += _render_device(runs, device, top)
+    out += _render_import_time(runs)
     out += _render_availability(runs)
     out += _render_rules(runs)
     return "\n".join(out) + "\n"
@@ -458,6 +460,21 @@ def _render_device(runs: Mapping[str, Any], device: str, top: int) -> list[str]:
             "A skip for availability on the CPU counts as a failure of the run: this package",
             "answers every availability query True there.",
         ]
+    sampled = [
+        (label, function, counts)
+        for label, run in runs.items()
+        if run["device"] == device
+        for function, counts in run.get("sampled_functions", {}).items()
+    ]
+    if sampled:
+        out += ["", f"### {name}: sampled test functions", ""]
+        out += _table(
+            ["run", "test function", "parametrizations", "run (by SHA-256 of the test id)"],
+            (
+                [label, _code(function), str(c["selected"]), str(c["kept"])]
+                for label, function, c in sampled
+            ),
+        )
     groups = view["failure_groups"]
     out += ["", f"### {name}: failures by cause ({len(groups)} causes, the first {top})", ""]
     out += _table(
@@ -522,6 +539,26 @@ def _why(key: str) -> str:
     return symbols.INTERNAL.get(key, "")
 
 
+def _render_import_time(runs: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [label, file, _code(use["symbol"]), _code(use["used"]), use["where"]]
+        for label, run in runs.items()
+        for file, uses in run.get("import_time_internal", {}).items()
+        for use in uses
+    ]
+    if not rows:
+        return []
+    out = [
+        "",
+        "## TE internals reached on import",
+        "",
+        "Module-level code reaching a TE internal runs on its placeholder while the module",
+        "is imported (no test runs it):",
+        "",
+    ]
+    return out + _table(["run", "file", "internal", "code", "where"], rows)
+
+
 def _render_availability(runs: Mapping[str, Any]) -> list[str]:
     out = ["", "## Availability answers", ""]
     rows = []
@@ -550,13 +587,13 @@ def _render_rules(runs: Mapping[str, Any]) -> list[str]:
     per_file: dict[str, dict[str, int]] = {}
     for run in runs.values():
         per_file.update(run.get("rules", {}))
-    names = list(rewrite.RULES)
+    names = list(symbols.RULES)
     out += _table(
         ["rule", "what", *sorted(per_file)],
         (
             [
                 _code(rule),
-                rewrite.RULES[rule],
+                symbols.RULES[rule],
                 *(str(per_file[f].get(rule, 0)) for f in sorted(per_file)),
             ]
             for rule in names

@@ -6,6 +6,8 @@ The folder (a temporary directory, removed afterwards unless kept):
   modules ``_teops_device``, ``_teops_te``, ``_teops_plugin``; a ``conftest.py``
   loading the plugin; a ``pytest.ini`` so that pytest reads no other configuration;
   ``_teops_run.json``, the run's settings and the analysis's manifest.
+* ``prepared.json``: what the report needs of the preparation (files, rule counts,
+  manifest, TE's revision), so that another machine can run the folder.
 * ``results/``: what the plugin writes (``results.jsonl``, ``session.json``,
   ``collection-*.json``) and pytest's own output (``pytest.log``).
 * ``scratch/``: the Inductor caches of the test processes.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import analysis, rewrite, symbols
+from . import symbols
 
 SHIM = Path(__file__).resolve().parent / "shim"
 SHIM_MODULES = ("_teops_device.py", "_teops_te.py", "_teops_plugin.py")
@@ -88,9 +90,17 @@ def tests_dir(te_src: Path) -> Path:
 
 
 def prepare(
-    options: Options, offered: dict[str, frozenset[str]] | None = None, root: Path | None = None
+    options: Options,
+    offered: dict[str, frozenset[str]] | None = None,
+    root: Path | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> Prepared:
-    """Copy, rewrite and analyse the chosen files into a fresh folder."""
+    """Copy, rewrite and analyse the chosen files into a fresh folder (or ``root``);
+    ``plan`` (what the report says of the run: TE's revision, the device, ...) is kept
+    in its ``prepared.json`` with the files, the rewrite's rule counts and the manifest,
+    for ``load_prepared``."""
+    from . import analysis, rewrite  # libcst: needed to prepare, not to run
+
     source = tests_dir(options.te_src)
     missing = [f for f in options.files if not (source / f).is_file()]
     if missing:
@@ -125,13 +135,29 @@ def prepare(
         "device": options.device,
         "sample": options.sample,
         "timeout": options.timeout,
-        "results": str(results),
-        "scratch": str(root / "scratch"),
-        "tests": str(tests),
         "manifest": manifest,
     }
     (tests / "_teops_run.json").write_text(json.dumps(config))
+    record = {"files": files, "rules": rules, "manifest": manifest, "plan": plan or {}}
+    (root / "prepared.json").write_text(json.dumps(record))
     return Prepared(root, tests, results, files, rules, manifest)
+
+
+def load_prepared(root: Path) -> tuple[Prepared, dict[str, Any]]:
+    """A folder ``prepare`` wrote (perhaps on another machine), and its plan."""
+    path = root / "prepared.json"
+    if not path.is_file():
+        raise RunnerError(f"{root}: no prepared.json (not a folder of --prepare-only)")
+    record = json.loads(path.read_text())
+    prepared = Prepared(
+        root.resolve(),
+        root.resolve() / "tests",
+        root.resolve() / "results",
+        record["files"],
+        record["rules"],
+        record["manifest"],
+    )
+    return prepared, record["plan"]
 
 
 def pytest_command(options: Options, prepared: Prepared) -> list[str]:
@@ -200,13 +226,11 @@ def run_pytest(options: Options, prepared: Prepared, echo: bool = True) -> int:
                 timer.cancel()
 
 
-def execute(options: Options) -> tuple[Prepared, int, float]:
-    """Prepare and run; the folder is removed afterwards unless ``options.keep``
-    (the caller reads the results first: see ``__main__``)."""
-    prepared = prepare(options)
+def run_timed(options: Options, prepared: Prepared) -> tuple[int, float]:
+    """``run_pytest`` and its duration in seconds."""
     start = time.monotonic()
     code = run_pytest(options, prepared)
-    return prepared, code, time.monotonic() - start
+    return code, time.monotonic() - start
 
 
 def te_revision(te_src: Path, given: str | None) -> dict[str, str | None]:

@@ -278,6 +278,21 @@ CUDA_ONLY = frozenset(
     }
 )
 
+# The rule names counted per file (the report explains each).
+RULES = {
+    "import-module": "a TE module imported as a module of this package",
+    "import-name": "a TE name imported from this package",
+    "import-support": "a TE test-support helper imported from _teops_te",
+    "bind-internal": "a TE internal bound to a placeholder (its tests are skipped)",
+    "bind-missing": "a TE name this package does not offer bound to a failing placeholder",
+    "drop-namespace-import": "`import transformer_engine` dropped (its references rewritten)",
+    "reference": "a TE-qualified reference rewritten to its resolution",
+    "device-cuda-call": "`x.cuda()` -> `x.to(_teops_device.DEVICE)`",
+    "device-torch-cuda": "`torch.cuda` -> `_teops_device.cuda`",
+    "device-literal": '`"cuda"` naming a device -> `_teops_device.DEVICE`',
+}
+
+
 Kind = Literal["module", "mapped", "support", "internal", "missing", "public"]
 
 

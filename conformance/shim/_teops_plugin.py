@@ -69,6 +69,13 @@ def _load_config() -> dict[str, Any]:
 
 CONFIG = _load_config()
 if CONFIG:
+    # The folder the runner prepared: tests/ (this file), results/, scratch/.
+    _ROOT = Path(os.environ["TEOPS_CONFORMANCE_CONFIG"]).resolve().parent.parent
+    CONFIG.update(
+        tests=str(_ROOT / "tests"),
+        results=str(_ROOT / "results"),
+        scratch=str(_ROOT / "scratch"),
+    )
     # Each process compiles into its own Inductor cache, never a stale one.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
         prefix="inductor-", dir=CONFIG["scratch"]

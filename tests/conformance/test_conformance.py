@@ -389,3 +389,36 @@ def test_prepare_writes_the_shim_and_the_manifest(tmp_path: Path) -> None:
     ]
     config = json.loads((prepared.tests / "_teops_run.json").read_text())
     assert "test_uses_the_extension" in config["manifest"]["test_fake"]["units"]
+
+
+@pytest.mark.slow
+def test_prepare_on_one_machine_run_on_another(tmp_path: Path) -> None:
+    """--prepare-only writes a folder that --run-prepared runs without TE's checkout
+    (or libcst); --merge adds its runs to another runs JSON."""
+    folder = tmp_path / "prepared"
+    common = ["--files", "test_fake.py", "--sample", "2", "--te-commit", "fixture"]
+    assert main(["--te-src", str(FAKE_TE), *common, "--prepare-only", str(folder)]) == 0
+    config = json.loads((folder / "tests" / "_teops_run.json").read_text())
+    assert config["sample"] == 2 and str(tmp_path) not in json.dumps(config)
+    moved = tmp_path / "elsewhere"
+    folder.rename(moved)
+    first = tmp_path / "first.md"
+    argv = [
+        "--run-prepared",
+        str(moved),
+        "-k",
+        "test_many",
+        "--label",
+        "split",
+        "--out",
+        str(first),
+    ]
+    assert main(argv) == 0
+    run = json.loads(first.with_suffix(".json").read_text())["runs"]["split"]
+    assert run["te"]["commit"] == "fixture" and run["sample"] == 2
+    assert run["files"]["test_fake.py"]["passed"] == 2
+    assert run["command"].endswith("--label split --out " + str(first))
+    second = tmp_path / "second.md"
+    assert main(["--merge", str(first.with_suffix(".json")), "--out", str(second)]) == 0
+    assert list(json.loads(second.with_suffix(".json").read_text())["runs"]) == ["split"]
+    assert "| test_fake.py | split |" in second.read_text()
