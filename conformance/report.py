@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -286,6 +287,42 @@ def _code(text: str) -> str:
     return "`" + text.replace("`", "'") + "`" if text else ""
 
 
+_OUTPUT_OPTIONS = ("--results", "--out", "--json")
+_FOLDER_OPTIONS = ("--prepare-only", "--run-prepared")
+
+
+def shown_command(command: str) -> str:
+    """A run's command as the report shows it: TE's checkout as ``$TE_SRC``, without
+    the options that only say where files go (they change no result)."""
+    shown: list[str] = []
+    for part in command.split(" && "):
+        words = shlex.split(part)
+        out: list[str] = []
+        skip = False
+        for i, word in enumerate(words):
+            if skip:
+                skip = False
+                continue
+            if word in _OUTPUT_OPTIONS:
+                skip = True
+                continue
+            if word == "--keep":
+                continue
+            if i > 0 and words[i - 1] == "--te-src":
+                out.append("$TE_SRC")
+                continue
+            if i > 0 and words[i - 1] in _FOLDER_OPTIONS:
+                out.append("DIR")
+                continue
+            out.append(word)
+        shown.append(shlex.join(out).replace("'$TE_SRC'", "$TE_SRC"))
+    return " && ".join(shown)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _te(run: Mapping[str, Any]) -> str:
     te = run.get("te", {})
     commit = te.get("commit") or "unknown"
@@ -379,9 +416,9 @@ def render(data: Mapping[str, Any], top: int = 25) -> str:
                 str(run.get("sample") or ""),
                 _code(run.get("keyword") or ""),
                 str(run.get("workers", 0)),
-                f"{run['duration_s'] / 60:.0f} min",
+                _duration(run["duration_s"]),
                 f"{totals['run']} / {totals['passed']} / {totals['failed']} / {totals['errors']}",
-                _code(run["command"]),
+                _code(shown_command(run["command"])),
             ]
         )
     out += _table(

@@ -362,6 +362,17 @@ def test_a_missing_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "no test_none.py" in capsys.readouterr().err
 
 
+def test_the_report_shows_commands_without_paths() -> None:
+    command = (
+        "python -m conformance --te-src /home/me/te --files test_x.py --prepare-only /tmp/p "
+        "--out docs/r.md && python -m conformance --run-prepared /tmp/p -k 'not big' --keep"
+    )
+    assert report.shown_command(command) == (
+        "python -m conformance --te-src $TE_SRC --files test_x.py --prepare-only DIR "
+        "&& python -m conformance --run-prepared DIR -k 'not big'"
+    )
+
+
 def test_exit_status_counts_availability_skips_on_the_cpu_only() -> None:
     row = {
         "failed": 0,
