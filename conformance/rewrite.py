@@ -125,6 +125,7 @@ class _Rewriter(cst.CSTTransformer):
         self.rules: Counter[str] = Counter()
         self.required: dict[str, None] = {}  # modules to import, in order
         self.errors: list[str] = []
+        self.unclassified: set[str] = set()
         self.replace: dict[cst.CSTNode, cst.BaseExpression] = {}
         self.marker_placed = False
         self.depth = 0  # statement nesting: 0 at module level
@@ -160,11 +161,14 @@ class _Rewriter(cst.CSTTransformer):
         try:
             return symbols.resolve(name)
         except Unclassified:
-            self._error(
-                node,
-                f"TE name {name} is not classified: add it to conformance/symbols.py "
-                "(MAPPED, SUPPORT, INTERNAL or MISSING)",
-            )
+            # once per name that an import binds (its uses would repeat it)
+            if not any(name.startswith(seen) for seen in self.unclassified):
+                self.unclassified.add(name)
+                self._error(
+                    node,
+                    f"TE name {name} is not classified: add it to conformance/symbols.py "
+                    "(MAPPED, SUPPORT, INTERNAL or MISSING)",
+                )
             return None
 
     def _expression_for(self, res: Resolution, name: str) -> cst.BaseExpression:
