@@ -274,7 +274,7 @@ def test_fold_counts_outcomes_and_groups_failures() -> None:
     collection = {
         "collected": ["a.py::t[1]", "a.py::t[2]", "a.py::u", "a.py::v", "a.py::w", "b.py::x"],
         "selected": ["a.py::t[1]", "a.py::t[2]", "a.py::u", "a.py::v", "a.py::w"],
-        "kept": ["a.py::t[1]", "a.py::t[2]", "a.py::u", "a.py::v"],
+        "kept": ["a.py::t[1]", "a.py::t[2]", "a.py::u", "a.py::v", "a.py::w"],
     }
     lines = [
         _line("a.py::t[1]", "call", "failed", teops_failure=fail("bad size 3")),
@@ -285,8 +285,9 @@ def test_fold_counts_outcomes_and_groups_failures() -> None:
     ]
     folded = report.fold(collection, lines, ["a.py", "b.py"])
     a = folded["files"]["a.py"]
-    assert (a["collected"], a["deselected"], a["sampled_out"], a["run"]) == (5, 0, 1, 4)
+    assert (a["collected"], a["deselected"], a["sampled_out"], a["run"]) == (5, 0, 0, 5)
     assert (a["passed"], a["failed"], a["errors"], a["skipped"]["internal"]) == (0, 2, 1, 1)
+    assert a["not_reported"] == 1  # kept, but the run stopped before it (--deadline)
     assert folded["files"]["b.py"]["collection_error"] == "RuntimeError: no CUDA N"
     first = folded["failure_groups"][0]
     assert (first["cause"], first["count"], first["files"]) == (
@@ -318,8 +319,8 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
     assert main(argv) == 1  # failures, and a skip for availability on the CPU
     run = json.loads(out.with_suffix(".json").read_text())["runs"]["cpu: test_fake"]
     row = run["files"]["test_fake.py"]
-    assert (row["collected"], row["sampled_out"], row["run"]) == (57, 35, 22)
-    assert (row["passed"], row["failed"], row["errors"]) == (10, 3, 0)
+    assert (row["collected"], row["sampled_out"], row["run"]) == (58, 35, 23)
+    assert (row["passed"], row["failed"], row["errors"]) == (11, 3, 0)
     assert row["skipped"] == {
         "internal": 6,
         "cuda-only": 1,
@@ -351,7 +352,7 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
     )
     assert run["te"]["commit"] == "fixture" and run["te"]["version"] == "0.0.1.fixture"
     text = out.read_text()
-    assert "| test_fake.py | cpu: test_fake | 57 | 0 | 35 | 22 | 10 | 3 | 0 | 6 | 1 | 1 | 1 |" in (
+    assert "| test_fake.py | cpu: test_fake | 58 | 0 | 35 | 23 | 11 | 3 | 0 | 6 | 1 | 1 | 1 |" in (
         text
     )
 
@@ -433,3 +434,14 @@ def test_prepare_on_one_machine_run_on_another(tmp_path: Path) -> None:
     assert main(["--merge", str(first.with_suffix(".json")), "--out", str(second)]) == 0
     assert list(json.loads(second.with_suffix(".json").read_text())["runs"]) == ["split"]
     assert "| test_fake.py | split |" in second.read_text()
+
+
+@pytest.mark.slow
+def test_a_test_past_the_timeout_fails(tmp_path: Path) -> None:
+    out = tmp_path / "r.md"
+    argv = ["--te-src", str(FAKE_TE), "--files", "test_fake.py", "-k", "test_sleeps"]
+    assert main([*argv, "--timeout", "1", "--te-commit", "fixture", "--out", str(out)]) == 1
+    run = json.loads(out.with_suffix(".json").read_text())["runs"]["cpu: test_fake"]
+    assert [g["cause"] for g in run["failure_groups"]] == [
+        "TestTimeout: test phase exceeded the conformance timeout of N s"
+    ]

@@ -103,3 +103,9 @@ def test_recipe_parameter_shadows_the_import():
 @pytest.mark.parametrize("index", range(40))
 def test_many(index):
     assert index >= 0
+
+
+def test_sleeps():
+    import time
+
+    time.sleep(3)
