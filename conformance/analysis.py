@@ -18,7 +18,13 @@ included, and the conditions of the ``if``/``for``/``try`` around them). A unit 
 and *links* to the units it refers to: module-level names of its module, names imported
 from a sibling file (``from utils import ModelConfig``), and ``self.m`` inside a method.
 A function's entries are every use reachable through links, each with the shortest
-chain of units that reaches it.
+chain of units that reaches it, and with the conditions on the function's own parameters
+under which the use (or the reference that leads to it) runs: ``if single_param and
+not is_module_grouped_tensor_path_supported(...)`` reaches the internal only where the
+parametrization has ``single_param`` true (conditions of the form ``p``, ``not p``,
+``p == literal``, ``p is None``, ``p in (...)``, joined by ``and``, an ``else`` or the
+right operand of ``and``/``or``; any other condition is taken to hold, so the skip errs
+towards skipping).
 
 It also lists the *availability sites*: the lines of ``pytest.skip(...)`` calls made
 under a condition on an availability query (``is_*_available``,
@@ -49,12 +55,21 @@ _ATTRIBUTE_FUNCTIONS = ("hasattr", "getattr", "setattr", "delattr")
 _RECEIVERS = ("self", "cls")
 
 
+# A condition on a test parameter under which code runs: (parameter, op, literal), op one
+# of truthy, falsy, eq, ne, is_none, not_none, in, not_in. A use carries the conjunction
+# of the conditions around it that are of this form (the others are not known, so they
+# are taken to hold).
+Atom = tuple[str, str, Any]
+Guards = tuple[Atom, ...]
+
+
 @dataclass(frozen=True)
 class Use:
     symbol: str  # the INTERNAL entry, ".attr", or "torch.cuda.X"
     category: str  # "internal" or "cuda-only"
     used: str  # as the code writes it
     where: str  # "file.py:line"
+    guards: Guards = ()
 
 
 @dataclass
@@ -62,8 +77,12 @@ class Unit:
     name: str
     function: bool = False
     uses: list[Use] = field(default_factory=list)
-    links: set[tuple[str, str]] = field(default_factory=set)
+    # (module, unit, guards of the reference)
+    links: set[tuple[str, str, Guards]] = field(default_factory=set)
     availability: bool = False  # calls an availability query directly
+
+    def link(self, module: str, name: str, guards: Guards = ()) -> None:
+        self.links.add((module, name, guards))
 
 
 @dataclass
@@ -91,6 +110,7 @@ class _Reader:
         self._qnames = self.wrapper.resolve(QualifiedNameProvider)
         self._positions = self.wrapper.resolve(PositionProvider)
         self.facts = ModuleFacts()
+        self._guards: Guards = ()
         self.globals = self._module_names()
         self.classes = {
             stmt.name.value: _methods(stmt)
@@ -157,7 +177,7 @@ class _Reader:
     def _statement(self, stmt: cst.CSTNode, header: str | None = None) -> None:
         if isinstance(stmt, cst.FunctionDef):
             unit = self.unit(stmt.name.value, function=True)
-            self._collect(stmt, unit)
+            self._collect(stmt, unit, params=_params(stmt))
             self._link_header(unit, header)
         elif isinstance(stmt, cst.ClassDef):
             self._class(stmt, header)
@@ -172,7 +192,7 @@ class _Reader:
                 self._collect(part, own)
             self._link_header(own, header)
             for target in bound or ["<module>"]:
-                self.unit(target).links.add((self.module, name))
+                self.unit(target).link(self.module, name)
             for inner in _inner_statements(stmt):
                 self._statement(inner, header=name)
         else:
@@ -180,7 +200,7 @@ class _Reader:
 
     def _link_header(self, unit: Unit, header: str | None) -> None:
         if header is not None:
-            unit.links.add((self.module, header))
+            unit.link(self.module, header)
 
     def _class(self, node: cst.ClassDef, header: str | None) -> None:
         cls = node.name.value
@@ -199,8 +219,8 @@ class _Reader:
         for stmt in _statements(node.body):
             if isinstance(stmt, cst.FunctionDef):
                 method = self.unit(f"{cls}.{stmt.name.value}", function=True)
-                self._collect(stmt, method, cls=cls, methods=methods)
-                method.links.add((self.module, head.name))
+                self._collect(stmt, method, cls=cls, methods=methods, params=_params(stmt))
+                method.link(self.module, head.name)
 
     def _small(self, small: cst.BaseSmallStatement, header: str | None) -> None:
         if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
@@ -209,7 +229,7 @@ class _Reader:
                 for alias in small.names:
                     name = _dotted(alias.name)
                     bound = _dotted(alias.asname.name) if alias.asname else name
-                    self.unit(bound).links.add((source, name))
+                    self.unit(bound).link(source, name)
             return
         if isinstance(small, cst.Import):
             return
@@ -226,27 +246,32 @@ class _Reader:
         unit: Unit,
         cls: str | None = None,
         methods: Collection[str] = (),
+        params: Collection[str] = (),
     ) -> None:
-        stack: list[cst.CSTNode] = [node]
+        """Record what ``node`` uses and links to; within a function, each with the
+        conditions on the function's parameters under which it runs."""
+        stack: list[tuple[cst.CSTNode, Guards]] = [(node, ())]
         while stack:
-            current = stack.pop()
+            current, guards = stack.pop()
+            self._guards = guards
             if isinstance(current, (cst.Import, cst.ImportFrom)):
                 continue
             if isinstance(current, cst.Attribute):
-                stack.extend(self._attribute(current, unit, cls, methods))
+                stack.extend((n, guards) for n in self._attribute(current, unit, cls, methods))
                 continue
             if isinstance(current, cst.Name):
                 self._name(current, unit)
                 continue
             if isinstance(current, cst.Call):
                 self._call(current, unit)
-            stack.extend(reversed(current.children))
+            stack.extend(reversed(_guarded_children(current, guards, params)))
 
     def _use(self, unit: Unit, symbol: str, category: str, node: cst.CSTNode) -> None:
         used = self.tree.code_for_node(node)
         if len(used) > 80:
             used = used[:77] + "..."
-        unit.uses.append(Use(symbol, category, used, f"{self.file}:{self.line(node)}"))
+        where = f"{self.file}:{self.line(node)}"
+        unit.uses.append(Use(symbol, category, used, where, self._guards))
 
     def _te_use(self, unit: Unit, name: str, node: cst.CSTNode) -> None:
         if _is_availability_name(name):
@@ -275,18 +300,18 @@ class _Reader:
                 return []
             root = imported.split(".", 1)[0]
             if root in self.siblings:
-                self.unit(unit.name).links.add((root, imported.split(".", 1)[1]))
+                unit.link(root, imported.split(".", 1)[1], self._guards)
                 return []
         attr = node.attr.value
         receiver = node.value
         if isinstance(receiver, cst.Name) and receiver.value in _RECEIVERS:
             if cls is not None and attr in methods:
-                unit.links.add((self.module, f"{cls}.{attr}"))
+                unit.link(self.module, f"{cls}.{attr}", self._guards)
         elif isinstance(receiver, cst.Name) and attr in self.classes.get(
             self.global_name(receiver) or "", ()
         ):
             # `TestDeferredInit.get_module_args`: the method, not the whole class
-            unit.links.add((self.module, f"{receiver.value}.{attr}"))
+            unit.link(self.module, f"{receiver.value}.{attr}", self._guards)
             return []
         elif attr in symbols.INTERNAL_ATTRIBUTES and imported is None:
             self._use(unit, f".{attr}", "internal", node)
@@ -301,11 +326,11 @@ class _Reader:
         if imported is not None:
             root, _, rest = imported.partition(".")
             if root in self.siblings and rest:
-                unit.links.add((root, rest))
+                unit.link(root, rest, self._guards)
             return
         name = self.global_name(node)
         if name is not None and name != unit.name:
-            unit.links.add((self.module, name))
+            unit.link(self.module, name, self._guards)
 
     def _call(self, node: cst.Call, unit: Unit) -> None:
         if not isinstance(node.func, cst.Name) or node.func.value not in _ATTRIBUTE_FUNCTIONS:
@@ -365,6 +390,122 @@ class _Reader:
                     if isinstance(inner, cst.FunctionDef) and inner.name.value == method:
                         return inner
         return None
+
+
+# -- guards ------------------------------------------------------------------------
+def _params(node: cst.FunctionDef) -> frozenset[str]:
+    p = node.params
+    every = [*p.posonly_params, *p.params, *p.kwonly_params]
+    return frozenset(param.name.value for param in every)
+
+
+_NO_VALUE = object()
+
+
+def _literal(node: cst.CSTNode) -> Any:
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[node.value]
+    if isinstance(node, (cst.SimpleString, cst.Integer, cst.Float)):
+        value = node.evaluated_value
+        return value if isinstance(value, (str, int, float)) else _NO_VALUE
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        value = _literal(node.expression)
+        return -value if isinstance(value, (int, float)) and value is not True else _NO_VALUE
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        values = tuple(_literal(e.value) for e in node.elements)
+        return _NO_VALUE if any(v is _NO_VALUE for v in values) else values
+    return _NO_VALUE
+
+
+_NEGATE = {
+    "truthy": "falsy",
+    "falsy": "truthy",
+    "eq": "ne",
+    "ne": "eq",
+    "is_none": "not_none",
+    "not_none": "is_none",
+    "in": "not_in",
+    "not_in": "in",
+}
+
+
+def _atom(node: cst.CSTNode, params: Collection[str]) -> Atom | None:
+    """A condition of the form ``p``, ``p == 1``, ``p is None``, ``p in ("a", "b")``
+    on a parameter ``p``, or None."""
+    if isinstance(node, cst.Name) and node.value in params:
+        return (node.value, "truthy", None)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        inner = _atom(node.expression, params)
+        return (inner[0], _NEGATE[inner[1]], inner[2]) if inner else None
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+        left, target = node.left, node.comparisons[0]
+        right, op = target.comparator, target.operator
+        if not (isinstance(left, cst.Name) and left.value in params):
+            if (
+                isinstance(right, cst.Name)
+                and right.value in params
+                and isinstance(op, (cst.Equal, cst.NotEqual))
+            ):
+                left, right = right, left
+            else:
+                return None
+        value = _literal(right)
+        if value is _NO_VALUE:
+            return None
+        name = cst.ensure_type(left, cst.Name).value
+        if isinstance(op, cst.Is) and value is None:
+            return (name, "is_none", None)
+        if isinstance(op, cst.IsNot) and value is None:
+            return (name, "not_none", None)
+        kinds = {cst.Equal: "eq", cst.NotEqual: "ne", cst.In: "in", cst.NotIn: "not_in"}
+        kind = kinds.get(type(op))
+        if kind in ("in", "not_in") and not isinstance(value, tuple):
+            return None
+        return (name, kind, value) if kind else None
+    return None
+
+
+def _holds(test: cst.CSTNode, params: Collection[str]) -> Guards:
+    """The atoms that hold where ``test`` is true (those of an ``and``)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _holds(test.left, params) + _holds(test.right, params)
+    atom = _atom(test, params)
+    return (atom,) if atom else ()
+
+
+def _fails(test: cst.CSTNode, params: Collection[str]) -> Guards:
+    """The atoms that hold where ``test`` is false (those of a negated ``or``)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        return _fails(test.left, params) + _fails(test.right, params)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _holds(test.expression, params)
+    atom = _atom(test, params)
+    return ((atom[0], _NEGATE[atom[1]], atom[2]),) if atom else ()
+
+
+def _guarded_children(
+    node: cst.CSTNode, guards: Guards, params: Collection[str]
+) -> list[tuple[cst.CSTNode, Guards]]:
+    """A node's children, each with the conditions under which it runs: an ``if``'s
+    body where its test holds, its ``else`` where it fails; the right operand of
+    ``and``/``or`` where the left one holds/fails; likewise a conditional expression."""
+    if not params:
+        return [(child, guards) for child in node.children]
+    if isinstance(node, cst.If):
+        out = [(node.test, guards), (node.body, guards + _holds(node.test, params))]
+        if node.orelse is not None:
+            out.append((node.orelse, guards + _fails(node.test, params)))
+        return out
+    if isinstance(node, cst.IfExp):
+        return [
+            (node.test, guards),
+            (node.body, guards + _holds(node.test, params)),
+            (node.orelse, guards + _fails(node.test, params)),
+        ]
+    if isinstance(node, cst.BooleanOperation):
+        left = _holds if isinstance(node.operator, cst.And) else _fails
+        return [(node.left, guards), (node.right, guards + left(node.left, params))]
+    return [(child, guards) for child in node.children]
 
 
 # -- syntax helpers ----------------------------------------------------------------
@@ -498,24 +639,60 @@ def _bound_names(stmt: cst.CSTNode) -> set[str]:
 
 
 # -- the manifest ------------------------------------------------------------------
-def _reach(facts: Mapping[str, ModuleFacts], start: tuple[str, str]) -> list[tuple[Use, list[str]]]:
+def _reach_unguarded(
+    facts: Mapping[str, ModuleFacts], start: tuple[str, str], via: list[str], origin: str
+) -> list[tuple[Use, list[str]]]:
     """Every use reachable from a unit, each symbol once, with the shortest chain."""
     seen = {start}
-    queue: deque[tuple[tuple[str, str], list[str]]] = deque([(start, [])])
+    queue: deque[tuple[tuple[str, str], list[str]]] = deque([(start, via)])
     found: dict[str, tuple[Use, list[str]]] = {}
     while queue:
-        (module, name), via = queue.popleft()
+        (module, name), chain = queue.popleft()
         unit = facts.get(module, ModuleFacts()).units.get(name)
         if unit is None:
             continue
         for use in unit.uses:
-            found.setdefault(use.symbol, (use, via))
-        for link in sorted(unit.links):
+            found.setdefault(use.symbol, (use, chain))
+        for link_module, link_name, _ in sorted(unit.links, key=repr):
+            link = (link_module, link_name)
             if link not in seen:
                 seen.add(link)
-                label = link[1] if link[0] == start[0] else f"{link[0]}.{link[1]}"
-                queue.append((link, [*via, label]))
-    return sorted(found.values(), key=lambda item: (len(item[1]), item[0].where, item[0].symbol))
+                label = link_name if link_module == origin else f"{link_module}.{link_name}"
+                queue.append((link, [*chain, label]))
+    return sorted(found.values(), key=lambda item: (len(item[1]), item[0].where))
+
+
+def _reach(facts: Mapping[str, ModuleFacts], start: tuple[str, str]) -> list[dict[str, Any]]:
+    """The entries of a function unit: each internal it uses directly, with the
+    conditions around the use, and each one its references reach, with the
+    conditions around the reference (deeper conditions are on other parameters: taken
+    to hold). One entry per (symbol, conditions), the shortest chain first."""
+    unit = facts.get(start[0], ModuleFacts()).units.get(start[1])
+    if unit is None:
+        return []
+    reached: list[tuple[Use, list[str], Guards]] = [(use, [], use.guards) for use in unit.uses]
+    for module, name, guards in sorted(unit.links, key=repr):
+        label = name if module == start[0] else f"{module}.{name}"
+        for use, via in _reach_unguarded(facts, (module, name), [label], start[0]):
+            reached.append((use, via, guards))
+    entries: dict[tuple[str, Guards], dict[str, Any]] = {}
+    for use, via, guards in sorted(reached, key=lambda r: (len(r[1]), r[0].where)):
+        key = (use.symbol, guards)
+        if key in entries:
+            continue
+        entries[key] = {
+            "symbol": use.symbol,
+            "category": use.category,
+            "used": use.used,
+            "where": use.where,
+            "via": via,
+            "guards": [
+                [name, op, list(value) if isinstance(value, tuple) else value]
+                for name, op, value in guards
+            ],
+        }
+    # unconditional entries first: they decide alone
+    return sorted(entries.values(), key=lambda e: (bool(e["guards"]), len(e["via"])))
 
 
 def analyze(sources: Mapping[str, str]) -> dict[str, Any]:
@@ -531,21 +708,12 @@ def analyze(sources: Mapping[str, str]) -> dict[str, Any]:
         for name, unit in sorted(module_facts.units.items()):
             if not unit.function:
                 continue
-            entries = [
-                {
-                    "symbol": use.symbol,
-                    "category": use.category,
-                    "used": use.used,
-                    "where": use.where,
-                    "via": via,
-                }
-                for use, via in _reach(facts, (module, name))
-            ]
+            entries = _reach(facts, (module, name))
             if entries:
                 units[name] = entries
         import_time = [
-            {"symbol": use.symbol, "used": use.used, "where": use.where}
-            for use, _ in _reach(facts, (module, "<module>"))
+            {"symbol": e["symbol"], "used": e["used"], "where": e["where"]}
+            for e in _reach(facts, (module, "<module>"))
         ]
         manifest[module] = {
             "units": units,

@@ -7,7 +7,8 @@ writes) and, in each test process:
   node id has the smallest SHA-256 (the same in every process and every run);
 * skips each test that reaches a TE internal (or, on the CPU, a CUDA-only ``torch.cuda``
   function), the reason naming it, from the runner's static analysis (``manifest``):
-  the test function's own entry and those of every fixture it requests;
+  the test function's own entries whose conditions hold for the test's parameters, and
+  those of every fixture it requests;
 * limits each phase of a test (setup, call, teardown) to ``timeout`` seconds (SIGALRM);
 * records, with each report, what failed (exception type, message, the innermost frame
   in transformer_engine_ops and in the test files) and why a test skipped (the runner's
@@ -156,14 +157,58 @@ def _entries_of(func: Any) -> list[dict[str, Any]]:
     return _units(module).get(qualname, [])
 
 
+def _holds(op: str, value: Any, literal: Any) -> bool:
+    if op == "truthy":
+        return bool(value)
+    if op == "falsy":
+        return not bool(value)
+    if op == "eq":
+        return bool(value == literal)
+    if op == "ne":
+        return bool(value != literal)
+    if op == "is_none":
+        return value is None
+    if op == "not_none":
+        return value is not None
+    if op == "in":
+        return value in literal
+    if op == "not_in":
+        return value not in literal
+    raise ValueError(op)
+
+
+def guards_hold(guards: Iterable[Sequence[Any]], values: dict[str, Any]) -> bool:
+    """Whether an entry's conditions on test parameters hold for one parametrization
+    (a condition on a parameter without a value here, or one that cannot be evaluated,
+    is taken to hold: the skip errs towards skipping)."""
+    for name, op, literal in guards:
+        if name not in values:
+            continue
+        try:
+            held = _holds(op, values[name], literal)
+        except Exception:
+            continue
+        if not held:
+            return False
+    return True
+
+
 def runner_skip(item: pytest.Item) -> dict[str, Any] | None:
     """The runner's skip for an item: the first TE internal (or, on the CPU, CUDA-only
-    function) its test function or one of its fixtures reaches."""
-    entries = list(_entries_of(getattr(item, "function", None)))
+    function) its test function reaches under this parametrization, or one of its
+    fixtures reaches."""
+    callspec = getattr(item, "callspec", None)
+    values = dict(callspec.params) if callspec is not None else {}
+    entries = [
+        entry
+        for entry in _entries_of(getattr(item, "function", None))
+        if guards_hold(entry.get("guards", ()), values)
+    ]
     fixtureinfo = getattr(item, "_fixtureinfo", None)
     if fixtureinfo is not None:
         for name in item.fixturenames:  # type: ignore[attr-defined]
             for fixturedef in fixtureinfo.name2fixturedefs.get(name, ()):
+                # a fixture's conditions are on its own parameters: taken to hold
                 entries.extend(_entries_of(fixturedef.func))
     device = CONFIG.get("device")
     for entry in entries:

@@ -237,6 +237,68 @@ def test_analysis_leaves_tests_without_internals(manifest: dict, unit: str) -> N
     assert unit not in manifest["test_fake"]["units"]
 
 
+def test_analysis_keeps_the_conditions_on_parameters(manifest: dict) -> None:
+    entry = _first(manifest, "test_internal_under_a_condition")
+    assert entry["guards"] == [["mode", "eq", "internal"], ["flag", "truthy", None]]
+
+
+@pytest.mark.parametrize(
+    ("condition", "guards"),
+    [
+        ("if p and q == 2:", [["p", "truthy", None], ["q", "eq", 2]]),
+        ("if not p:", [["p", "falsy", None]]),
+        (
+            "if p is not None and q in ('a', 'b'):",
+            [["p", "not_none", None], ["q", "in", ["a", "b"]]],
+        ),
+        ("if p or q:", []),  # neither alone: not known
+        ("if p and helper():", [["p", "truthy", None]]),
+        ("if other:", []),  # not a parameter
+    ],
+)
+def test_analysis_reads_conditions(condition: str, guards: list) -> None:
+    source = f"""\
+import transformer_engine_torch as tex
+
+
+def test_f(p, q):
+    {condition}
+        tex.quantize()
+"""
+    entry = analysis.analyze({"test_g": source})["test_g"]["units"]["test_f"][0]
+    assert entry["guards"] == guards
+
+
+def test_analysis_guards_the_else_branch_and_short_circuits() -> None:
+    source = """\
+import transformer_engine_torch as tex
+
+
+def test_f(p, q):
+    if p == 1:
+        pass
+    else:
+        tex.a()
+    x = q or tex.b()
+"""
+    entries = analysis.analyze({"test_g": source})["test_g"]["units"]["test_f"]
+    assert [e["guards"] for e in entries] == [[["p", "ne", 1]], [["q", "falsy", None]]]
+
+
+@pytest.mark.parametrize(
+    ("values", "held"),
+    [
+        ({"mode": "internal", "flag": True}, True),
+        ({"mode": "internal", "flag": False}, False),
+        ({"mode": "plain", "flag": True}, False),
+        ({"flag": True}, True),  # mode has no value here: taken to hold
+    ],
+)
+def test_plugin_evaluates_conditions(values: dict, held: bool) -> None:
+    guards = [["mode", "eq", "internal"], ["flag", "truthy", None]]
+    assert _teops_plugin.guards_hold(guards, values) is held
+
+
 def test_analysis_finds_availability_sites(manifest: dict) -> None:
     source = (FAKE_TESTS / "test_fake.py").read_text().splitlines()
     lines = manifest["test_fake"]["availability_lines"]
@@ -319,10 +381,10 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
     assert main(argv) == 1  # failures, and a skip for availability on the CPU
     run = json.loads(out.with_suffix(".json").read_text())["runs"]["cpu: test_fake"]
     row = run["files"]["test_fake.py"]
-    assert (row["collected"], row["sampled_out"], row["run"]) == (58, 35, 23)
-    assert (row["passed"], row["failed"], row["errors"]) == (11, 3, 0)
+    assert (row["collected"], row["sampled_out"], row["run"]) == (62, 35, 27)
+    assert (row["passed"], row["failed"], row["errors"]) == (14, 3, 0)
     assert row["skipped"] == {
-        "internal": 6,
+        "internal": 7,
         "cuda-only": 1,
         "availability": 1,
         "test": 1,
@@ -336,7 +398,7 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
     }
     internals = {g["key"]: g["count"] for g in run["skip_groups"]["internal"]}
     assert internals == {
-        "transformer_engine_torch": 2,
+        "transformer_engine_torch": 3,
         "transformer_engine.pytorch.quantization.FP8GlobalStateManager": 1,
         "transformer_engine.pytorch.module.base.get_dummy_wgrad": 1,
         "transformer_engine.pytorch.module.base.TransformerEngineBaseModule": 1,
@@ -346,13 +408,22 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
     many = sorted(n for n in outcomes if n.startswith("test_fake.py::test_many["))
     all_many = [f"test_fake.py::test_many[{i}]" for i in range(40)]
     assert set(many) == _teops_plugin.sample(all_many, 5)
+    conditional = {
+        n: r["outcome"] for n, r in outcomes.items() if "test_internal_under_a_condition" in n
+    }
+    assert conditional == {
+        "test_fake.py::test_internal_under_a_condition[True-plain]": "passed",
+        "test_fake.py::test_internal_under_a_condition[False-plain]": "passed",
+        "test_fake.py::test_internal_under_a_condition[True-internal]": "skipped",
+        "test_fake.py::test_internal_under_a_condition[False-internal]": "passed",
+    }
     skip = outcomes["test_fake.py::test_helper_reaches_internal"]["skip"]
     assert skip["reason"].startswith(
         "TE internal transformer_engine.pytorch.module.base.get_dummy_wgrad (get_dummy_wgrad at"
     )
     assert run["te"]["commit"] == "fixture" and run["te"]["version"] == "0.0.1.fixture"
     text = out.read_text()
-    assert "| test_fake.py | cpu: test_fake | 58 | 0 | 35 | 23 | 11 | 3 | 0 | 6 | 1 | 1 | 1 |" in (
+    assert "| test_fake.py | cpu: test_fake | 62 | 0 | 35 | 27 | 14 | 3 | 0 | 7 | 1 | 1 | 1 |" in (
         text
     )
 

@@ -72,6 +72,14 @@ def test_parametrized_by_internal(slot):
     assert slot is not None
 
 
+@pytest.mark.parametrize("mode", ["plain", "internal"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_internal_under_a_condition(flag, mode):
+    if mode == "internal" and flag:
+        tex.quantize(torch.zeros(4))
+    assert mode in ("plain", "internal")
+
+
 def test_missing_public_name():
     Fp8Padding(2)
 
