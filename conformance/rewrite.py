@@ -234,7 +234,7 @@ class _Rewriter(cst.CSTTransformer):
             names = self.offered.get(res.target)
             if names is not None and rest[1:] not in names:
                 self.rules["bind-missing"] += 1
-                value = self._placeholder(res.__class__("missing", name), name)
+                value = self._placeholder(Resolution("missing", name), name)
                 return [cst.Assign(targets=[cst.AssignTarget(cst.Name(bound))], value=value)]
         self.rules["import-support" if res.kind == "support" else "import-name"] += 1
         return [_from_import(module, attr, bound)]
