@@ -189,7 +189,7 @@ def _command(prepare_argv: list[str], argv: list[str], split: bool) -> str:
     command = "python -m conformance " + shlex.join(prepare_argv)
     if split:
         command += " && python -m conformance " + shlex.join(argv)
-    return command
+    return report.shown_command(command)
 
 
 def _summary(label: str, run: dict[str, Any], args: argparse.Namespace) -> None:

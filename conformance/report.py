@@ -512,6 +512,14 @@ def _render_device(runs: Mapping[str, Any], device: str, top: int) -> list[str]:
                 for label, function, c in sampled
             ),
         )
+    blocked = [
+        (file, row["collection_error"])
+        for file, (_, row) in sorted(view["files"].items())
+        if "collection_error" in row
+    ]
+    if blocked:
+        out += ["", f"### {name}: files that fail to import (none of their tests ran)", ""]
+        out += _table(["file", "error"], ([file, _code(error)] for file, error in blocked))
     groups = view["failure_groups"]
     out += ["", f"### {name}: failures by cause ({len(groups)} causes, the first {top})", ""]
     out += _table(

@@ -500,7 +500,11 @@ def test_prepare_on_one_machine_run_on_another(tmp_path: Path) -> None:
     run = json.loads(first.with_suffix(".json").read_text())["runs"]["split"]
     assert run["te"]["commit"] == "fixture" and run["sample"] == 2
     assert run["files"]["test_fake.py"]["passed"] == 2
-    assert run["command"].endswith("--label split --out " + str(first))
+    assert run["command"] == (
+        "python -m conformance --te-src $TE_SRC --files test_fake.py --sample 2 --te-commit "
+        "fixture --prepare-only DIR && python -m conformance --run-prepared DIR -k test_many "
+        "--label split"
+    )
     second = tmp_path / "second.md"
     assert main(["--merge", str(first.with_suffix(".json")), "--out", str(second)]) == 0
     assert list(json.loads(second.with_suffix(".json").read_text())["runs"]) == ["split"]
