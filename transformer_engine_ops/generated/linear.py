@@ -78,6 +78,7 @@ FORWARD_SCHEMA = (
     ", Tensor? sr_rng_state"
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
+    ", bool save_original_input"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -120,6 +121,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
+    _b.SlotRow("save_original_input", "scalar", "save_original_input", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -153,6 +155,7 @@ BACKWARD_SCHEMA = (
     ", bool ub_overlap_rs_dgrad"
     ", bool ub_bulk_wgrad"
     ", Tensor? sr_rng_state"
+    ", bool save_original_input"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -185,6 +188,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("ub_overlap_rs_dgrad", "scalar", "ub_overlap_rs_dgrad", "bool"),
     _b.SlotRow("ub_bulk_wgrad", "scalar", "ub_bulk_wgrad", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("save_original_input", "scalar", "save_original_input", "bool"),
 )
 
 
@@ -227,6 +231,7 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         args.sr_rng_state,
         args.fuse_wgrad_accumulation,
         args.delay_wgrad_compute,
+        args.save_original_input,
     )
 
 
@@ -267,6 +272,7 @@ def linear_fwd_slots(
     sr_rng_state: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    save_original_input: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `LinearFwdArgs` (`call_linear` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -403,6 +409,9 @@ def linear_fwd_slots(
         delay_wgrad_compute
         if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
+        save_original_input
+        if save_original_input is True or save_original_input is False
+        else _b.check(save_original_input, bool, "LinearFwdArgs.save_original_input"),
     )
 
 
@@ -446,6 +455,7 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         sr_rng_state=slot(),
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
+        save_original_input=slot(),
     )
 
 
@@ -562,6 +572,9 @@ def flatten_linear_bwd_args(args: LinearBwdArgs) -> tuple[Any, ...]:
             if (v := args.wgrad_route) is None
             else _b.unsupported(v, "LinearBwdArgs.wgrad_route")
         ),
+        v
+        if (v := args.save_original_input) is True or v is False
+        else _b.check(v, bool, "LinearBwdArgs.save_original_input"),
     )
 
 
@@ -597,6 +610,7 @@ def unflatten_linear_bwd_args(*slots: Any) -> LinearBwdArgs:
         main_grad_func=None,
         sr_rng_state=slot(),
         wgrad_route=None,
+        save_original_input=slot(),
     )
 
 
@@ -721,6 +735,7 @@ class _OpNode(torch.autograd.Function):
             main_grad_func=kept.main_grad_func,
             sr_rng_state=values[2],
             wgrad_route=kept.wgrad_route,
+            save_original_input=kept.save_original_input,
         )
         if ctx.direct:
             field_grads = linear_backward(args)
@@ -805,6 +820,7 @@ class _EagerNode(torch.autograd.Function):
                 main_grad_func=kept.main_grad_func,
                 sr_rng_state=values[2],
                 wgrad_route=kept.wgrad_route,
+                save_original_input=kept.save_original_input,
             )
         )
         return _r.input_grads(ctx, field_grads, (None, None, None), 2)
@@ -932,6 +948,7 @@ def call_linear(
     sr_rng_state: Any = None,
     fuse_wgrad_accumulation: Any = False,
     delay_wgrad_compute: Any = False,
+    save_original_input: Any = False,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `linear` op's user outputs on the fields of a `LinearFwdArgs`, given by
@@ -1123,6 +1140,9 @@ def call_linear(
                 delay_wgrad_compute
                 if delay_wgrad_compute is True or delay_wgrad_compute is False
                 else _b.check(delay_wgrad_compute, bool, "LinearFwdArgs.delay_wgrad_compute"),
+                save_original_input
+                if save_original_input is True or save_original_input is False
+                else _b.check(save_original_input, bool, "LinearFwdArgs.save_original_input"),
             )
             outputs = _r.rebuild(_r.output_layout("teops::linear_fwd"), flat)
             if keep is not None:
@@ -1201,6 +1221,7 @@ def call_linear(
         sr_rng_state=sr_rng_state,
         fuse_wgrad_accumulation=fuse_wgrad_accumulation,
         delay_wgrad_compute=delay_wgrad_compute,
+        save_original_input=save_original_input,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -9,12 +9,15 @@ how the op is dispatched, saved or rebuilt.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
 from torch import is_grad_enabled, is_tensor, nn
 
 from ..generated.linear import call_linear
+from ..ops.linear import requantizes_exactly
+from ..quantization.float8 import Float8Quantizer
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
@@ -41,6 +44,29 @@ from ._call import (
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
+
+
+def _save_original_input_allowed(input_quantizer: Any) -> bool:
+    """TE's policy for ``save_original_input=True`` under a recipe: a delayed-scaling
+    input quantizer is refused (its scale moves between the forward and the backward,
+    so the backward could not quantize the input to the same values); one whose second
+    quantize could differ otherwise (stochastic rounding) is ignored with TE's warning."""
+    if input_quantizer is None:
+        return False
+    if isinstance(input_quantizer, Float8Quantizer):
+        raise ValueError(
+            "Linear: DelayedScaling recipe is not supported with save_original_input "
+            "(the backward would quantize the input with a scale updated since the forward)"
+        )
+    if not requantizes_exactly(input_quantizer):
+        warnings.warn(
+            "Ignoring save_original_input=True because the input quantizer cannot safely "
+            "reconstruct the backward operand from the original input "
+            f"({type(input_quantizer).__name__}).",
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def _workspace_fits(workspace: Any, needs_columnwise: bool) -> bool:
@@ -109,6 +135,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         "params_dtype",
         "fuse_wgrad_accumulation",
         "delay_wgrad_compute",
+        "save_original_input",
     )
 
     def __init__(
@@ -155,9 +182,11 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             ub_name=(ub_name, None),
             symmetric_ar_type=(symmetric_ar_type, None),
-            save_original_input=(save_original_input, False),
         )
         self.name = name
+        # As in TE: keep the unquantized input for the backward, which quantizes it again
+        # (the quantized copy is not kept; the input itself often is, by its producer).
+        self.save_original_input = bool(save_original_input)
         # As in TE: the weight gradient goes into ``weight.main_grad`` (fused), and/or its
         # GEMM waits for ``backward_dw()`` (delayed); such calls run eagerly under compile.
         self._set_wgrad_scheduling(fuse_wgrad_accumulation, delay_wgrad_compute)
@@ -255,6 +284,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             params_dtype,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            save_original_input,
         ) = self._op_settings  # OP_SETTINGS, read at once
         if 0 in weight.shape and tp_size == 1:  # no features: nothing to quantize
             bias = None if return_bias else module_bias
@@ -277,6 +307,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         bias = None if return_bias else module_bias
         workspace = None
         keep = None
+        original = False
         if active is None:
             # No recipe (the common bf16 call): no quantizer, GEMM configuration, random
             # state or weight caching to look up.
@@ -289,6 +320,8 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             q = self._role_quantizers(self._stateful_quantizers(active))  # a CustomRecipe's
             refuse_unsupported(q, weight)  # a format this CUDA device lacks
             override = backward_override_of(q)
+            if save_original_input and override is None and grad and weight.requires_grad:
+                original = _save_original_input_allowed(q.input)
             # Caching only means something where this call quantizes the weight.
             cache_weight = is_first_microbatch is not None and quantizes_weight(q.weight, weight)
             gemms = recipe_gemm_fields(q)
@@ -342,6 +375,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             sr_rng_state=sr_rng_state,
             fuse_wgrad_accumulation=wgrad["fuse_wgrad_accumulation"],
             delay_wgrad_compute=wgrad["delay_wgrad_compute"],
+            save_original_input=original,
             keep=keep,
         )
         if return_bias:

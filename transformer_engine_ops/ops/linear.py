@@ -8,6 +8,7 @@ slot tables); edit the bundles here, never the generated file.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Callable
@@ -115,6 +116,9 @@ class LinearFwdArgs:
     fuse_wgrad_accumulation: bool = False
     delay_wgrad_compute: bool = False
 
+    # --- TE's save_original_input: keep the unquantized input, re-quantize it in backward ---
+    save_original_input: bool = False
+
 
 @dataclass
 class LinearBwdArgs:
@@ -168,6 +172,9 @@ class LinearBwdArgs:
     # --- Where the weight gradient goes instead of being returned (eager only) ---
     wgrad_route: Optional[Any] = None
 
+    # --- inputmat is the original input: the backward quantizes it as the forward would ---
+    save_original_input: bool = False
+
 
 # --- The plan: every decision real kernels and spec fakes share --------------------
 # Real and fake kernels both derive their branches from these functions, so the
@@ -201,6 +208,9 @@ class _ForwardPlan(NamedTuple):
     # the backward does not read (the fakes declare exactly these buffers):
     saved_input: _Usage | None = None  # the kept quantized input's usages
     saved_weight: _Usage | None = None  # the weight quantized here (None: not returned)
+    # TE's save_original_input: the input is quantized for the fprop GEMM only and kept
+    # unquantized; the backward quantizes it as ``saved_input`` would have held it.
+    save_original: bool = False
 
 
 class _BackwardPlan(NamedTuple):
@@ -261,7 +271,7 @@ def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
             and _backward_quantized(args)
             and gathers_quantized(args.grad_output_quantizer, args.grad_outputs[0].shape)
             and (args.requires_dgrad or args.requires_wgrad)
-            and (not args.requires_wgrad or _is_quantized(args.inputmat))
+            and (not args.requires_wgrad or _wgrad_reads_quantized(args))
         )
         return _BackwardPlan(sp, quantized, False, None)
     # Column parallel. The saved input is the local shard (high precision, or quantized
@@ -531,7 +541,8 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     keeps_quantized = args.backward_override is not BackwardOverride.HIGH_PRECISION
     backward_usage = _Usage(False, True) if backward_quantized else _Usage(True, False)
     save_input = saved_input = None
-    if args.input_quantizer is not None and needs_wgrad and keeps_quantized:
+    save_original = saves_original_input(args)
+    if args.input_quantizer is not None and needs_wgrad and keeps_quantized and not save_original:
         save_input = _Usage(True, backward_quantized)
         saved_input = backward_usage
     from_workspace = _weight_from_workspace(args)
@@ -551,6 +562,12 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
         # only); the backward re-gathers it and makes the transpose there. Block formats
         # and NVFP4 keep the shard in the usage the backward reads and gather that.
         save_input = saved_input = _Usage(True, False)
+    if save_original:
+        # The backward quantizes the (gathered) input with these usages: a shape they
+        # cannot take is refused now, as it is without save_original_input.
+        rows = math.prod(args.inp.shape[:-1]) * (args.tp_size if gather_input else 1)
+        usage = _Usage(True, backward_quantized)
+        _check_quantizable(_internal(args.input_quantizer, usage), (rows, args.inp.shape[-1]))
     return _ForwardPlan(
         save_input,
         quantize_weight,
@@ -561,7 +578,41 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
         reduce_output,
         saved_input,
         saved_weight,
+        save_original,
     )
+
+
+def requantizes_exactly(quantizer: Quantizer) -> bool:
+    """Whether quantizing the same tensor again gives the same bits (TE's
+    ``is_requantization_safe``): not a stateful quantizer (delayed scaling, whose scale
+    moves between the forward and the backward) nor one that rounds stochastically."""
+    stateless = getattr(type(quantizer), "value_opaque", True)
+    return stateless and not getattr(quantizer, "stochastic_rounding", False)
+
+
+def saves_original_input(args: LinearFwdArgs) -> bool:
+    """Whether this call keeps its unquantized input for the backward, which quantizes
+    it again (TE's ``save_original_input``): asked for, with an input quantizer, a
+    weight gradient, a plain input and no ``backward_override`` (``HIGH_PRECISION``
+    keeps the original input anyway, ``DEQUANTIZED`` the quantized one, as in TE). A
+    quantizer whose second quantize could differ is refused: the module resolves TE's
+    policy (an error for delayed scaling, a warning otherwise) before the op is called."""
+    if not (
+        args.save_original_input
+        and args.input_quantizer is not None
+        and args.is_grad_enabled
+        and args.weight_requires_grad
+        and args.backward_override is None
+        and not _is_quantized(args.inp)
+    ):
+        return False
+    if not requantizes_exactly(args.input_quantizer):
+        raise ValueError(
+            "LinearFwdArgs.save_original_input: the input quantizer "
+            f"{type(args.input_quantizer).__name__} cannot quantize the original input again "
+            "to the same values (stateful or stochastic); leave save_original_input False"
+        )
+    return True
 
 
 def _keep_usage(value: Any, usage: _Usage | None) -> Any:
@@ -778,6 +829,7 @@ def linear_setup_context(
         )
         if needs_wgrad
         else None,
+        save_original_input=needs_wgrad and saved_input is None and saves_original_input(args),
     )
 
 
@@ -786,6 +838,21 @@ def linear_setup_context(
 
 def _backward_quantized(args: LinearBwdArgs) -> bool:
     return args.backward_override is None and args.grad_output_quantizer is not None
+
+
+def _wgrad_reads_quantized(args: LinearBwdArgs) -> bool:
+    """Whether the wgrad GEMM's input is quantized: kept so, or the original input the
+    backward quantizes (``save_original_input``)."""
+    return _is_quantized(args.inputmat) or args.save_original_input
+
+
+def _requantized_input(x: torch.Tensor, args: LinearBwdArgs, quantized: bool) -> Any:
+    """The original input ``x`` (rows, k; gathered) quantized as the forward would have
+    kept it without ``save_original_input``: columnwise for a quantized wgrad GEMM,
+    rowwise (to dequantize) otherwise. Each usage of these formats is made from the
+    data alone, so the bits are those the forward would have made."""
+    usage = _Usage(not quantized, quantized)
+    return _internal(args.input_quantizer, usage).quantize(x)
 
 
 def _high_precision(value: Any, dtype: torch.dtype) -> Any:
@@ -902,11 +969,17 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
             # layout the wgrad GEMM reads (columnwise; rowwise to dequantize).
             x = _all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
             gathered = True
+        if args.save_original_input and not isinstance(x, QuantizedData):
+            x = _wgrad_input(x, dtype)
+            if plan.gather_input and not gathered:
+                x = _all_gather_rows(x, args)
+                gathered = True
+            x = _requantized_input(x, args, quantized)
         if not (quantized and isinstance(x, QuantizedData)):
             x = _wgrad_input(x, dtype)
             if plan.gather_input and not gathered:
                 x = _all_gather_rows(x, args)
-        dy_wgrad = dy_gemm if quantized and isinstance(args.inputmat, QuantizedData) else dy
+        dy_wgrad = dy_gemm if quantized and isinstance(x, QuantizedData) else dy
         split = args.wgrad_gemm.use_split_accumulator
 
         def wgrad_gemm(out_dtype: torch.dtype) -> torch.Tensor:
@@ -1123,7 +1196,7 @@ LINEAR = OpDeclaration(
 @examples(LinearFwdArgs)
 def linear_examples(recipe: Any, device: torch.device) -> list[LinearFwdArgs]:
     """Bundles the lowering is checked on (``runtime/lowering_check.py``): a 3-D input,
-    with and without a bias, in bf16 and fp32."""
+    with and without a bias, in bf16 and fp32, and one keeping its original input."""
     from transformer_engine_ops.ops import _examples
 
     bundles = []
@@ -1161,4 +1234,6 @@ def linear_examples(recipe: Any, device: torch.device) -> list[LinearFwdArgs]:
                     sr_rng_state=_examples.rng_state(quantizers, device),
                 )
             )
+    # TE's save_original_input: the backward quantizes the kept input again.
+    bundles.append(dataclasses.replace(bundles[0], save_original_input=True))
     return bundles
