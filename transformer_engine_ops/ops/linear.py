@@ -8,7 +8,6 @@ slot tables); edit the bundles here, never the generated file.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Callable
@@ -1199,41 +1198,56 @@ def linear_examples(recipe: Any, device: torch.device) -> list[LinearFwdArgs]:
     with and without a bias, in bf16 and fp32, and one keeping its original input."""
     from transformer_engine_ops.ops import _examples
 
+    # (seed, dtype, bias, save_original_input): TE's save_original_input once, on tensors
+    # of its own (a tensor two calls share sums two gradients), where the recipe's input
+    # quantizer can quantize again (as the op requires).
+    cases = [
+        (seed, dtype, bias, False)
+        for seed, dtype in enumerate(_examples.DTYPES)
+        for bias in (True, False)
+    ]
+    input_quantizer = recipe.make_quantizer("input") if recipe else None
+    if input_quantizer is not None and requantizes_exactly(input_quantizer):
+        cases.append((len(_examples.DTYPES), _examples.DTYPES[0], True, True))
     bundles = []
-    for seed, dtype in enumerate(_examples.DTYPES):
-        make = _examples.random_tensors(seed, dtype, device)
-        quantizers = _examples.quantizer_fields(recipe)
-        for bias in (make(32), None):
-            bundles.append(
-                LinearFwdArgs(
-                    weight=make(32, 64),
-                    inp=make(4, 16, 64),
-                    bias=bias,
-                    weight_workspace=None,
-                    input_requires_grad=True,
-                    weight_requires_grad=True,
-                    bias_requires_grad=bias is not None,
-                    **quantizers,
-                    activation_dtype=dtype,
-                    fp8_output=False,
-                    backward_override=None,
-                    **_examples.gemm_fields(recipe),
-                    is_first_microbatch=None,
-                    cache_weight=False,
-                    parallel_mode=None,
-                    tp_group=None,
-                    tp_size=1,
-                    sequence_parallel=False,
-                    in_features=64,
-                    out_features=32,
-                    ub_overlap_ag_fprop=False,
-                    ub_overlap_rs_fprop=False,
-                    ub_name=None,
-                    wgrad_store=None,
-                    is_grad_enabled=True,
-                    sr_rng_state=_examples.rng_state(quantizers, device),
-                )
+    per_seed: dict[int, Any] = {}  # one random stream and one set of quantizers a seed
+    for seed, dtype, with_bias, save_original in cases:
+        if seed not in per_seed:
+            per_seed[seed] = (
+                _examples.random_tensors(seed, dtype, device),
+                _examples.quantizer_fields(recipe),
             )
-    # TE's save_original_input: the backward quantizes the kept input again.
-    bundles.append(dataclasses.replace(bundles[0], save_original_input=True))
+        make, quantizers = per_seed[seed]
+        bias = make(32) if with_bias else None
+        bundles.append(
+            LinearFwdArgs(
+                weight=make(32, 64),
+                inp=make(4, 16, 64),
+                bias=bias,
+                weight_workspace=None,
+                input_requires_grad=True,
+                weight_requires_grad=True,
+                bias_requires_grad=bias is not None,
+                **quantizers,
+                activation_dtype=dtype,
+                fp8_output=False,
+                backward_override=None,
+                **_examples.gemm_fields(recipe),
+                is_first_microbatch=None,
+                cache_weight=False,
+                parallel_mode=None,
+                tp_group=None,
+                tp_size=1,
+                sequence_parallel=False,
+                in_features=64,
+                out_features=32,
+                ub_overlap_ag_fprop=False,
+                ub_overlap_rs_fprop=False,
+                ub_name=None,
+                wgrad_store=None,
+                is_grad_enabled=True,
+                sr_rng_state=_examples.rng_state(quantizers, device),
+                save_original_input=save_original,
+            )
+        )
     return bundles
