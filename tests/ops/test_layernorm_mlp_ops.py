@@ -62,6 +62,18 @@ CASES.update(
         "frozen_fc1-nvfp4": dict(
             recipe="nvfp4", frozen=("layer_norm_weight", "layer_norm_bias", "fc1_weight")
         ),
+        # TE's checkpoint: the backward recomputes norm, fc1 and the activation.
+        **{f"checkpoint-{r}": dict(recipe=r, checkpoint=True) for r in RECIPES},
+        "checkpoint-swiglu-ln_out-mxfp8": dict(
+            recipe="mxfp8", activation="swiglu", return_layernorm_output=True, checkpoint=True
+        ),
+        "checkpoint-cached_first-fp8_current": dict(
+            recipe="fp8_current", cache="first", checkpoint=True
+        ),
+        "checkpoint-cached_later-nvfp4": dict(recipe="nvfp4", cache="later", checkpoint=True),
+        "checkpoint-frozen_fc1-fp8_block": dict(
+            recipe="fp8_block", frozen=("layer_norm_weight", "fc1_weight"), checkpoint=True
+        ),
     }
 )
 

@@ -96,6 +96,7 @@ FORWARD_SCHEMA = (
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
     ", str? activation_params"
+    ", bool checkpoint"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -162,6 +163,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
     _b.SlotRow("activation_params", "value", "activation_params", "str?"),
+    _b.SlotRow("checkpoint", "scalar", "checkpoint", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -219,6 +221,12 @@ BACKWARD_SCHEMA = (
     ", bool sequence_parallel"
     ", Tensor? sr_rng_state"
     ", str? activation_params"
+    ", bool checkpoint"
+    ", Tensor? ln_bias"
+    ", Tensor? fc1_bias"
+    ", float? eps"
+    ", str? fprop_gemm"
+    ", Tensor? forward_scales"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -275,6 +283,12 @@ BACKWARD_SLOTS = (
     _b.SlotRow("sequence_parallel", "scalar", "sequence_parallel", "bool"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
     _b.SlotRow("activation_params", "value", "activation_params", "str?"),
+    _b.SlotRow("checkpoint", "scalar", "checkpoint", "bool"),
+    _b.SlotRow("ln_bias", "tensor", "ln_bias", "Tensor?"),
+    _b.SlotRow("fc1_bias", "tensor", "fc1_bias", "Tensor?"),
+    _b.SlotRow("eps", "scalar", "eps", "float?"),
+    _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str?"),
+    _b.SlotRow("forward_scales", "tensor", "forward_scales", "Tensor?"),
 )
 
 
@@ -332,6 +346,7 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         args.fuse_wgrad_accumulation,
         args.delay_wgrad_compute,
         args.activation_params,
+        args.checkpoint,
     )
 
 
@@ -387,6 +402,7 @@ def layernorm_mlp_fwd_slots(
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
     activation_params: Any,
+    checkpoint: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `LayerNormMLPFwdArgs` (`call_layernorm_mlp` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -678,6 +694,9 @@ def layernorm_mlp_fwd_slots(
                 activation_params, ClampedSwiGLUParams, "LayerNormMLPFwdArgs.activation_params"
             )
         ),
+        checkpoint
+        if checkpoint is True or checkpoint is False
+        else _b.check(checkpoint, bool, "LayerNormMLPFwdArgs.checkpoint"),
     )
 
 
@@ -736,6 +755,7 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
         activation_params=_b.optional_decode(slot()),
+        checkpoint=slot(),
     )
 
 
@@ -969,6 +989,28 @@ def flatten_layer_norm_mlp_bwd_args(args: LayerNormMLPBwdArgs) -> tuple[Any, ...
             and getattr(v, "_teops_code", None)
             or _b.code(v, ClampedSwiGLUParams, "LayerNormMLPBwdArgs.activation_params")
         ),
+        v
+        if (v := args.checkpoint) is True or v is False
+        else _b.check(v, bool, "LayerNormMLPBwdArgs.checkpoint"),
+        v
+        if (v := args.ln_bias) is None or isinstance(v, torch.Tensor)
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.ln_bias"),
+        v
+        if (v := args.fc1_bias) is None or isinstance(v, torch.Tensor)
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.fc1_bias"),
+        v
+        if (v := args.eps) is None or type(v) is float
+        else _b.check_optional(v, _b.FLOAT, "LayerNormMLPBwdArgs.eps"),
+        None
+        if (v := args.fprop_gemm) is None
+        else (
+            isinstance(v, GemmConfig)
+            and getattr(v, "_teops_code", None)
+            or _b.code(v, GemmConfig, "LayerNormMLPBwdArgs.fprop_gemm")
+        ),
+        v
+        if (v := args.forward_scales) is None or isinstance(v, torch.Tensor)
+        else _b.check_optional(v, torch.Tensor, "LayerNormMLPBwdArgs.forward_scales"),
     )
 
 
@@ -1023,6 +1065,12 @@ def unflatten_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
         fc1_wgrad_route=None,
         fc2_wgrad_route=None,
         activation_params=_b.optional_decode(slot()),
+        checkpoint=slot(),
+        ln_bias=slot(),
+        fc1_bias=slot(),
+        eps=slot(),
+        fprop_gemm=_b.optional_decode(slot()),
+        forward_scales=slot(),
     )
 
 
@@ -1059,6 +1107,9 @@ def spec_layer_norm_mlp_bwd_args(*slots: Any) -> LayerNormMLPBwdArgs:
     args.fc2_inputmat = _r.spec(args.fc2_inputmat)
     args.fc2_weight_fp8 = _r.spec(args.fc2_weight_fp8)
     args.sr_rng_state = _r.spec(args.sr_rng_state)
+    args.ln_bias = _r.spec(args.ln_bias)
+    args.fc1_bias = _r.spec(args.fc1_bias)
+    args.forward_scales = _r.spec(args.forward_scales)
     return args
 
 
@@ -1128,6 +1179,9 @@ class _OpNode(torch.autograd.Function):
             kept.fc2_inputmat,
             kept.fc2_weight_fp8,
             kept.sr_rng_state,
+            kept.ln_bias,
+            kept.fc1_bias,
+            kept.forward_scales,
         )
         kept.inp = None
         kept.ln_weight = None
@@ -1139,6 +1193,9 @@ class _OpNode(torch.autograd.Function):
         kept.fc2_inputmat = None
         kept.fc2_weight_fp8 = None
         kept.sr_rng_state = None
+        kept.ln_bias = None
+        kept.fc1_bias = None
+        kept.forward_scales = None
         ctx.kept = kept
         ctx.lengths = (None, None, None, None, None, None, None)
         ctx.shapes = _r.input_shapes(inputs)
@@ -1199,6 +1256,12 @@ class _OpNode(torch.autograd.Function):
             fc1_wgrad_route=kept.fc1_wgrad_route,
             fc2_wgrad_route=kept.fc2_wgrad_route,
             activation_params=kept.activation_params,
+            checkpoint=kept.checkpoint,
+            ln_bias=values[10],
+            fc1_bias=values[11],
+            eps=kept.eps,
+            fprop_gemm=kept.fprop_gemm,
+            forward_scales=values[12],
         )
         if ctx.direct:
             field_grads = layernorm_mlp_backward(args)
@@ -1259,6 +1322,9 @@ class _EagerNode(torch.autograd.Function):
             kept.fc2_inputmat,
             kept.fc2_weight_fp8,
             kept.sr_rng_state,
+            kept.ln_bias,
+            kept.fc1_bias,
+            kept.forward_scales,
         )
         kept.inp = None
         kept.ln_weight = None
@@ -1270,6 +1336,9 @@ class _EagerNode(torch.autograd.Function):
         kept.fc2_inputmat = None
         kept.fc2_weight_fp8 = None
         kept.sr_rng_state = None
+        kept.ln_bias = None
+        kept.fc1_bias = None
+        kept.forward_scales = None
         ctx.kept = kept
         made.append(saved)
         return tuple(outputs)
@@ -1327,6 +1396,12 @@ class _EagerNode(torch.autograd.Function):
                 fc1_wgrad_route=kept.fc1_wgrad_route,
                 fc2_wgrad_route=kept.fc2_wgrad_route,
                 activation_params=kept.activation_params,
+                checkpoint=kept.checkpoint,
+                ln_bias=values[10],
+                fc1_bias=values[11],
+                eps=kept.eps,
+                fprop_gemm=kept.fprop_gemm,
+                forward_scales=values[12],
             )
         )
         return _r.input_grads(ctx, field_grads, (None, None, None, None, None, None, None), 2)
@@ -1519,6 +1594,7 @@ def call_layernorm_mlp(
     fuse_wgrad_accumulation: Any = False,
     delay_wgrad_compute: Any = False,
     activation_params: Any = None,
+    checkpoint: Any = False,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `layernorm_mlp` op's user outputs on the fields of a `LayerNormMLPFwdArgs`, given by
@@ -1883,6 +1959,9 @@ def call_layernorm_mlp(
                         "LayerNormMLPFwdArgs.activation_params",
                     )
                 ),
+                checkpoint
+                if checkpoint is True or checkpoint is False
+                else _b.check(checkpoint, bool, "LayerNormMLPFwdArgs.checkpoint"),
             )
             outputs = _r.rebuild(_r.output_layout("teops::layernorm_mlp_fwd"), flat)
             if keep is not None:
@@ -1940,6 +2019,7 @@ def call_layernorm_mlp(
         fuse_wgrad_accumulation=fuse_wgrad_accumulation,
         delay_wgrad_compute=delay_wgrad_compute,
         activation_params=activation_params,
+        checkpoint=checkpoint,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -103,7 +103,6 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_bulk_dgrad=(ub_bulk_dgrad, False),
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             symmetric_ar_type=(symmetric_ar_type, None),
-            checkpoint=(checkpoint, False),
         )
         check_normalization(cls, normalization)
         if activation not in ACTIVATIONS:
@@ -120,6 +119,9 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.return_bias = bool(return_bias)
         self.return_layernorm_output = bool(return_layernorm_output)
+        # TE's selective recompute: the forward keeps no activation, the backward
+        # recomputes the norm, fc1 and the activation (the op's ``checkpoint``).
+        self.checkpoint = bool(checkpoint)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.tp_group, self.tp_size = tp_group, tp_size
         self.set_parallel_mode = bool(set_parallel_mode)
@@ -321,6 +323,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
             **wgrad_flags(
                 self.fuse_wgrad_accumulation, self.delay_wgrad_compute, fc1_weight, fc2_weight
             ),
+            checkpoint=self.checkpoint,
         )
 
     def _keep_weight_workspaces(

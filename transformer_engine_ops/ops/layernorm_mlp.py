@@ -38,13 +38,17 @@ from transformer_engine_ops.ops.layernorm import (
     norm_stats_specs,
 )
 from transformer_engine_ops.ops.linear import (
+    LinearBwdArgs,
     LinearFwdArgs,
+    _weight_from_workspace,
     linear_backward,
     linear_backward_spec,
     linear_forward,
     linear_forward_spec,
+    linear_saved,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.float8 import Float8Quantizer
 from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
@@ -150,6 +154,9 @@ class LayerNormMLPFwdArgs:
     # --- clamped_swiglu's limit, alpha and offset (None: TE's defaults; only with it) ---
     activation_params: Optional[ClampedSwiGLUParams] = None
 
+    # --- TE's checkpoint: keep no activation; the backward recomputes norm, fc1, activation ---
+    checkpoint: bool = False
+
 
 @dataclass
 class LayerNormMLPBwdArgs:
@@ -222,6 +229,18 @@ class LayerNormMLPBwdArgs:
 
     # --- clamped_swiglu's limit, alpha and offset (None: TE's defaults) ---
     activation_params: Optional[ClampedSwiGLUParams] = None
+
+    # --- checkpoint: mu, rsigma, fc1_inputmat, fc1_out and fc2_inputmat were not kept; the
+    # backward recomputes them from these, fc1_weight_fp8 and fc2_weight_fp8 holding the
+    # weights the forward's GEMMs read (quantized again where the forward quantized them) ---
+    checkpoint: bool = False
+    ln_bias: Optional[torch.Tensor] = None
+    fc1_bias: Optional[torch.Tensor] = None
+    eps: Optional[float] = None
+    fprop_gemm: Optional[GemmConfig] = None
+    # Delayed scaling: the scales fc1's and fc2's input and weight quantizers quantized
+    # with in the forward (fp32 (4,); 1 for a stateless quantizer), None without one.
+    forward_scales: Optional[torch.Tensor] = None
 
 
 # --- Activations (fp32 math) ---------------------------------------------------------
@@ -445,6 +464,8 @@ class _ForwardPlan(NamedTuple):
     save_ln_out: bool  # fc1's wgrad reads the unquantized norm output
     save_fc1_out: bool  # the activation backward reads fc1's output
     save_act_out: bool  # fc2's wgrad reads the unquantized activation output
+    # TE's checkpoint: nothing above is kept; the backward recomputes it (_recomputed)
+    recompute: bool = False
 
 
 def _spec(shape: Any, args: LayerNormMLPFwdArgs) -> TensorSpec:
@@ -475,6 +496,9 @@ def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
     fc1_out = linear_forward_spec(fc1)[0][0]
     act_out = _spec((*fc1_out.shape[:-1], act_features), args)
     fc2 = _fc2_args(args, act_out, fc1)
+    recompute = args.checkpoint and args.is_grad_enabled
+    if recompute:
+        _replayable_quantizers(args)
     return _ForwardPlan(
         fc1,
         fc2,
@@ -483,6 +507,193 @@ def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
         keeps_high_precision_input(fc1),
         fc2.input_requires_grad,
         keeps_high_precision_input(fc2),
+        recompute,
+    )
+
+
+# --- TE's checkpoint: what the forward keeps, and the backward's recompute -------------
+
+
+def _recomputed_quantizers(args: Any) -> tuple[Optional[Quantizer], ...]:
+    """fc1's and fc2's input and weight quantizers: the ones the recompute quantizes
+    with again."""
+    return (
+        args.fc1_input_quantizer,
+        args.fc1_weight_quantizer,
+        args.fc2_input_quantizer,
+        args.fc2_weight_quantizer,
+    )
+
+
+def _replayable_quantizers(args: LayerNormMLPFwdArgs) -> None:
+    """Refuse a stateful quantizer the recompute cannot replay: delayed scaling's
+    (``Float8Quantizer``) quantizes with the forward's scale again (``forward_scales``);
+    another stateful class's state is unknown here."""
+    for q in _recomputed_quantizers(args):
+        if q is not None and not getattr(type(q), "value_opaque", True):
+            if not isinstance(q, Float8Quantizer):
+                raise ValueError(
+                    f"LayerNormMLPFwdArgs.checkpoint: the stateful quantizer "
+                    f"{type(q).__name__} cannot be replayed by the backward's recompute"
+                )
+
+
+def _forward_scales(args: LayerNormMLPFwdArgs) -> Optional[torch.Tensor]:
+    """The scales delayed scaling's quantizers quantize with in this forward (read
+    before any of them quantizes; an update waits for the autocast region's exit), for
+    the recompute to quantize with again: its scale has moved on by the backward.
+    None where no quantizer is stateful."""
+    quantizers = _recomputed_quantizers(args)
+    if not any(isinstance(q, Float8Quantizer) for q in quantizers):
+        return None
+    device = args.inp.device
+    one = torch.ones(1, dtype=torch.float32, device=device)
+    return torch.cat(
+        [
+            q.scale.detach().to(device, torch.float32).reshape(1)
+            if isinstance(q, Float8Quantizer)
+            else one
+            for q in quantizers
+        ]
+    )
+
+
+def _forward_scales_spec(args: LayerNormMLPFwdArgs) -> Optional[TensorSpec]:
+    if not any(isinstance(q, Float8Quantizer) for q in _recomputed_quantizers(args)):
+        return None
+    return TensorSpec((4,), torch.float32, device=args.inp.device)
+
+
+def _forward_only(stage: LinearFwdArgs) -> LinearFwdArgs:
+    """A checkpointed forward's GEMM stage: it keeps nothing for the backward (no input
+    for wgrad; no weight copy for dgrad unless it caches the weight, whose workspace
+    keeps every usage), so it quantizes only what its GEMM reads. Each usage of a
+    format is made from the data alone, so the GEMM reads the bits it reads without
+    checkpoint."""
+    return dataclasses.replace(
+        stage,
+        weight_requires_grad=False,
+        input_requires_grad=stage.input_requires_grad and stage.cache_weight,
+    )
+
+
+def _recompute_weight(stage: LinearFwdArgs, made: Any) -> Any:
+    """The weight a recomputed stage reads: the workspace this forward made and the
+    module keeps (every usage), the workspace it read, or the weight itself (then
+    quantized again by the recompute, as TE's recompute does)."""
+    if made is not None:
+        return made
+    if _weight_from_workspace(stage):
+        return stage.weight_workspace
+    return stage.weight
+
+
+def _replaying(quantizer: Optional[Quantizer], scale: Optional[torch.Tensor]) -> Any:
+    """``quantizer``, or for delayed scaling a copy that quantizes with the forward's
+    ``scale`` and records its amax in its own state, never in the recipe's."""
+    if scale is None or not isinstance(quantizer, Float8Quantizer):
+        return quantizer
+    replay = quantizer.snapshot()
+    replay.load_state(scale, replay.amax_history)
+    return replay
+
+
+def _recompute_stage(args: LayerNormMLPBwdArgs, fc: int, inp: Any, spec: bool) -> LinearFwdArgs:
+    """fc1's or fc2's forward stage as the checkpointed forward would have run it to
+    keep its backward operands: the same flags, weights, quantizers (delayed scaling's
+    at the forward's scales) and GEMM settings."""
+    first = fc == 1
+    q = _fc_quantizers(args, fc)
+    if not spec and args.forward_scales is not None:
+        scales = args.forward_scales
+        at = 0 if first else 2
+        q = q._replace(
+            input=_replaying(q.input, scales[at : at + 1]),
+            weight=_replaying(q.weight, scales[at + 1 : at + 2]),
+        )
+    weight = args.fc1_weight_fp8 if first else args.fc2_weight_fp8
+    parallel = args.set_parallel_mode
+    return linear_stage(
+        weight=weight,
+        inp=inp,
+        bias=args.fc1_bias if first else None,  # fc2's GEMM is not run again
+        input_requires_grad=args.fc1_requires_dgrad if first else args.fc2_requires_dgrad,
+        weight_requires_grad=args.fc1_requires_wgrad if first else args.fc2_requires_wgrad,
+        bias_requires_grad=args.fc1_use_bias if first else args.fc2_use_bias,
+        quantizers=q,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        gemms=(args.fprop_gemm, args.dgrad_gemm, args.wgrad_gemm),
+        parallel_mode=("column" if first else "row") if parallel else None,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        in_features=weight.shape[-1],
+        out_features=weight.shape[0],
+        is_grad_enabled=True,
+    )
+
+
+def _with_recomputed(
+    args: LayerNormMLPBwdArgs,
+    stats: tuple[Any, Any],
+    fc1_out: Any,
+    fc1: LinearBwdArgs,
+    fc2: LinearBwdArgs,
+) -> LayerNormMLPBwdArgs:
+    return dataclasses.replace(
+        args,
+        checkpoint=False,
+        mu=stats[0],
+        rsigma=stats[1],
+        fc1_inputmat=fc1.inputmat,
+        fc1_weight_fp8=fc1.weight_fp8,
+        fc1_out=fc1_out,
+        fc2_inputmat=fc2.inputmat,
+        fc2_weight_fp8=fc2.weight_fp8,
+    )
+
+
+def _recomputed(args: LayerNormMLPBwdArgs) -> LayerNormMLPBwdArgs:
+    """The backward bundle of a checkpointed forward with what a plain forward would
+    have kept, recomputed by the forward's own code on the kept inputs (TE's selective
+    recompute): the norm and its statistics, fc1 (its GEMM and the operands its
+    backward reads), the activation, and fc2's backward operands without its GEMM. The
+    same kernels on the same inputs, with the forward's quantizers (delayed scaling's
+    at the forward's scales): the bits the forward made. Nothing random is drawn."""
+    dtype = args.activation_dtype
+    ln_out, mu, rsigma = norm_stage_forward(args, dtype)
+    fc1 = _recompute_stage(args, 1, ln_out, spec=False)
+    (fc1_out,), fc1_saved = linear_forward(fc1)
+    act_out = activation_forward(
+        args.activation, fc1_out, dtype, *activation_params_of(args.activation_params)
+    )
+    fc2 = _recompute_stage(args, 2, act_out, spec=False)
+    return _with_recomputed(
+        args,
+        (mu, rsigma),
+        fc1_out,
+        linear_setup_context(fc1, (), fc1_saved),
+        linear_setup_context(fc2, (), linear_saved(fc2)),
+    )
+
+
+def _recomputed_spec(args: LayerNormMLPBwdArgs) -> LayerNormMLPBwdArgs:
+    """:func:`_recomputed` on TensorSpecs."""
+    dtype, inp = args.activation_dtype, args.inp
+    ln_out = TensorSpec(tuple(inp.shape), dtype, device=inp.device)
+    fc1 = _recompute_stage(args, 1, ln_out, spec=True)
+    (fc1_out,), fc1_saved = linear_forward_spec(fc1)
+    rows = fc1_out.shape[-1] // 2 if args.activation in GATED else fc1_out.shape[-1]
+    act_out = TensorSpec((*fc1_out.shape[:-1], rows), dtype, device=inp.device)
+    fc2 = _recompute_stage(args, 2, act_out, spec=True)
+    stats = norm_stats_specs(args.normalization, math.prod(inp.shape[:-1]), inp.device, inp.dtype)
+    return _with_recomputed(
+        args,
+        stats,
+        fc1_out,
+        linear_setup_context(fc1, (), fc1_saved),
+        linear_setup_context(fc2, (), linear_forward_spec(fc2)[1]),
     )
 
 
@@ -491,17 +702,26 @@ def _forward_plan(args: LayerNormMLPFwdArgs) -> _ForwardPlan:
 
 def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """``outputs == (out,)`` or ``(out, ln_out)``; ``saved == (mu, rsigma, ln_out, fc1_out,
-    act_out, fc1 input, fc1 weight, fc2 input, fc2 weight)`` (None where not needed)."""
+    act_out, fc1 input, fc1 weight, fc2 input, fc2 weight, forward scales)`` (None where
+    not needed; with ``checkpoint`` only the weight workspaces made for the module's
+    cache and delayed scaling's scales)."""
     plan = _forward_plan(args)
     dtype = args.activation_dtype
+    scales = _forward_scales(args) if plan.recompute else None  # before any quantize
     ln_out, mu, rsigma = norm_stage_forward(args, dtype)
     fc1 = _fc1_args(args, ln_out)
-    (fc1_out,), (fc1_input, fc1_weight) = linear_forward(fc1)
+    (fc1_out,), (fc1_input, fc1_weight) = linear_forward(
+        _forward_only(fc1) if plan.recompute else fc1
+    )
     act_out = activation_forward(
         args.activation, fc1_out, dtype, *activation_params_of(args.activation_params)
     )
-    (out,), (fc2_input, fc2_weight) = linear_forward(_fc2_args(args, act_out, fc1))
+    fc2 = _fc2_args(args, act_out, fc1)
+    (out,), (fc2_input, fc2_weight) = linear_forward(_forward_only(fc2) if plan.recompute else fc2)
     outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
+    if plan.recompute:
+        # The weights kept are workspaces made for the module's cache (None otherwise).
+        return outputs, (None, None, None, None, None, None, fc1_weight, None, fc2_weight, scales)
     stats = (mu, rsigma) if plan.save_stats else (None, None)
     # A returned norm output is not saved again (a custom op's results must not alias
     # each other): setup_context takes it from the outputs.
@@ -514,6 +734,7 @@ def layernorm_mlp_forward(args: LayerNormMLPFwdArgs) -> tuple[tuple[Any, ...], t
         fc1_weight,
         fc2_input,
         fc2_weight,
+        None,
     )
 
 
@@ -525,10 +746,16 @@ def layernorm_mlp_forward_spec(
     )
     plan = _forward_plan(args)
     inp = args.inp
-    (_,), (fc1_input, fc1_weight) = linear_forward_spec(plan.fc1)
-    (out,), (fc2_input, fc2_weight) = linear_forward_spec(plan.fc2)
+    fc1, fc2 = plan.fc1, plan.fc2
+    if plan.recompute:
+        fc1, fc2 = _forward_only(fc1), _forward_only(fc2)
+    (_,), (fc1_input, fc1_weight) = linear_forward_spec(fc1)
+    (out,), (fc2_input, fc2_weight) = linear_forward_spec(fc2)
     ln_out = plan.fc1.inp
     outputs: tuple[Any, ...] = (out, ln_out) if args.return_layernorm_output else (out,)
+    if plan.recompute:
+        scales = _forward_scales_spec(args)
+        return outputs, (None, None, None, None, None, None, fc1_weight, None, fc2_weight, scales)
     stats: tuple[Any, ...] = (None, None)
     if plan.save_stats:
         stats = norm_stats_specs(
@@ -543,15 +770,16 @@ def layernorm_mlp_forward_spec(
         fc1_weight,
         fc2_input,
         fc2_weight,
+        None,
     )
 
 
 def layernorm_mlp_setup_context(
     args: LayerNormMLPFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
 ) -> LayerNormMLPBwdArgs:
-    mu, rsigma, ln_out, fc1_out, act_out, fc1_input, fc1_weight, fc2_input, fc2_weight = saved
+    mu, rsigma, ln_out, fc1_out, act_out, fc1_input, fc1_weight, fc2_input, fc2_weight = saved[:9]
     plan = _forward_plan(args)
-    if args.return_layernorm_output and plan.save_ln_out:
+    if args.return_layernorm_output and plan.save_ln_out and not plan.recompute:
         ln_out = outputs[1]  # returned, so not saved a second time
     # Where an intermediate was not kept, its stage's backward does not read it: a
     # spec-shaped stand-in is only asked for its shape.
@@ -566,18 +794,25 @@ def layernorm_mlp_setup_context(
         (fc2_input, fc2_weight),
     )
     grad = args.is_grad_enabled
+    fc1_weight_fp8, fc2_weight_fp8 = fc1.weight_fp8, fc2.weight_fp8
+    fc1_inputmat, fc2_inputmat = fc1.inputmat, fc2.inputmat
+    if plan.recompute:
+        # The weights the forward's GEMMs read, for the recompute (nothing else is kept).
+        fc1_weight_fp8 = _recompute_weight(_fc1_args(args, args.inp), fc1_weight)
+        fc2_weight_fp8 = _recompute_weight(plan.fc2, fc2_weight)
+        fc1_inputmat = fc2_inputmat = None
     return LayerNormMLPBwdArgs(
         grad_outputs=[],
         inp=args.inp,
         ln_weight=args.ln_weight,
         mu=mu,
         rsigma=rsigma,
-        fc1_inputmat=fc1.inputmat,
-        fc1_weight_fp8=fc1.weight_fp8,
+        fc1_inputmat=fc1_inputmat,
+        fc1_weight_fp8=fc1_weight_fp8,
         ln_out_shape=fc1.inp_shape,
         fc1_out=fc1_out,
-        fc2_inputmat=fc2.inputmat,
-        fc2_weight_fp8=fc2.weight_fp8,
+        fc2_inputmat=fc2_inputmat,
+        fc2_weight_fp8=fc2_weight_fp8,
         act_shape=torch.Size(fc2.inp_shape),
         fc1_requires_dgrad=fc1.requires_dgrad,
         fc1_requires_wgrad=fc1.requires_wgrad,
@@ -614,6 +849,12 @@ def layernorm_mlp_setup_context(
         fc1_wgrad_route=_route(args, args.fc1_weight) if fc1.requires_wgrad else None,
         fc2_wgrad_route=_route(args, args.fc2_weight) if fc2.requires_wgrad else None,
         activation_params=args.activation_params,
+        checkpoint=plan.recompute,
+        ln_bias=args.ln_bias if plan.recompute else None,
+        fc1_bias=args.fc1_bias if plan.recompute else None,
+        eps=args.eps if plan.recompute else None,
+        fprop_gemm=args.fprop_gemm if plan.recompute else None,
+        forward_scales=saved[9] if plan.recompute else None,
     )
 
 
@@ -659,6 +900,8 @@ def _fc1_grad_output_spec(args: LayerNormMLPBwdArgs) -> TensorSpec:
 def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | None, ...]:
     """Gradients of ``(inp, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight,
     fc2_bias)``; None where not required."""
+    if args.checkpoint:
+        args = _recomputed(args)
     dtype = args.activation_dtype
     d_act, fc2_wgrad, fc2_bgrad = linear_backward(_fc_backward_args(args, 2, args.grad_outputs[0]))
     dgrad = dgamma = dbeta = fc1_wgrad = fc1_bgrad = None
@@ -679,6 +922,8 @@ def layernorm_mlp_backward(args: LayerNormMLPBwdArgs) -> tuple[torch.Tensor | No
 
 
 def layernorm_mlp_backward_spec(args: LayerNormMLPBwdArgs) -> tuple[TensorSpec | None, ...]:
+    if args.checkpoint:
+        args = _recomputed_spec(args)
     _, fc2_wgrad, fc2_bgrad = linear_backward_spec(_fc_backward_args(args, 2, args.grad_outputs[0]))
     fc1_wgrad = fc1_bgrad = None
     norm = False
@@ -730,16 +975,22 @@ LAYERNORM_MLP = OpDeclaration(
 def layernorm_mlp_examples(recipe: Any, device: torch.device) -> list[LayerNormMLPFwdArgs]:
     """Bundles the lowering is checked on (``runtime/lowering_check.py``): one per
     activation, taking turns at bf16 and fp32 and at LayerNorm with biases (its output
-    returned) and RMSNorm without."""
+    returned) and RMSNorm without; and two of them with ``checkpoint``."""
     import typing
 
     from transformer_engine_ops.ops import _examples
 
+    activations = typing.get_args(Activation)
+    # (seed, activation, the example whose dtype and norm it takes, checkpoint): TE's
+    # checkpoint on a plain and a gated activation, LayerNorm returning its output and
+    # RMSNorm, each on tensors of its own (a tensor two calls share sums two gradients).
+    cases = [(i, activation, i, False) for i, activation in enumerate(activations)]
+    cases += [(len(cases), "gelu", 0, True), (len(cases) + 1, "swiglu", 6, True)]
     bundles = []
-    for i, activation in enumerate(typing.get_args(Activation)):
-        dtype = _examples.DTYPES[i % len(_examples.DTYPES)]
-        make = _examples.random_tensors(i, dtype, device)
-        layernorm = i // 2 % 2 == 0
+    for seed, activation, like, checkpoint in cases:
+        dtype = _examples.DTYPES[like % len(_examples.DTYPES)]
+        make = _examples.random_tensors(seed, dtype, device)
+        layernorm = like // 2 % 2 == 0
         quantizers = {
             **_examples.quantizer_fields(recipe, "fc1_"),
             **_examples.quantizer_fields(recipe, "fc2_"),
@@ -789,6 +1040,7 @@ def layernorm_mlp_examples(recipe: Any, device: torch.device) -> list[LayerNormM
                     if activation == "clamped_swiglu"
                     else None
                 ),
+                checkpoint=checkpoint,
             )
         )
     return bundles

@@ -654,13 +654,11 @@ _BWD_UB_FLAGS = ("ub_overlap_ag_dgrad", "ub_overlap_rs_dgrad", "ub_bulk_wgrad")
 # --- Forward ---------------------------------------------------------------------
 
 
-def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``(outputs, saved)``: ``outputs == (out,)``; ``saved == (input, weight)`` holds the
-    quantized tensors made here that the backward reads, or that the module caches as
-    its weight workspace, each with only the usages :func:`_forward_plan` keeps (None
-    where nothing is kept)."""
-    _check_supported(args, _FWD_UB_FLAGS)
-    plan = _forward_plan(args)
+def _forward_input(args: LinearFwdArgs, plan: _ForwardPlan) -> tuple[Any, Any, Any]:
+    """``(x, x_saved, overlap)``: the fprop GEMM's input (cast, gathered, quantized as
+    the plan says), the quantized input kept for the backward where it is not ``x``
+    (a sequence-parallel shard gathered quantized), and the group of a fused
+    all-gather GEMM (None: ``x`` is gathered already)."""
     inp, dtype = args.inp, args.activation_dtype
     if type(inp) in _PLAIN_TENSORS and len(inp.shape) == 2 and inp.dtype == dtype:
         x = inp  # what the reshape and cast would return (a tensor subclass takes them)
@@ -668,7 +666,7 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
     hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
     overlap = _overlap_group(args, plan.gather_input and hp_gemm, x, args.weight)
-    x_saved = None  # the quantized input kept for backward, when it is not x
+    x_saved = None
     if plan.gather_quantized:
         # Quantize the shard (per-tensor FP8: with the group's amax), gather its rowwise
         # data for the fprop GEMM (TE's way); the backward re-gathers the kept shard.
@@ -678,21 +676,40 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     else:
         if plan.gather_input and overlap is None:
             # High precision on the wire, quantized once gathered (the fused overlap
-            # gathers inside its GEMM below).
+            # gathers inside its GEMM).
             x = _all_gather_rows(x, args)
         if args.input_quantizer is not None:
             usage = plan.save_input or _Usage(True, False)
             x = _internal(args.input_quantizer, usage).quantize(x)
-    weight = args.weight
+    return x, x_saved, overlap
+
+
+def _forward_weight(args: LinearFwdArgs, plan: _ForwardPlan) -> Any:
+    """The fprop GEMM's weight: the cached workspace, the weight quantized here, or the
+    weight itself (cast to the activation dtype)."""
+    weight, dtype = args.weight, args.activation_dtype
     if plan.weight_from_workspace:
-        weight = args.weight_workspace
-    elif plan.quantize_weight is not None:
+        return args.weight_workspace
+    if plan.quantize_weight is not None:
         quantizer = _made_weight_quantizer(
             args.weight_quantizer, plan.quantize_weight, args.cache_weight
         )
-        weight = quantizer.quantize(weight.to(args.activation_dtype))
-    elif weight.dtype != dtype and not _is_quantized(weight):
-        weight = weight.to(dtype)
+        return quantizer.quantize(weight.to(dtype))
+    if weight.dtype != dtype and not _is_quantized(weight):
+        return weight.to(dtype)
+    return weight
+
+
+def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``(outputs, saved)``: ``outputs == (out,)``; ``saved == (input, weight)`` holds the
+    quantized tensors made here that the backward reads, or that the module caches as
+    its weight workspace, each with only the usages :func:`_forward_plan` keeps (None
+    where nothing is kept)."""
+    _check_supported(args, _FWD_UB_FLAGS)
+    plan = _forward_plan(args)
+    inp, dtype = args.inp, args.activation_dtype
+    x, x_saved, overlap = _forward_input(args, plan)
+    weight = _forward_weight(args, plan)
     bias = args.bias
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
@@ -726,6 +743,21 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     saved_input = _keep_usage(x if x_saved is None else x_saved, plan.saved_input)
     saved_weight = _keep_usage(weight, plan.saved_weight)
     return (out,), (saved_input, saved_weight)
+
+
+def linear_saved(args: LinearFwdArgs) -> tuple[Any, Any]:
+    """What :func:`linear_forward` returns as ``saved``, made by the same code without
+    the fprop GEMM: the quantized input and weight the backward reads (LayerNormMLP's
+    recompute of fc2's backward operands, whose output it does not need again)."""
+    _check_supported(args, _FWD_UB_FLAGS)
+    plan = _forward_plan(args)
+    saved_input = saved_weight = None
+    if plan.saved_input is not None:
+        x, x_saved, _ = _forward_input(args, plan)
+        saved_input = _keep_usage(x if x_saved is None else x_saved, plan.saved_input)
+    if plan.saved_weight is not None:
+        saved_weight = _keep_usage(_forward_weight(args, plan), plan.saved_weight)
+    return saved_input, saved_weight
 
 
 def _check_quantizable(quantizer: Any, shape: Any) -> None:
