@@ -89,6 +89,14 @@ CASES = {
         ),
     ),
     "no-grad": lambda: _capture({}, _qkv(6, 2, H, D, grad=False), grad=False),
+    # TE's checkpoint_core_attention: the backward recomputes the forward's results.
+    "checkpoint-dropout": lambda: _capture(
+        dict(attention_dropout=0.2), _qkv(6, 2, H, D), checkpoint_core_attention=True
+    ),
+    "checkpoint-flash-cpu": lambda: _on(
+        "flash",
+        _capture({}, _qkv(6, 2, H, D, dtype=torch.bfloat16), checkpoint_core_attention=True),
+    ),
 }
 
 

@@ -63,6 +63,7 @@ FORWARD_SCHEMA = (
     ", float softcap"
     ", str backend"
     ", bool is_grad_enabled"
+    ", bool checkpoint"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -94,6 +95,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("softcap", "scalar", "softcap", "float"),
     _b.SlotRow("backend", "literal", "backend", "str"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
+    _b.SlotRow("checkpoint", "scalar", "checkpoint", "bool"),
 )
 
 BACKWARD_SCHEMA = (
@@ -127,6 +129,7 @@ BACKWARD_SCHEMA = (
     ", bool bottom_right_diagonal"
     ", float softcap"
     ", str backend"
+    ", bool checkpoint"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -159,6 +162,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("bottom_right_diagonal", "scalar", "bottom_right_diagonal", "bool"),
     _b.SlotRow("softcap", "scalar", "softcap", "float"),
     _b.SlotRow("backend", "literal", "backend", "str"),
+    _b.SlotRow("checkpoint", "scalar", "checkpoint", "bool"),
 )
 
 
@@ -193,6 +197,7 @@ def flatten_dot_product_attn_fwd_args(args: DotProductAttnFwdArgs) -> tuple[Any,
         args.softcap,
         args.backend,
         args.is_grad_enabled,
+        args.checkpoint,
     )
 
 
@@ -225,6 +230,7 @@ def dot_product_attention_fwd_slots(
     softcap: Any,
     backend: Any,
     is_grad_enabled: Any,
+    checkpoint: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `DotProductAttnFwdArgs` (`call_dot_product_attention` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -342,6 +348,9 @@ def dot_product_attention_fwd_slots(
         is_grad_enabled
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
+        checkpoint
+        if checkpoint is True or checkpoint is False
+        else _b.check(checkpoint, bool, "DotProductAttnFwdArgs.checkpoint"),
     )
 
 
@@ -377,6 +386,7 @@ def unflatten_dot_product_attn_fwd_args(*slots: Any) -> DotProductAttnFwdArgs:
         softcap=slot(),
         backend=slot(),
         is_grad_enabled=slot(),
+        checkpoint=slot(),
     )
 
 
@@ -497,6 +507,9 @@ def flatten_dot_product_attn_bwd_args(args: DotProductAttnBwdArgs) -> tuple[Any,
         else _b.choice(
             v, ("unfused", "flash", "cudnn", "efficient"), "DotProductAttnBwdArgs.backend"
         ),
+        v
+        if (v := args.checkpoint) is True or v is False
+        else _b.check(v, bool, "DotProductAttnBwdArgs.checkpoint"),
     )
 
 
@@ -533,6 +546,7 @@ def unflatten_dot_product_attn_bwd_args(*slots: Any) -> DotProductAttnBwdArgs:
         bottom_right_diagonal=slot(),
         softcap=slot(),
         backend=slot(),
+        checkpoint=slot(),
     )
 
 
@@ -701,6 +715,7 @@ class _OpNode(torch.autograd.Function):
             bottom_right_diagonal=kept.bottom_right_diagonal,
             softcap=kept.softcap,
             backend=kept.backend,
+            checkpoint=kept.checkpoint,
         )
         if ctx.direct:
             field_grads = attention_backward(args)
@@ -813,6 +828,7 @@ class _EagerNode(torch.autograd.Function):
                 bottom_right_diagonal=kept.bottom_right_diagonal,
                 softcap=kept.softcap,
                 backend=kept.backend,
+                checkpoint=kept.checkpoint,
             )
         )
         return _r.input_grads(ctx, field_grads, (None, None, None, None), 2)
@@ -894,6 +910,7 @@ def call_dot_product_attention(
     softcap: Any,
     backend: Any,
     is_grad_enabled: Any,
+    checkpoint: Any = False,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `dot_product_attention` op's user outputs on the fields of a `DotProductAttnFwdArgs`, given by
@@ -1048,6 +1065,9 @@ def call_dot_product_attention(
                 is_grad_enabled
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "DotProductAttnFwdArgs.is_grad_enabled"),
+                checkpoint
+                if checkpoint is True or checkpoint is False
+                else _b.check(checkpoint, bool, "DotProductAttnFwdArgs.checkpoint"),
             )
             outputs = _r.rebuild(_r.output_layout("teops::dot_product_attention_fwd"), flat)
             if keep is not None:
@@ -1082,6 +1102,7 @@ def call_dot_product_attention(
         softcap=softcap,
         backend=backend,
         is_grad_enabled=is_grad_enabled,
+        checkpoint=checkpoint,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -263,7 +263,6 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
     ) -> torch.Tensor:
         refuse_torch_func(self)  # a torch.func transform: a clear error
         _refuse(
-            checkpoint_core_attention=checkpoint_core_attention,
             inference_params=inference_params is not None,
             fp8_output=bool(fp8_output),
             score_mod=score_mod is not None,
@@ -398,6 +397,9 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             softcap=cap,
             backend=backend,
             is_grad_enabled=grad,
+            # TE's checkpoint_core_attention: the op keeps only its inputs and its
+            # backward recomputes the forward (the same dropout bits: rng_state).
+            checkpoint=bool(checkpoint_core_attention),
         )
         if autocast_device is None:
             return call_dot_product_attention(**fields)[0]

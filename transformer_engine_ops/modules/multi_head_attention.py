@@ -323,7 +323,6 @@ class MultiheadAttention(nn.Module):
         cls = type(self).__name__
         reject_unimplemented(
             f"{cls}.forward",
-            checkpoint_core_attention=(checkpoint_core_attention, False),
             thd_attention_policies=(thd_attention_policies, None),
         )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
@@ -394,7 +393,14 @@ class MultiheadAttention(nn.Module):
                     f"{core_attention_bias_type!r} or alibi_slopes is not implemented"
                 )
             context = self._cached_attention(
-                inference_params, query, key, value, mask_type, window, softcap
+                inference_params,
+                query,
+                key,
+                value,
+                mask_type,
+                window,
+                softcap,
+                checkpoint_core_attention,
             )
         else:
             context = self.core_attention(
@@ -418,6 +424,7 @@ class MultiheadAttention(nn.Module):
                 alibi_slopes=alibi_slopes,
                 fast_zero_fill=fast_zero_fill,
                 pad_between_seqs=pad_between_seqs,
+                checkpoint_core_attention=checkpoint_core_attention,
             )
         projected = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = projected if self.return_bias else (projected,)
@@ -434,6 +441,7 @@ class MultiheadAttention(nn.Module):
         mask_type: str,
         window: tuple[int, int],
         softcap: float,
+        checkpoint_core_attention: bool = False,
     ) -> torch.Tensor:
         """Attention of this step's queries over every cached key of their sequence (TE's
         KV-cache path): the new keys and values written into ``inference_params``' cache
@@ -476,6 +484,7 @@ class MultiheadAttention(nn.Module):
             attn_mask_type="arbitrary",
             window_size=(-1, -1),
             softcap=softcap,
+            checkpoint_core_attention=checkpoint_core_attention,
         )
         context = context.view(batch, steps, per_group, groups, head_dim_v).transpose(2, 3)
         context = context.reshape(batch, steps, heads * head_dim_v)

@@ -28,6 +28,7 @@ call, a compiled graph and the backward's recomputation read the same bits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -111,6 +112,9 @@ class DotProductAttnFwdArgs:
     # --- Autograd state ---
     is_grad_enabled: bool
 
+    # --- TE's checkpoint_core_attention: keep only the inputs; the backward recomputes ---
+    checkpoint: bool = False
+
 
 @dataclass
 class DotProductAttnBwdArgs:
@@ -151,6 +155,9 @@ class DotProductAttnBwdArgs:
     bottom_right_diagonal: bool
     softcap: float
     backend: Backend
+
+    # --- The forward kept neither out nor softmax_stats: the backward recomputes them ---
+    checkpoint: bool = False
 
 
 # --- Shapes: the plan the real and fake kernels share ---------------------------------
@@ -734,7 +741,9 @@ def _group_sum(x: torch.Tensor, groups: int) -> torch.Tensor:
 def _unfused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], ...]:
     lq, lkv = _layouts(args, plan)
     sc = _scores(args, plan, lq, lkv)
-    p = torch.exp(sc.logits - args.softmax_stats.unsqueeze(-1))
+    # A checkpointed forward kept no log-sum-exp: the forward's, from the same logits.
+    lse = _log_sum_exp(sc.logits) if args.checkpoint else args.softmax_stats.unsqueeze(-1)
+    p = torch.exp(sc.logits - lse)
     dtype = p.dtype
     do = args.grad_output.reshape(*args.grad_output.shape[:-1], plan.heads, plan.head_dim_v)
     do = _padding_zeroed(_to_bhsd(do, lq), _seqlens(args, plan)[0], args.qkv_format).to(dtype)
@@ -945,9 +954,9 @@ def _fused_backward_kernel(
     )[:3]
 
 
-def _fused_forward_call(args: Any, plan: _Plan) -> tuple[torch.Tensor, Any]:
-    """``(out in the format's layout, log-sum-exp or None)``."""
-    with_stats = _needs_backward(args)
+def _fused_forward_call(args: Any, plan: _Plan, with_stats: bool) -> tuple[torch.Tensor, Any]:
+    """``(out in the format's layout, log-sum-exp or None)``; ``with_stats``: a backward
+    follows (the kernel then returns the log-sum-exp)."""
     f = _fused_inputs(args, plan, with_stats)
     out, lse = _fused_forward(args, f, with_stats)
     if f.rows is not None:
@@ -960,6 +969,10 @@ def _fused_backward(args: Any, plan: _Plan) -> tuple[Optional[torch.Tensor], ...
     """Gradients from the saved output and log-sum-exp: the kernel's backward op, once.
     The saved output is the op's own (zeros in rows with no key, where the incoming
     gradient is zeroed too, as differentiating that zeroing would)."""
+    if args.checkpoint:
+        # The forward kept neither: the same kernel on the same inputs gives its bits.
+        out, lse = _fused_forward_call(args, plan, True)
+        args = dataclasses.replace(args, checkpoint=False, out=out, softmax_stats=lse)
     f = _fused_inputs(args, plan, True)
     per_head = (plan.heads, plan.head_dim_v)
     # The output's layout for the gradient too (cuDNN reads them alike).
@@ -1044,11 +1057,12 @@ def attention_forward(
     plan = _plan(args)
     _check_backend(args, "DotProductAttnFwdArgs", _bias_grad(args))
     _check_seqlens(args)
+    keep = _needs_backward(args) and not args.checkpoint
     if args.backend == "unfused":
         out, lse = _unfused_forward(args, plan)
-        return (out,), (lse if _needs_backward(args) else None,)
-    out, lse = _fused_forward_call(args, plan)
-    return (out,), (lse,)
+        return (out,), (lse if keep else None,)
+    out, lse = _fused_forward_call(args, plan, _needs_backward(args))
+    return (out,), (lse if keep else None,)
 
 
 def attention_forward_spec(
@@ -1057,7 +1071,7 @@ def attention_forward_spec(
     plan = _plan(args)
     _check_backend(args, "DotProductAttnFwdArgs", _bias_grad(args))
     out = TensorSpec(_out_shape(plan, args.qkv_format), args.q.dtype, device=args.q.device)
-    if not _needs_backward(args):
+    if not _needs_backward(args) or args.checkpoint:
         return (out,), (None,)
     if args.backend != "unfused":
         return (out,), (_fused_stats_spec(args, plan),)
@@ -1072,6 +1086,7 @@ def attention_setup_context(
 ) -> DotProductAttnBwdArgs:
     (stats,) = saved
     grad = args.is_grad_enabled
+    checkpoint = args.checkpoint and _needs_backward(args)
     return DotProductAttnBwdArgs(
         grad_output=None,
         q=args.q,
@@ -1102,6 +1117,7 @@ def attention_setup_context(
         bottom_right_diagonal=args.bottom_right_diagonal,
         softcap=args.softcap,
         backend=args.backend,
+        checkpoint=checkpoint,
     )
 
 
