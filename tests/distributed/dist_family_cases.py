@@ -47,6 +47,9 @@ FAMILY += ["family-lnl-sp-cache-fp8_current", "family-lnl-sp-fp8out-fp8_current"
 # LayerNormMLP given the TP group but set_parallel_mode=False: not partitioned, every
 # rank holds (and computes) the whole single-process module.
 FAMILY += ["family-mlp-unsplit"]
+# LayerNormMLP (fc1 column-, fc2 row-parallel, SP) with TE's checkpoint: the backward's
+# recompute gathers the norm output again (quantized, with the group's amax).
+FAMILY += ["family-mlp-sp-checkpoint-fp8_current"]
 
 
 def _tensors(w: World, out_features: int) -> dict[str, torch.Tensor]:
@@ -248,9 +251,45 @@ def _mlp_unsplit(w: World) -> dict[str, Any]:
     return {"fc1_rows": module.fc1_weight.shape[0]}
 
 
+def _mlp_checkpoint(w: World, recipe: str) -> dict[str, Any]:
+    """TE's checkpoint on the tensor- and sequence-parallel LayerNormMLP: the gradients
+    are the bits of the module without it, compiled equal to eager."""
+    t = _tensors(w, HIDDEN)
+    r, n = w.rank, w.size
+
+    def make(checkpoint: bool) -> te.LayerNormMLP:
+        torch.manual_seed(SEED)
+        m = te.LayerNormMLP(
+            HIDDEN,
+            FFN,
+            sequence_parallel=True,
+            tp_group=w.group,
+            tp_size=n,
+            params_dtype=torch.bfloat16,
+            set_parallel_mode=True,
+            device=w.device,
+            checkpoint=checkpoint,
+        )
+        _norm_params(m, t)
+        return m
+
+    names = ["output", "input grad", "ln weight grad", "ln bias grad"]
+    names += ["fc1 weight grad", "fc1 bias grad", "fc2 weight grad", "fc2 bias grad"]
+    x_local, dy_local = _chunk(t["x"], 0, r, n), _chunk(t["dy"], 0, r, n)
+    model = make(True)
+    eager, info = _compiled_matches_eager(
+        model, list(model.parameters()), x_local, dy_local, recipe, "aot_eager", None, names
+    )
+    plain = make(False)
+    _assert_equal(eager, _step(plain, list(plain.parameters()), x_local, dy_local, recipe), names)
+    return info
+
+
 def run_family_case(w: World, name: str) -> dict[str, Any]:
     if name == "family-mlp-unsplit":
         return _mlp_unsplit(w)
+    if name.startswith("family-mlp-sp-checkpoint-"):
+        return _mlp_checkpoint(w, name.rsplit("-", 1)[-1])
     parts = name.split("-")
     kind, sp = parts[1], parts[2] == "sp"
     recipe = parts[-1]
