@@ -77,6 +77,10 @@ SP_FP8 += [
 ]
 SP_FP8 += ["spfp8-lnmlp-fp8_current", "spfp8-lnmlp-mxfp8", "spfp8-lnmlp-nvfp4"]
 SP_FP8 += ["spfp8-inductor-column-nvfp4"]
+# TE's save_original_input: the input kept unquantized (the local shard), quantized in
+# the backward after its re-gather; the gradients of the layer keeping it quantized.
+SP_FP8 += [f"spfp8-save-original-column-{recipe}" for recipe in QUANTIZED_GATHERS]
+SP_FP8 += ["spfp8-save-original-row-fp8_current"]
 
 NAMES = ["output", "input grad", "weight grad", "bias grad"]
 
@@ -349,8 +353,25 @@ def _lnmlp(w: World, recipe: str) -> dict[str, Any]:
     return info
 
 
+def _save_original(w: World, mode: str, recipe: str) -> dict[str, Any]:
+    """``save_original_input=True`` under sequence parallelism: column-parallel, the
+    local input shard is kept and re-gathered in high precision, then quantized whole
+    (the bits of the quantized shards gathered: one amax over the group, whole blocks);
+    row-parallel, the wgrad GEMM reads the input quantized again, so the output gradient
+    is still gathered quantized. Bitwise the layer without it; compiled equals eager."""
+    layer, t = _distributed(w, mode)
+    x, dy = _inputs(w, mode, t)
+    want = _step(layer, x, dy, recipe)
+    layer.save_original_input = True
+    eager, info = _compiled_matches_eager(layer, x, dy, recipe, NAMES)
+    _assert_bitwise(eager, want, NAMES, "the layer keeping its quantized input")
+    return info
+
+
 def run_sp_fp8_case(w: World, name: str) -> dict[str, Any]:
     parts = name.split("-")
+    if name.startswith("spfp8-save-original-"):
+        return _save_original(w, parts[-2], parts[-1])
     if name.startswith("spfp8-gather-options-agree-"):
         return _gather_options_agree(w, parts[-2], parts[-1])
     if name.startswith("spfp8-bytes-"):
