@@ -170,6 +170,20 @@ def test_dropout_masks_replay_and_generators_end_as_without(device):
     _assert_equal(run(True), run(False))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dropout", [0.0, 0.2], ids=["fused", "dropout"])
+def test_cuda_backends_recompute_bitwise_eager_and_compiled(dropout):
+    """On CUDA: without dropout the chosen fused backend (cuDNN on Hopper) runs its
+    forward kernel again in the backward; with dropout the unfused kernel its Philox
+    masks. Both the bits of the plain run, compiled with Inductor too."""
+    dpa = te.DotProductAttention(H, D, qkv_format="bshd", attention_dropout=dropout)
+    inputs = [_bshd(2, 64, seed=i).detach().cuda().requires_grad_(True) for i in range(3)]
+    want = _run(dpa, inputs, False)
+    _assert_equal(_run(dpa, inputs, True), want)
+    _assert_equal(_run(torch.compile(dpa, fullgraph=True), inputs, True), want)
+
+
 @pytest.mark.parametrize("backend", ["flash", "efficient"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
 def test_the_fused_backward_runs_the_forward_kernel_again_then_its_backward(

@@ -69,6 +69,18 @@ def test_compiled_on_inductor_equals_eager_and_the_plain_module(recipe, activati
     assert_bitwise(cloned(step(torch.compile(checkpointed, fullgraph=True), x, recipe)), eager)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current", "mxfp8"])
+def test_cuda_graphs_replay_the_recompute(recipe):
+    checkpointed, plain = _pair("cuda")
+    x = make_input().cuda()
+    eager = cloned(step(plain, x, recipe))
+    compiled = torch.compile(checkpointed, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        assert_bitwise(cloned(step(compiled, x, recipe)), eager)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from module_cases import QUANTIZED, RECIPES, assert_bitwise, graph_breaks, step
+from module_cases import QUANTIZED, RECIPES, assert_bitwise, cloned, graph_breaks, step
 
 import transformer_engine_ops as te
 from transformer_engine_ops.modules.linear import _save_original_input_allowed
@@ -27,6 +27,11 @@ if str(ROOT) not in sys.path:
 from benchmarks.memory import SavedTensors  # noqa: E402
 
 AOT = "aot_eager"
+CUDA = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=CUDA)]
 
 
 def _layer(save_original_input: bool, bias: bool = True) -> te.Linear:
@@ -40,10 +45,12 @@ def _input(seed: int = 1) -> torch.Tensor:
     return torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_gradients_are_the_bits_of_the_quantized_input_kept(recipe):
-    x = _input()
-    assert_bitwise(step(_layer(True), x, recipe), step(_layer(False), x, recipe))
+def test_gradients_are_the_bits_of_the_quantized_input_kept(recipe, device):
+    x = _input().to(device)
+    got = cloned(step(_layer(True).to(device), x, recipe))
+    assert_bitwise(got, cloned(step(_layer(False).to(device), x, recipe)))
 
 
 @pytest.mark.parametrize("recipe", QUANTIZED)
@@ -55,11 +62,23 @@ def test_compiled_equals_eager(recipe):
     assert_bitwise(got, eager)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8"])
-def test_compiled_on_inductor_equals_eager(recipe):
-    layer, x = _layer(True, bias=False), _input()
-    eager = step(layer, x, recipe)
-    assert_bitwise(step(torch.compile(layer, fullgraph=True), x, recipe), eager)
+def test_compiled_on_inductor_equals_eager(recipe, device):
+    layer, x = _layer(True, bias=False).to(device), _input().to(device)
+    eager = cloned(step(_layer(False, bias=False).to(device), x, recipe))
+    assert_bitwise(cloned(step(torch.compile(layer, fullgraph=True), x, recipe)), eager)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_current", "nvfp4"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_replay_the_requantization(recipe):
+    layer, x = _layer(True).cuda(), _input().cuda()
+    eager = cloned(step(_layer(False).cuda(), x, recipe))
+    compiled = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        assert_bitwise(cloned(step(compiled, x, recipe)), eager)
 
 
 def _saved(layer: te.Linear, x: torch.Tensor, recipe: str, compiled: bool) -> SavedTensors:
