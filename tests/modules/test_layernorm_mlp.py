@@ -147,7 +147,6 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(checkpoint=True),
         dict(seq_length=128),
         dict(ub_bulk_wgrad=True),
         dict(symmetric_ar_type="multimem_all_reduce"),

@@ -412,7 +412,6 @@ def test_unimplemented_arguments_raise_naming_them(kwargs: dict, named: str) -> 
 @pytest.mark.parametrize(
     ("forward", "named"),
     [
-        ({"checkpoint_core_attention": True}, "checkpoint_core_attention"),
         ({"thd_attention_policies": [{}]}, "thd_attention_policies"),
     ],
 )
