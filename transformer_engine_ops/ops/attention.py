@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_engine_ops.quantization.philox import RNG_STATE_DTYPE, uniform
-from transformer_engine_ops.runtime._torch_private import sdpa_kernel_ops
+from transformer_engine_ops.runtime._torch_private import assert_async, sdpa_kernel_ops
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
@@ -363,7 +363,7 @@ def _check_seqlens(args: Any) -> None:
     truncate (:func:`_seqlen_rules`). On the CPU the values are read (no device to
     wait for) and a ValueError names the field and its values, eagerly and in a
     compiled graph alike (the op's kernel runs as one node); on CUDA the rules become
-    one ``torch._assert_async``: a device-side assertion, no host synchronization and
+    one device-side assertion (``torch._assert_async``): a device-side assertion, no host synchronization and
     safe under CUDA graphs, that fails the stream (the error surfaces at the next
     synchronization, without the field's name)."""
     rules = _seqlen_rules(args, "q") + _seqlen_rules(args, "kv")
@@ -376,7 +376,7 @@ def _check_seqlens(args: Any) -> None:
                 raise ValueError(message())
         return
     ok = torch.stack([r[0] for r in rules]).all()
-    torch._assert_async(ok, "DotProductAttention: invalid cu_seqlens or max_seqlen")
+    assert_async(ok, "DotProductAttention: invalid cu_seqlens or max_seqlen")
 
 
 def _check_broadcast(t: Any, full: tuple[Any, ...], name: str) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "FakeTensor",
     "INDUCTOR_LOWERING_MODULE",
     "after_autograd_keyset",
+    "assert_async",
     "any_requires_grad",
     "autograd_cache_off",
     "cuda_current_device",
@@ -132,6 +133,13 @@ def sdpa_kernel_ops() -> Any:
     """``torch.ops.aten``: the SDPA kernels' private forward and backward ops."""
     return torch.ops.aten
 
+
+# --- checks of tensor values on the device (ops/attention.py) -------------------------
+# A device-side assertion on a boolean tensor: the thd ``cu_seqlens`` / ``max_seqlen``
+# checks on CUDA, with no host synchronization and safe under CUDA-graph capture.
+# ``torch._assert_async`` has no public spelling on 2.11, 2.13 or 2.14
+# (``torch._check`` reads the value on the host). Run on 2.13 (CPU) only.
+assert_async = torch._assert_async
 
 # --- quantized kernels (quantization/) ------------------------------------------------
 # The FP8 GEMM (quantization/gemm.py), per-tensor and block-scaled (1x128 / 128x128
