@@ -363,7 +363,7 @@ def _check_seqlens(args: Any) -> None:
     truncate (:func:`_seqlen_rules`). On the CPU the values are read (no device to
     wait for) and a ValueError names the field and its values, eagerly and in a
     compiled graph alike (the op's kernel runs as one node); on CUDA the rules become
-    one device-side assertion (``torch._assert_async``): a device-side assertion, no host synchronization and
+    one device-side assertion (``torch._assert_async``): no host synchronization and
     safe under CUDA graphs, that fails the stream (the error surfaces at the next
     synchronization, without the field's name)."""
     rules = _seqlen_rules(args, "q") + _seqlen_rules(args, "kv")
