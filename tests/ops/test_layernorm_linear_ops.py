@@ -53,6 +53,8 @@ def _workspace_bundle(module, x, recipe):
     with te.autocast(recipe=RECIPES[recipe]()):
         module(x, is_first_microbatch=True)
         fwd = LayerNormLinearFwdArgs(**module._op_fields(x, STATE.autocast, False, False))
+    # The forward reads the kept copy by the call's weight quantizer, as here.
+    fwd.weight_workspace = module._weight_cache.read(fwd.weight_quantizer)
     assert fwd.weight_workspace is not None
     return fwd
 
