@@ -29,8 +29,8 @@ __all__ = [
     "FakeTensor",
     "INDUCTOR_LOWERING_MODULE",
     "after_autograd_keyset",
-    "assert_async",
     "any_requires_grad",
+    "assert_async",
     "autograd_cache_off",
     "cuda_current_device",
     "cuda_current_raw_stream",
@@ -39,6 +39,7 @@ __all__ = [
     "graph_caches_off",
     "disabled_torch_function_impl",
     "functorch_transform_active",
+    "grouped_mm",
     "inductor_compile",
     "inductor_decompositions",
     "inductor_default_table",
@@ -49,6 +50,7 @@ __all__ = [
     "mark_constant_result",
     "preserve_version_counter",
     "queue_backward_callback",
+    "scaled_grouped_mm",
     "scaled_mm",
     "sdpa_kernel_ops",
     "symm_mem_ops",
@@ -134,12 +136,27 @@ def sdpa_kernel_ops() -> Any:
     return torch.ops.aten
 
 
-# --- checks of tensor values on the device (ops/attention.py) -------------------------
-# A device-side assertion on a boolean tensor: the thd ``cu_seqlens`` / ``max_seqlen``
-# checks on CUDA, with no host synchronization and safe under CUDA-graph capture.
-# ``torch._assert_async`` has no public spelling on 2.11, 2.13 or 2.14
-# (``torch._check`` reads the value on the host). Run on 2.13 (CPU) only.
+# --- device-side checks (ops/attention.py, ops/_moe.py, ops/grouped_linear.py) ---------
+# A rule on tensor values checked without a host synchronization (safe under CUDA-graph
+# capture): ``torch._assert_async`` fails the stream at the next synchronization (the
+# thd ``cu_seqlens`` / ``max_seqlen`` checks, the MoE row counts). No public spelling on
+# 2.11 (H200), 2.13 or 2.14 (``torch._check`` reads the value on the host).
 assert_async = torch._assert_async
+
+# --- grouped GEMMs (ops/grouped_linear.py) ---------------------------------------------
+# One GEMM over consecutive row groups, the group ends read on the device (int32
+# offsets): ``torch._grouped_mm`` (bf16) and ``torch._scaled_grouped_mm`` (FP8 E4M3 with
+# rowwise fp32 scales, Hopper). No public spelling on 2.11 (H200), 2.13 (its CPU
+# kernel, a loop of ``mm``) or 2.14. Looked up on use: a torch without them answers None.
+
+
+def grouped_mm() -> Any:
+    return getattr(torch, "_grouped_mm", None)
+
+
+def scaled_grouped_mm() -> Any:
+    return getattr(torch, "_scaled_grouped_mm", None)
+
 
 # --- quantized kernels (quantization/) ------------------------------------------------
 # The FP8 GEMM (quantization/gemm.py), per-tensor and block-scaled (1x128 / 128x128
