@@ -3,7 +3,9 @@
 Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
 ``te.LayerNormLinear``, ``te.LayerNormMLP``, ``te.GroupedLinear``, ``te.MultiheadAttention``,
 ``te.TransformerLayer``, ``te.InferenceParams``, ``te.RotaryPositionEmbedding``, ``te.apply_rotary_pos_emb``, ``te.LayerNorm``, ``te.RMSNorm``,
-``te.autocast``, ``te.checkpoint``, ``te.quantized_model_init`` (and their deprecated TE names
+``te.autocast``, ``te.checkpoint``, TE's MoE helpers (``te.moe_permute``,
+``te.moe_unpermute``, ``te.moe_sort_chunks_by_index``, ``te.Fp8Padding``, ... and the
+fused router functions in ``transformer_engine_ops.router``), ``te.quantized_model_init`` (and their deprecated TE names
 ``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe``, TE's
 availability queries (``te.is_fp8_available``, ...), ``te.DType``, and the quantized
 tensor and quantizer classes.
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     )
     from .modules import (
         DotProductAttention,
+        Fp8Padding,
+        Fp8Unpadding,
         GroupedLinear,
         InferenceParams,
         LayerNorm,
@@ -52,6 +56,12 @@ if TYPE_CHECKING:
         checkpoint,
         fp8_autocast,
         fp8_model_init,
+        moe_permute,
+        moe_permute_and_pad_with_probs,
+        moe_permute_with_probs,
+        moe_sort_chunks_by_index,
+        moe_sort_chunks_by_index_with_probs,
+        moe_unpermute,
         quantized_model_init,
     )
     from .quantization.float8 import (
@@ -97,6 +107,8 @@ _EXPORTS = {
     "Float8Quantizer": ".quantization.float8",
     "Float8Tensor": ".quantization.float8",
     "Float8TensorStorage": ".quantization.float8",
+    "Fp8Padding": ".modules",
+    "Fp8Unpadding": ".modules",
     "GroupedLinear": ".modules",
     "InferenceParams": ".modules",
     "LayerNorm": ".modules",
@@ -130,6 +142,12 @@ _EXPORTS = {
     "is_fp8_block_scaling_available": ".availability",
     "is_mxfp8_available": ".availability",
     "is_nvfp4_available": ".availability",
+    "moe_permute": ".modules",
+    "moe_permute_and_pad_with_probs": ".modules",
+    "moe_permute_with_probs": ".modules",
+    "moe_sort_chunks_by_index": ".modules",
+    "moe_sort_chunks_by_index_with_probs": ".modules",
+    "moe_unpermute": ".modules",
     "quantized_model_init": ".modules",
 }
 
@@ -143,6 +161,8 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "Float8TensorStorage",
+    "Fp8Padding",
+    "Fp8Unpadding",
     "GroupedLinear",
     "InferenceParams",
     "LayerNorm",
@@ -176,6 +196,12 @@ __all__ = [
     "is_mxfp8_available",
     "is_nvfp4_available",
     "make_graphed_callables",
+    "moe_permute",
+    "moe_permute_and_pad_with_probs",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
     "quantized_model_init",
     "recipe",
 ]

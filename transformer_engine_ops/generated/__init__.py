@@ -10,5 +10,12 @@ MODULES = (
     "layernorm_linear",
     "layernorm_mlp",
     "linear",
+    "moe_aux_loss",
+    "moe_aux_scores",
+    "moe_pad_rows",
+    "moe_permute",
+    "moe_router",
+    "moe_sort_chunks",
+    "moe_unpermute",
     "rope",
 )

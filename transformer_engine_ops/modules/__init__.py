@@ -8,12 +8,24 @@ from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .moe import (
+    Fp8Padding,
+    Fp8Unpadding,
+    moe_permute,
+    moe_permute_and_pad_with_probs,
+    moe_permute_with_probs,
+    moe_sort_chunks_by_index,
+    moe_sort_chunks_by_index_with_probs,
+    moe_unpermute,
+)
 from .multi_head_attention import MultiheadAttention
 from .rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .transformer import TransformerLayer
 
 __all__ = [
     "DotProductAttention",
+    "Fp8Padding",
+    "Fp8Unpadding",
     "GroupedLinear",
     "InferenceParams",
     "LayerNorm",
@@ -29,5 +41,11 @@ __all__ = [
     "checkpoint",
     "fp8_autocast",
     "fp8_model_init",
+    "moe_permute",
+    "moe_permute_and_pad_with_probs",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
     "quantized_model_init",
 ]
