@@ -33,20 +33,28 @@ class _Recorder:
 
 
 def capture_bundle(module: torch.nn.Module, x: torch.Tensor, recipe: str, *extra: Any) -> Any:
-    """The forward bundle ``module(x, *extra)`` hands its op under ``recipe`` (op not run)."""
+    """The forward bundle ``module(x, *extra)`` hands its op under ``recipe`` (op not run).
+    A module with several ops (GroupedLinear: the grouped GEMM or the loop) gives the
+    bundle of the one its call took."""
     owner: ModuleType = sys.modules[type(module).__module__]
-    (entry,) = [name for name in vars(owner) if name.startswith("call_")]  # its call_<op>
-    original = getattr(owner, entry)
-    recorder = _Recorder(forward_bundle(sys.modules[original.__module__]))
-    setattr(owner, entry, recorder)
+    entries = [name for name in vars(owner) if name.startswith("call_")]  # its call_<op>s
+    originals = {entry: getattr(owner, entry) for entry in entries}
+    recorders = {
+        entry: _Recorder(forward_bundle(sys.modules[original.__module__]))
+        for entry, original in originals.items()
+    }
+    for entry, recorder in recorders.items():
+        setattr(owner, entry, recorder)
     factory = RECIPES[recipe]
     context = autocast(recipe=factory()) if factory is not None else contextlib.nullcontext()
     try:
         with context:
             module(x, *extra)
     finally:
-        setattr(owner, entry, original)
-    return recorder.args
+        for entry, original in originals.items():
+            setattr(owner, entry, original)
+    (called,) = [r for r in recorders.values() if r.args is not None]
+    return called.args
 
 
 def _detached(value: Any) -> Any:

@@ -5,6 +5,7 @@
 MODULES = (
     "attention",
     "bias_dropout",
+    "grouped_gemm",
     "grouped_linear",
     "layernorm",
     "layernorm_linear",

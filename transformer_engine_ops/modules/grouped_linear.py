@@ -45,10 +45,13 @@ from typing import Any
 import torch
 from torch import is_grad_enabled, is_tensor, nn
 
+from ..generated.grouped_gemm import call_grouped_gemm
 from ..generated.grouped_linear import call_grouped_linear
+from ..ops.grouped_gemm import serves as grouped_gemm_serves
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
+from ..runtime.quantizer import QuantizedData
 from ._base import (
     ExtraStateMixin,
     forward_recipe,
@@ -189,8 +192,14 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_name=(ub_name, None),
             single_grouped_weight=(single_grouped_weight, False),
             single_grouped_bias=(single_grouped_bias, False),
-            use_grouped_tensor=(use_grouped_tensor, None),
         )
+        if use_grouped_tensor is not None and not isinstance(use_grouped_tensor, bool):
+            raise TypeError(
+                f"use_grouped_tensor must be a bool or None, got {type(use_grouped_tensor)}."
+            )
+        # TE's choice between its GroupedTensor GEMM and its split-quantize GEMMs; here
+        # one computation serves both (the grouped GEMM where it serves the call).
+        self.use_grouped_tensor = bool(use_grouped_tensor)
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
         self.name = name
@@ -299,10 +308,13 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             out=(None if out is None else "a tensor", None),
             dgrad_out=(None if dgrad_out is None else "a tensor", None),
         )
+        counts = None  # a host list's ints
         if isinstance(m_splits, (list, tuple)):
-            m_splits = torch.tensor(_row_counts(cls, m_splits), dtype=torch.int64)
+            counts = _row_counts(cls, m_splits)
         elif not is_tensor(m_splits):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
+        if counts is not None:
+            m_splits = torch.tensor(counts, dtype=torch.int64)
         if 0 in self.weight0.shape and is_tensor(inp):
             # No features: nothing to quantize or multiply (zeros, plus each GEMM's bias
             # on its rows).
@@ -360,6 +372,10 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ),
             **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, *weights),
         )
+        if not caching and self._grouped_gemm_serves(inp, dtype, fields):
+            if counts is not None:  # made on the input's device: a graph constant there
+                fields["m_splits"] = torch.tensor(counts, dtype=torch.int64, device=inp.device)
+            return self._grouped_gemm(fields)
         keep = None
         if caching:
             if fields["weight_workspaces"] is not None and not _workspaces_fit(fields):
@@ -371,6 +387,53 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                     functools.partial(self._keep_weight_workspaces, fields["weight_quantizers"]),
                 )
         return call_grouped_linear(**fields, keep=keep)[0]
+
+    def _grouped_gemm_serves(self, inp: Any, dtype: torch.dtype, fields: dict[str, Any]) -> bool:
+        """Whether the grouped-GEMM op serves this call (``ops/grouped_gemm.py``): plain
+        input and weights, no weight-gradient scheduling or backward override, one
+        quantizer per role for every GEMM (a stateless recipe), and a device, dtype,
+        alignment and recipe it has a grouped GEMM for. Every other call loops."""
+        if not is_tensor(inp) or isinstance(inp, QuantizedData):
+            return False
+        if fields["fuse_wgrad_accumulation"] or fields["delay_wgrad_compute"]:
+            return False
+        if fields["backward_override"] is not None or fields["sr_rng_state"] is not None:
+            return False
+        if any(isinstance(w, QuantizedData) for w in fields["weights"]):
+            return False
+        roles = ("input_quantizers", "weight_quantizers", "grad_output_quantizers")
+        firsts = tuple(fields[role][0] for role in roles)
+        if any(
+            any(q is not first for q in fields[role])
+            for role, first in zip(roles, firsts, strict=False)
+        ):
+            return False  # per-GEMM quantizers (delayed scaling's state)
+        reason = grouped_gemm_serves(inp.device, dtype, self.in_features, self.out_features, firsts)
+        return reason is None
+
+    def _grouped_gemm(self, fields: dict[str, Any]) -> torch.Tensor:
+        """The call on the grouped-GEMM op: the weights (and biases) stacked, the row
+        counts on the input's device."""
+        inp, weights, biases = fields["inp"], fields["weights"], fields["biases"]
+        m_splits = fields["m_splits"]
+        if m_splits.device != inp.device:  # a host tensor: copied, never read on the host
+            m_splits = m_splits.to(inp.device, non_blocking=True)
+        return call_grouped_gemm(
+            inp=inp,
+            weight=torch.stack(weights),
+            bias=None if biases is None else torch.stack(biases),
+            m_splits=m_splits,
+            input_requires_grad=fields["input_requires_grad"],
+            weight_requires_grad=fields["weights_requires_grad"],
+            bias_requires_grad=fields["biases_requires_grad"],
+            input_quantizer=fields["input_quantizers"][0],
+            weight_quantizer=fields["weight_quantizers"][0],
+            grad_output_quantizer=fields["grad_output_quantizers"][0],
+            activation_dtype=fields["activation_dtype"],
+            fprop_gemm=fields["fprop_gemm"],
+            dgrad_gemm=fields["dgrad_gemm"],
+            is_grad_enabled=fields["is_grad_enabled"],
+        )[0]
 
     def _keep_weight_workspaces(self, quantizers: Any, made: tuple[Any, ...]) -> None:
         """Keep the quantized weights a first microbatch made (one per GEMM); later

@@ -201,7 +201,7 @@ def fused_compute_score_for_moe_aux_loss(
     ``"bitmap_u8"`` bitmap)."""
     fmt = _routing_map_format(routing_map_format)
     grad = torch.is_grad_enabled()
-    routing, scores = call_moe_aux_scores(
+    scores, routing = call_moe_aux_scores(
         logits=logits,
         topk=topk,
         score_function=score_function,

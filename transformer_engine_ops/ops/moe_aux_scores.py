@@ -42,7 +42,7 @@ class MoeAuxScoresFwdArgs:
 class MoeAuxScoresBwdArgs:
     """Everything the scores' backward needs."""
 
-    grad_outputs: list[torch.Tensor]  # (routing map, scores)
+    grad_outputs: list[torch.Tensor]  # (scores, routing map)
 
     logits: torch.Tensor
     score_function: ScoreFunction
@@ -84,14 +84,15 @@ def _scores(x: torch.Tensor, score_function: str) -> tuple[torch.Tensor, Any]:
 def moe_aux_scores_forward(
     args: MoeAuxScoresFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``((routing_map, scores), ())``; scores fp32 of the logits' shape."""
+    """``((scores, routing_map), ())``; scores fp32 of the logits' shape (the float
+    output first: TE's function returns them the other way round)."""
     lead, experts = _plan(args)
     logits = args.logits
     x = _router.as_rows(logits)
     scores, _ = _scores(x, args.score_function)
     selected = torch.topk(scores, k=args.topk, dim=-1)[1]
     routing = _router.routing_output(selected, experts, lead, args.routing_map_format, None)
-    return (routing, scores.reshape(logits.shape)), ()
+    return (scores.reshape(logits.shape), routing), ()
 
 
 def moe_aux_scores_forward_spec(
@@ -101,7 +102,7 @@ def moe_aux_scores_forward_spec(
     logits, device = args.logits, args.logits.device
     shape, dtype = _router.routing_shape(lead, experts, args.topk, args.routing_map_format, None)
     scores = TensorSpec(tuple(logits.shape), math_dtype(logits.dtype), device=device)
-    return (TensorSpec(shape, dtype, device=device), scores), ()
+    return (scores, TensorSpec(shape, dtype, device=device)), ()
 
 
 def moe_aux_scores_setup_context(
@@ -121,7 +122,7 @@ def moe_aux_scores_backward(args: MoeAuxScoresBwdArgs) -> tuple[Optional[torch.T
         return (None,)
     logits = args.logits
     x = _router.as_rows(logits)
-    g = args.grad_outputs[1].reshape(x.shape).to(x.dtype)
+    g = args.grad_outputs[0].reshape(x.shape).to(x.dtype)
     scores, activated = _scores(x, args.score_function)
     if activated is None:
         dx = _router.softmax_grad(scores, g)
