@@ -52,6 +52,7 @@ demo: $(STAMP)
 	$(PY) -m codegen --check
 	$(PY) demo/linear_demo.py
 	$(PY) demo/gpt_demo.py
+	$(PY) demo/moe_demo.py
 
 # The CPU figures (boundary, import, codegen, compile, step, memory, op overhead, block,
 # compile time versus depth)

@@ -30,6 +30,7 @@ GPU_DEFAULT_PARTS = (
     "memory",
     "sustained",
     "transformer_layer",
+    "moe",
     "torchao",
     "paired",
 )

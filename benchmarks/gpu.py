@@ -69,7 +69,7 @@ from transformer_engine_ops.quantization import (
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 
-from . import torchao_compare, tp_step, transformer_layer
+from . import moe, torchao_compare, tp_step, transformer_layer
 from .common import (
     GPU_DEFAULT_PARTS,
     interleaved,
@@ -592,6 +592,9 @@ def run(
         "memory": lambda: _memory(*SHAPES["large"]),
         "sustained": lambda: _sustained(tuple(RECIPES) if recipes is None else recipes),
         "transformer_layer": lambda: transformer_layer.run(device=device),
+        # The DeepSeek-V2-Lite-sized MoE layer against a per-expert loop and a
+        # hand-written torch._grouped_mm layer; no host syncs, CUDA graphs.
+        "moe": lambda: moe.run(device=device),
         # The same layer under FP8 against torchao's Float8Linear (the optional ``bench``
         # extra): recorded as skipped, with the reason, where torchao is not installed.
         "torchao": torchao_compare.run_if_installed,

@@ -116,6 +116,10 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
         rows += tp_step.report_targets(gpu["gpu"].get("tp", {}))
+        if "moe" in gpu["gpu"]:
+            from . import moe
+
+            rows += moe.report_targets(gpu["gpu"]["moe"])
     elif gpu:
         rows += _gpu_targets_v1(gpu["gpu"])
     else:
@@ -909,6 +913,10 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
         out += _sustained_table(su)
     if "tp" in g:
         out += tp_step.report_lines(g["tp"])
+    if "moe" in g:
+        from . import moe
+
+        out += moe.report_lines(g["moe"])
     if "gpu_analysis" in NOTES:
         out += ["### Where the H200 time goes", "", NOTES["gpu_analysis"], ""]
     return out

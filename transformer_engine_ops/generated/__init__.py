@@ -3,6 +3,7 @@
 """Checked-in custom-op glue, one module per op module; see SCHEMAS.md."""
 
 MODULES = (
+    "activation",
     "attention",
     "bias_dropout",
     "grouped_gemm",

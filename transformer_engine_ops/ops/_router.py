@@ -89,7 +89,8 @@ def bitmap_u8(routing: torch.Tensor) -> torch.Tensor:
     tokens, experts = routing.shape
     width = (experts + 7) // 8
     padded = F.pad(routing.to(torch.uint8), (0, width * 8 - experts))
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.int32, device=routing.device)
+    # 1, 2, 4, ... 128, made on the device (a host list would be copied there).
+    weights = torch.arange(8, dtype=torch.int32, device=routing.device).exp2().to(torch.int32)
     packed = (padded.view(tokens, width, 8).to(torch.int32) * weights).sum(dim=-1)
     return packed.to(torch.uint8)
 

@@ -123,8 +123,14 @@ def _native_device(device: torch.device) -> bool:
     """A CUDA device with torch's grouped GEMM kernels (compute capability 9.0+)."""
     if device.type != "cuda" or _private.grouped_mm() is None:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return _capability_major(device.index or 0) >= 9
+
+
+@_private.mark_constant_result
+def _capability_major(index: int) -> int:
+    """The major compute capability of CUDA device ``index`` (read once per trace
+    under torch.compile: a constant of the graph)."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def serves(
