@@ -468,3 +468,38 @@ def test_no_warning_on_the_common_path():
         warnings.simplefilter("error")
         out, row_id_map = te.moe_permute(_randn(8, 4), rmap, 16)
         te.moe_unpermute(out, row_id_map, restore_shape=(8, 4))
+
+
+# --- the activation between the experts' GEMMs ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu", "reglu", "gelu", "silu", "clamped_swiglu"])
+def test_activation_is_layernorm_mlps(name):
+    """The same bits as LayerNormMLP's activation piece, and its gradient."""
+    from transformer_engine_ops.modules.activation import activation
+    from transformer_engine_ops.ops.layernorm_mlp import activation_backward, activation_forward
+
+    x = _randn(6, 16, dtype=torch.bfloat16).requires_grad_(True)
+    y = activation(x, name)
+    want = activation_forward(name, x.detach(), torch.bfloat16, 7.0, 1.702, 1.0)
+    assert torch.equal(y, want)
+    g = _randn(*y.shape, seed=4, dtype=torch.bfloat16)
+    y.backward(g)
+    assert torch.equal(
+        x.grad, activation_backward(name, g, x.detach(), torch.bfloat16, 7.0, 1.702, 1.0)
+    )
+
+
+def test_activation_params_and_refusals():
+    from transformer_engine_ops.modules.activation import activation
+
+    x = _randn(4, 8)
+    a = activation(x, "clamped_swiglu", {"limit": 0.5})
+    b = activation(x, "clamped_swiglu", activation_params=None)
+    assert not torch.equal(a, b)
+    with pytest.raises(ValueError, match="has no field 'beta'"):
+        activation(x, "clamped_swiglu", {"beta": 1.0})
+    with pytest.raises(ValueError, match="halves the last dim"):
+        activation(_randn(4, 7), "swiglu")
+    with pytest.raises(ValueError, match="ActivationFwdArgs.activation: expected one of"):
+        activation(x, "tanh")

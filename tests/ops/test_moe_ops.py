@@ -1,5 +1,5 @@
 """The generated MoE ops (permute, unpermute, chunk sort, row padding, router, auxiliary
-scores and loss) and GroupedLinear's grouped-GEMM op: opcheck both ways and fake-vs-real
+scores and loss), the activation op and GroupedLinear's grouped-GEMM op: opcheck both ways and fake-vs-real
 flat layouts; TE's row maps; the per-token sum's Triton kernel under Triton's
 interpreter (a fresh process with ``TRITON_INTERPRET=1``; skipped without Triton)."""
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 from family_op_cases import check_fake_layouts, check_opcheck
 
+from transformer_engine_ops.generated import activation as ac
 from transformer_engine_ops.generated import grouped_gemm as gg
 from transformer_engine_ops.generated import moe_aux_loss as al
 from transformer_engine_ops.generated import moe_aux_scores as sc
@@ -166,6 +167,18 @@ def _loss_bundle(on_device=False):
     )
 
 
+def _activation_bundle(name="swiglu", dtype=torch.bfloat16):
+    return ac.ActivationFwdArgs(
+        inp=_randn(5, 3, 16, seed=8, dtype=dtype).requires_grad_(True),
+        activation=name,
+        limit=7.0,
+        alpha=1.702,
+        glu_linear_offset=1.0,
+        inp_requires_grad=True,
+        is_grad_enabled=True,
+    )
+
+
 def _grouped_bundle(fp8=False, bias=True):
     g, n, k = 3, 16, 32
     q = Float8CurrentScalingQuantizer() if fp8 else None
@@ -216,6 +229,9 @@ CASES = {
     "aux-scores-softmax": (sc, "moe_aux_scores", lambda: _scores_bundle("softmax", "bytemap")),
     "aux-loss": (al, "moe_aux_loss", lambda: _loss_bundle()),
     "aux-loss-device-total": (al, "moe_aux_loss", lambda: _loss_bundle(True)),
+    "activation-swiglu": (ac, "activation", lambda: _activation_bundle()),
+    "activation-gelu-fp32": (ac, "activation", lambda: _activation_bundle("gelu", torch.float32)),
+    "activation-clamped-swiglu": (ac, "activation", lambda: _activation_bundle("clamped_swiglu")),
     "grouped-gemm-bf16": (gg, "grouped_gemm", lambda: _grouped_bundle()),
     "grouped-gemm-fp8-current": (gg, "grouped_gemm", lambda: _grouped_bundle(True, False)),
 }

@@ -14,11 +14,11 @@ import torch
 from transformer_engine_ops.ops.activation import (
     ActivationBwdArgs,
     ActivationFwdArgs,
-    activation_op_backward,
-    activation_op_backward_spec,
-    activation_op_forward,
-    activation_op_forward_spec,
-    activation_op_setup_context,
+    activation_backward,
+    activation_backward_spec,
+    activation_forward,
+    activation_forward_spec,
+    activation_setup_context,
 )
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
@@ -253,23 +253,23 @@ def spec_activation_bwd_args(*slots: Any) -> ActivationBwdArgs:
 
 
 def _forward_kernel(*slots: Any) -> list[torch.Tensor]:
-    outputs, saved = activation_op_forward(unflatten_activation_fwd_args(*slots))
+    outputs, saved = activation_forward(unflatten_activation_fwd_args(*slots))
     return _r.pack_and_record(FORWARD_OP, outputs, saved)
 
 
 def _forward_fake(*slots: Any) -> list[torch.Tensor]:
-    outputs, saved = activation_op_forward_spec(spec_activation_fwd_args(*slots))
+    outputs, saved = activation_forward_spec(spec_activation_fwd_args(*slots))
     _r.record_output_specs(FORWARD_OP, outputs, saved)
     return _r.fake_result(outputs, saved, _r.first_device(slots))
 
 
 def _backward_kernel(*slots: Any) -> list[torch.Tensor]:
-    grads = activation_op_backward(unflatten_activation_bwd_args(*slots))
+    grads = activation_backward(unflatten_activation_bwd_args(*slots))
     return _r.pack_grads(grads, _r.first_device(slots))
 
 
 def _backward_fake(*slots: Any) -> list[torch.Tensor]:
-    grads = activation_op_backward_spec(spec_activation_bwd_args(*slots))
+    grads = activation_backward_spec(spec_activation_bwd_args(*slots))
     return _r.fake_grads(grads, _r.first_device(slots))
 
 
@@ -298,12 +298,12 @@ class _OpNode(torch.autograd.Function):
         ctx.direct = _r.plain_backend(below)
         if ctx.direct:
             args = unflatten_activation_fwd_args(*slots)
-            outputs, saved = activation_op_forward(args)
+            outputs, saved = activation_forward(args)
             flat = _r.pack_and_record(FORWARD_OP, outputs, saved)
         else:
             flat, outputs, saved = _r.redispatch_forward(activation_fwd, FORWARD_OP, below, slots)
             args = unflatten_activation_fwd_args(*slots)
-        kept = activation_op_setup_context(args, tuple(outputs), tuple(saved))
+        kept = activation_setup_context(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inp)
         kept.inp = None
         ctx.kept = kept
@@ -328,7 +328,7 @@ class _OpNode(torch.autograd.Function):
             requires_dgrad=kept.requires_dgrad,
         )
         if ctx.direct:
-            field_grads = activation_op_backward(args)
+            field_grads = activation_backward(args)
         else:
             flat = activation_bwd(*flatten_activation_bwd_args(args))
             field_grads = _r.field_grads(flat, ctx.lengths)
@@ -358,7 +358,7 @@ _r.register_quantized_dispatch(activation_bwd, BACKWARD_QUANTIZED_SLOTS)
 
 
 class _EagerNode(torch.autograd.Function):
-    """`activation_op_forward`, `activation_op_setup_context` and `activation_op_backward` called
+    """`activation_forward`, `activation_setup_context` and `activation_backward` called
     directly (no op boundary). The backward bundle's tensors go through
     `save_for_backward` (saved-tensor hooks see each, a quantized value as its inner
     buffers); its other fields stay on the context, and each backward builds a new
@@ -368,8 +368,8 @@ class _EagerNode(torch.autograd.Function):
     def forward(
         ctx: Any, args: ActivationFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
-        outputs, saved = activation_op_forward(args)
-        kept = activation_op_setup_context(args, tuple(outputs), saved)
+        outputs, saved = activation_forward(args)
+        kept = activation_setup_context(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inp)
         kept.inp = None
         ctx.kept = kept
@@ -380,7 +380,7 @@ class _EagerNode(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
         kept = ctx.kept
-        field_grads = activation_op_backward(
+        field_grads = activation_backward(
             ActivationBwdArgs(
                 grad_outputs=list(grads),
                 inp=values[0],
@@ -395,7 +395,7 @@ class _EagerNode(torch.autograd.Function):
 
 
 def activation_eager(args: ActivationFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """`(outputs, saved)` of `activation_op_forward(args)`, outputs attached to autograd
+    """`(outputs, saved)` of `activation_forward(args)`, outputs attached to autograd
     when a gradient field requires grad. `saved` (what the forward made for the
     backward) is handed back so a module may cache it (e.g. a quantized weight).
     Every field is checked as `flatten_activation_fwd_args` checks it for the compiled path."""
@@ -404,7 +404,7 @@ def activation_eager(args: ActivationFwdArgs) -> tuple[tuple[Any, ...], tuple[An
         made: list[Any] = []
         outputs = _EagerNode.apply(args, made, args.inp)
         return outputs, made[0]
-    return activation_op_forward(args)
+    return activation_forward(args)
 
 
 def activation_compiled(

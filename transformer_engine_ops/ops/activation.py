@@ -16,13 +16,8 @@ from typing import Any
 
 import torch
 
-from transformer_engine_ops.ops.layernorm_mlp import (
-    ACTIVATIONS,
-    GATED,
-    Activation,
-    activation_backward,
-    activation_forward,
-)
+from transformer_engine_ops.ops import layernorm_mlp
+from transformer_engine_ops.ops.layernorm_mlp import ACTIVATIONS, GATED, Activation
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 
@@ -76,24 +71,24 @@ def _out_shape(args: ActivationFwdArgs) -> tuple[Any, ...]:
     return (*inp.shape[:-1], width)
 
 
-def activation_op_forward(args: ActivationFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def activation_forward(args: ActivationFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """``((out,), ())``: ``out`` of the input's dtype."""
     _out_shape(args)
     inp = args.inp
-    out = activation_forward(
+    out = layernorm_mlp.activation_forward(
         args.activation, inp, inp.dtype, args.limit, args.alpha, args.glu_linear_offset
     )
     return (out,), ()
 
 
-def activation_op_forward_spec(
+def activation_forward_spec(
     args: ActivationFwdArgs,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     inp = args.inp
     return (TensorSpec(_out_shape(args), inp.dtype, device=inp.device),), ()
 
 
-def activation_op_setup_context(
+def activation_setup_context(
     args: ActivationFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
 ) -> ActivationBwdArgs:
     return ActivationBwdArgs(
@@ -107,11 +102,11 @@ def activation_op_setup_context(
     )
 
 
-def activation_op_backward(args: ActivationBwdArgs) -> tuple[Any]:
+def activation_backward(args: ActivationBwdArgs) -> tuple[Any]:
     if not args.requires_dgrad:
         return (None,)
     inp = args.inp
-    dgrad = activation_backward(
+    dgrad = layernorm_mlp.activation_backward(
         args.activation,
         args.grad_outputs[0],
         inp,
@@ -123,7 +118,7 @@ def activation_op_backward(args: ActivationBwdArgs) -> tuple[Any]:
     return (dgrad,)
 
 
-def activation_op_backward_spec(args: ActivationBwdArgs) -> tuple[Any]:
+def activation_backward_spec(args: ActivationBwdArgs) -> tuple[Any]:
     if not args.requires_dgrad:
         return (None,)
     inp = args.inp
@@ -135,9 +130,9 @@ ACTIVATION = OpDeclaration(
     forward=ActivationFwdArgs,
     backward=ActivationBwdArgs,
     grad_fields=("inp",),
-    forward_impl=activation_op_forward,
-    backward_impl=activation_op_backward,
-    forward_spec=activation_op_forward_spec,
-    backward_spec=activation_op_backward_spec,
-    setup_context=activation_op_setup_context,
+    forward_impl=activation_forward,
+    backward_impl=activation_backward,
+    forward_spec=activation_forward_spec,
+    backward_spec=activation_backward_spec,
+    setup_context=activation_setup_context,
 )

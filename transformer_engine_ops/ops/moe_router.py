@@ -180,8 +180,12 @@ def _qb_histogram(
     index = torch.floor((required - lower) * scale).to(torch.int64).clamp_(0, bins - 1)
     experts = raw.shape[1]
     offsets = torch.arange(experts, device=raw.device, dtype=torch.int64) * bins
-    counts = torch.bincount((index + offsets).reshape(-1), minlength=experts * bins)
-    return counts.reshape(experts, bins).to(torch.int32)
+    flat = (index + offsets).reshape(-1)
+    # Integer sums (any order gives the same counts); ``bincount`` would read the
+    # largest index on the host.
+    counts = torch.zeros(experts * bins, dtype=torch.int32, device=raw.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return counts.reshape(experts, bins)
 
 
 def _probabilities(
