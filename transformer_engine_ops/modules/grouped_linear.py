@@ -9,6 +9,14 @@ ints (zeros allowed); a float or bool tensor or list element is refused, not tru
 serves every split; a list's ints do (dynamo guards on them) unless compiled with
 ``dynamic=True``.
 
+Two ops serve a call (docs/moe.md): the grouped-GEMM op (``ops/grouped_gemm.py``) for
+bf16 and FP8 current scaling where torch has a grouped GEMM for the device (and fp32
+grouped GEMMs on the CPU, the loop's numbers): it reads ``m_splits`` on the device
+(a list becomes a tensor there), so no call synchronizes and CUDA graphs capture it;
+and the per-GEMM loop (the ``grouped_linear`` op) for every other recipe and feature,
+which reads ``m_splits`` on the host and runs outside CUDA graphs. ``use_grouped_tensor``
+takes TE's values and changes nothing here.
+
 Tensor parallelism is TE 2.20.2's: ``parallel_mode`` shards each weight (``"column"``:
 ``out_features``, ``"row"``: ``in_features`` over ``tp_size`` ranks; ``tp_size`` is
 ``tp_group``'s size when a group is given) and the module communicates nothing. The
