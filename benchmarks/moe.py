@@ -10,8 +10,10 @@ against a hand-written ``torch._grouped_mm`` layer, all compiled (``fullgraph=Tr
   experts, top-6, expert FFN 1408, 8192 tokens (``--quick``: hidden 64, 8 experts,
   top-2, FFN 32, 64 tokens; a smoke run, also on the CPU: its numbers mean nothing).
 * Contenders (train step: forward + backward of the layer, one fixed batch; interleaved
-  rounds, medians): ``ours_bf16`` (the row counts on the device: the grouped GEMM),
-  ``ours_fp8_current`` and ``ours_fp8_block`` (under ``te.autocast``), ``loop_bf16``
+  rounds, medians): ``ours_bf16`` (the row counts on the device: the grouped GEMM; each
+  GroupedLinear's weights one ``[E, N, K]`` parameter, TE's ``single_grouped_weight``),
+  ``ours_bf16_per_expert_weights`` (TE's default, one parameter per expert, stacked at
+  every call), ``ours_fp8_current`` and ``ours_fp8_block`` (under ``te.autocast``), ``loop_bf16``
   (our router and permutation, the experts as a Python loop of ``F.linear`` over the
   rows split by a host list of counts, given before the call), ``grouped_mm_bf16`` (a
   hand-written layer: ``argsort`` dispatch, ``torch._grouped_mm`` on one ``[E, N, K]``
@@ -31,7 +33,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +71,8 @@ class LoopLayer(nn.Module):
     def __init__(self, ours: MoELayer) -> None:
         super().__init__()
         self.ours = ours
-        fc1, fc2 = ours.fc1, ours.fc2
-        self.w1 = nn.ParameterList(
-            nn.Parameter(getattr(fc1, f"weight{i}").detach().clone()) for i in range(fc1.num_gemms)
-        )
-        self.w2 = nn.ParameterList(
-            nn.Parameter(getattr(fc2, f"weight{i}").detach().clone()) for i in range(fc2.num_gemms)
-        )
+        self.w1 = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in ours.fc1._weights())
+        self.w2 = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in ours.fc2._weights())
 
     def forward(self, x: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
         probs, routing = self.ours.route(x)
@@ -95,11 +94,8 @@ class GroupedMMLayer(nn.Module):
         super().__init__()
         self.topk = ours.topk
         self.router = nn.Parameter(ours.router.weight.detach().clone())
-        fc1, fc2 = ours.fc1, ours.fc2
-        stack = lambda m: torch.stack(  # noqa: E731
-            [getattr(m, f"weight{i}").detach() for i in range(m.num_gemms)]
-        )
-        self.w1, self.w2 = nn.Parameter(stack(fc1)), nn.Parameter(stack(fc2))
+        self.w1 = nn.Parameter(torch.stack([w.detach() for w in ours.fc1._weights()]))
+        self.w2 = nn.Parameter(torch.stack([w.detach() for w in ours.fc2._weights()]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts = self.w1.shape[0]
@@ -152,8 +148,7 @@ def _cuda_graphs(cfg: dict[str, int], device: Any) -> dict[str, Any]:
     against eager, and Inductor's CUDA-graph skips."""
     from torch._dynamo.utils import counters
 
-    torch.manual_seed(0)
-    ours = MoELayer(cfg["hidden"], cfg["experts"], cfg["topk"], cfg["ffn"], device=device)
+    ours = _layer(cfg, device)
     compiled = torch.compile(ours, fullgraph=True, mode="reduce-overhead")
     counters.clear()
 
@@ -181,9 +176,42 @@ def _cuda_graphs(cfg: dict[str, int], device: Any) -> dict[str, Any]:
     }
 
 
-def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -> dict[str, Any]:
+@contextlib.contextmanager
+def _single_grouped_weights() -> Any:
+    """TE's gate of ``single_grouped_weight`` open (its experimental warning silenced)."""
+    name = "NVTE_GROUPED_LINEAR_SINGLE_PARAM"
+    previous = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="GroupedLinear is using single_grouped")
+            yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous
+
+
+def _layer(cfg: dict[str, int], device: Any, single: bool = True) -> MoELayer:
+    """Ours: with ``single``, each GroupedLinear's weights one ``[E, N, K]`` parameter
+    (TE's ``single_grouped_weight``), read by the grouped GEMM as they are; otherwise
+    one parameter per expert (TE's default), stacked at every call."""
     torch.manual_seed(0)
-    ours = MoELayer(cfg["hidden"], cfg["experts"], cfg["topk"], cfg["ffn"], device=device)
+    with _single_grouped_weights():
+        return MoELayer(
+            cfg["hidden"],
+            cfg["experts"],
+            cfg["topk"],
+            cfg["ffn"],
+            device=device,
+            single_grouped_weight=single,
+        )
+
+
+def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -> dict[str, Any]:
+    ours = _layer(cfg, device)
+    per_expert = _layer(cfg, device, single=False)
     loop, grouped = LoopLayer(ours), GroupedMMLayer(ours)
     gen = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(cfg["tokens"], cfg["hidden"], generator=gen, device=device)
@@ -192,6 +220,7 @@ def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -
     splits = ours.route(x)[1].sum(0).tolist()  # the loop's host list, given before the calls
     difference = _check_same_layer(ours, loop, grouped, x, splits)
     ours_c = torch.compile(ours, fullgraph=True)
+    per_expert_c = torch.compile(per_expert, fullgraph=True)
     loop_c = torch.compile(loop, fullgraph=True)
     grouped_c = torch.compile(grouped, fullgraph=True)
 
@@ -207,6 +236,7 @@ def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -
 
     contenders = {
         "ours_bf16": step(ours_c),
+        "ours_bf16_per_expert_weights": step(per_expert_c),
         "ours_fp8_current": step(ours_c, recipe=Float8CurrentScaling()),
         "ours_fp8_block": step(ours_c, recipe=Float8BlockScaling()),
         "loop_bf16": step(loop_c, splits),
@@ -266,8 +296,7 @@ def run(
 
 
 def _no_sync_checks(cfg: dict[str, int], device: Any) -> dict[str, Any]:
-    torch.manual_seed(0)
-    ours = MoELayer(cfg["hidden"], cfg["experts"], cfg["topk"], cfg["ffn"], device=device)
+    ours = _layer(cfg, device)
     x = torch.randn(cfg["tokens"], cfg["hidden"], device=device).to(torch.bfloat16)
     x.requires_grad_(True)
     return {

@@ -51,18 +51,29 @@ class MoELayer(nn.Module):
     ``forward(x)`` takes ``[tokens, hidden]``."""
 
     def __init__(
-        self, hidden: int, experts: int, topk: int, ffn: int, *, device: Any = None
+        self,
+        hidden: int,
+        experts: int,
+        topk: int,
+        ffn: int,
+        *,
+        device: Any = None,
+        single_grouped_weight: bool = False,
     ) -> None:
         super().__init__()
         dtype = torch.bfloat16
         self.topk = topk
         self.router = te.Linear(hidden, experts, bias=False, params_dtype=dtype, device=device)
-        self.fc1 = te.GroupedLinear(
-            experts, hidden, 2 * ffn, bias=False, params_dtype=dtype, device=device
+        # ``single_grouped_weight`` (TE's, behind NVTE_GROUPED_LINEAR_SINGLE_PARAM): each
+        # GroupedLinear holds one [experts, out, in] weight instead of one per expert.
+        grouped = dict(
+            bias=False,
+            params_dtype=dtype,
+            device=device,
+            single_grouped_weight=single_grouped_weight,
         )
-        self.fc2 = te.GroupedLinear(
-            experts, ffn, hidden, bias=False, params_dtype=dtype, device=device
-        )
+        self.fc1 = te.GroupedLinear(experts, hidden, 2 * ffn, **grouped)
+        self.fc2 = te.GroupedLinear(experts, ffn, hidden, **grouped)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(probs [T, E] fp32, routing map [T, E] bool)``: the router in bf16 without

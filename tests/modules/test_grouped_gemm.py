@@ -190,3 +190,94 @@ def test_use_grouped_tensor_takes_tes_values(value):
 def test_use_grouped_tensor_refuses_a_non_bool():
     with pytest.raises(TypeError, match="use_grouped_tensor must be a bool or None"):
         te.GroupedLinear(2, 32, 16, use_grouped_tensor=1)
+
+
+# --- single_grouped_weight ---------------------------------------------------------
+
+
+def _single(monkeypatch, **kwargs):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="experimental"):
+        return te.GroupedLinear(4, 32, 16, params_dtype=torch.bfloat16, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(RECIPES) + ["fp8_block"])
+def test_single_grouped_parameters_compute_the_discrete_ones_numbers(name, monkeypatch):
+    from module_cases import RECIPES as ALL
+
+    single = _single(monkeypatch, single_grouped_weight=True, single_grouped_bias=True)
+    discrete = _module()
+    with torch.no_grad():
+        for i in range(4):
+            getattr(discrete, f"bias{i}").copy_(single.bias[i].normal_(std=0.1))
+    assert sorted(single.state_dict()) == ["_extra_state", "bias", "weight"]
+    assert single.weight.shape == (4, 16, 32) and single.bias.shape == (4, 16)
+    assert single.weight0 is None and single.bias0 is None
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    make = {**RECIPES, "fp8_block": ALL["fp8_block"]}[name]
+    for splits in SPLITS:
+        got, want = [], []
+        for module, out in ((single, got), (discrete, want)):
+            module.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_(True)
+            ctx = te.autocast(recipe=make()) if make is not None else contextlib.nullcontext()
+            with ctx:
+                y = module(xi, torch.tensor(splits))
+            y.float().square().sum().backward()
+            out += [y, xi.grad]
+        got += [single.weight.grad, single.bias.grad]
+        want += [
+            torch.stack([getattr(discrete, f"weight{i}").grad for i in range(4)]),
+            torch.stack([getattr(discrete, f"bias{i}").grad for i in range(4)]),
+        ]
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), (name, splits)
+
+
+def test_single_grouped_weight_is_read_as_it_is(monkeypatch):
+    single = _single(monkeypatch, single_grouped_weight=True, bias=False)
+    seen = {}
+    original = grouped_linear_module.call_grouped_gemm
+
+    def spy(**kwargs):
+        seen["weight"] = kwargs["weight"]
+        return original(**kwargs)
+
+    monkeypatch.setattr(grouped_linear_module, "call_grouped_gemm", spy)
+    single(torch.randn(6, 32).to(torch.bfloat16), torch.tensor([1, 2, 0, 3]))
+    assert seen["weight"] is single.weight
+
+
+def test_single_grouped_weight_needs_tes_environment_variable(monkeypatch):
+    monkeypatch.delenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", raising=False)
+    with pytest.warns(UserWarning, match="NVTE_GROUPED_LINEAR_SINGLE_PARAM environment variable"):
+        module = te.GroupedLinear(2, 32, 16, single_grouped_weight=True)
+    assert not module.single_grouped_weight and module.weight0 is not None
+
+
+def test_single_grouped_weight_with_a_bias_warns_without_single_bias(monkeypatch):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    with pytest.warns(UserWarning, match="enable single_grouped_bias"):
+        te.GroupedLinear(2, 32, 16, single_grouped_weight=True)
+
+
+def test_single_grouped_weight_refusals(monkeypatch):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    with pytest.warns(UserWarning), pytest.raises(NotImplementedError, match="main_grad"):
+        te.GroupedLinear(2, 32, 16, single_grouped_weight=True, fuse_wgrad_accumulation=True)
+    with (
+        pytest.warns(UserWarning),
+        te.quantized_model_init(recipe=recipe.Float8CurrentScaling()),
+        pytest.raises(NotImplementedError, match="quantized_model_init"),
+    ):
+        te.GroupedLinear(2, 32, 16, single_grouped_weight=True, bias=False)
+
+
+def test_single_grouped_weight_reset_parameters_redraws_in_place(monkeypatch):
+    single = _single(monkeypatch, single_grouped_weight=True, bias=False)
+    weight = single.weight
+    before = weight.detach().clone()
+    torch.manual_seed(0)
+    single.reset_parameters()
+    assert single.weight is weight and torch.equal(single.weight, before)

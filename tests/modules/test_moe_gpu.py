@@ -142,15 +142,22 @@ def test_a_moe_layer_step_does_not_synchronize(name):
 
 
 @needs_hopper
+@pytest.mark.parametrize("single", [False, True], ids=["per_expert", "single_grouped"])
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_reduce_overhead_replays_differently_routed_batches_as_eager(name):
+def test_reduce_overhead_replays_differently_routed_batches_as_eager(name, single, monkeypatch):
     from torch._dynamo.utils import counters
 
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     layer = moe_demo.MoELayer(
-        SIZES["hidden"], SIZES["experts"], SIZES["topk"], SIZES["ffn"], device=CUDA
+        SIZES["hidden"],
+        SIZES["experts"],
+        SIZES["topk"],
+        SIZES["ffn"],
+        device=CUDA,
+        single_grouped_weight=single,
     )
     compiled = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
     routings = set()

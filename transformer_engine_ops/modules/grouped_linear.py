@@ -2,7 +2,12 @@
 through the generated ``grouped_linear`` op.
 
 The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
-(``weight0``.. ``weight{n-1}``, ``bias0``.. ``bias{n-1}``, plus ``_extra_state``).
+(``weight0``.. ``weight{n-1}``, ``bias0``.. ``bias{n-1}``, plus ``_extra_state``). With
+TE's ``single_grouped_weight=True`` (``single_grouped_bias=True``), gated as in TE by
+``NVTE_GROUPED_LINEAR_SINGLE_PARAM``, the weights are one parameter ``weight`` of shape
+``[num_gemms, out_features, in_features]`` (the biases one ``bias`` ``[num_gemms,
+out_features]``; a plain tensor, where TE's is its experimental GroupedTensor), which
+the grouped GEMM reads as it is, without stacking the per-GEMM weights each call.
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
 ``forward(inp, m_splits)`` takes the rows of each GEMM as an integer tensor or a list of
 ints (zeros allowed); a float or bool tensor or list element is refused, not truncated. A tensor's values never reach the graph, so one compiled graph
@@ -47,6 +52,8 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -101,6 +108,41 @@ def _row_counts(owner: str, m_splits: list[Any] | tuple[Any, ...]) -> list[int]:
                 f"{owner}: m_splits[{i}] is {s!r} ({type(s).__name__}); row counts must be ints"
             ) from None
     return counts
+
+
+_SINGLE_PARAM_ENV = "NVTE_GROUPED_LINEAR_SINGLE_PARAM"
+
+
+def _single_param_flags(owner: str, weight: bool, bias: bool, use_bias: bool) -> tuple[bool, bool]:
+    """TE's gate of ``single_grouped_weight``/``single_grouped_bias``: on only with
+    ``NVTE_GROUPED_LINEAR_SINGLE_PARAM`` set to a positive int, with TE's warnings."""
+    if not (weight or bias):
+        return False, False
+    if int(os.environ.get(_SINGLE_PARAM_ENV, "0")) <= 0:
+        warnings.warn(
+            f"GroupedLinear was constructed with single_grouped_weight={weight} and "
+            f"single_grouped_bias={bias}, but the {_SINGLE_PARAM_ENV} environment variable is "
+            "not set. Disabling single grouped weight/bias and falling back to per-expert "
+            "parameters.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False, False
+    warnings.warn(
+        "GroupedLinear is using single_grouped_weight/single_grouped_bias. This feature is "
+        "experimental and may change in future releases.",
+        UserWarning,
+        stacklevel=3,
+    )
+    if use_bias and weight and not bias:
+        warnings.warn(
+            "GroupedLinear has single_grouped_weight=True and bias=True, but "
+            "single_grouped_bias=False. This requires packing the per-GEMM biases on every "
+            "forward; enable single_grouped_bias to keep both parameters grouped.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return bool(weight), bool(bias)
 
 
 def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
@@ -198,8 +240,6 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_overlap_rs=(ub_overlap_rs, False),
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_name=(ub_name, None),
-            single_grouped_weight=(single_grouped_weight, False),
-            single_grouped_bias=(single_grouped_bias, False),
         )
         if use_grouped_tensor is not None and not isinstance(use_grouped_tensor, bool):
             raise TypeError(
@@ -238,6 +278,26 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         self.save_original_input = bool(save_original_input)
         self.params_dtype = dtype = params_dtype or torch.get_default_dtype()
         self.use_bias = bool(bias)
+        single_grouped_weight, single_grouped_bias = _single_param_flags(
+            cls, single_grouped_weight, single_grouped_bias, self.use_bias
+        )
+        if (single_grouped_weight or single_grouped_bias) and (
+            fuse_wgrad_accumulation or delay_wgrad_compute
+        ):
+            raise NotImplementedError(
+                f"{cls}: single_grouped_weight/single_grouped_bias with fuse_wgrad_accumulation "
+                "or delay_wgrad_compute is not implemented (their main_grad and deferred GEMMs "
+                "are per GEMM)"
+            )
+        if single_grouped_weight and STATE.model_init is not None:
+            if not STATE.model_init.recipe.delayed():
+                raise NotImplementedError(
+                    f"{cls}: single_grouped_weight=True under quantized_model_init is not "
+                    "implemented (the weights are quantized one per GEMM)"
+                )
+            single_grouped_weight = False  # TE keeps delayed scaling's weights per GEMM
+        self.single_grouped_weight = single_grouped_weight
+        self.single_grouped_bias = single_grouped_bias
         # One quantized weight per GEMM, kept across microbatches (``is_first_microbatch``).
         self._weight_caches = [WeightWorkspace() for _ in range(num_gemms)]
         # Every rank draws the same full weights (same init_method, or the default init
@@ -261,11 +321,18 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         init = STATE.model_init
         if init is not None:
             weights = [self._initial_weight(init, w, _gemm(i)) for i, w in enumerate(weights)]
+        if single_grouped_weight:  # one [G, out, in] parameter, TE's "weight"
+            self.register_parameter("weight", nn.Parameter(torch.stack(weights)))
         for i, weight in enumerate(weights):
-            self.register_parameter(f"weight{i}", nn.Parameter(weight))
+            param = None if single_grouped_weight else nn.Parameter(weight)
+            self.register_parameter(f"weight{i}", param)
             if bias:
                 zeros = torch.zeros(out_local, dtype=dtype, device=device)
-                self.register_parameter(f"bias{i}", nn.Parameter(zeros))
+                param = None if single_grouped_bias else nn.Parameter(zeros)
+                self.register_parameter(f"bias{i}", param)
+        if bias and single_grouped_bias:  # one [G, out] parameter, TE's "bias"
+            zeros = torch.zeros(num_gemms, out_local, dtype=dtype, device=device)
+            self.register_parameter("bias", nn.Parameter(zeros))
         self._teops_init_methods = (init_method,)
 
     def reset_parameters(self) -> None:
@@ -279,15 +346,31 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             self.out_features * (parts if split == 0 else 1),
             self.in_features * (parts if split == 1 else 1),
         )
-        rank, device = tp_rank(self.tp_group, self.tp_size), self.weight0.device
+        rank, device = tp_rank(self.tp_group, self.tp_size), self._weights()[0].device
         for i in range(self.num_gemms):
             init = self._teops_init_methods[0] or te_default_init
             weight = full_then_shard(full, split or 0, parts, rank, init, self.params_dtype, device)
-            self._reset_weight(f"weight{i}", weight, _gemm(i))
-        self._reset_filled(tuple(f"bias{i}" for i in range(self.num_gemms) if self.use_bias), 0.0)
+            if self.single_grouped_weight:
+                with torch.no_grad():
+                    self.weight[i].copy_(weight)
+            else:
+                self._reset_weight(f"weight{i}", weight, _gemm(i))
+        if self.single_grouped_bias:
+            self._reset_filled(("bias",) if self.use_bias else (), 0.0)
+        else:
+            names = tuple(f"bias{i}" for i in range(self.num_gemms) if self.use_bias)
+            self._reset_filled(names, 0.0)
 
     def _weights(self) -> list[torch.Tensor]:
+        if self.single_grouped_weight:
+            return list(self.weight.unbind(0))
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def _stacked_weight(self, weights: list[torch.Tensor]) -> torch.Tensor:
+        """The ``[G, out, in]`` weight of the grouped GEMM: the single grouped parameter
+        itself, or the per-GEMM weights stacked (a copy; their gradients are views of
+        the stack's)."""
+        return self.weight if self.single_grouped_weight else torch.stack(weights)
 
     def _wgrad_weights(self) -> tuple[Any, ...]:
         return tuple(self._weights())
@@ -295,6 +378,8 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
     def _biases(self) -> list[torch.Tensor] | None:
         if not self.use_bias:
             return None
+        if self.single_grouped_bias:
+            return list(self.bias.unbind(0))
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
     def forward(
@@ -323,7 +408,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             raise TypeError(f"{cls}: m_splits must be a tensor or a list of ints, got {m_splits!r}")
         if counts is not None:
             m_splits = torch.tensor(counts, dtype=torch.int64)
-        if 0 in self.weight0.shape and is_tensor(inp):
+        if 0 in (self.out_features, self.in_features) and is_tensor(inp):
             # No features: nothing to quantize or multiply (zeros, plus each GEMM's bias
             # on its rows).
             if sum(m_splits.tolist()) != math.prod(inp.shape[:-1]):
@@ -426,10 +511,12 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         m_splits = fields["m_splits"]
         if m_splits.device != inp.device:  # a host tensor: copied, never read on the host
             m_splits = m_splits.to(inp.device, non_blocking=True)
+        if biases is not None:
+            biases = self.bias if self.single_grouped_bias else torch.stack(biases)
         return call_grouped_gemm(
             inp=inp,
-            weight=torch.stack(weights),
-            bias=None if biases is None else torch.stack(biases),
+            weight=self._stacked_weight(weights),
+            bias=biases,
             m_splits=m_splits,
             input_requires_grad=fields["input_requires_grad"],
             weight_requires_grad=fields["weights_requires_grad"],
