@@ -21,6 +21,8 @@ TOP_LEVEL = (
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",
     "Float8Tensor",
+    "Fp8Padding",
+    "Fp8Unpadding",
     "MXFP8Quantizer",
     "MXFP8Tensor",
     "NVFP4Quantizer",
@@ -36,6 +38,12 @@ TOP_LEVEL = (
     "is_fp8_block_scaling_available",
     "is_mxfp8_available",
     "is_nvfp4_available",
+    "moe_permute",
+    "moe_permute_and_pad_with_probs",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
 )
 
 
