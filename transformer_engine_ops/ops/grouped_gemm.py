@@ -413,30 +413,37 @@ def grouped_gemm_backward(args: GroupedGemmBwdArgs) -> tuple[Any, ...]:
     if quantized:
         gq = args.grad_output_quantizer
         dy_codes, dy_inv = _quantize_groups(dy, group, g, gq)
-        dy_values = _dequantized(dy_codes, gq.fp8_dtype, dy_inv[group])
-        x_values = _dequantized(args.input_codes, _E4M3, args.input_scale_inv[group])
-        w_values = _dequantized(args.weight_codes, _E4M3, args.weight_scale_inv)
-        if cuda:
-            if args.requires_dgrad:
-                if gq.fp8_dtype == _E4M3:
-                    columns = args.weight_codes.transpose(1, 2).contiguous()  # [G, K, N]
-                    dgrad = _scaled_grouped(
-                        dy_codes,
-                        columns.view(_E4M3).transpose(1, 2),
-                        dy_inv[group],
-                        args.weight_scale_inv[:, None].expand(g, k),
-                        offsets,
-                        args.dgrad_gemm,
-                    )
+        # The dequantized operands, made where a GEMM reads them (bf16 on CUDA, fp32 on
+        # the CPU: one rounding of each fp32 value).
+        work = _BF16 if cuda else _F32
+        made: dict[str, torch.Tensor] = {}
+
+        def values(name: str) -> torch.Tensor:
+            if name not in made:
+                if name == "dy":
+                    v = _dequantized(dy_codes, gq.fp8_dtype, dy_inv[group])
+                elif name == "x":
+                    v = _dequantized(args.input_codes, _E4M3, args.input_scale_inv[group])
                 else:
-                    dgrad = _grouped(dy_values.to(_BF16), w_values.to(_BF16), offsets)
-            if args.requires_wgrad:
-                wgrad = _grouped(dy_values.to(_BF16).t(), x_values.to(_BF16), offsets)
-        else:
-            if args.requires_dgrad:
-                dgrad = _grouped(dy_values, w_values, offsets)
-            if args.requires_wgrad:
-                wgrad = _grouped(dy_values.t(), x_values, offsets)
+                    v = _dequantized(args.weight_codes, _E4M3, args.weight_scale_inv)
+                made[name] = v if v.dtype == work else v.to(work)
+            return made[name]
+
+        if args.requires_dgrad:
+            if cuda and gq.fp8_dtype == _E4M3:
+                columns = args.weight_codes.transpose(1, 2).contiguous()  # [G, K, N]
+                dgrad = _scaled_grouped(
+                    dy_codes,
+                    columns.view(_E4M3).transpose(1, 2),
+                    dy_inv[group],
+                    args.weight_scale_inv[:, None].expand(g, k),
+                    offsets,
+                    args.dgrad_gemm,
+                )
+            else:
+                dgrad = _grouped(values("dy"), values("w"), offsets)
+        if args.requires_wgrad:
+            wgrad = _grouped(values("dy").t(), values("x"), offsets)
     else:
         work = _BF16 if cuda else _F32
         dyw = dy.to(work)
