@@ -10,9 +10,9 @@ out_features]``; a plain tensor, where TE's is its experimental GroupedTensor), 
 the grouped GEMM reads as it is, without stacking the per-GEMM weights each call.
 ``device=None`` means torch's default device (TE defaults to ``"cuda"``).
 ``forward(inp, m_splits)`` takes the rows of each GEMM as an integer tensor or a list of
-ints (zeros allowed); a float or bool tensor or list element is refused, not truncated. A tensor's values never reach the graph, so one compiled graph
-serves every split; a list's ints do (dynamo guards on them) unless compiled with
-``dynamic=True``.
+ints (zeros allowed); a float or bool tensor or list element is refused, not truncated.
+A tensor's values never reach the graph, so one compiled graph serves every split; a
+list's ints do (dynamo guards on them) unless compiled with ``dynamic=True``.
 
 Two ops serve a call (docs/moe.md): the grouped-GEMM op (``ops/grouped_gemm.py``) for
 bf16 and FP8 current scaling where torch has a grouped GEMM for the device (and fp32
@@ -29,9 +29,10 @@ caller's MoE dispatch and combine stages do (a column-parallel output is this ra
 feature shard, its input gradient a partial sum; a row-parallel output is a partial sum
 to be reduced). ``m_splits`` count the rows this rank holds, with or without
 ``sequence_parallel``, which changes no computation here (TE only records it). As in TE,
-``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op always keeps the original input and re-quantizes it in the
-backward, which is TE's ``save_original_input=True`` (with ``False`` TE keeps the
-quantized input instead: the same numbers, more memory), so both values are accepted.
+``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op
+always keeps the original input and re-quantizes it in the backward, which is TE's
+``save_original_input=True`` (with ``False`` TE keeps the quantized input instead: the
+same numbers, more memory), so both values are accepted.
 
 ``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
 GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
@@ -336,10 +337,11 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         self._teops_init_methods = (init_method,)
 
     def reset_parameters(self) -> None:
-        """Draw the weights again as the constructor did (``init_method``, else TE's N(0, 0.023), one weight after another; the full
-        weight, then this rank's shard) and reset the other parameters to their initial
-        values, as TE's ``reset_parameters``: what a module built on ``device="meta"``
-        needs after ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
+        """Draw the weights again as the constructor did (``init_method``, else TE's
+        N(0, 0.023), one weight after another; the full weight, then this rank's shard)
+        and reset the other parameters to their initial values, as TE's
+        ``reset_parameters``: what a module built on ``device="meta"`` needs after
+        ``to_empty()``; ``quantized_model_init`` weights are quantized again."""
         split = {"column": 0, "row": 1}.get(self.parallel_mode or "")
         parts = self.tp_size if split is not None else 1
         full = (
