@@ -240,6 +240,95 @@ def test_delayed_scaling_quantized_init_seeds_one_scale_from_every_weight_and_tr
     assert "scale_fwd" in module.state_dict()["_extra_state"]
 
 
+def _scaling_states(module: te.GroupedLinear) -> list[dict]:
+    """Each GEMM's delayed-scaling state as its ``_extra_state`` holds it (copies); a
+    module without one yet starts from scales of 1."""
+    state = module.state_dict()["_extra_state"]
+    if not isinstance(state, dict):
+        return [{"scale_fwd": torch.ones(3), "scale_bwd": torch.ones(3)}] * module.num_gemms
+    states = [state] + [state[f"gemm{i}"] for i in range(1, module.num_gemms)]
+    return [{k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for s in states]
+
+
+def _dequantized(t: torch.Tensor, role: str, scale: torch.Tensor) -> torch.Tensor:
+    """``t`` quantized as delayed scaling's ``role`` quantizer quantizes it at ``scale``,
+    dequantized in fp32 (as the CPU GEMM reads FP8 operands)."""
+    quantizer = DelayedScaling().make_quantizer(role)
+    quantizer.load_state(scale, quantizer.amax_history)
+    return quantizer.quantize(t).dequantize(dtype=torch.float32)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_delayed_scaling_gradients_use_the_forwards_quantized_operands(compiled):
+    """TE's delayed scaling: the backward's GEMMs read the input and weight the forward
+    quantized (at the scales of the forward), though autocast's exit has updated those
+    scales since. Each GEMM's gradients are checked against ones computed from the same
+    quantized operands, over steps whose input amax grows (so every scale moves)."""
+    module = make(bias=False)
+    run = torch.compile(module, backend=AOT) if compiled else module
+    splits = torch.tensor([32, 0, 96])
+    for scale_up in (1.0, 1.5, 3.0):
+        states = _scaling_states(module)  # the scales this step's forward quantizes with
+        x = (make_input() * scale_up).requires_grad_(True)
+        for p in module.parameters():
+            p.grad = None
+        with te.autocast(recipe=DelayedScaling()):
+            y = run(x, splits)
+        y.float().square().sum().backward()
+        dy = (2 * y.detach().float()).to(torch.bfloat16)
+        start = 0
+        for i, rows in enumerate(splits.tolist()):
+            fwd, bwd = states[i]["scale_fwd"], states[i]["scale_bwd"]
+            x_i, dy_i = x.detach()[start : start + rows], dy[start : start + rows]
+            xq = _dequantized(x_i, "input", fwd[0:1])
+            wq = _dequantized(getattr(module, f"weight{i}").detach(), "weight", fwd[1:2])
+            dyq = _dequantized(dy_i, "grad_output", bwd[0:1])
+            torch.testing.assert_close(
+                x.grad[start : start + rows],
+                (dyq @ wq).to(torch.bfloat16),
+                rtol=2**-7,  # one bf16 rounding of fp32 sums taken in another order
+                atol=1e-5,
+                msg=lambda m, i=i, s=scale_up: f"GEMM {i} dgrad at x{s}: {m}",
+            )
+            torch.testing.assert_close(
+                getattr(module, f"weight{i}").grad,
+                (dyq.t() @ xq).to(torch.bfloat16),
+                rtol=2**-7,  # one bf16 rounding of fp32 sums taken in another order
+                atol=1e-5,
+                msg=lambda m, i=i, s=scale_up: f"GEMM {i} wgrad at x{s}: {m}",
+            )
+            start += rows
+
+
+def test_delayed_scaling_backward_leaves_the_forward_scales_alone():
+    """The backward records no amax into the forward roles' state (TE updates those
+    once per step, at autocast's exit): a step with grad moves the input and weight
+    scales exactly as the same step without grad does."""
+    with_grad, without = make(bias=False), make(bias=False)
+    x, splits = make_input(), torch.tensor([32, 0, 96])
+    for _ in range(2):
+        with te.autocast(recipe=DelayedScaling()):
+            y = with_grad(x.detach().requires_grad_(True), splits)
+            with torch.no_grad():
+                without(x, splits)
+        (y.float() * 3).square().sum().backward()
+    for a, b in zip(_scaling_states(with_grad), _scaling_states(without), strict=True):
+        assert torch.equal(a["scale_fwd"][:2], b["scale_fwd"][:2])
+        assert torch.equal(a["amax_history_fwd"][:, :2], b["amax_history_fwd"][:, :2])
+
+
+def test_delayed_scaling_refuses_save_original_input_as_te_does():
+    module = te.GroupedLinear(3, 64, 32, save_original_input=True, params_dtype=torch.bfloat16)
+    x, splits = make_input(), [32, 0, 96]
+    with te.autocast(recipe=DelayedScaling()):
+        with pytest.raises(ValueError, match="DelayedScaling recipe is not supported with save"):
+            module(x, splits)
+        with torch.no_grad():  # no backward: nothing quantized again
+            module(x, splits)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        module(x, splits)
+
+
 # --- tensor parallelism: TE's shapes, no communication (tests/distributed runs 2 ranks) ---
 
 

@@ -137,6 +137,7 @@ BACKWARD_SCHEMA = (
     ", SymInt in_features"
     ", SymInt out_features"
     ", Tensor? sr_rng_state"
+    ", Tensor? forward_scales"
     ") -> Tensor[]"
 )
 BACKWARD_SLOTS = (
@@ -168,6 +169,7 @@ BACKWARD_SLOTS = (
     _b.SlotRow("in_features", "scalar", "in_features", "SymInt"),
     _b.SlotRow("out_features", "scalar", "out_features", "SymInt"),
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
+    _b.SlotRow("forward_scales", "tensor", "forward_scales", "Tensor?"),
 )
 
 
@@ -407,6 +409,9 @@ def flatten_grouped_linear_bwd_args(args: GroupedLinearBwdArgs) -> tuple[Any, ..
         v
         if (v := args.sr_rng_state) is None or isinstance(v, torch.Tensor)
         else _b.check_optional(v, torch.Tensor, "GroupedLinearBwdArgs.sr_rng_state"),
+        v
+        if (v := args.forward_scales) is None or isinstance(v, torch.Tensor)
+        else _b.check_optional(v, torch.Tensor, "GroupedLinearBwdArgs.forward_scales"),
         *(
             ()
             if (v := args.wgrad_routes) is None
@@ -441,6 +446,7 @@ def unflatten_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
         in_features=slot(),
         out_features=slot(),
         sr_rng_state=slot(),
+        forward_scales=slot(),
         wgrad_routes=None,
     )
 
@@ -469,6 +475,7 @@ def spec_grouped_linear_bwd_args(*slots: Any) -> GroupedLinearBwdArgs:
     args.m_splits = _r.spec(args.m_splits)
     args.weight_workspaces = _r.specs(args.weight_workspaces)
     args.sr_rng_state = _r.spec(args.sr_rng_state)
+    args.forward_scales = _r.spec(args.forward_scales)
     return args
 
 
@@ -534,13 +541,20 @@ class _OpNode(torch.autograd.Function):
             args = unflatten_grouped_linear_fwd_args(*slots)
         kept = grouped_linear_setup_context(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
-            ctx, kept.inp, kept.weights, kept.m_splits, kept.weight_workspaces, kept.sr_rng_state
+            ctx,
+            kept.inp,
+            kept.weights,
+            kept.m_splits,
+            kept.weight_workspaces,
+            kept.sr_rng_state,
+            kept.forward_scales,
         )
         kept.inp = None
         kept.weights = None
         kept.m_splits = None
         kept.weight_workspaces = None
         kept.sr_rng_state = None
+        kept.forward_scales = None
         ctx.kept = kept
         ctx.lengths = (None, _r.length(slots[1]), _r.length(slots[4]))
         ctx.shapes = _r.input_shapes(inputs)
@@ -576,6 +590,7 @@ class _OpNode(torch.autograd.Function):
             in_features=kept.in_features,
             out_features=kept.out_features,
             sr_rng_state=values[4],
+            forward_scales=values[5],
             wgrad_routes=kept.wgrad_routes,
         )
         if ctx.direct:
@@ -622,13 +637,20 @@ class _EagerNode(torch.autograd.Function):
         outputs, saved = grouped_linear_forward(args)
         kept = grouped_linear_setup_context(args, tuple(outputs), saved)
         _r.save_for_backward(
-            ctx, kept.inp, kept.weights, kept.m_splits, kept.weight_workspaces, kept.sr_rng_state
+            ctx,
+            kept.inp,
+            kept.weights,
+            kept.m_splits,
+            kept.weight_workspaces,
+            kept.sr_rng_state,
+            kept.forward_scales,
         )
         kept.inp = None
         kept.weights = None
         kept.m_splits = None
         kept.weight_workspaces = None
         kept.sr_rng_state = None
+        kept.forward_scales = None
         ctx.kept = kept
         ctx.lengths = (None, _r.length(args.weights), _r.length(args.biases))
         made.append(saved)
@@ -662,6 +684,7 @@ class _EagerNode(torch.autograd.Function):
                 in_features=kept.in_features,
                 out_features=kept.out_features,
                 sr_rng_state=values[4],
+                forward_scales=values[5],
                 wgrad_routes=kept.wgrad_routes,
             )
         )

@@ -32,7 +32,9 @@ to be reduced). ``m_splits`` count the rows this rank holds, with or without
 ``bias=True`` with ``tp_size > 1`` is refused (it would be added once per rank). The op
 always keeps the original input and re-quantizes it in the backward, which is TE's
 ``save_original_input=True`` (with ``False`` TE keeps the quantized input instead: the
-same numbers, more memory), so both values are accepted.
+same numbers, more memory), so both values are accepted; under delayed scaling the
+backward quantizes at the scales the forward quantized with (the forward's bits), and
+``save_original_input=True`` is refused as TE refuses it.
 
 ``forward(..., is_first_microbatch=...)`` caches the quantized weights as TE does, per
 GEMM: ``True`` quantizes every weight and keeps the results, ``False`` reuses them
@@ -422,6 +424,19 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
             )
         shared = forward_recipe(self)
+        if (
+            self.save_original_input
+            and shared is not None
+            and shared.recipe.delayed()
+            and backward_override_of(shared) is None
+            and is_grad_enabled()
+            and any(w.requires_grad for w in self._weights())
+        ):
+            # TE's refusal: the original input cannot be quantized again at the scale the
+            # forward used (autocast's exit updates it first).
+            raise ValueError(
+                f"{cls}: DelayedScaling recipe is not supported with save_original_input"
+            )
         n = self.num_gemms
         # Each GEMM's quantizers: the recipe's, or under delayed scaling its own.
         qs: list[Any] = [self._stateful_quantizers(shared, _gemm(i)) for i in range(n)]

@@ -20,6 +20,7 @@ from transformer_engine_ops.ops.linear import (
     _forward_plan,
     _internal,
 )
+from transformer_engine_ops.quantization.float8 import Float8Quantizer
 from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.values import GemmConfig
@@ -34,6 +35,18 @@ class GemmQuantizers(NamedTuple):
     grad_input: Optional[Quantizer]
     grad_weight: Optional[Quantizer]
     grad_output: Optional[Quantizer]
+
+
+def replaying(quantizer: Optional[Quantizer], scale: Optional[torch.Tensor]) -> Any:
+    """``quantizer``, or for delayed scaling (``Float8Quantizer``) a copy that quantizes
+    with the forward's ``scale`` and records its amax in its own state, never in the
+    recipe's: what a backward that quantizes a forward operand again quantizes with, so
+    it reads the forward's bits although autocast's exit has moved the scale since."""
+    if scale is None or not isinstance(quantizer, Float8Quantizer):
+        return quantizer
+    replay = quantizer.snapshot()
+    replay.load_state(scale, replay.amax_history)
+    return replay
 
 
 def linear_stage(

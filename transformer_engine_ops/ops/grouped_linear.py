@@ -14,6 +14,13 @@ input and weight (``HIGH_PRECISION``) or their rowwise quantized values dequanti
 Weight caching (TE's ``is_first_microbatch``) is Linear's, per GEMM: each GEMM's stage
 gets its cached ``weight_workspace`` (or makes one with ``cache_weight``), and the
 backward's dgrad reads that workspace instead of quantizing the weight again.
+
+Delayed scaling (``Float8Quantizer``, stateful) quantizes with a scale that autocast's
+exit updates between the forward and the backward. The forward keeps the scale each
+GEMM's input and weight quantizer quantized with (``forward_scales``), and the backward
+quantizes again with those (:func:`~transformer_engine_ops.ops._fused.replaying`): the
+forward's bits, as TE's backward reads the quantized tensors its forward saved, and no
+amax of a forward role recorded twice in a step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     linear_stage,
     quantized_for_backward,
+    replaying,
 )
 from transformer_engine_ops.ops.linear import (
     BackwardOverride,
@@ -40,6 +48,7 @@ from transformer_engine_ops.ops.linear import (
     linear_forward,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.float8 import Float8Quantizer
 from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.quantizer import Quantizer
@@ -144,6 +153,11 @@ class GroupedLinearBwdArgs:
     # --- Stochastic rounding of the output gradients: (seed, offset), int64 (2,); GEMM i
     # draws its bits at offset + i ---
     sr_rng_state: Optional[torch.Tensor] = None
+
+    # --- Delayed scaling: the scales GEMM i's input (row 0) and weight (row 1) quantizer
+    # quantized with in the forward, fp32 (2, num_gemms) (1 for a stateless quantizer);
+    # the backward quantizes those operands again with them. None: no stateful quantizer ---
+    forward_scales: Optional[torch.Tensor] = None
 
     # --- Where each GEMM's weight gradient goes instead of being returned (eager only):
     # a list of routes (ops/_wgrad.py), one per GEMM ---
@@ -278,6 +292,34 @@ def _output_shape(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     return (*args.inp.shape[:-1], args.out_features)
 
 
+def _replays(args: GroupedLinearFwdArgs) -> bool:
+    """Whether the backward quantizes a forward operand again with a stateful quantizer
+    (delayed scaling's), so the forward keeps the scales it quantized with. Another
+    stateful class is refused: its state cannot be replayed here."""
+    quantizers = [*args.input_quantizers, *args.weight_quantizers]
+    for q in quantizers:
+        if q is not None and not getattr(type(q), "value_opaque", True):
+            if not isinstance(q, Float8Quantizer):
+                raise ValueError(
+                    f"GroupedLinearFwdArgs: the stateful quantizer {type(q).__name__} cannot "
+                    "be replayed by the backward, which quantizes the input and weight again"
+                )
+    needs_backward = args.input_requires_grad or args.weights_requires_grad
+    return (
+        args.is_grad_enabled
+        and needs_backward
+        and args.backward_override is not BackwardOverride.HIGH_PRECISION
+        and any(isinstance(q, Float8Quantizer) for q in quantizers)
+    )
+
+
+def _scale_of(quantizer: Optional[Quantizer], device: torch.device) -> torch.Tensor:
+    """The scale ``quantizer`` quantizes with now, as a new fp32 scalar on ``device``."""
+    if isinstance(quantizer, Float8Quantizer):
+        return quantizer.scale.detach().to(device, torch.float32).reshape(()).clone()
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
 # --- Forward ---------------------------------------------------------------------
 
 
@@ -289,19 +331,27 @@ def grouped_linear_forward(
     for the workspace cache (None where it made none)."""
     _check(args)
     x = args.inp.reshape(-1, args.in_features)
-    outs, made = [], []
+    outs, made, scales = [], [], []
     caching = args.cache_weight or args.weight_workspaces is not None
+    replays = _replays(args)
     for i, x_i in enumerate(x.split(_splits(args, x.shape[0]))):
         if caching:
             stage = _caching_stage(args, i, x_i)
         else:
             stage = _stage(args, i, x_i, _at(args.biases, i), False, False, False)
+        if replays:  # read before GEMM i quantizes (an update may follow its quantize)
+            for q in (args.input_quantizers[i], args.weight_quantizers[i]):
+                scales.append(_scale_of(q, x.device))
         (out_i,), (_, made_i) = linear_forward(stage)
         outs.append(out_i)
         made.append(made_i)
     out = torch.cat(outs) if outs else x.new_empty((0, args.out_features))
-    # What the forward made for the cache (one per GEMM), for the module to keep.
+    # What the forward made for the cache (one per GEMM), for the module to keep; then
+    # the scales the backward quantizes with again.
     saved = tuple(made) if args.cache_weight else ()
+    if replays:
+        shape = (2, args.num_gemms)
+        saved += (torch.stack(scales).view(args.num_gemms, 2).t().contiguous().view(shape),)
     return (out.view(_output_shape(args)),), saved
 
 
@@ -314,8 +364,11 @@ def grouped_linear_forward_spec(
     _check(args)
     dtype, device = args.activation_dtype, args.inp.device
     out = TensorSpec(_output_shape(args), dtype, device=device)
+    scales: tuple[Any, ...] = ()
+    if _replays(args):
+        scales = (TensorSpec((2, args.num_gemms), torch.float32, device=device),)
     if not args.cache_weight:
-        return (out,), ()
+        return (out,), scales
     made = []
     for i in range(args.num_gemms):
         usage = _made_weight(args, i)
@@ -326,7 +379,7 @@ def grouped_linear_forward_spec(
         )
         shape = tuple(args.weights[i].shape)
         made.append(None if usage is None else TensorSpec(shape, dtype, quantizer, device=device))
-    return (out,), tuple(made)
+    return (out,), tuple(made) + scales
 
 
 def grouped_linear_setup_context(
@@ -337,7 +390,7 @@ def grouped_linear_setup_context(
     # it used; the backward re-quantizes the others.
     workspaces = None
     if args.cache_weight or args.weight_workspaces is not None:
-        made = saved or (None,) * args.num_gemms
+        made = saved[: args.num_gemms] if args.cache_weight else (None,) * args.num_gemms
         workspaces = [
             made[i]
             if made[i] is not None
@@ -371,6 +424,7 @@ def grouped_linear_setup_context(
         in_features=args.in_features,
         out_features=args.out_features,
         sr_rng_state=args.sr_rng_state,
+        forward_scales=saved[-1] if _replays(args) else None,
         wgrad_routes=[
             _wgrad.route_of(
                 weight,
@@ -412,6 +466,12 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
             args.requires_bgrad,
             (workspace, False, False) if workspace is not None else (None, None, False),
         )
+        if args.forward_scales is not None:  # delayed scaling: the forward's scales
+            stage = dataclasses.replace(
+                stage,
+                input_quantizer=replaying(stage.input_quantizer, args.forward_scales[0, i]),
+                weight_quantizer=replaying(stage.weight_quantizer, args.forward_scales[1, i]),
+            )
         # A high-precision backward reads the original input and weight: nothing to
         # re-quantize.
         high_precision = args.backward_override is BackwardOverride.HIGH_PRECISION

@@ -32,6 +32,7 @@ from transformer_engine_ops.ops._fused import (
     norm_stage_backward,
     norm_stage_forward,
     norm_stage_grad_specs,
+    replaying,
 )
 from transformer_engine_ops.ops.layernorm import (
     check_norm,
@@ -588,16 +589,6 @@ def _recompute_weight(stage: LinearFwdArgs, made: Any) -> Any:
     return stage.weight
 
 
-def _replaying(quantizer: Optional[Quantizer], scale: Optional[torch.Tensor]) -> Any:
-    """``quantizer``, or for delayed scaling a copy that quantizes with the forward's
-    ``scale`` and records its amax in its own state, never in the recipe's."""
-    if scale is None or not isinstance(quantizer, Float8Quantizer):
-        return quantizer
-    replay = quantizer.snapshot()
-    replay.load_state(scale, replay.amax_history)
-    return replay
-
-
 def _recompute_stage(args: LayerNormMLPBwdArgs, fc: int, inp: Any, spec: bool) -> LinearFwdArgs:
     """fc1's or fc2's forward stage as the checkpointed forward would have run it to
     keep its backward operands: the same flags, weights, quantizers (delayed scaling's
@@ -608,8 +599,8 @@ def _recompute_stage(args: LayerNormMLPBwdArgs, fc: int, inp: Any, spec: bool) -
         scales = args.forward_scales
         at = 0 if first else 2
         q = q._replace(
-            input=_replaying(q.input, scales[at : at + 1]),
-            weight=_replaying(q.weight, scales[at + 1 : at + 2]),
+            input=replaying(q.input, scales[at : at + 1]),
+            weight=replaying(q.weight, scales[at + 1 : at + 2]),
         )
     weight = args.fc1_weight_fp8 if first else args.fc2_weight_fp8
     parallel = args.set_parallel_mode
