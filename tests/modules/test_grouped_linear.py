@@ -149,7 +149,7 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(return_bias=True), dict(single_grouped_weight=True)],
+    [dict(return_bias=True), dict(ub_overlap_ag=True)],
     ids=lambda kw: next(iter(kw)),
 )
 def test_unimplemented_arguments_raise_naming_them(kwargs):
