@@ -65,12 +65,14 @@ class MoELayer(nn.Module):
         self.topk = topk
         self.router = te.Linear(hidden, experts, bias=False, params_dtype=dtype, device=device)
         # ``single_grouped_weight`` (TE's, behind NVTE_GROUPED_LINEAR_SINGLE_PARAM): each
-        # GroupedLinear holds one [experts, out, in] weight instead of one per expert.
+        # GroupedLinear holds one [experts, out, in] weight instead of one per expert; TE
+        # asks for its grouped-tensor path with it (``use_grouped_tensor=True``).
         grouped = dict(
             bias=False,
             params_dtype=dtype,
             device=device,
             single_grouped_weight=single_grouped_weight,
+            use_grouped_tensor=single_grouped_weight,
         )
         self.fc1 = te.GroupedLinear(experts, hidden, 2 * ffn, **grouped)
         self.fc2 = te.GroupedLinear(experts, ffn, hidden, **grouped)

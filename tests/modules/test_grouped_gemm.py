@@ -6,6 +6,7 @@ changing splits in one graph; the row counts checked; ``use_grouped_tensor``."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -181,15 +182,58 @@ def test_bias_gradient_of_the_ones_column_gemm():
 
 
 @pytest.mark.parametrize("value", [False, True, None])
-def test_use_grouped_tensor_takes_tes_values(value):
-    module = te.GroupedLinear(2, 32, 16, use_grouped_tensor=value)
+@pytest.mark.parametrize("recipe_name", [*RECIPES, "delayed"])
+def test_use_grouped_tensor_takes_tes_values_with_the_same_numbers(value, recipe_name, monkeypatch):
+    """TE's values; each computes what the default module computes (both of TE's paths
+    are one computation here), with its gradients, on host-list and tensor splits."""
+    monkeypatch.delenv("NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM", raising=False)
+    torch.manual_seed(0)
+    module = te.GroupedLinear(4, 32, 16, params_dtype=torch.bfloat16, use_grouped_tensor=value)
+    torch.manual_seed(0)
+    default = te.GroupedLinear(4, 32, 16, params_dtype=torch.bfloat16)
     assert module.use_grouped_tensor is bool(value)
-    module(torch.randn(6, 32), torch.tensor([2, 4]))
+    make = {**RECIPES, "delayed": recipe.DelayedScaling}[recipe_name]
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for splits in ([32, 0, 16, 16], torch.tensor([0, 64, 0, 0])):
+        results = []
+        for m in (module, default):
+            m.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_(True)
+            ctx = te.autocast(recipe=make()) if make is not None else contextlib.nullcontext()
+            with ctx:
+                y = m(xi, splits)
+            y.float().square().sum().backward()
+            results.append([y, xi.grad, *(p.grad for p in m.parameters())])
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b), (value, recipe_name, splits)
+
+
+@pytest.mark.parametrize("env, expected", [("1", True), ("0", False)])
+def test_use_grouped_tensor_none_reads_tes_deprecated_variable(env, expected, monkeypatch):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM", env)
+    with pytest.warns(FutureWarning, match="NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM is dep"):
+        module = te.GroupedLinear(2, 32, 16)
+    assert module.use_grouped_tensor is expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an explicit value reads no variable
+        assert te.GroupedLinear(2, 32, 16, use_grouped_tensor=not expected).use_grouped_tensor is (
+            not expected
+        )
 
 
 def test_use_grouped_tensor_refuses_a_non_bool():
     with pytest.raises(TypeError, match="use_grouped_tensor must be a bool or None"):
         te.GroupedLinear(2, 32, 16, use_grouped_tensor=1)
+
+
+def test_single_grouped_parameters_need_use_grouped_tensor_as_in_te(monkeypatch):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    monkeypatch.delenv("NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM", raising=False)
+    for kwargs in (dict(single_grouped_weight=True, bias=False), dict(single_grouped_bias=True)):
+        with pytest.warns(UserWarning, match="experimental"):
+            module = te.GroupedLinear(2, 32, 16, **kwargs)
+        with pytest.raises(RuntimeError, match="require use_grouped_tensor=True"):
+            module(torch.randn(6, 32), [2, 4])
 
 
 # --- single_grouped_weight ---------------------------------------------------------
@@ -199,7 +243,9 @@ def _single(monkeypatch, **kwargs):
     monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="experimental"):
-        return te.GroupedLinear(4, 32, 16, params_dtype=torch.bfloat16, **kwargs)
+        return te.GroupedLinear(
+            4, 32, 16, params_dtype=torch.bfloat16, use_grouped_tensor=True, **kwargs
+        )
 
 
 @pytest.mark.parametrize("name", list(RECIPES) + ["fp8_block"])

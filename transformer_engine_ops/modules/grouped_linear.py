@@ -20,7 +20,10 @@ grouped GEMMs on the CPU, the loop's numbers): it reads ``m_splits`` on the devi
 (a list becomes a tensor there), so no call synchronizes and CUDA graphs capture it;
 and the per-GEMM loop (the ``grouped_linear`` op) for every other recipe and feature,
 which reads ``m_splits`` on the host and runs outside CUDA graphs. ``use_grouped_tensor``
-takes TE's values and changes nothing here.
+takes TE's values (``None``: TE's deprecated ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM``,
+else False) and selects nothing here: both ops serve either value. As in TE, single
+grouped parameters need ``use_grouped_tensor=True`` (a ``RuntimeError`` at the forward
+otherwise).
 
 Tensor parallelism is TE 2.20.2's: ``parallel_mode`` shards each weight (``"column"``:
 ``out_features``, ``"row"``: ``in_features`` over ``tp_size`` ranks; ``tp_size`` is
@@ -148,6 +151,34 @@ def _single_param_flags(owner: str, weight: bool, bias: bool, use_bias: bool) ->
     return bool(weight), bool(bias)
 
 
+_USE_GROUPED_TENSOR_ENV = "NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM"
+
+
+def _use_grouped_tensor(value: Any) -> bool:
+    """TE's ``use_grouped_tensor``: a bool as given; None reads TE's deprecated
+    ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM`` (an int; TE's ``FutureWarning`` when
+    set), False when unset; anything else is a TypeError, as in TE."""
+    if value is None:
+        env = os.environ.get(_USE_GROUPED_TENSOR_ENV)
+        if env is None:
+            return False
+        warnings.warn(
+            f"{_USE_GROUPED_TENSOR_ENV} is deprecated and will be removed in a future release. "
+            "Pass use_grouped_tensor=True or use_grouped_tensor=False to GroupedLinear instead.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        try:
+            return bool(int(env))
+        except ValueError:
+            raise ValueError(
+                f"GroupedLinear: {_USE_GROUPED_TENSOR_ENV}={env!r} is not an int"
+            ) from None
+    if not isinstance(value, bool):
+        raise TypeError(f"use_grouped_tensor must be a bool or None, got {type(value)}.")
+    return value
+
+
 def _tensor_parallel_size(tp_group: Any, tp_size: Any) -> int:
     """TE's rule: the group's size when a group is given, else ``tp_size``."""
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
@@ -244,13 +275,10 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             ub_overlap_ag=(ub_overlap_ag, False),
             ub_name=(ub_name, None),
         )
-        if use_grouped_tensor is not None and not isinstance(use_grouped_tensor, bool):
-            raise TypeError(
-                f"use_grouped_tensor must be a bool or None, got {type(use_grouped_tensor)}."
-            )
         # TE's choice between its GroupedTensor GEMM and its split-quantize GEMMs; here
-        # one computation serves both (the grouped GEMM where it serves the call).
-        self.use_grouped_tensor = bool(use_grouped_tensor)
+        # one computation serves both (the grouped GEMM where it serves the call), and
+        # only single grouped parameters ask for True (forward).
+        self.use_grouped_tensor = _use_grouped_tensor(use_grouped_tensor)
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{cls}: num_gemms must be a positive int, got {num_gemms!r}")
         self.name = name
@@ -405,6 +433,13 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             out=(None if out is None else "a tensor", None),
             dgrad_out=(None if dgrad_out is None else "a tensor", None),
         )
+        if (self.single_grouped_weight or self.single_grouped_bias) and not (
+            self.use_grouped_tensor
+        ):
+            raise RuntimeError(  # TE's contract (its split-quantize path has none)
+                "single_grouped_weight and single_grouped_bias require use_grouped_tensor=True; "
+                "the split-quantize path only supports discrete parameters."
+            )
         counts = None  # a host list's ints
         if isinstance(m_splits, (list, tuple)):
             counts = _row_counts(cls, m_splits)
