@@ -229,15 +229,6 @@ class KindRecord:
         return self.kind.value
 
 
-def grad_form(schema: SchemaType) -> str | None:
-    """How autograd sees one slot: ``"tensor"`` (one gradient or None), ``"list"`` (a
-    ``Tensor[]`` slot wants a list with one gradient or None per element), or None
-    (not differentiable: autograd wants None there)."""
-    if schema.base != "Tensor":
-        return None
-    return "list" if schema.list else "tensor"
-
-
 # --- helpers shared by the records ------------------------------------------------
 
 

@@ -71,9 +71,6 @@ class SchemaType:
             text += f"[{'' if self.size is None else self.size}]"
         return text + ("?" if self.optional else "")
 
-    def as_optional(self, optional: bool = True) -> SchemaType:
-        return SchemaType(self.base, optional, self.list, self.size, self.element_optional)
-
     @classmethod
     def parse(cls, text: str) -> SchemaType:
         match = _SCHEMA_TYPE.fullmatch(text)

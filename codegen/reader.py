@@ -25,7 +25,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from . import kinds, nesting
-from .config import OWN_DECLARATION, Config, ConfiguredOp, DeclarationForm
+from .config import Config, ConfiguredOp, DeclarationForm
 from .errors import CodegenError, Location
 from .model import (
     GRAD_OUTPUT_FIELD,
@@ -41,7 +41,6 @@ from .model import (
 )
 from .safety import is_identifier
 
-DECLARATION = OWN_DECLARATION
 _DATACLASS = "dataclasses.dataclass"
 _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum"}
 _CLASSVAR = {"typing.ClassVar"}
@@ -62,7 +61,6 @@ _CONTROL_FLOW = {
     cst.Match: "a `match`",
 }
 _IMPL_KEYS = ("forward_impl", "backward_impl", "forward_spec", "backward_spec", "setup_context")
-_DECL_KEYS = ("name", "forward", "backward", "grad_fields", *_IMPL_KEYS)
 
 
 def module_name(path: str) -> str:
