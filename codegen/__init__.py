@@ -2,7 +2,9 @@
 
 Layers, one IR between them (see ``model``):
 
-* ``reader``  reads op modules statically with libcst (never imports them);
+* ``reader``  reads op modules statically with libcst (never imports them), through
+  ``parsing`` (decode, parse, the libcst budget), ``names`` (static name resolution),
+  ``bundle_reader`` (bundle classes) and ``declaration_reader`` (op declarations);
 * ``kinds``   the field-kind rules, pure functions of an annotation;
 * ``emit``    builds template contexts from the IR;
 * ``render``  lays them out with Jinja2 and formats with the pinned ruff;

@@ -9,7 +9,8 @@ from . import FORMAT_VERSION, emit, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
-from .reader import decode_source, read_source
+from .parsing import decode_source
+from .reader import read_source
 from .sources import select as select_sources
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"

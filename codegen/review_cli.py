@@ -30,8 +30,8 @@ import jinja2
 from . import emit, render, revision
 from .config import Config, load_config
 from .errors import CodegenError, ConfigError
+from .parsing import libcst_budget
 from .pipeline import TEMPLATE_DIR, read_all
-from .reader import libcst_budget
 from .review import RULES, Consumer, OpReview, OpSide, compare
 from .schema_text import Schema, parse_schema
 from .sources import select as select_sources

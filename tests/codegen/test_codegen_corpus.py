@@ -37,10 +37,11 @@ from codegen_support import (
     subprocess_env,
 )
 
+from codegen.bundle_reader import MAX_SCHEMA_ARGUMENTS
 from codegen.errors import CodegenError
 from codegen.model import SourceModule
 from codegen.pipeline import generate
-from codegen.reader import MAX_SCHEMA_ARGUMENTS, read_source
+from codegen.reader import read_source
 from codegen.safety import check_generated_names
 
 EXPECT = re.compile(r"^# expect: (?P<line>\d+):(?P<col>\d+) (?P<fragment>.+)$")

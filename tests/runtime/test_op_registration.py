@@ -1,7 +1,7 @@
 """Registration of generated ops: torch's real argument limit, and failures never silent.
 
 The generator refuses a bundle with more schema arguments than
-``codegen.reader.MAX_SCHEMA_ARGUMENTS``; these tests pin that number to the installed
+``codegen.bundle_reader.MAX_SCHEMA_ARGUMENTS``; these tests pin that number to the installed
 torch's dispatcher, and show that a schema torch refuses anyway stops the generated
 module's import with the reason, while a missing torch capability after the definition
 keeps the documented eager fallback.
@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from codegen.reader import MAX_SCHEMA_ARGUMENTS
+from codegen.bundle_reader import MAX_SCHEMA_ARGUMENTS
 from transformer_engine_ops.runtime import custom_ops
 from transformer_engine_ops.runtime.custom_ops import OpRegistrationError, define_op
 
