@@ -17,7 +17,7 @@ from pathlib import Path
 import tomllib
 
 from .errors import ConfigError
-from .safety import check_settings, is_dotted_name, is_identifier, setting_error
+from .safety import is_dotted_name, is_identifier, output_dir_problem, setting_error
 
 CONFIG_TABLE = ("tool", "transformer_engine_ops", "codegen")
 CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "value", "unsupported")
@@ -95,7 +95,7 @@ def load_config(root: Path, confine_to: Path | None = None) -> Config:
     if confine_to is not None:
         for entry in config.sources:
             if not isinstance(entry, str):
-                continue  # check_settings names it
+                continue  # _check_settings names it
             if entry.startswith("/") or ".." in entry.split("/"):
                 raise ConfigError(
                     f"{pyproject}: sources entry `{entry}` leads out of the revision; a "
@@ -106,8 +106,38 @@ def load_config(root: Path, confine_to: Path | None = None) -> Config:
                     f"{pyproject}: sources entry `{entry}` holds more than one `**`, which "
                     "is not expanded for a revision under review"
                 )
-    check_settings(config, pyproject, ".".join(CONFIG_TABLE))
+    _check_settings(config, pyproject, ".".join(CONFIG_TABLE))
     return config
+
+
+def _check_settings(config: Config, pyproject: Path, table: str) -> None:
+    """Raise ``ConfigError`` naming the setting for any value that is unsafe to use."""
+
+    def fail(key: str, value: object, problem: str) -> ConfigError:
+        return setting_error(pyproject, table, key, value, problem)
+
+    if not is_identifier(config.namespace):
+        raise fail(
+            "namespace",
+            config.namespace,
+            "not an identifier; ops are registered as `<namespace>::<op>_fwd`, so use "
+            'ASCII letters, digits and `_` (e.g. "teops")',
+        )
+    if not is_dotted_name(config.meta_type):
+        raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
+    if not all(isinstance(s, str) for s in config.sources):
+        raise fail("sources", list(config.sources), "every entry must be a path string")
+    if not config.sources:
+        raise fail(
+            "sources",
+            [],
+            "lists no op module; with none, every generated file would be removed as stale",
+        )
+    problem = output_dir_problem(
+        config.root, config.output_dir, config.sources, config.reading.source_root
+    )
+    if problem:
+        raise fail("output_dir", config.output_dir, problem)
 
 
 # --- Reading another codebase's source as it ships (issue 9, part 3) -------------------

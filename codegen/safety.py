@@ -17,13 +17,9 @@ import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import CodegenError, ConfigError, Location
-
-if TYPE_CHECKING:
-    from .config import Config
-    from .model import SourceModule
+from .model import SourceModule
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Output names the generator writes besides one module per source.
@@ -54,36 +50,6 @@ def setting_error(
 ) -> ConfigError:
     """``.../pyproject.toml: [table] key = "value": problem``, the value as TOML spells it."""
     return ConfigError(f"{pyproject}: [{table}] {key} = {_quote(value)}: {problem}")
-
-
-def check_settings(config: Config, pyproject: Path, table: str) -> None:
-    """Raise ``ConfigError`` naming the setting for any value that is unsafe to use."""
-
-    def fail(key: str, value: object, problem: str) -> ConfigError:
-        return setting_error(pyproject, table, key, value, problem)
-
-    if not is_identifier(config.namespace):
-        raise fail(
-            "namespace",
-            config.namespace,
-            "not an identifier; ops are registered as `<namespace>::<op>_fwd`, so use "
-            'ASCII letters, digits and `_` (e.g. "teops")',
-        )
-    if not is_dotted_name(config.meta_type):
-        raise fail("meta_type", config.meta_type, "not a dotted name of identifiers")
-    if not all(isinstance(s, str) for s in config.sources):
-        raise fail("sources", list(config.sources), "every entry must be a path string")
-    if not config.sources:
-        raise fail(
-            "sources",
-            [],
-            "lists no op module; with none, every generated file would be removed as stale",
-        )
-    problem = output_dir_problem(
-        config.root, config.output_dir, config.sources, config.reading.source_root
-    )
-    if problem:
-        raise fail("output_dir", config.output_dir, problem)
 
 
 def output_dir_problem(
