@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import keyword
+from collections.abc import Container
 
 import libcst as cst
 
@@ -209,7 +210,7 @@ def _is_dataclass(file: SourceFile, cls: cst.ClassDef) -> bool:
 
 
 def _read_bundle(
-    file: SourceFile, cls: cst.ClassDef, config: Config, enums: frozenset[str]
+    file: SourceFile, cls: cst.ClassDef, config: Config, enums: Container[str]
 ) -> Bundle:
     name = cls.name.value
     bases = [b for b in base_names(file, cls) if b != "builtins.object"]
@@ -275,7 +276,7 @@ def _read_field(
     bundle: str,
     node: cst.AnnAssign,
     config: Config,
-    enums: frozenset[str],
+    enums: Container[str],
     seen: dict[str, Location],
 ) -> Field | None:
     if not isinstance(node.target, cst.Name):
@@ -372,6 +373,6 @@ class BundleReader:
                 f"`{name}` is named as the {key} bundle but is not a @dataclass",
                 f"decorate `{name}` with @dataclass",
             )
-        bundle = _read_bundle(self._file, cls, self._config, self._enums)  # type: ignore[arg-type]
+        bundle = _read_bundle(self._file, cls, self._config, self._enums)
         self._cache[name] = bundle
         return bundle

@@ -13,7 +13,7 @@ unsupported (None-only) is configuration (``[tool.transformer_engine_ops.codegen
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from .config import Config
@@ -72,7 +72,7 @@ class Match:
     expr: TypeExpr
     optional: bool
     config: Config
-    local_enums: frozenset[str]
+    local_enums: Container[str]
 
 
 # The attribute the run-time codec caches an object's text under (runtime/codec.py's
@@ -704,7 +704,7 @@ def _strip_optional(expr: TypeExpr) -> tuple[TypeExpr, bool]:
     return expr, False
 
 
-def classify(expr: TypeExpr, config: Config, local_enums: frozenset[str]) -> FieldType:
+def classify(expr: TypeExpr, config: Config, local_enums: Container[str]) -> FieldType:
     """The kind of one field's annotation, or a positioned error saying why none fits."""
     inner, optional = _strip_optional(expr)
     name = inner.name
