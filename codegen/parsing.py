@@ -18,6 +18,8 @@ import libcst as cst
 from . import nesting
 from .errors import CodegenError, Location
 
+_SYNTAX_HINT = "fix the Python syntax; the generator reads this file as text"
+
 
 def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenError:
     """Position a syntax error the way Python does.
@@ -26,19 +28,18 @@ def _syntax_error(path: str, text: str, exc: cst.ParserSyntaxError) -> CodegenEr
     the position and message come from Python's own parser (``ast.parse`` compiles
     nothing and runs nothing); libcst's are kept only when Python accepts the text.
     """
-    hint = "fix the Python syntax; the generator reads this file as text"
     try:
         ast.parse(text, filename=path)
     except SyntaxError as py:
         if py.lineno:
             return CodegenError(
-                Location(path, py.lineno, py.offset or 1), f"syntax error: {py.msg}", hint
+                Location(path, py.lineno, py.offset or 1), f"syntax error: {py.msg}", _SYNTAX_HINT
             )
     except ValueError:  # e.g. a NUL byte (Python < 3.12 raises ValueError for it)
         pass
     message = str(exc.message).rstrip(".")
     return CodegenError(
-        Location(path, exc.raw_line, exc.raw_column + 1), f"syntax error: {message}", hint
+        Location(path, exc.raw_line, exc.raw_column + 1), f"syntax error: {message}", _SYNTAX_HINT
     )
 
 
@@ -117,7 +118,7 @@ def parse_module(path: str, text: str) -> cst.Module:
         raise CodegenError(
             Location(path, exc.lineno or 1, exc.offset or 1),
             f"syntax error: {exc.msg}",
-            "fix the Python syntax; the generator reads this file as text",
+            _SYNTAX_HINT,
         ) from None
     except (RecursionError, MemoryError):
         pass  # nested beyond what Python's parser builds: measured on its tokens
