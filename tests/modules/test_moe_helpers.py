@@ -426,11 +426,10 @@ def test_compiled_fullgraph_equals_eager_bitwise(width, dtype):
         assert torch.equal(a, b)
 
 
-def test_compiled_without_num_out_tokens_counts_on_a_symbolic_size(monkeypatch):
-    import torch._dynamo.config as dynamo_config
-
-    monkeypatch.setattr(dynamo_config, "capture_scalar_outputs", True)
-
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_compiled_without_num_out_tokens_counts_on_a_symbolic_size():
+    # (config.patch restores the setting; monkeypatch.setattr finds no module attribute
+    # to restore and deletes the setting on undo, breaking every later compile)
     def fn(x, rmap):
         out, row_id_map = te.moe_permute(x, rmap)
         return te.moe_unpermute(out * 2, row_id_map, restore_shape=x.shape)
