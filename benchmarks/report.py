@@ -1,5 +1,9 @@
 """docs/benchmarks.md and its plots, from benchmarks_cpu.json (+ benchmarks_h200.json).
 
+The report's prose (how each figure is measured, where the time goes) lives in
+``benchmarks/notes/<key>.md``, one Markdown file per passage, read here; the tables
+and figures come from the JSON.
+
 Tables print every figure as ``median (IQR q1-q3, n runs)``; ratios are medians of
 per-round ratios measured in the same process. Plots need matplotlib (``make bench``
 installs it); without it the tables are still written.
@@ -18,9 +22,21 @@ from .compile_depth import GOAL_DEPTHS, GOALS
 from .memory import FINDINGS as MEMORY_FINDINGS
 from .memory import METHOD as MEMORY_METHOD
 from .memory import ratios as memory_ratios
-from .notes import NOTES
 
 PLOTS = "benchmarks"  # sub-folder of the report's folder
+NOTES_DIR = Path(__file__).resolve().parent / "notes"
+
+
+def read_notes(folder: Path = NOTES_DIR) -> dict[str, str]:
+    """The report's prose passages, by key: ``folder/<key>.md`` without its final newline."""
+    notes = {}
+    for path in sorted(folder.glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        notes[path.stem] = text[:-1] if text.endswith("\n") else text
+    return notes
+
+
+NOTES = read_notes()
 
 
 def fmt(s: dict[str, Any], digits: int = 2, unit: str = "") -> str:

@@ -346,7 +346,7 @@ def test_figure_10s_child_does_not_import_torch_utils_benchmark():
 
 def test_the_checked_in_report_is_what_the_report_writer_makes_of_the_checked_in_results():
     """docs/benchmarks.md is generated (``make bench``, or ``python -m benchmarks
-    --report-only``) from docs/benchmarks_*.json and the prose in benchmarks/notes.py:
+    --report-only``) from docs/benchmarks_*.json and the prose in benchmarks/notes/*.md:
     text edited into the Markdown alone would be lost at the next run, so it must be
     edited at its source."""
     docs = ROOT / "docs"
