@@ -1,4 +1,4 @@
-"""A second op, written only as the README says, generated and run end to end.
+"""A second op, written only as docs/op_contract.md says, generated and run end to end.
 
 The generator writes the fixture's module (tests/ops/fixtures/every_kind_op.py) into a
 temporary folder (``tests/ops/fixture_ops.py``); the test imports it, so its calling
