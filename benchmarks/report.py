@@ -70,6 +70,29 @@ def _machine(m: dict[str, Any], title: str) -> list[str]:
     ]
 
 
+def _machine_name(m: dict[str, Any]) -> str:
+    if m.get("gpu"):
+        return f"{m['gpu']} (CUDA {m.get('cuda')}), torch {m['torch']}"
+    return f"{m['processor']}, {m['cpu_count']} cores, torch {m['torch']}"
+
+
+def _dated(section: list[str], *runs: tuple[str, dict[str, Any]]) -> list[str]:
+    """``section`` with, under its heading, the table of the runs its figures come
+    from: date, commit and machine of each results file."""
+    rows = [
+        [
+            where,
+            m["date"],
+            f"`{m['commit']}`" if m.get("commit") else "not recorded",
+            _machine_name(m),
+        ]
+        for where, m in runs
+    ]
+    if not rows:
+        return section
+    return [*section[:2], *_table(["run", "date", "commit", "machine"], rows), *section[2:]]
+
+
 def _check(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -960,20 +983,24 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         ("compile", _compile),
         ("step", _step),
     )
+    cpu_run = ("CPU", cpu["machine"])
+    gpu_run = [("H200", gpu["machine"])] if gpu else []
     for key, section in sections:
         if key in cpu:
-            lines += section(cpu)
-    lines += _gpu(gpu)
+            lines += _dated(section(cpu), cpu_run)
+    lines += _dated(_gpu(gpu), *gpu_run)
     if "memory" in cpu:
-        lines += _memory(cpu)
+        lines += _dated(_memory(cpu), cpu_run)
     if "overhead" in cpu or (gpu and "overhead" in gpu):
-        lines += _overhead(cpu, gpu)
+        overhead_runs = [cpu_run] if "overhead" in cpu else []
+        overhead_runs += gpu_run if gpu and "overhead" in gpu else []
+        lines += _dated(_overhead(cpu, gpu), *overhead_runs)
     if "block" in cpu:
-        lines += _block(cpu)
+        lines += _dated(_block(cpu), cpu_run)
     if "compile_depth" in cpu:
-        lines += _compile_depth(cpu)
+        lines += _dated(_compile_depth(cpu), cpu_run)
     if "entry" in cpu:
-        lines += _entry(cpu)
+        lines += _dated(_entry(cpu), cpu_run)
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 

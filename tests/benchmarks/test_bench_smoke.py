@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -393,3 +394,40 @@ def test_paired_small_step_goals_enter_the_targets_table():
     compiled = rows["H200 small, paired blocks: ours bf16 compiled / torch.nn.Linear compiled"]
     assert compiled[3] == "**missed**"
     assert not any("paired blocks: ours bf16 eager" in k for k in rows)  # not measured
+
+
+def test_each_figure_names_the_date_commit_and_machine_it_was_measured_on():
+    """Under every numbered figure's heading, a table of the run(s) its figures come
+    from: the results file's date, the commit it measured and the machine."""
+    docs = ROOT / "docs"
+    cpu = json.loads((docs / "benchmarks_cpu.json").read_text())
+    gpu = json.loads((docs / "benchmarks_h200.json").read_text())
+    cpu["machine"]["commit"] = "cafe123456"
+    gpu["machine"].pop("commit", None)
+    lines = report.markdown(cpu, gpu).splitlines()
+    figures = [i for i, line in enumerate(lines) if re.match(r"## \d+\. ", line)]
+    assert len(figures) == 11
+    for i in figures:
+        assert lines[i + 2] == "| run | date | commit | machine |", lines[i]
+        rows = []
+        for line in lines[i + 4 :]:
+            if not line.startswith("| "):
+                break
+            rows.append(line)
+        assert rows, lines[i]
+        for row in rows:
+            where, date, commit, machine = (c.strip() for c in row.strip("|").split("|"))
+            source = cpu if where == "CPU" else gpu
+            assert date == source["machine"]["date"]
+            assert commit == ("`cafe123456`" if where == "CPU" else "not recorded")
+            assert source["machine"]["torch"] in machine
+    overhead = next(i for i in figures if lines[i].startswith("## 8. "))
+    assert [lines[overhead + 4][:7], lines[overhead + 5][:8]] == ["| CPU |", "| H200 |"]
+
+
+def test_machine_info_records_the_commit_measured():
+    commit = machine_info()["commit"]
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    assert commit is not None and commit.removesuffix("-dirty") == head
