@@ -4,7 +4,7 @@ Each call of a ``torch.compile``'d model first checks every guard of its frame, 
 runs the graph. At a small, host-bound step (the H200's ``reduce-overhead`` figure)
 that check is a visible part of the step, and it is where our ``Linear`` differs from
 ``torch.nn.Linear``: with every guard filtered out the two steps take the same time
-(docs/gpu.md). This figure times the entry alone: a model of ``layers`` layers compiled
+(docs/benchmarks.md, figure 6's analysis). This figure times the entry alone: a model of ``layers`` layers compiled
 with a backend that runs the graph once and then hands back the same outputs, so each
 later call is Dynamo's frame entry and guard check plus a Python call. Ours and
 ``torch.nn.Linear`` are timed in turn, in blocks of ``calls`` calls, and the figure is

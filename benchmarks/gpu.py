@@ -107,8 +107,8 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
-# A small step is host-bound: on the lent hosts its rounds spread by 10-20% (other
-# tenants, clocks), so its figures (here and figure 8) take more rounds than the
+# A small step is host-bound: its rounds spread by 10-20% between hosts and
+# within a run (other tenants, clocks), so its figures (here and figure 8) take more rounds than the
 # GPU-bound large shape's.
 SMALL_ROUNDS = 11
 

@@ -90,7 +90,7 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
     for name, us in by_name.items():
         groups[_group(name)] += us
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:25]
-    # aten ops by the device time of the kernels they launched, with their input shapes
+    # aten ops by the GPU time of the kernels they launched, with their input shapes
     ops = [
         (f"{e.key} {e.input_shapes}"[:160], e.device_time_total / STEPS)
         for e in prof.key_averages(group_by_input_shape=True)

@@ -72,7 +72,7 @@ RECIPES: dict[str, Callable[[], Any] | None] = {
     "nvfp4": NVFP4BlockScaling,
     "nvfp4_hp_gather": lambda: NVFP4BlockScaling(fp8_all_gather=False),
 }
-# NVLink multicast stays off in every rank (the H200 machines' rule, docs/gpu.md).
+# NVLink multicast stays off in every rank (docs/distributed.md, comm-GEMM overlap).
 RANK_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
 PG_TIMEOUT_S = 300
 
