@@ -4,7 +4,7 @@ A :class:`KindRecord` holds everything about one kind: which annotations it matc
 the schema slots a field of that kind becomes, the code that flattens (packs) and
 unflattens (unpacks) it in a generated module, the spec helper fake kernels see it
 through, whether it may receive a gradient and how autograd sees its slots, and its
-rows of the documentation table (README and ``python -m codegen kinds``).
+rows of the documentation table (docs/codegen.md and ``python -m codegen kinds``).
 
 Which qualified names mean tensor-or-quantized, quantizer, process group, value or
 unsupported (None-only) is configuration (``[tool.transformer_engine_ops.codegen.kinds]``).
@@ -657,7 +657,7 @@ def table_rows() -> tuple[tuple[str, str, str, str, str], ...]:
 
 
 def table_markdown() -> str:
-    """The kinds table of the README and of `python -m codegen kinds`."""
+    """The kinds table of docs/codegen.md and of `python -m codegen kinds`."""
     lines = [
         "| annotation | kind | schema slots | crossing | gradient |",
         "|---|---|---|---|---|",

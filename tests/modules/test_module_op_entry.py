@@ -1,5 +1,5 @@
-"""Modules reach ops only through the generated ``call_<op>`` (ARCHITECTURE.md, "One
-entry per op"): they import nothing from ``runtime/custom_ops.py`` and, from the
+"""Modules reach ops only through the generated ``call_<op>`` (docs/op_contract.md, "The
+calling side"): they import nothing from ``runtime/custom_ops.py`` and, from the
 generated modules, only ``call_<op>`` and bundle types. Read from the source (AST), so
 an import inside a function or under ``if TYPE_CHECKING`` counts too."""
 
