@@ -83,6 +83,37 @@ def test_torch_autocast_sets_the_compute_dtype(name: str, compiled: bool) -> Non
         assert torch.equal(param.grad, grad)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "make_recipe", [None, recipe.Float8CurrentScaling], ids=["bf16", "fp8_current"]
+)
+def test_transformer_layer_under_torch_autocast_returns_its_dtype(
+    make_recipe: Callable[[], Any] | None, compiled: bool
+) -> None:
+    """TE's ``TransformerLayer`` casts its hidden states to the ``torch.autocast`` dtype,
+    so its residual stream and output are bf16 for an fp32 input, equal to the layer on
+    the input cast to bf16, under a quantization recipe too (TE's
+    ``test_sanity_amp_and_nvfuser``: "AMP wrong output type")."""
+    torch.manual_seed(0)
+    layer = te.TransformerLayer(64, 128, 4, hidden_dropout=0.0, attention_dropout=0.0)
+    x = torch.randn(8, 2, 64)
+    fp8 = make_recipe is not None
+
+    def run(module: torch.nn.Module, inp: torch.Tensor) -> torch.Tensor:
+        with te.autocast(enabled=fp8, recipe=make_recipe() if fp8 else None):
+            return module(inp)
+
+    expected = run(layer, x.bfloat16())
+    compiled_layer = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    xg = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(compiled_layer if compiled else layer, xg)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+    out.float().sum().backward()
+    assert xg.grad is not None and xg.grad.dtype == torch.float32
+
+
 def test_autocast_off_inside_keeps_fp32_math() -> None:
     """The op runs with autocast off: an fp32 input under autocast(enabled=False) stays
     fp32 bit for bit, and a bf16 autocast does not lower a LayerNorm's fp32 statistics."""

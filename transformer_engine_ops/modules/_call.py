@@ -108,6 +108,17 @@ def torch_autocast_on(inp: Any) -> bool:
     return autocast_enabled(inp.device.type)
 
 
+def cast_to_autocast_dtype(inp: torch.Tensor) -> torch.Tensor:
+    """``inp`` cast to the dtype of an enclosing ``torch.autocast`` on its device, where
+    one is on and ``inp`` is floating point (TE's ``TransformerLayer`` casts its hidden
+    states so, making its residual stream, and so its output, the autocast dtype);
+    else ``inp`` itself."""
+    if not torch_autocast_on(inp) or not inp.is_floating_point():
+        return inp
+    dtype = torch.get_autocast_dtype(inp.device.type)
+    return inp if inp.dtype == dtype else inp.to(dtype)
+
+
 def under_torch_autocast(forward: Callable[..., Any], module: Any, inp: Any, *args: Any) -> Any:
     """``forward(module, inp, *args)`` as TE runs a module under ``torch.autocast``: a
     floating-point input is cast to the autocast dtype of its device (so the module

@@ -19,7 +19,7 @@ from torch import is_grad_enabled, nn
 from ..generated.bias_dropout import call_bias_dropout
 from ..runtime.boundary import registered_group
 from ._base import check_positive, reject_unimplemented
-from ._call import refuse_torch_func
+from ._call import cast_to_autocast_dtype, refuse_torch_func
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_mlp import LayerNormMLP
 from .multi_head_attention import MultiheadAttention, resolve_mask
@@ -328,7 +328,8 @@ class TransformerLayer(nn.Module):
                 raise TypeError(
                     f"{cls}: {what} must be boolean tensor(s), got {[m.dtype for m in parts]}"
                 )
-        hidden_states = hidden_states.contiguous()
+        # As TE: under torch.autocast the residual stream takes the autocast dtype.
+        hidden_states = cast_to_autocast_dtype(hidden_states).contiguous()
         shared: dict[str, Any] = dict(
             is_first_microbatch=is_first_microbatch,
             checkpoint_core_attention=checkpoint_core_attention,
