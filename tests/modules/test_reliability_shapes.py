@@ -7,7 +7,9 @@ import pytest
 import torch
 from module_cases import graph_breaks, recipe_context
 
+from transformer_engine_ops import autocast
 from transformer_engine_ops.modules.linear import Linear
+from transformer_engine_ops.recipe import NVFP4BlockScaling, QParams
 
 AOT = "aot_eager"
 
@@ -62,3 +64,26 @@ def test_dynamic_compile_at_batch_8_then_called_at_batch_1(recipe):
         x = torch.randn(batch, 64).to(torch.bfloat16)
         _assert_equal(_run(compiled, x, recipe), _run(model, x, recipe))
     assert graph_breaks() == 0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_nvfp4_4over6_linear_at_zero_tokens(compiled):
+    """TE's NVFP4 4over6 recipe (2-D weight blocks) on an input of no tokens: the output
+    is (0, out_features), the input gradient empty, the weight and bias gradients zero
+    (TE's ``test_sanity_linear_with_zero_tokens``); the 4over6 quantize of an empty
+    matrix once failed reshaping its zero per-block errors by -1."""
+    torch.manual_seed(0)
+    nvfp4 = NVFP4BlockScaling(
+        disable_rht=True, disable_stochastic_rounding=True, nvfp4_4over6="all"
+    )
+    nvfp4.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=True)
+    model = Linear(64, 256, params_dtype=torch.bfloat16)
+    run = torch.compile(model, fullgraph=True, backend=AOT) if compiled else model
+    x = torch.randn(0, 64, dtype=torch.bfloat16, requires_grad=True)
+    with autocast(recipe=nvfp4):
+        y = run(x)
+    y.sum().backward()
+    assert y.shape == (0, 256)
+    assert x.grad is not None and x.grad.shape == (0, 64)
+    assert torch.equal(model.weight.grad, torch.zeros_like(model.weight))
+    assert torch.equal(model.bias.grad, torch.zeros_like(model.bias))

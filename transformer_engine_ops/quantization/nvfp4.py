@@ -149,7 +149,8 @@ def _quantize_matrix_4over6(
         total = per_row[..., 0]
         for i in range(1, NVFP4_BLOCK):
             total = total + per_row[..., i]
-        rows = to_blocks(total.reshape(r, -1), block_rows, 1)  # (Rb, rows, Cb, 1)
+        # Sized explicitly: a -1 is ambiguous for a matrix of no rows (no tokens).
+        rows = to_blocks(total.reshape(r, per_row.shape[2]), block_rows, 1)  # (Rb, rows, Cb, 1)
         block_err = rows[:, 0, :, 0]
         for i in range(1, block_rows):
             block_err = block_err + rows[:, i, :, 0]
