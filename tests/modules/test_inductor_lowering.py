@@ -259,7 +259,7 @@ def test_only_ops_declared_lowers_are_lowered_by_default():
         if lowering._MODULES[op].startswith("transformer_engine_ops.")
     }
     by_default = {op._schema.name for op in lowering.lowered_by_default() & ours}
-    shipped = {"linear", "layernorm", "layernorm_linear", "layernorm_mlp"}
+    shipped = {"linear", "layernorm", "l2normalization", "layernorm_linear", "layernorm_mlp"}
     assert by_default == {f"teops::{n}_{d}" for n in shipped for d in ("fwd", "bwd")}
     table = {op for op in inductor_decomposition.decompositions if op in ours}
     assert {op._schema.name for op in table} == by_default

@@ -109,9 +109,22 @@ def test_thd_equals_each_sequence_alone_with_rope() -> None:
 
 
 @pytest.mark.parametrize("before_rope", [False, True])
-def test_qk_norm_normalizes_each_head(before_rope: bool) -> None:
-    mha = _mha(input_layernorm=True, qk_norm_type="RMSNorm", qk_norm_before_rope=before_rope)
-    assert mha.q_norm.weight.shape == (D,)
+@pytest.mark.parametrize("qk_norm_type", ["RMSNorm", "LayerNorm", "L2Normalization"])
+def test_qk_norm_normalizes_each_head(qk_norm_type: str, before_rope: bool) -> None:
+    """Each head of q and k is normalized by TE's norm of that type (eps
+    ``qk_norm_eps``), before or after RoPE, against a float64 reference."""
+    eps = 1e-5
+    mha = _mha(
+        input_layernorm=True,
+        qk_norm_type=qk_norm_type,
+        qk_norm_eps=eps,
+        qk_norm_before_rope=before_rope,
+    )
+    if qk_norm_type == "L2Normalization":  # parameter-free: one module for q and k (TE)
+        assert mha.q_norm is mha.k_norm and not list(mha.q_norm.parameters())
+        assert mha.q_norm.eps == eps
+    else:
+        assert mha.q_norm is not mha.k_norm and mha.q_norm.weight.shape == (D,)
     x = torch.randn(5, 1, HIDDEN)
     freqs = te.RotaryPositionEmbedding(D)(5)
     sd = {k: v.double() for k, v in mha.state_dict().items() if "extra" not in k}
@@ -122,18 +135,40 @@ def test_qk_norm_normalizes_each_head(before_rope: bool) -> None:
         for n in ("query", "key", "value")
     )
 
-    def rms(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    def norm(t: torch.Tensor, which: str) -> torch.Tensor:
+        if qk_norm_type == "L2Normalization":
+            return t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + eps)
+        if qk_norm_type == "RMSNorm":
+            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * sd[f"{which}.weight"]
+        return F.layer_norm(t, (D,), sd[f"{which}.weight"], sd[f"{which}.bias"], eps)
 
     def rope(t: torch.Tensor) -> torch.Tensor:
         return te.apply_rotary_pos_emb(t, freqs.double())
 
     if before_rope:
-        q, k = rope(rms(q, sd["q_norm.weight"])), rope(rms(k, sd["k_norm.weight"]))
+        q, k = rope(norm(q, "q_norm")), rope(norm(k, "k_norm"))
     else:
-        q, k = rms(rope(q), sd["q_norm.weight"]), rms(rope(k), sd["k_norm.weight"])
+        q, k = norm(rope(q), "q_norm"), norm(rope(k), "k_norm")
     want = F.linear(_attend(q, k, v, causal=True), sd["proj.weight"], sd["proj.bias"])
     torch.testing.assert_close(mha(x, rotary_pos_emb=freqs).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_qk_norm_type_outside_tes_is_refused_with_tes_message() -> None:
+    with pytest.raises(ValueError, match="Unsupported QK norm type: L1Norm"):
+        te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="L1Norm")
+
+
+def test_l2_qk_norm_state_dict_has_tes_keys() -> None:
+    """TE's L2Normalization is an operation with an empty ``_extra_state`` under both
+    names; such a state dict loads, and a non-empty entry is refused naming it."""
+    mha = _mha(input_layernorm=True, qk_norm_type="L2Normalization")
+    sd = mha.state_dict()
+    for name in ("q_norm._extra_state", "k_norm._extra_state"):
+        assert sd[name].dtype == torch.uint8 and sd[name].numel() == 0
+    _mha(seed=1, input_layernorm=True, qk_norm_type="L2Normalization").load_state_dict(sd)
+    sd["q_norm._extra_state"] = torch.ones(3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="L2Normalization: _extra_state must be empty"):
+        mha.load_state_dict(sd)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +177,6 @@ def test_qk_norm_normalizes_each_head(before_rope: bool) -> None:
         ({"get_rng_state_tracker": lambda: None}, "get_rng_state_tracker"),
         ({"ub_overlap_ag": True}, "ub_overlap_ag"),
         ({"softmax_type": "off-by-one"}, "softmax_type"),
-        ({"qk_norm_type": "L2Normalization"}, "L2Normalization"),
     ],
 )
 def test_unimplemented_arguments_raise_naming_them(kwargs: dict, named: str) -> None:

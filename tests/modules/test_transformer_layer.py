@@ -98,6 +98,15 @@ EXPECTED_KEYS = {
         *_ATTN_TAIL,
         *_MLP,
     ],
+    # qk_norm_type="L2Normalization": one parameter-free operation under both names,
+    # each with its (empty) _extra_state.
+    "l2_qk_norm": [
+        "self_attention.q_norm._extra_state",
+        "self_attention.k_norm._extra_state",
+        *_QKV_UNFUSED,
+        *_ATTN_TAIL,
+        *_MLP,
+    ],
     # output_layernorm=True: the self attention has no input norm (qkv, a Linear) and the
     # layer ends in layernorm.
     "output_layernorm": [
@@ -140,6 +149,7 @@ CONFIGS = {
     "fused": {"fuse_qkv_params": True},
     "rmsnorm_nobias": {"normalization": "RMSNorm", "bias": False},
     "qk_norm": {"qk_norm_type": "RMSNorm"},
+    "l2_qk_norm": {"qk_norm_type": "L2Normalization"},
     "output_layernorm": {"output_layernorm": True},
     "decoder": {"layer_type": "decoder"},
 }
@@ -347,6 +357,24 @@ def test_inductor_equals_eager_bitwise_fp32_rope_gqa_drop_path() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("before_rope", [False, True], ids=["after_rope", "before_rope"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_inductor_equals_eager_bitwise_l2_qk_norm(dtype: torch.dtype, before_rope: bool) -> None:
+    """``qk_norm_type="L2Normalization"``: the sums of squares (and the backward's sums)
+    are reductions inside the ``l2normalization`` op, so Inductor's scalar code keeps
+    eager's bits."""
+    with inductor_width(SCALAR):
+        _inductor_equals_eager(
+            dtype,
+            rope=True,
+            qk_norm_type="L2Normalization",
+            qk_norm_before_rope=before_rope,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
+
+
+@pytest.mark.slow
 def test_inductor_parallel_attention_mlp_rounds_its_three_way_gradient_sum_as_eager() -> None:
     """``parallel_attention_mlp``: the layer input's gradient sums three contributions
     (the residual, attention's and the MLP's norms), which Inductor fuses into one fp32
@@ -401,7 +429,6 @@ def test_reset_parameters_draws_split_weights_in_place() -> None:
         ({"get_rng_state_tracker": lambda: None}, "get_rng_state_tracker"),
         ({"ub_tp_comm_overlap": True}, "ub_tp_comm_overlap"),
         ({"softmax_type": "learnable"}, "softmax_type"),
-        ({"qk_norm_type": "L2Normalization"}, "L2Normalization"),
     ],
 )
 def test_unimplemented_arguments_raise_naming_them(kwargs: dict, named: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 # Importing the ops marks their pieces.
+import transformer_engine_ops.ops.l2normalization  # noqa: F401
 import transformer_engine_ops.ops.layernorm_mlp  # noqa: F401
 import transformer_engine_ops.quantization.gemm  # noqa: F401
 from transformer_engine_ops.runtime import lowering
@@ -44,6 +45,10 @@ def _cases() -> list[tuple[str, tuple[Any, ...]]]:
         ("norm_forward", (x, w, None, False, 1e-6, True, bf16)),
         ("norm_backward", (x, None, x, w, mu, rsigma, False, True)),
         ("norm_backward", (x, _t(6, 16, seed=5), x, w, None, rsigma, True, False)),
+        ("l2_norm_forward", (x, 1e-6)),
+        ("l2_norm_forward", (_t(0, 16, dtype=f32), 1e-5)),
+        ("l2_norm_backward", (_t(6, 16, seed=5), x, rsigma, 1e-6)),
+        ("l2_norm_backward", (_t(6, 16, dtype=f32, seed=5), _t(6, 16, dtype=f32), rsigma, 0.0)),
         ("activation_forward", ("gelu", _t(4, 8), bf16, *_TE_CLAMP)),
         ("activation_forward", ("swiglu", _t(4, 8, dtype=f32), f32, *_TE_CLAMP)),
         ("activation_forward", ("clamped_swiglu", _t(4, 8), bf16, 0.5, 1.5, 0.25)),

@@ -111,6 +111,7 @@ def test_the_shipped_ops_are_found():
     assert {m.rsplit(".", 1)[-1] for m in _shipped()} == {
         "linear",
         "layernorm",
+        "l2normalization",
         "layernorm_linear",
         "layernorm_mlp",
     }

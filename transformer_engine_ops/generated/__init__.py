@@ -8,6 +8,7 @@ MODULES = (
     "bias_dropout",
     "grouped_gemm",
     "grouped_linear",
+    "l2normalization",
     "layernorm",
     "layernorm_linear",
     "layernorm_mlp",

@@ -4,6 +4,7 @@ from .attention import DotProductAttention
 from .autocast import autocast, checkpoint, fp8_autocast, fp8_model_init, quantized_model_init
 from .grouped_linear import GroupedLinear
 from .inference import InferenceParams
+from .l2normalization import L2Normalization
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
@@ -28,6 +29,7 @@ __all__ = [
     "Fp8Unpadding",
     "GroupedLinear",
     "InferenceParams",
+    "L2Normalization",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",

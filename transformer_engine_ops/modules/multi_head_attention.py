@@ -27,13 +27,14 @@ from ._base import check_positive, reject_unimplemented
 from ._call import refuse_torch_func
 from ._split_weights import SplitLayerNormLinear, SplitLinear
 from .attention import DotProductAttention, check_set_window_size
+from .l2normalization import L2Normalization
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear, check_normalization
 from .linear import Linear
 from .rope import apply_rotary_pos_emb
 
 ATTENTION_TYPES = ("self", "cross")
-QK_NORMS = (None, "RMSNorm", "LayerNorm")
+QK_NORMS = ("L2Normalization", "RMSNorm", "LayerNorm")
 
 
 def resolve_mask(
@@ -119,13 +120,11 @@ class MultiheadAttention(nn.Module):
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             softmax_type=(softmax_type, "vanilla"),
         )
-        if qk_norm_type == "L2Normalization":
-            raise NotImplementedError(
-                f"{cls}: qk_norm_type='L2Normalization' is not implemented by "
-                "transformer_engine_ops (use 'RMSNorm' or 'LayerNorm')"
+        if qk_norm_type is not None and qk_norm_type not in QK_NORMS:
+            raise ValueError(  # TE's message
+                f"{cls}: Unsupported QK norm type: {qk_norm_type}. "
+                f"Supported types: {list(QK_NORMS)}"
             )
-        if qk_norm_type not in QK_NORMS:
-            raise ValueError(f"{cls}: qk_norm_type must be one of {QK_NORMS}, got {qk_norm_type!r}")
         if attention_type not in ATTENTION_TYPES:
             raise ValueError(
                 f"{cls}: attention_type must be one of {ATTENTION_TYPES}, got {attention_type!r}"
@@ -187,7 +186,12 @@ class MultiheadAttention(nn.Module):
             device=device,
         )
         norm_dtype = params_dtype
-        if qk_norm_type is not None:
+        if qk_norm_type == "L2Normalization":
+            # Parameter-free: one module serves query and key, as TE's.
+            self.q_norm = self.k_norm = L2Normalization(
+                eps=qk_norm_eps, seq_length=seq_length, micro_batch_size=micro_batch_size
+            )
+        elif qk_norm_type is not None:
             norm = RMSNorm if qk_norm_type == "RMSNorm" else LayerNorm
             self.q_norm: nn.Module | None = norm(
                 kv_channels, eps=qk_norm_eps, device=device, params_dtype=norm_dtype
