@@ -106,3 +106,58 @@ def test_a_non_empty_extra_state_is_refused_by_name():
     state["_extra_state"] = torch.ones(3, dtype=torch.uint8)
     with pytest.raises(ValueError, match="LayerNorm: this _extra_state is a non-empty byte tensor"):
         module.load_state_dict(state)
+
+
+def _run(module: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    x = x.detach().requires_grad_()
+    out = module(x)
+    out.backward(dy)
+    return [out, x.grad, *(p.grad for p in module.parameters())]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "make_norm",
+    [
+        lambda: te.LayerNorm(128),
+        lambda: te.RMSNorm(128, zero_centered_gamma=True),
+        lambda: te.LayerNormLinear(128, 32, normalization="RMSNorm"),
+        lambda: te.LayerNormMLP(128, 64),
+        lambda: te.modules.L2Normalization(),
+    ],
+    ids=["LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "L2Normalization"],
+)
+def test_a_transposed_input_gives_the_contiguous_bits(make_norm, dtype):
+    """TE reads a non-contiguous input as its contiguous copy (TE's
+    ``test_noncontiguous`` allows 1e-7): the output and every gradient are those of
+    the contiguous input, bit for bit. The norm's row sums used to follow the input's
+    strides (5e-6 apart in the norm weight's gradient)."""
+    torch.manual_seed(0)
+    module = make_norm().to(dtype)
+    x = torch.randn(128, 256).to(dtype).T  # (256, 128), not contiguous
+    dy = torch.randn(module(x.contiguous()).shape).to(dtype)
+    assert not x.is_contiguous()
+    got = _run(module, x, dy)
+    module.zero_grad(set_to_none=True)
+    want = _run(module, x.contiguous(), dy)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), i
+
+
+@pytest.mark.parametrize(
+    "make_norm",
+    [lambda: te.LayerNorm(128), lambda: te.RMSNorm(128), lambda: te.modules.L2Normalization()],
+    ids=["LayerNorm", "RMSNorm", "L2Normalization"],
+)
+def test_a_transposed_output_gradient_gives_the_contiguous_bits(make_norm):
+    """The norm backward's sums do not follow the output gradient's strides either."""
+    torch.manual_seed(0)
+    module = make_norm()
+    x = torch.randn(256, 128)
+    dy = torch.randn(128, 256).T
+    got = _run(module, x, dy)
+    module.zero_grad(set_to_none=True)
+    want = _run(module, x, dy.contiguous())
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), i

@@ -65,7 +65,7 @@ def _check(inp: Any, where: str) -> None:
 def _l2_norm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, rsqrt_norm)`` of the rows of ``x`` (2-D): ``y`` in ``x``'s dtype,
     ``rsqrt_norm`` (one per row) in the math dtype."""
-    xf = x.to(math_dtype(x.dtype))
+    xf = x.to(math_dtype(x.dtype)).contiguous()  # one summation order whatever the strides
     rsqrt_norm = torch.rsqrt(xf.square().sum(-1) + eps)
     return (xf * rsqrt_norm.unsqueeze(-1)).to(x.dtype), rsqrt_norm
 
@@ -78,7 +78,7 @@ def _l2_norm_backward(
     here (a 16-bit value widened by the caller would, traced, lose its rounding to
     Inductors that fold a narrowing cast followed by a widening one)."""
     dtype = math_dtype(x.dtype, dy.dtype)
-    xf, dyf = x.to(dtype), dy.to(dtype)
+    xf, dyf = x.to(dtype).contiguous(), dy.to(dtype).contiguous()
     x_dy = (xf * dyf).sum(-1, keepdim=True)
     norm_squared = xf.square().sum(-1, keepdim=True) + eps
     dx = rsqrt_norm.to(dtype).unsqueeze(-1) * (dyf - xf * x_dy / norm_squared)

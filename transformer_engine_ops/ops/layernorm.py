@@ -148,7 +148,9 @@ def _norm_forward(
         return norm_kernels.fused_norm_forward(
             x, weight, bias, layernorm, eps, zero_centered_gamma, out_dtype
         )
-    xf = x.to(math_dtype(x.dtype))
+    # Contiguous rows: a reduction's order follows its operand's strides, and TE's
+    # kernels read a transposed input as its contiguous copy (the same bits).
+    xf = x.to(math_dtype(x.dtype)).contiguous()
     if layernorm:
         mu = xf.mean(-1)
         centered = xf - mu.unsqueeze(-1)
@@ -205,8 +207,11 @@ def _norm_backward(
             dy, dy_extra, x, weight, mu, rsigma, zero_centered_gamma, need_dgrad
         )
     dtype = math_dtype(x.dtype)
-    xf = x.to(dtype)
+    # Contiguous, as in the forward: the sums over rows and columns then run in one
+    # order whatever the strides of the input and of the output gradient.
+    xf = x.to(dtype).contiguous()
     dyf = dy.to(dtype) if dy_extra is None else dy.to(dtype) + dy_extra.to(dtype)
+    dyf = dyf.contiguous()
     r = rsigma.unsqueeze(-1)
     xhat = (xf - mu.unsqueeze(-1)) * r if mu is not None else xf * r
     dgamma = (dyf * xhat).sum(0)
