@@ -7,6 +7,7 @@ import torch
 from quant_cases import QUANTIZERS, error_bound, random_input
 
 from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer, gemm
+from transformer_engine_ops.quantization.gemm import LAYOUTS
 
 M, N, K = 32, 64, 96  # multiples of 32 so every format takes every operand
 
@@ -106,7 +107,7 @@ def test_gemm_is_deterministic():
 
 def test_gemm_needs_the_usage_its_layout_reads():
     w, _, g = operands(None)
-    rowwise_only = Float8CurrentScalingQuantizer(columnwise_usage=False).quantize(w)
+    rowwise_only = QUANTIZERS["mxfp8_e4m3"].with_usage(columnwise=False).quantize(w)
     with pytest.raises(ValueError, match="has no columnwise data"):
         gemm(rowwise_only, g, layout="NN", out_dtype=torch.float32)
 
@@ -121,6 +122,29 @@ def test_gemm_rejects_bad_layouts_shapes_and_devices():
         gemm(w, x.to("meta"), layout="TN", out_dtype=torch.float32)
     with pytest.raises(ValueError, match="cpu or cuda"):
         gemm(w.to("meta"), x.to("meta"), layout="TN", out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_per_tensor_fp8_reads_a_missing_usage_from_the_other(layout, device):
+    """Per-tensor FP8 has one scale: a value holding one usage only (a weight quantized
+    rowwise under ``torch.no_grad``) serves a layout reading the other with the bits of
+    the value holding both (TE makes the transpose from the codes); on CUDA through
+    ``torch._scaled_mm`` as well."""
+    from transformer_engine_ops.quantization.gemm import _scaled_mm_operands
+
+    w, x, g = (t.to(device) for t in operands(None))
+    a, b = {"TN": (w, x), "NN": (w, g), "NT": (x, g)}[layout]
+    q = Float8CurrentScalingQuantizer()
+    # Each operand without the usage its layout reads.
+    lacking = {False: dict(rowwise=False), True: dict(columnwise=False)}
+    a_col, b_col = LAYOUTS[layout]
+    want = gemm(q.quantize(a), q.quantize(b), layout=layout, out_dtype=torch.float32)
+    qa = q.with_usage(**lacking[a_col]).quantize(a)
+    qb = q.with_usage(**lacking[b_col]).quantize(b)
+    if device == "cuda":
+        assert _scaled_mm_operands(qa, qb, layout) is not None  # the FP8 path is taken
+    assert torch.equal(gemm(qa, qb, layout=layout, out_dtype=torch.float32), want)
 
 
 @pytest.mark.gpu

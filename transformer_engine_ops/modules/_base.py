@@ -232,12 +232,15 @@ class ExtraStateMixin:
     ) -> Any:
         """``weight`` quantized under ``quantized_model_init``. Delayed scaling: with the
         GEMM's own weight quantizer, its scale seeded from the weight's amax (a scale of 1
-        flushes small weights to zero or subnormals)."""
+        flushes small weights to zero or subnormals). As TE's, the columnwise data (the
+        backward's) is made only with gradients enabled: a module built under
+        ``torch.no_grad()`` or ``torch.inference_mode()`` holds rowwise weights only."""
         self.__dict__["_teops_model_init"] = init  # for reset_parameters
         if init.recipe.custom():
             quantizer = self._role_quantizers(init, gemm).weight  # type: ignore[union-attr]
         else:
             quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
+        quantizer = quantizer.with_usage(rowwise=True, columnwise=torch.is_grad_enabled())
         if weight.device.type == "meta":
             # Nothing to quantize yet (``to_empty`` then ``reset_parameters`` fills it).
             return quantizer.with_internal(False).make_empty(

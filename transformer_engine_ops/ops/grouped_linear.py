@@ -41,7 +41,9 @@ from transformer_engine_ops.ops._fused import (
 from transformer_engine_ops.ops.linear import (
     BackwardOverride,
     LinearFwdArgs,
+    _check_columnwise_weight,
     _forward_plan,
+    _is_quantized,
     _made_weight_quantizer,
     _Usage,
     linear_backward,
@@ -204,6 +206,19 @@ def _check(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs) -> None:
 _ROW_COUNT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+def _check_dgrad_weights(args: GroupedLinearFwdArgs) -> None:
+    """Refuse at the forward, as Linear's plan does, a quantized weight the backward's
+    quantized dgrad GEMM could not read (rowwise data only, in a block format): the
+    forward's stages run without gradients, the backward's re-quantize."""
+    if not (args.is_grad_enabled and args.input_requires_grad) or args.backward_override:
+        return
+    for weight, grad_output_quantizer in zip(
+        args.weights, args.grad_output_quantizers, strict=False
+    ):
+        if grad_output_quantizer is not None and _is_quantized(weight):
+            _check_columnwise_weight(weight.quantizer)
+
+
 def _splits(args: GroupedLinearFwdArgs | GroupedLinearBwdArgs, rows: int) -> list[int]:
     """The split values (real kernels only), validated against the input's rows."""
     splits = [int(s) for s in args.m_splits.tolist()]
@@ -330,6 +345,7 @@ def grouped_linear_forward(
     ``saved`` is empty, or with ``cache_weight`` the quantized weight each GEMM made
     for the workspace cache (None where it made none)."""
     _check(args)
+    _check_dgrad_weights(args)
     x = args.inp.reshape(-1, args.in_features)
     outs, made, scales = [], [], []
     caching = args.cache_weight or args.weight_workspaces is not None
@@ -362,6 +378,7 @@ def grouped_linear_forward_spec(
         "GroupedLinearFwdArgs", args.fuse_wgrad_accumulation, args.delay_wgrad_compute
     )
     _check(args)
+    _check_dgrad_weights(args)
     dtype, device = args.activation_dtype, args.inp.device
     out = TensorSpec(_output_shape(args), dtype, device=device)
     scales: tuple[Any, ...] = ()

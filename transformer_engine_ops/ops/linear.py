@@ -504,6 +504,23 @@ def _check_forward_input(args: LinearFwdArgs) -> None:
         )
 
 
+def _check_columnwise_weight(quantizer: Quantizer) -> None:
+    """Refuse, before any work, a quantized weight the backward's dgrad GEMM cannot read:
+    one holding rowwise data only (``quantized_model_init`` under ``torch.no_grad``, as
+    TE builds weights for inference) in a format whose columnwise data cannot be made
+    from it (its scales differ per direction; per-tensor FP8 makes it exactly)."""
+    if quantizer.columnwise_usage or quantizer.storage_cls.USAGES_SHARE_VALUES:
+        return
+    name = quantizer.wrapper_cls.__name__
+    raise ValueError(
+        f"LinearFwdArgs.weight: a {name} holding rowwise data only (quantized under "
+        "torch.no_grad() or torch.inference_mode(), for inference, as TE builds "
+        "quantized_model_init weights there) cannot serve the backward's dgrad GEMM, "
+        f"which reads columnwise data that {name} cannot make from its rowwise data; "
+        "build the module with gradients enabled to train it"
+    )
+
+
 def _weight_from_workspace(args: LinearFwdArgs) -> bool:
     """Whether the fprop GEMM reads the cached weight workspace (a later microbatch
     whose recipe quantizes the weight: a workspace left from a quantized run never
@@ -539,6 +556,8 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
     needs_dgrad = args.is_grad_enabled and args.input_requires_grad
     keeps_quantized = args.backward_override is not BackwardOverride.HIGH_PRECISION
     backward_usage = _Usage(False, True) if backward_quantized else _Usage(True, False)
+    if needs_dgrad and backward_quantized and _is_quantized(args.weight):
+        _check_columnwise_weight(args.weight.quantizer)
     save_input = saved_input = None
     save_original = saves_original_input(args)
     if args.input_quantizer is not None and needs_wgrad and keeps_quantized and not save_original:

@@ -57,6 +57,8 @@ class _Float8Data(QuantizedData):
     INNER_NAMES: ClassVar[tuple[str, ...]] = ("_data", "_transpose", "_scale_inv")
     ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ("_data",)
     COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ("_transpose",)
+    # One scale: the transpose holds the data's codes (TE makes one from the other).
+    USAGES_SHARE_VALUES: ClassVar[bool] = True
 
     _data: Optional[torch.Tensor]
     _transpose: Optional[torch.Tensor]

@@ -157,11 +157,6 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
     fa, fb = A._quantizer.fp8_dtype, B._quantizer.fp8_dtype
     if fa == fb == torch.float8_e5m2:
         return None  # cuBLAS has no E5M2 x E5M2 FP8 GEMM
-    a_col, b_col = LAYOUTS[layout]
-    if (A.columnwise_usage if a_col else A.rowwise_usage) is False:
-        return None
-    if (B.columnwise_usage if b_col else B.rowwise_usage) is False:
-        return None
     ka, kb = A.shape[-1], B.shape[-1]
     # Storages are not tensors: count rows from the logical shape.
     ma = math.prod(A.shape[:-1])
@@ -170,11 +165,11 @@ def _scaled_mm_operands(A: Operand, B: Operand, layout: str) -> Optional[tuple[A
         return None
     # A 2-D buffer already has the matrix shape its reshape would give: no call for it.
     if layout == "TN":  # (M, K) @ (K, N): B data, A data viewed column-major
-        a, b = _matrix(B._data, mb, kb), A._data.t()
+        a, b = _codes(B, mb, kb), _codes(A, ma, ka).t()
     elif layout == "NN":  # (M, N) @ (N, K): B data, A transpose (K, N) viewed column-major
-        a, b = _matrix(B._data, mb, kb), _matrix(A._transpose, ka, ma).t()
+        a, b = _codes(B, mb, kb), _transposed_codes(A, ma, ka).t()
     else:  # (N, M) @ (M, K): B transpose, A transpose (K, M) viewed column-major
-        a, b = _matrix(B._transpose, kb, mb), _matrix(A._transpose, ka, ma).t()
+        a, b = _transposed_codes(B, mb, kb), _transposed_codes(A, ma, ka).t()
     # ``_scale_inv`` is (1,) (one element: tensorwise scaling, the same GEMM as a 0-d
     # scale; passing it as is saves two reshape calls a GEMM on a host-bound path).
     return a.view(fb), b.view(fa), B._scale_inv, A._scale_inv
@@ -186,6 +181,23 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     rounding); whole in a lowered graph, where Inductor would otherwise split it into a
     GEMM and a separately rounded bias add (runtime/lowering.py)."""
     return torch.addmm(bias, a, b)
+
+
+def _codes(x: _Float8Data, rows: Any, cols: Any) -> torch.Tensor:
+    """``x``'s rowwise codes as a (rows, cols) matrix; made from its transpose where it
+    holds none (a weight quantized rowwise only, under ``torch.no_grad``, read by a
+    training step: one scale, so the same codes, as TE makes them)."""
+    if x._data is not None:
+        return _matrix(x._data, rows, cols)
+    return x._transpose.reshape(cols, rows).t().contiguous()
+
+
+def _transposed_codes(x: _Float8Data, rows: Any, cols: Any) -> torch.Tensor:
+    """``x``'s columnwise codes as a (cols, rows) matrix; made from its rowwise codes
+    where it holds no transpose (see :func:`_codes`)."""
+    if x._transpose is not None:
+        return _matrix(x._transpose, cols, rows)
+    return x._data.reshape(rows, cols).t().contiguous()
 
 
 def _matrix(t: torch.Tensor, rows: Any, cols: Any) -> torch.Tensor:

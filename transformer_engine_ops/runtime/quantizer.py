@@ -357,6 +357,9 @@ class QuantizedData:
     INNER_NAMES: ClassVar[tuple[str, ...]] = ()
     ROWWISE_NAMES: ClassVar[tuple[str, ...]] = ()
     COLUMNWISE_NAMES: ClassVar[tuple[str, ...]] = ()
+    # Whether both usages hold the same values (one scale; the columnwise codes are the
+    # rowwise codes transposed), so a GEMM may read either layout from the other exactly.
+    USAGES_SHARE_VALUES: ClassVar[bool] = False
 
     _quantizer: Quantizer
     _dtype: torch.dtype
@@ -504,6 +507,8 @@ class QuantizedData:
         """High-precision value from one usage's data (GEMMs read the layout they use)."""
         present = self.columnwise_usage if columnwise else self.rowwise_usage
         if not present:
+            if self.USAGES_SHARE_VALUES:  # the other layout holds the same values
+                return self._dequantize_fp32(not columnwise).to(dtype or self._dtype)
             which = "columnwise" if columnwise else "rowwise"
             raise ValueError(
                 f"{type(self).__name__} has no {which} data (usage: rowwise="
