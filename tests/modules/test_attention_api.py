@@ -49,7 +49,6 @@ def test_unimplemented_constructor_arguments_are_refused_by_name(kwargs, name):
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        (dict(inference_params=object()), "inference_params"),
         (dict(fp8_output=True), "fp8_output"),
         (dict(score_mod=lambda *a: None), "score_mod"),
         (dict(thd_attention_policies=[{}]), "thd_attention_policies"),

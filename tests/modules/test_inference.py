@@ -436,3 +436,91 @@ def test_a_cache_of_other_heads_or_head_dims_is_refused_naming_it(cache, message
     params.pre_step(OrderedDict([("a", 2)]))
     with pytest.raises(ValueError, match=message), torch.no_grad():
         layer(torch.randn(1, 2, HIDDEN), inference_params=params)
+
+
+# --- DotProductAttention's own KV-cache step (TE's inference_params argument) ----------
+
+
+def _dpa(fmt: str = "bshd", mask: str = "padding_causal") -> te.DotProductAttention:
+    return te.DotProductAttention(
+        HEADS, D, num_gqa_groups=GROUPS, qkv_format=fmt, attn_mask_type=mask, layer_number=1
+    ).eval()
+
+
+def _dpa_steps(fmt: str, schedule: list[int], batch: int = 2) -> list[list[torch.Tensor]]:
+    """Each step's q, k, v of ``batch`` sequences of ``n`` new tokens, in ``fmt``."""
+    gen = torch.Generator().manual_seed(40)
+    steps = []
+    for n in schedule:
+        qkv = [torch.randn(batch, n, heads, D, generator=gen) for heads in (HEADS, GROUPS, GROUPS)]
+        steps.append([t.transpose(0, 1) if fmt == "sbhd" else t for t in qkv])
+    return steps
+
+
+def _dpa_generate(fn: object, steps: list, fmt: str, paged: bool = False) -> list[torch.Tensor]:
+    params = te.InferenceParams(
+        2, MAX_LEN, GROUPS, D, torch.float32, qkv_format=fmt,
+        **(dict(is_paged=True, page_size=4, total_num_pages=2 * MAX_LEN // 4) if paged else {}),
+    )  # fmt: skip
+    params.allocate_memory(1)  # as TE's tests do; an eager first step would do it too
+    outs = []
+    with torch.no_grad():
+        for q, k, v in steps:
+            n = q.shape[0 if fmt == "sbhd" else 1]
+            params.pre_step(OrderedDict((i, n) for i in range(2)))
+            outs.append(fn(q, k, v, inference_params=params).clone())
+    return outs
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["non_paged", "paged"])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
+@pytest.mark.parametrize("mask", ["padding_causal", "padding_causal_bottom_right", "padding"])
+def test_dpa_kv_cache_decode_equals_attention_over_the_whole_sequence(mask, fmt, paged):
+    """TE's ``DotProductAttention(inference_params=...)``: a prefill and three one-token
+    steps, each step's output that of the step's queries attending over every key of
+    their sequence so far (causal aligned to the sequence's end, as TE turns
+    ``padding_causal`` into ``padding_causal_bottom_right``), in the query's format."""
+    dpa = _dpa(fmt, mask)
+    steps = _dpa_steps(fmt, [4, 1, 1, 1])
+    outs = _dpa_generate(dpa, steps, fmt, paged)
+    seq = 0 if fmt == "sbhd" else 1
+    whole = te.DotProductAttention(HEADS, D, num_gqa_groups=GROUPS, qkv_format=fmt).eval()
+    full_mask = "no_mask" if mask == "padding" else "causal_bottom_right"
+    for i, (q, _, _) in enumerate(steps):
+        keys, values = (torch.cat([s[j] for s in steps[: i + 1]], dim=seq) for j in (1, 2))
+        want = whole(q, keys, values, attn_mask_type=full_mask)
+        assert outs[i].shape == want.shape
+        torch.testing.assert_close(outs[i], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_dpa_compiled_kv_cache_decoding_equals_eager():
+    """TE's ``test_dpa_torch_compile_kv_cache_decoding``: every step of a compiled
+    (``fullgraph``) generation equals eager's, with a cache of its own each."""
+    dpa = _dpa(mask="padding_causal_bottom_right")
+    steps = _dpa_steps("bshd", [4, 1, 1, 1])
+    eager = _dpa_generate(dpa, steps, "bshd")
+    compiled = _dpa_generate(torch.compile(dpa, fullgraph=True), steps, "bshd")
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)
+    assert graph_breaks() == 0
+    params = te.InferenceParams(2, MAX_LEN, GROUPS, D, torch.float32, qkv_format="bshd")
+    params.pre_step(OrderedDict((i, 4) for i in range(2)))
+    # Dynamo reports the refusal raised while tracing as its Unsupported (a RuntimeError).
+    with pytest.raises(RuntimeError, match=r"call inference_params.allocate_memory\(1\)"):
+        torch.compile(dpa, fullgraph=True)(*steps[0], inference_params=params)
+
+
+def test_dpa_kv_cache_refuses_what_te_refuses_or_we_do_not_implement():
+    params = te.InferenceParams(2, MAX_LEN, GROUPS, D, torch.float32, qkv_format="bshd")
+    params.pre_step(OrderedDict((i, 2) for i in range(2)))
+    q, k, v = _dpa_steps("bshd", [2])[0]
+    with pytest.raises(ValueError, match="KV caching requires padding mask"):
+        _dpa(mask="causal")(q, k, v, inference_params=params)
+    with pytest.raises(NotImplementedError, match="core_attention_bias_type='alibi'"):
+        _dpa()(q, k, v, inference_params=params, core_attention_bias_type="alibi")
+    thd = _dpa("thd", "padding_causal")
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="qkv_format='thd'"):
+        thd(q.reshape(4, HEADS, D), k.reshape(4, GROUPS, D), v.reshape(4, GROUPS, D),
+            cu_seqlens_q=cu, cu_seqlens_kv=cu, inference_params=params)  # fmt: skip

@@ -139,7 +139,7 @@ NOT_PROBED_IN = {
         (cls, "inference_params"): (
             "implemented (te.InferenceParams; tests/modules/test_inference.py)"
         )
-        for cls in ("MultiheadAttention", "TransformerLayer")
+        for cls in ("MultiheadAttention", "TransformerLayer", "DotProductAttention")
     },
     ("DotProductAttention", "tp_group"): (
         "implemented (its size sets tp_size, so this rank holds num_attention_heads / "

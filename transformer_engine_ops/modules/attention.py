@@ -263,7 +263,6 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
     ) -> torch.Tensor:
         refuse_torch_func(self)  # a torch.func transform: a clear error
         _refuse(
-            inference_params=inference_params is not None,
             fp8_output=bool(fp8_output),
             score_mod=score_mod is not None,
             score_mod_bprop=score_mod_bprop is not None,
@@ -296,6 +295,16 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
         window = check_set_window_size(  # TE: the constructor's window, for this mask type
             mask, self.window_size if window_size is None else window_size
         )
+        if inference_params is not None:
+            if core_attention_bias_type != "no_bias" or alibi_slopes is not None:
+                raise NotImplementedError(
+                    f"{_NAME}: inference_params with core_attention_bias_type="
+                    f"{core_attention_bias_type!r} or alibi_slopes is not implemented"
+                )
+            cap = self.softcap if softcap is None else float(softcap)
+            return self._cached_attention(
+                inference_params, q, k, v, fmt, mask, window, cap, checkpoint_core_attention
+            )
         if fmt == "thd" and "padding" not in mask:
             raise ValueError(
                 f"{_NAME}: qkv_format 'thd' takes attn_mask_type padding, padding_causal or "
@@ -405,6 +414,76 @@ class DotProductAttention(ExtraStateMixin, nn.Module):
             return call_dot_product_attention(**fields)[0]
         with torch.autocast(autocast_device, enabled=False):
             return call_dot_product_attention(**fields)[0]
+
+    def _cached_attention(
+        self,
+        inference_params: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        fmt: str,
+        mask: str,
+        window: tuple[int, int],
+        softcap: float,
+        checkpoint_core_attention: bool,
+    ) -> torch.Tensor:
+        """TE's KV-cache step: this step's keys and values written into
+        ``inference_params``' cache for ``layer_number`` (its memory allocated on a first
+        eager use, as TE's MultiheadAttention allocates it), then attention of this
+        step's queries over every cached key of their sequence, the causal diagonal
+        aligned to each sequence's end (TE turns ``padding_causal`` into
+        ``padding_causal_bottom_right``); the output in the query's format, ``[s, b, h *
+        d]`` or ``[b, s, h * d]``.
+
+        The keys are read where they lie, ``[b, max_sequence_length, groups, d]`` under
+        the cache's length mask (``attn_mask_type="arbitrary"``), and the query heads of
+        each KV group are folded into the query's sequence dimension (``[b, s * heads /
+        groups, groups, d]``, mask rows repeated to match), so attention sees as many
+        query heads as key heads: no kernel repeats the cache for GQA."""
+        if "padding" not in mask:  # TE's assertion
+            raise ValueError(
+                f"{_NAME}: KV caching requires padding mask! (inference_params with "
+                f"attn_mask_type={mask!r}: 'padding', 'padding_causal' or "
+                "'padding_causal_bottom_right')"
+            )
+        if fmt not in ("sbhd", "bshd"):
+            raise NotImplementedError(
+                f"{_NAME}: inference_params with qkv_format={fmt!r} is not implemented "
+                "(sbhd and bshd are)"
+            )
+        layer = self.layer_number
+        if layer not in inference_params.cache:
+            if torch.compiler.is_compiling():  # allocating marks static addresses: eagerly
+                raise ValueError(
+                    f"{_NAME}: inference_params holds no cache for layer_number={layer}; "
+                    f"call inference_params.allocate_memory({layer}) before a compiled step "
+                    "(MultiheadAttention does so on its first, eager, call)"
+                )
+            inference_params.allocate_memory(layer)
+        keys, values = inference_params.step(layer, k.contiguous(), v.contiguous(), fmt)
+        sbhd = fmt == "sbhd"
+        query = q.transpose(0, 1) if sbhd else q  # [b, s, heads, d]
+        batch, steps, heads, head_dim = query.shape
+        groups, length, head_dim_v = keys.shape[2], keys.shape[1], values.shape[3]
+        per_group = heads // groups
+        masked = inference_params.attention_mask(batch, steps, "causal" in mask, window)
+        rows = steps * per_group
+        packed = query.reshape(batch, steps, groups, per_group, head_dim).transpose(2, 3)
+        masked = masked.unsqueeze(3).expand(batch, 1, steps, per_group, length)
+        context = self.forward(  # the module's hooks ran for the call itself
+            packed.reshape(batch, rows, groups, head_dim),
+            keys,
+            values,
+            attention_mask=masked.reshape(batch, 1, rows, length),
+            qkv_format="bshd",
+            attn_mask_type="arbitrary",
+            window_size=(-1, -1),
+            softcap=softcap,
+            checkpoint_core_attention=checkpoint_core_attention,
+        )
+        context = context.view(batch, steps, per_group, groups, head_dim_v).transpose(2, 3)
+        context = context.reshape(batch, steps, heads * head_dim_v)
+        return context.transpose(0, 1) if sbhd else context
 
     def _check_layers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
         """TE's forward assertions on the layers' shapes against this module's

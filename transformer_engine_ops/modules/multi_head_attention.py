@@ -35,6 +35,13 @@ from .rope import apply_rotary_pos_emb
 
 ATTENTION_TYPES = ("self", "cross")
 QK_NORMS = ("L2Normalization", "RMSNorm", "LayerNorm")
+# A mask type's padding form, which DotProductAttention's KV-cache step requires (TE's
+# MultiheadAttention passes its mask type as it is, and TE's attention then asserts one).
+_CACHED_MASK_TYPES = {
+    "no_mask": "padding",
+    "causal": "padding_causal",
+    "causal_bottom_right": "padding_causal_bottom_right",
+}
 
 
 def resolve_mask(
@@ -391,20 +398,27 @@ class MultiheadAttention(nn.Module):
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)  # type: ignore[misc]
         if inference_params is not None:
-            if core_attention_bias_type != "no_bias" or alibi_slopes is not None:
+            if self.attention_type == "cross":
                 raise NotImplementedError(
-                    f"{cls}: inference_params with core_attention_bias_type="
-                    f"{core_attention_bias_type!r} or alibi_slopes is not implemented"
+                    f"{cls}: inference_params with attention_type='cross' is not "
+                    "implemented (the KV cache holds self attention's keys and values)"
                 )
-            context = self._cached_attention(
-                inference_params,
+            if self.layer_number not in inference_params.cache:  # as TE's
+                inference_params.allocate_memory(self.layer_number)
+            # The cache's lengths are the padding: DotProductAttention's KV-cache step
+            # (TE's) takes the padding form of the mask type.
+            context = self.core_attention(
                 query,
                 key,
                 value,
-                mask_type,
-                window,
-                softcap,
-                checkpoint_core_attention,
+                qkv_format=self.qkv_format,
+                attn_mask_type=_CACHED_MASK_TYPES.get(mask_type, mask_type),
+                window_size=window,
+                softcap=softcap,
+                core_attention_bias_type=core_attention_bias_type,
+                alibi_slopes=alibi_slopes,
+                inference_params=inference_params,
+                checkpoint_core_attention=checkpoint_core_attention,
             )
         else:
             context = self.core_attention(
@@ -435,64 +449,6 @@ class MultiheadAttention(nn.Module):
         if self.input_layernorm and self.return_layernorm_output:
             outputs = (*outputs, layernorm_output)
         return outputs if len(outputs) > 1 else outputs[0]
-
-    def _cached_attention(
-        self,
-        inference_params: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask_type: str,
-        window: tuple[int, int],
-        softcap: float,
-        checkpoint_core_attention: bool = False,
-    ) -> torch.Tensor:
-        """Attention of this step's queries over every cached key of their sequence (TE's
-        KV-cache path): the new keys and values written into ``inference_params``' cache
-        in place, the causal diagonal aligned to each sequence's end (bottom right).
-
-        The keys are read where they lie, ``[b, max_sequence_length, groups, d]`` under
-        the cache's length mask (``attn_mask_type="arbitrary"``), and the query heads of
-        each KV group are folded into the query's sequence dimension (``[b, s * heads /
-        groups, groups, d]``, mask rows repeated to match), so attention sees as many
-        query heads as key heads: no kernel repeats the cache for GQA."""
-        cls = type(self).__name__
-        if self.attention_type == "cross":
-            raise NotImplementedError(
-                f"{cls}: inference_params with attention_type='cross' is not implemented "
-                "(the KV cache holds self attention's keys and values)"
-            )
-        if self.qkv_format not in ("sbhd", "bshd") or mask_type == "arbitrary":
-            raise NotImplementedError(
-                f"{cls}: inference_params with qkv_format={self.qkv_format!r} and "
-                f"attn_mask_type={mask_type!r} (sbhd or bshd, not arbitrary, are implemented)"
-            )
-        if self.layer_number not in inference_params.cache:
-            inference_params.allocate_memory(self.layer_number)
-        keys, values = inference_params.step(self.layer_number, key, value, self.qkv_format)
-        sbhd = self.qkv_format == "sbhd"
-        query = query.transpose(0, 1) if sbhd else query  # [b, s, heads, d]
-        batch, steps, heads, head_dim = query.shape
-        groups, length, head_dim_v = keys.shape[2], keys.shape[1], values.shape[3]
-        per_group = heads // groups
-        masked = inference_params.attention_mask(batch, steps, "causal" in mask_type, window)
-        rows = steps * per_group
-        packed = query.reshape(batch, steps, groups, per_group, head_dim).transpose(2, 3)
-        masked = masked.unsqueeze(3).expand(batch, 1, steps, per_group, length)
-        context = self.core_attention(
-            packed.reshape(batch, rows, groups, head_dim),
-            keys,
-            values,
-            attention_mask=masked.reshape(batch, 1, rows, length),
-            qkv_format="bshd",
-            attn_mask_type="arbitrary",
-            window_size=(-1, -1),
-            softcap=softcap,
-            checkpoint_core_attention=checkpoint_core_attention,
-        )
-        context = context.view(batch, steps, per_group, groups, head_dim_v).transpose(2, 3)
-        context = context.reshape(batch, steps, heads * head_dim_v)
-        return context.transpose(0, 1) if sbhd else context
 
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q ``[..., heads, d]``, k and v ``[..., groups, d]`` from the QKV projection:
