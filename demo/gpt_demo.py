@@ -22,6 +22,7 @@ import contextlib
 import copy
 import functools
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -38,6 +39,10 @@ from transformer_engine_ops.quantization import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
 )
+
+# A CPU demo: modules built without a device stay on the CPU on a CUDA machine too
+# (TE's default, and this package's, is CUDA where available).
+os.environ.setdefault("TEOPS_DEFAULT_DEVICE", "cpu")
 
 BACKEND = "inductor"
 VOCAB, HIDDEN, FFN, HEADS, GROUPS, LAYERS = 128, 64, 128, 4, 2, 2

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import functools
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -37,6 +38,10 @@ from transformer_engine_ops.quantization import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
 )
+
+# A CPU demo: modules built without a device stay on the CPU on a CUDA machine too
+# (TE's default, and this package's, is CUDA where available).
+os.environ.setdefault("TEOPS_DEFAULT_DEVICE", "cpu")
 
 BACKEND = "inductor"
 # bf16 once more, every op call kept as one node in Inductor's graph (bitwise all the same).

@@ -6,6 +6,13 @@ fake kernels, so a cache left by an older checkout (or a worktree beside this on
 serve code compiled for another output layout. Each test process (each pytest-xdist
 worker) compiles into its own fresh cache directory.
 
+A module built without a ``device`` puts its parameters on CUDA where CUDA is available,
+as TE's (``transformer_engine_ops/modules/_device.py``). The suite's tests were written
+for the CPU and pass ``device`` where they mean CUDA, so ``TEOPS_DEFAULT_DEVICE=cpu``
+keeps ``device=None`` on the CPU on any machine, in this process and every process a
+test starts (the distributed ranks, the subprocess checks); the tests of the default
+itself lift it (``tests/modules/test_default_device.py``).
+
 A module on a CUDA device refuses a recipe that device cannot run natively (MXFP8 and
 NVFP4 below Blackwell), unless ``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1``
 (``transformer_engine_ops/availability.py``). The tests marked ``gpu`` check every
@@ -21,6 +28,7 @@ import tempfile
 import pytest
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="teops-inductor-")
+os.environ["TEOPS_DEFAULT_DEVICE"] = "cpu"
 
 # ``TEOPS_INDUCTOR_SIMDLEN=0`` (or 256, 512) compiles every test's Inductor CPU code at
 # that vector width instead of the host's pick, so a bitwise claim that rests on Inductor

@@ -129,7 +129,10 @@ OTHER_VALUE: dict[str, Any] = {
 # Keywords whose other value needs a resource this CPU test has not: the status is
 # written in the table by hand (and tested elsewhere).
 NOT_PROBED = {
-    "device": "implemented (default None: torch's default device; TE's is 'cuda')",
+    "device": (
+        "implemented (default None: the current CUDA device where available, TE's 'cuda'; "
+        "else the CPU)"
+    ),
     "tp_group": "implemented (a registered ProcessGroup; tests/distributed)",
 }
 

@@ -8,7 +8,8 @@ TE's ``single_grouped_weight=True`` (``single_grouped_bias=True``), gated as in 
 ``[num_gemms, out_features, in_features]`` (the biases one ``bias`` ``[num_gemms,
 out_features]``; a plain tensor, where TE's is its experimental GroupedTensor), which
 the grouped GEMM reads as it is, without stacking the per-GEMM weights each call.
-``device=None`` means torch's default device (TE defaults to ``"cuda"``).
+``device=None`` means TE's ``"cuda"`` where CUDA is available, else the CPU
+(``modules/_device.py``).
 ``forward(inp, m_splits)`` takes the rows of each GEMM as an integer tensor or a list of
 ints (zeros allowed); a float or bool tensor or list element is refused, not truncated.
 A tensor's values never reach the graph, so one compiled graph serves every split; a
@@ -92,6 +93,7 @@ from ._call import (
     under_torch_autocast,
     zero_feature_gemms,
 )
+from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
@@ -265,6 +267,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         use_grouped_tensor: bool | None = None,
     ) -> None:
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         cls = type(self).__name__
         reject_unimplemented(
             cls,

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..runtime import _torch_private as _private
+from ._device import default_device
 
 _FORMATS = ("bshd", "sbhd")
 
@@ -50,8 +51,8 @@ class InferenceParams:
     """TE's ``InferenceParams(max_batch_size, max_sequence_length, num_heads_kv,
     head_dim_k, dtype, head_dim_v=None, is_paged=False, total_num_pages=None,
     page_size=None, max_ctx_len=None, qkv_format="bshd", custom_cache_manager=None)``.
-    ``device`` (not TE's; TE uses the current CUDA device): None is CUDA when available,
-    else the CPU."""
+    ``device`` (not TE's; TE uses the current CUDA device): None is the modules'
+    default (modules/_device.py): the current CUDA device when available, else the CPU."""
 
     def __init__(
         self,
@@ -102,9 +103,7 @@ class InferenceParams:
         else:
             self.page_size, self.total_num_pages = max_sequence_length, max_batch_size
         self.pages_per_seq = max_sequence_length // self.page_size
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = torch.device(default_device(device))
         # Per batch entry: its pages (unused entries: the trash page; non-paged: page i),
         # its cached length before this step, and this step's token count. The host
         # keeps what it last wrote to each, and pre_step writes only what changed.

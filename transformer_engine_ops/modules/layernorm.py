@@ -18,6 +18,7 @@ from torch import is_grad_enabled, is_tensor, nn
 from ..generated.layernorm import call_layernorm
 from ._base import ExtraStateMixin
 from ._call import activation_dtype, refuse_torch_func, torch_autocast_on, under_torch_autocast
+from ._device import default_device
 
 
 def _hidden_size(cls: str, normalized_shape: Any, hidden_size: int | None) -> int:
@@ -63,7 +64,7 @@ class _Norm(ExtraStateMixin, nn.Module):
         super().__init__()
         cls = type(self).__name__
         hidden = _hidden_size(cls, normalized_shape, hidden_size)
-        device = kwargs.pop("device", None)
+        device = default_device(kwargs.pop("device", None))  # TE's: CUDA where available
         dtype = kwargs.pop("dtype", None)
         if params_dtype is not None:
             if dtype is not None:

@@ -2,7 +2,8 @@
 
 The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 (``layer_norm_weight``, ``layer_norm_bias``, ``weight``, ``bias``, plus ``_extra_state``).
-``device=None`` means torch's default device (TE defaults to ``"cuda"``).
+``device=None`` means TE's ``"cuda"`` where CUDA is available, else the CPU
+(``modules/_device.py``).
 ``forward(inp, is_first_microbatch, fp8_output)`` behaves as ``Linear``'s: the output
 quantized by the recipe's output quantizer, and the quantized weight cached across
 microbatches (compiled too: one graph per flag value); under ``torch.compile`` the
@@ -38,6 +39,7 @@ from ._call import (
     torch_autocast_on,
     under_torch_autocast,
 )
+from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
@@ -102,6 +104,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         name: str | None = None,
     ) -> None:
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         cls = type(self).__name__
         reject_unimplemented(
             cls,

@@ -2,10 +2,10 @@
 
 The constructor takes TE 2.20.2's arguments in TE's order; parameters are TE's
 (``layer_norm_weight``, ``layer_norm_bias``, ``fc1_weight``, ``fc1_bias``, ``fc2_weight``,
-``fc2_bias``, plus ``_extra_state``). ``device=None`` means torch's default device (TE
-defaults to ``"cuda"``). With ``set_parallel_mode=True`` fc1 is column- and fc2
-row-parallel over ``tp_group``; every rank builds the same full weights and keeps its
-shard (for a gated activation, its shard of each half).
+``fc2_bias``, plus ``_extra_state``). ``device=None`` means TE's ``"cuda"`` where CUDA
+is available, else the CPU (``modules/_device.py``). With ``set_parallel_mode=True`` fc1
+is column- and fc2 row-parallel over ``tp_group``; every rank builds the same full
+weights and keeps its shard (for a gated activation, its shard of each half).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ._call import (
     torch_autocast_on,
     under_torch_autocast,
 )
+from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE, RecipeQuantizers
@@ -90,6 +91,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         checkpoint: bool = False,
     ) -> None:
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         cls = type(self).__name__
         reject_unimplemented(
             cls,

@@ -41,6 +41,7 @@ from ._call import (
     under_torch_autocast,
     zero_feature_gemms,
 )
+from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
 from .autocast import STATE
@@ -166,10 +167,12 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
         save_original_input: bool = False,
         name: str | None = None,
     ) -> None:
-        """TE 2.20.2's arguments in TE's order (``device=None``: torch's default device,
-        where TE defaults to ``"cuda"``); the ones not implemented here raise
-        ``NotImplementedError`` naming them unless left at TE's defaults."""
+        """TE 2.20.2's arguments in TE's order (``device=None``: TE's ``"cuda"`` where
+        CUDA is available, else the CPU, ``modules/_device.py``); the ones not
+        implemented here raise ``NotImplementedError`` naming them unless left at TE's
+        defaults."""
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         reject_unimplemented(
             "Linear",
             get_rng_state_tracker=(get_rng_state_tracker, None),

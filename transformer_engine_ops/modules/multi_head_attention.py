@@ -25,6 +25,7 @@ from ..ops.attention import ATTN_MASK_TYPES
 from ..runtime.boundary import registered_group
 from ._base import check_positive, reject_unimplemented
 from ._call import refuse_torch_func
+from ._device import default_device
 from ._split_weights import SplitLayerNormLinear, SplitLinear
 from .attention import DotProductAttention, check_set_window_size
 from .l2normalization import L2Normalization
@@ -64,9 +65,10 @@ def resolve_mask(
 
 class MultiheadAttention(nn.Module):
     """TE's ``MultiheadAttention`` (constructor arguments in TE's order; ``device=None``
-    is torch's default device). ``forward(hidden_states, attention_mask=None,
-    encoder_output=None, ...)`` returns the attention output, then the projection bias
-    (``return_bias``) and the norm output (``return_layernorm_output``)."""
+    is TE's ``"cuda"`` where CUDA is available, else the CPU). ``forward(hidden_states,
+    attention_mask=None, encoder_output=None, ...)`` returns the attention output, then
+    the projection bias (``return_bias``) and the norm output
+    (``return_layernorm_output``)."""
 
     def __init__(
         self,
@@ -116,6 +118,7 @@ class MultiheadAttention(nn.Module):
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         cls = type(self).__name__
         reject_unimplemented(
             cls,

@@ -20,6 +20,7 @@ from torch import is_grad_enabled, nn
 
 from ..generated.rope import call_rope
 from ..ops.rope import rotate
+from ._device import default_device
 
 _FORMATS = ("sbhd", "bshd", "thd")
 
@@ -27,8 +28,9 @@ _FORMATS = ("sbhd", "bshd", "thd")
 class RotaryPositionEmbedding(nn.Module):
     """TE's rotary embedding table: ``forward(max_seq_len, offset=0)`` returns the
     angles ``[max_seq_len, 1, 1, dim * rotary_percent]`` (fp32) for
-    :func:`apply_rotary_pos_emb`. ``inv_freq`` is a buffer on torch's default device
-    (TE's is on the current CUDA device), in the state dict as TE's."""
+    :func:`apply_rotary_pos_emb`. ``inv_freq`` is a buffer on the current CUDA device
+    as TE's (torch's default device where one is set; the CPU without CUDA), in the
+    state dict as TE's."""
 
     def __init__(
         self,
@@ -51,7 +53,9 @@ class RotaryPositionEmbedding(nn.Module):
         self.rotary_base = rotary_base
         self.pretrained_max_position_embeddings = pretrained_max_position_embeddings
         self.interleaved = bool(interleaved)
-        exponent = torch.arange(0, dim, 2, dtype=torch.float32) / dim
+        # TE's on the current CUDA device; on the CPU without one (modules/_device.py).
+        device = default_device(None)
+        exponent = torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim
         self.register_buffer("inv_freq", 1.0 / (rotary_base**exponent))
 
     def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..generated.bias_dropout import call_bias_dropout
 from ..runtime.boundary import registered_group
 from ._base import check_positive, reject_unimplemented
 from ._call import cast_to_autocast_dtype, refuse_torch_func
+from ._device import default_device
 from .layernorm import LayerNorm, RMSNorm
 from .layernorm_mlp import LayerNormMLP
 from .multi_head_attention import MultiheadAttention, resolve_mask
@@ -54,7 +55,7 @@ class DropPath(nn.Module):
 
 class TransformerLayer(nn.Module):
     """TE's ``TransformerLayer`` (constructor arguments in TE's order, ``device=None`` is
-    torch's default device). ``forward(hidden_states, attention_mask=None, ...)``:
+    TE's ``"cuda"`` where CUDA is available, else the CPU). ``forward(hidden_states, attention_mask=None, ...)``:
     ``[s, b, h]`` (``attn_input_format="sbhd"``) or ``[b, s, h]`` in, the same out."""
 
     def __init__(
@@ -114,6 +115,7 @@ class TransformerLayer(nn.Module):
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
+        device = default_device(device)  # TE's default: CUDA where available
         cls = type(self).__name__
         # The ub_* flags only matter with ub_tp_comm_overlap (TE ANDs them with it).
         reject_unimplemented(
