@@ -192,6 +192,10 @@ def run_pytest(options: Options, prepared: Prepared, echo: bool = True) -> int:
     env = dict(os.environ)
     env["TEOPS_CONFORMANCE_CONFIG"] = str(prepared.tests / "_teops_run.json")
     env["TEOPS_CONFORMANCE_DEVICE"] = options.device
+    # TE's tests build most modules without a device, meaning TE's "cuda", which the
+    # rewrite cannot reach: the package's default device is the run's device, so a CPU
+    # run on a CUDA machine builds them on the CPU (transformer_engine_ops/modules/_device.py).
+    env["TEOPS_DEFAULT_DEVICE"] = options.device
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     cmd = pytest_command(options, prepared)
     log = prepared.results / "pytest.log"

@@ -511,6 +511,32 @@ def test_prepare_on_one_machine_run_on_another(tmp_path: Path) -> None:
     assert "| test_fake.py | split |" in second.read_text()
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_run_builds_modules_on_its_device(
+    device: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TE's tests build modules without a device (TE's "cuda"); the package resolves
+    that through TEOPS_DEFAULT_DEVICE, which the run sets to its device whatever the
+    caller's environment holds, so a CPU run on a CUDA machine stays on the CPU."""
+    monkeypatch.setenv("TEOPS_DEFAULT_DEVICE", "meta")
+    seen: dict[str, str] = {}
+
+    class Finished:
+        def __init__(self, cmd: list[str], env: dict[str, str], **kwargs: object) -> None:
+            seen.update(env)
+            self.stdout: list[str] = []
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Finished)
+    prepared = runner.Prepared(tmp_path, tmp_path, tmp_path, ["test_fake.py"], {}, {})
+    options = runner.Options(te_src=FAKE_TE, files=["test_fake.py"], device=device)
+    assert runner.run_pytest(options, prepared, echo=False) == 0
+    assert seen["TEOPS_DEFAULT_DEVICE"] == device
+    assert seen["TEOPS_CONFORMANCE_DEVICE"] == device
+
+
 @pytest.mark.slow
 def test_a_test_past_the_timeout_fails(tmp_path: Path) -> None:
     out = tmp_path / "r.md"
