@@ -176,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         _write(path, data)
         return 0
     if not args.report_only:
-        # The CPU figures: modules built without a device stay on the CPU on a CUDA
-        # machine too (TE's default, and this package's, is CUDA where available).
-        os.environ.setdefault("TEOPS_DEFAULT_DEVICE", "cpu")
+        # The CPU figures: modules built without a device stay on the CPU of a CUDA
+        # machine too, whatever the environment held (device=None is TE's CUDA default
+        # where CUDA is available); the processes the figures start inherit it.
+        os.environ["TEOPS_DEFAULT_DEVICE"] = "cpu"
         torch.set_num_threads(args.threads)
         only = tuple(args.only or FIGURES)
         data = {"machine": machine_info(), "quick": args.quick, **run_cpu(only, args.quick)}

@@ -40,10 +40,6 @@ from transformer_engine_ops.quantization import (
     NVFP4BlockScaling,
 )
 
-# A CPU demo: modules built without a device stay on the CPU on a CUDA machine too
-# (TE's default, and this package's, is CUDA where available).
-os.environ.setdefault("TEOPS_DEFAULT_DEVICE", "cpu")
-
 BACKEND = "inductor"
 VOCAB, HIDDEN, FFN, HEADS, GROUPS, LAYERS = 128, 64, 128, 4, 2, 2
 BATCH, SEQ = 4, 32
@@ -167,6 +163,10 @@ def run(name: str, recipe: Any) -> dict[str, Any]:
 
 
 def main() -> int:
+    # A CPU demo (its inputs are CPU tensors): modules built without a device stay on the
+    # CPU of a CUDA machine too, whatever the environment held (device=None is TE's CUDA
+    # default where CUDA is available).
+    os.environ["TEOPS_DEFAULT_DEVICE"] = "cpu"
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     logging.getLogger("torch._inductor.codecache").setLevel(logging.ERROR)
     print(

@@ -39,10 +39,6 @@ from transformer_engine_ops.quantization import (
     NVFP4BlockScaling,
 )
 
-# A CPU demo: modules built without a device stay on the CPU on a CUDA machine too
-# (TE's default, and this package's, is CUDA where available).
-os.environ.setdefault("TEOPS_DEFAULT_DEVICE", "cpu")
-
 BACKEND = "inductor"
 # bf16 once more, every op call kept as one node in Inductor's graph (bitwise all the same).
 OP_NODES = "bf16, op nodes"
@@ -154,6 +150,10 @@ def run(model_name: str, model_cls: Any, name: str, recipe: Any, backend: Any) -
 
 
 def main() -> int:
+    # A CPU demo (its inputs are CPU tensors): modules built without a device stay on the
+    # CPU of a CUDA machine too, whatever the environment held (device=None is TE's CUDA
+    # default where CUDA is available).
+    os.environ["TEOPS_DEFAULT_DEVICE"] = "cpu"
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     # Inductor's FX graph cache cannot pickle these graphs yet (a module object among the
     # opaque constants' globals); it only loses the on-disk cache, so keep the log quiet.
