@@ -75,6 +75,13 @@ MAPPED: dict[str, tuple[str, str]] = {
         f"{PACKAGE}.modules.attention",
         "check_set_window_size",
     ),
+    # MultiheadAttention(qk_norm_type="L2Normalization")'s q_norm and k_norm: TE builds
+    # its fusible L2Normalization op there, this package its L2Normalization module
+    # (test_qk_norm.py checks their class).
+    "transformer_engine.pytorch.ops.basic.l2normalization.L2Normalization": (
+        f"{PACKAGE}.modules.l2normalization",
+        "L2Normalization",
+    ),
 }
 
 # TE test-support helper -> attribute of the injected ``_teops_te`` module.

@@ -49,6 +49,11 @@ def _rewrite(source: str) -> str:
         ),
         ("transformer_engine.pytorch.quantization.FP8GlobalStateManager.get_x", "internal", ""),
         ("transformer_engine.pytorch.ops.Linear", "missing", ""),
+        (
+            "transformer_engine.pytorch.ops.basic.l2normalization.L2Normalization",
+            "mapped",
+            "transformer_engine_ops.modules.l2normalization.L2Normalization",
+        ),
     ],
 )
 def test_resolve_takes_the_longest_entry(name: str, kind: str, target: str) -> None:
