@@ -147,7 +147,6 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(seq_length=128),
         dict(ub_bulk_wgrad=True),
         dict(symmetric_ar_type="multimem_all_reduce"),
     ],
@@ -156,6 +155,17 @@ def test_te_positional_arguments_mean_what_they_mean_in_te():
 def test_unimplemented_arguments_raise_naming_them(kwargs):
     with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
         te.LayerNormMLP(64, 128, **kwargs)
+
+
+def test_jit_warmup_sizes_are_accepted_and_change_nothing():
+    """TE's ``seq_length``/``micro_batch_size`` only size its JIT warm-up (TE's
+    test_deferred_init.py passes them)."""
+    torch.manual_seed(0)
+    plain = te.LayerNormMLP(64, 128, device="cpu")
+    torch.manual_seed(0)
+    sized = te.LayerNormMLP(64, 128, seq_length=2048, micro_batch_size=2, device="cpu")
+    x = torch.randn(4, 64)
+    assert torch.equal(plain(x), sized(x))
 
 
 def test_unknown_activation_is_named():
