@@ -4,6 +4,7 @@ equal eager ones in one graph, and (on CUDA) the step replays under CUDA graphs.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import pytest
@@ -491,6 +492,41 @@ def test_dpa_kv_cache_decode_equals_attention_over_the_whole_sequence(mask, fmt,
         want = whole(q, keys, values, attn_mask_type=full_mask)
         assert outs[i].shape == want.shape
         torch.testing.assert_close(outs[i], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("via", ["DotProductAttention", "MultiheadAttention"])
+def test_kv_cache_step_passes_checkpoint_core_attention_to_the_op(via, monkeypatch):
+    """``checkpoint_core_attention=True`` with a cache: the step's attention op keeps
+    only its inputs (its ``checkpoint`` field), and computes the same output."""
+    from transformer_engine_ops.modules import attention as module_file
+
+    seen: list[bool] = []
+    call = module_file.call_dot_product_attention
+
+    def spy(**fields):
+        seen.append(fields["checkpoint"])
+        return call(**fields)
+
+    monkeypatch.setattr(module_file, "call_dot_product_attention", spy)
+    if via == "DotProductAttention":
+        fn, steps = _dpa(), _dpa_steps("bshd", [3, 1])
+    else:
+        mha = te.MultiheadAttention(
+            HEADS * D, HEADS, num_gqa_groups=GROUPS, qkv_format="bshd", layer_number=1,
+            attn_mask_type="causal", device="cpu",
+        ).eval()  # fmt: skip
+        gen = torch.Generator().manual_seed(41)
+        steps = [[torch.randn(2, n, HEADS * D, generator=gen)] * 3 for n in (3, 1)]
+
+        def fn(x, _k, _v, **kw):
+            return mha(x, **kw)
+
+    plain = _dpa_generate(fn, steps, "bshd")
+    assert seen == [False, False]
+    kept = _dpa_generate(functools.partial(fn, checkpoint_core_attention=True), steps, "bshd")
+    assert seen == [False, False, True, True]
+    for a, b in zip(plain, kept, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.slow
