@@ -84,7 +84,7 @@ QUANTIZERS = {
     "fp8-rowwise": Float8CurrentScalingQuantizer(columnwise_usage=False),
     "mxfp8": MXFP8Quantizer(),
     "nvfp4": NVFP4Quantizer(),
-    "fp8-block": Float8BlockQuantizer(),
+    "fp8-block": Float8BlockQuantizer(block_scaling_dim=1),
 }
 
 

@@ -29,7 +29,9 @@ QUANTIZERS: dict[str, Quantizer] = {
     "nvfp4_2d": NVFP4Quantizer(with_2d_quantization=True),
     "fp8_block_1d": Float8BlockQuantizer(block_scaling_dim=1),
     "fp8_block_2d": Float8BlockQuantizer(block_scaling_dim=2),
-    "fp8_block_1d_fp32_scales": Float8BlockQuantizer(block_len=16, force_pow_2_scales=False),
+    "fp8_block_1d_fp32_scales": Float8BlockQuantizer(
+        block_len=16, block_scaling_dim=1, force_pow_2_scales=False
+    ),
 }
 
 # Shapes every format takes with both usages (MXFP8 needs M and K multiples of 32).

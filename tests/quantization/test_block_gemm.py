@@ -206,7 +206,9 @@ def test_other_operands_are_not_taken():
         is None
     )
     assert block_scaled_mm_operands(A, torch.randn(8, K), "TN") is None
-    small_blocks = Float8BlockQuantizer(block_len=64).quantize(torch.randn(8, K))
+    small_blocks = Float8BlockQuantizer(block_len=64, block_scaling_dim=1).quantize(
+        torch.randn(8, K)
+    )
     assert block_scaled_mm_operands(A, small_blocks, "TN") is None
     rowwise_only = (
         quantizer(2).with_usage(rowwise=True, columnwise=False).quantize(torch.randn(N, K))

@@ -427,7 +427,7 @@ def test_cuda_quantize_takes_the_kernel_and_matches_the_cpu(dim, usage, monkeypa
 @needs_cuda
 def test_an_unsupported_block_length_on_cuda_takes_the_reference(monkeypatch):
     monkeypatch.setattr(bk, "fused_quantize", lambda *a, **k: pytest.fail("kernel path taken"))
-    q = Float8BlockQuantizer(block_len=96)
+    q = Float8BlockQuantizer(block_len=96, block_scaling_dim=1)
     # No NaN: the reference on CUDA drops a NaN's sign in its multiply (the CPU keeps it).
     x = _one_inf().to(torch.bfloat16)
     got = q.quantize(x.cuda())

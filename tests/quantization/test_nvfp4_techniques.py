@@ -445,7 +445,6 @@ def test_row_scaled_rows_are_quantized_as_tensors_of_their_own():
         (dict(row_scaled_nvfp4=True, with_rht=True), "row_scaled_nvfp4=True with with_rht"),
         (dict(row_scaled_nvfp4=True, with_2d_quantization=True), "with_2d_quantization"),
         (dict(nvfp4_use_4over6=True, stochastic_rounding=True), "nvfp4_use_4over6=True with"),
-        (dict(nvfp4_e4m3_max=256), "needs nvfp4_use_4over6=True"),
         (dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=300), "448 or 256, got 300"),
         (dict(nvfp4_4over6_err_mode="L1"), "nvfp4_4over6_err_mode must be one of"),
     ],
@@ -453,6 +452,15 @@ def test_row_scaled_rows_are_quantized_as_tensors_of_their_own():
 def test_combinations_te_refuses_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         NVFP4Quantizer(**kwargs)
+
+
+def test_the_e4m3_bound_counts_only_with_4over6_and_the_error_mode_any_case():
+    """TE's constructor: ``nvfp4_e4m3_max`` is 448 unless 4over6 is on, and the error
+    mode is upper-cased."""
+    assert NVFP4Quantizer(nvfp4_e4m3_max=256).nvfp4_e4m3_max == 448
+    assert NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=256).nvfp4_e4m3_max == 256
+    q = NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_4over6_err_mode="mse")
+    assert q.nvfp4_4over6_err_mode == "MSE"
 
 
 def test_row_scaled_needs_the_last_dim_multiple_of_16():

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch._dynamo.testing
-from quant_cases import QUANTIZERS
+from quant_cases import QUANTIZERS, random_input
 
 from transformer_engine_ops.quantization import (
     DelayedScaling,
@@ -28,6 +28,9 @@ from transformer_engine_ops.runtime.quantizer import (
     require_value_opaque,
     value_opaque_reason,
 )
+
+# TE's assignable quantizer fields.
+MUTABLE = ("rowwise_usage", "columnwise_usage", "internal", "with_amax_reduction")
 
 
 def rebuilt(q):
@@ -88,9 +91,54 @@ def test_every_stateless_quantizer_round_trips_through_its_boundary_text(name):
     require_value_opaque(q)
 
 
-def test_quantizers_are_immutable():
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        QUANTIZERS["mxfp8_e4m3"].rowwise_usage = False
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_a_configuration_field_other_than_te_s_mutable_ones_is_fixed(name):
+    q = QUANTIZERS[name].copy()
+    field = next(f for f in codec.field_names(type(q)) if f not in MUTABLE)
+    with pytest.raises(dataclasses.FrozenInstanceError, match=f"cannot assign to '{field}'"):
+        setattr(q, field, getattr(q, field))
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete"):
+        del q.internal
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_te_s_mutable_attributes_change_ones_own_quantizer_and_its_value(name):
+    """TE's ``set_usage`` and ``q.internal = ...`` change a quantizer one made: its
+    value (equality, boundary text) and what it quantizes from then on."""
+    q = QUANTIZERS[name].copy()
+    before, code = q.copy(), codec.code_of(q)
+    q.set_usage(rowwise=True, columnwise=False)
+    q.internal = True
+    assert (q.rowwise_usage, q.columnwise_usage, q.internal) == (True, False, True)
+    assert q.get_usages() == {"rowwise": True, "columnwise": False}
+    assert q != before and codec.code_of(q) != code
+    assert codec.decode(codec.code_of(q)) == q
+    value = q.quantize(random_input((32, 64)))
+    assert isinstance(value, q.storage_cls)
+    assert value.inner_names() == tuple(q.inner_tensor_specs((32, 64)))
+    assert not value.columnwise_usage
+    with pytest.raises(ValueError, match="at least one of rowwise_usage and columnwise_usage"):
+        q.set_usage(rowwise=False)
+    with pytest.raises(TypeError, match="internal must be a bool"):
+        q.internal = 1
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_the_quantizer_a_value_holds_is_sealed(name):
+    """Changing one's quantizer after quantizing leaves the value as it was; the value's
+    own quantizer (shared, like the decoded and recipe ones) refuses to change."""
+    q = QUANTIZERS[name].copy()
+    value = q.quantize(random_input((32, 64)))
+    q.set_usage(columnwise=False)
+    assert value.quantizer.columnwise_usage and value.quantizer == QUANTIZERS[name]
+    with pytest.raises(TypeError, match=r"shared .* change a copy"):
+        value.quantizer.set_usage(columnwise=False)
+    decoded = codec.decode(codec.code_of(QUANTIZERS[name]))
+    with pytest.raises(TypeError, match="shared"):
+        decoded.internal = True
+    mine = value.quantizer.copy()
+    mine.internal = True
+    assert mine.internal and not value.quantizer.internal
 
 
 def test_delayed_scaling_is_refused_as_value_opaque_with_its_reason():

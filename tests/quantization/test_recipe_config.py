@@ -117,8 +117,6 @@ def test_te_keywords_reach_the_quantizers():
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: DelayedScaling(amax_compute_algo=lambda h: h.max()), "callable amax_compute"),
-        (lambda: DelayedScaling(scaling_factor_compute_algo=lambda *a: 1.0), "scaling_factor"),
         (lambda: Float8CurrentScaling(fp8_dpa=True), "fp8_dpa=True"),
         (lambda: Float8BlockScaling(fp8_mha=True), "fp8_mha=True"),
         (lambda: MXFP8BlockScaling(margin=2), "margin=2"),

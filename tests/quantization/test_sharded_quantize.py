@@ -209,6 +209,7 @@ def test_fp8_block_shards_of_whole_blocks_gather_into_the_whole_tensors_bits(
     q = Float8BlockQuantizer(
         internal=True,
         block_len=16,
+        block_scaling_dim=1,
         force_pow_2_scales=pow2,
         rowwise_usage=rowwise,
         columnwise_usage=columnwise,
@@ -226,7 +227,7 @@ def test_fp8_block_shards_of_whole_blocks_gather_into_the_whole_tensors_bits(
     ("quantizer", "rows"),
     [
         (Float8BlockQuantizer(block_len=16, block_scaling_dim=2), 16),
-        (Float8BlockQuantizer(block_len=16), 8),
+        (Float8BlockQuantizer(block_len=16, block_scaling_dim=1), 8),
     ],
     ids=["2-D blocks", "a columnwise block straddles shards"],
 )

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..constants import DType
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FP32_MAX = torch.finfo(torch.float32).max
@@ -30,8 +32,28 @@ def require_fp8_dtype(owner: str, dtype: torch.dtype) -> None:
     """Refuse a quantizer configured with a dtype that is not an FP8 format."""
     if dtype not in FP8_DTYPES:
         raise TypeError(
-            f"{owner}: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}"
+            f"{owner}: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 "
+            f"(te.DType.kFloat8E4M3 or te.DType.kFloat8E5M2), got {dtype!r}"
         )
+
+
+def fp8_dtype_argument(owner: str, value: Any) -> torch.dtype:
+    """An FP8 dtype as TE's quantizers take it: ``te.DType.kFloat8E4M3`` or
+    ``kFloat8E5M2``, or the torch dtype itself; anything else is refused naming it."""
+    if isinstance(value, DType):
+        if value not in (DType.kFloat8E4M3, DType.kFloat8E5M2):
+            raise TypeError(
+                f"{owner}: fp8_dtype must be te.DType.kFloat8E4M3 or te.DType.kFloat8E5M2, "
+                f"got {value!r}"
+            )
+        return value.torch_dtype
+    require_fp8_dtype(owner, value)
+    return value
+
+
+def te_fp8_dtype(dtype: torch.dtype) -> DType:
+    """The ``te.DType`` of an FP8 torch dtype (a quantizer's TE ``dtype`` attribute)."""
+    return DType.kFloat8E4M3 if dtype == torch.float8_e4m3fn else DType.kFloat8E5M2
 
 
 def ceil_div(a: Any, b: int) -> Any:

@@ -11,11 +11,13 @@ import contextlib
 import copy
 import dataclasses
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Optional, Union
 
 import torch
 
+from ..constants import DType
 from ..runtime import _torch_private as _private
 from ..runtime.quantizer import (
     InnerLayout,
@@ -23,21 +25,25 @@ from ..runtime.quantizer import (
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    all_reduce_max,
     check_bool,
     check_choice,
     check_float,
     check_int,
+    usage_fields,
 )
 from . import cuda_kernels, fsdp2
 from .encoding import (
     FP8_MAX,
     FP32_MAX,
     cast_to_fp8,
+    fp8_dtype_argument,
     fp8_to_float,
     has_inf,
     matrix_dims,
     require_fp8_dtype,
     scale_from_amax,
+    te_fp8_dtype,
     tensor_amax,
     transpose_2d_to,
     transposed_shape,
@@ -164,7 +170,7 @@ def _scale_inv(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.where(has_inf(x32), torch.full_like(inv, float("inf")), inv).reshape(1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False)
 class _Float8PerTensorQuantizer(Quantizer):
     """What the delayed- and current-scaling per-tensor FP8 quantizers share."""
 
@@ -177,6 +183,14 @@ class _Float8PerTensorQuantizer(Quantizer):
     def _init_fields(self) -> None:
         super()._init_fields()
         require_fp8_dtype(type(self).__name__, self.fp8_dtype)
+
+    @property
+    def dtype(self) -> DType:
+        """TE's attribute: the FP8 format as a ``te.DType``."""
+        return te_fp8_dtype(self.fp8_dtype)
+
+    def supports_only_rowwise_all_gather(self) -> bool:
+        return True
 
     def inner_layout(self, shape: Sequence[Any]) -> InnerLayout:
         self.check_shape(shape)
@@ -207,12 +221,22 @@ class _Float8PerTensorQuantizer(Quantizer):
         }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False, init=False)
 class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
-    """Per-tensor FP8 with the scale computed from this tensor's amax (stateless)."""
+    """Per-tensor FP8 with the scale computed from this tensor's amax (stateless).
+
+    TE's constructor: ``Float8CurrentScalingQuantizer(fp8_dtype, device, *, rowwise,
+    columnwise, use_existing_amax, with_amax_reduction, amax_reduction_group,
+    force_pow_2_scales, amax_epsilon, scale, amax)``. As in TE, ``device`` is unused
+    (a value lives on its input's device) and ``use_existing_amax``, ``scale`` and
+    ``amax`` are ignored with TE's ``DeprecationWarning``. ``with_amax_reduction``:
+    each quantize takes the maximum amax over ``amax_reduction_group`` (the default
+    process group when None) before computing its scale, so every rank quantizes its
+    tensor with the group's scale."""
 
     force_pow_2_scales: bool = False
     amax_epsilon: float = 0.0
+    with_amax_reduction: bool = False
     # Extension (TE always gathers FP8): a sequence-parallel all-gather of a tensor this
     # quantizer quantizes moves FP8 codes quantized with the group's amax (True), or the
     # high-precision tensor, quantized once gathered (False). Both give the same bits;
@@ -220,6 +244,59 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
     fp8_all_gather: bool = True
 
     format_name: ClassVar[str] = "FP8 current scaling"
+
+    def __init__(
+        self,
+        fp8_dtype: Any = torch.float8_e4m3fn,
+        device: Any = None,
+        *,
+        rowwise: Optional[bool] = None,
+        columnwise: Optional[bool] = None,
+        use_existing_amax: bool = False,
+        with_amax_reduction: bool = False,
+        amax_reduction_group: Any = None,
+        force_pow_2_scales: bool = False,
+        amax_epsilon: float = 0.0,
+        scale: Optional[torch.Tensor] = None,
+        amax: Optional[torch.Tensor] = None,
+        fp8_all_gather: bool = True,
+        rowwise_usage: Optional[bool] = None,
+        columnwise_usage: Optional[bool] = None,
+        internal: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        if use_existing_amax or scale is not None or amax is not None:
+            warnings.warn(
+                "Float8CurrentScalingQuantizer ignores `use_existing_amax`, `scale`, "
+                "and `amax`; kept for backward compatibility and will be removed.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        del device  # TE's: accepted, unused
+        self.amax_reduction_group = amax_reduction_group
+        self._construct(
+            **usage_fields(owner, rowwise, columnwise, rowwise_usage, columnwise_usage),
+            internal=internal,
+            fp8_dtype=fp8_dtype_argument(owner, fp8_dtype),
+            force_pow_2_scales=force_pow_2_scales,
+            amax_epsilon=amax_epsilon,
+            with_amax_reduction=with_amax_reduction,
+            fp8_all_gather=fp8_all_gather,
+        )
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        from .recipes import Float8CurrentScaling
+
+        return Float8CurrentScaling
+
+    def _quantize_value(self, x: torch.Tensor, dtype: torch.dtype) -> Any:
+        if not self.with_amax_reduction:
+            return super()._quantize_value(x, dtype)
+        # TE's amax reduction: the group's amax (and Inf flag), then this tensor
+        # quantized with it; the value's quantizer no longer reduces (nor holds a group).
+        stats = all_reduce_max(self.amax_stats(x), self.amax_reduction_group, type(self).__name__)
+        plain = self._derived(with_amax_reduction=False)
+        return plain.quantize_with_stats(x, stats, dtype=dtype)
 
     def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
         # On CUDA the fused kernels are recorded as one op (cuda_kernels.eligible).
@@ -229,6 +306,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         super()._init_fields()
         owner = type(self).__name__
         check_bool(owner, "force_pow_2_scales", self.force_pow_2_scales)
+        check_bool(owner, "with_amax_reduction", self.with_amax_reduction)
         check_bool(owner, "fp8_all_gather", self.fp8_all_gather)
         object.__setattr__(
             self, "amax_epsilon", check_float(owner, "amax_epsilon", self.amax_epsilon)
@@ -293,7 +371,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         return torch.stack([tensor_amax(x32), has_inf(x32).float()])
 
     def quantize_with_stats(
-        self, x: torch.Tensor, stats: torch.Tensor
+        self, x: torch.Tensor, stats: torch.Tensor, *, dtype: Optional[torch.dtype] = None
     ) -> Union[QuantizedStorage, QuantizedTensor]:
         """``x`` quantized with the scale of ``stats`` (:meth:`amax_stats` of a larger
         tensor ``x`` is part of) instead of its own: every shard of a tensor quantized
@@ -321,7 +399,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             ),
             "_scale_inv": inv,
         }
-        return self._quantized_value(inner, x)
+        return self._quantized_value(inner, x, dtype)
 
 
 # Longest amax history a delayed-scaling quantizer keeps (TE defaults to 1024).
@@ -367,57 +445,149 @@ def _in_backward() -> bool:
     return _private.current_graph_task_id() != -1
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False, init=False)
 class Float8Quantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with delayed scaling (TE's ``Float8Quantizer``): stateful.
 
-    Quantizes with ``scale`` (derived from earlier steps' amaxes) and records the tensor's
-    amax into ``amax_history[0]`` (the max over the step's quantizes). ``update_scale``
-    then runs TE's delayed-scaling update. When it runs: inside ``autocast``, at the exit
-    of the outermost region (forward roles); in a backward pass, once at the end of that
+    TE's constructor, ``Float8Quantizer(scale, amax, fp8_dtype, *, rowwise, columnwise)``:
+    the quantizer reads ``scale`` (a one-element fp32 tensor) and records into ``amax``
+    the maximum amax of what it quantizes (``calibrate`` overwrites it), both held by
+    reference, and leaves updating the scale to whoever owns the two tensors, as TE's
+    recipe state does.
+
+    Made by a ``DelayedScaling`` recipe (no ``scale``/``amax``; the keyword-only
+    ``margin``, ``amax_history_len``, ``amax_compute_algo`` and
+    ``scaling_factor_compute_algo`` are the recipe's) it owns its state: it quantizes
+    with ``scale`` (derived from earlier steps' amaxes) and records the tensor's amax
+    into ``amax_history[0]`` (``amax`` is that slot). ``update_scale`` then runs TE's
+    delayed-scaling update. When it runs: inside ``autocast``, at the exit of the
+    outermost region (forward roles); in a backward pass, once at the end of that
     backward (gradient roles, as TE updates them after the backward); otherwise right
     after the quantize. Usage copies share one state. Equality is identity.
     """
 
     margin: int = 0
     amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Any = None
 
     value_opaque: ClassVar[bool] = False
     not_value_opaque_reason: ClassVar[Optional[str]] = _DELAYED_REASON
     format_name: ClassVar[str] = "FP8 delayed scaling"
 
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
+    __eq__ = object.__eq__  # type: ignore[assignment]
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        scale: Optional[torch.Tensor] = None,
+        amax: Optional[torch.Tensor] = None,
+        fp8_dtype: Any = torch.float8_e4m3fn,
+        *,
+        rowwise: Optional[bool] = None,
+        columnwise: Optional[bool] = None,
+        margin: int = 0,
+        amax_history_len: int = 1024,
+        amax_compute_algo: Any = "max",
+        scaling_factor_compute_algo: Any = None,
+        rowwise_usage: Optional[bool] = None,
+        columnwise_usage: Optional[bool] = None,
+        internal: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        self._given_state = (scale, amax)
+        self._construct(
+            **usage_fields(owner, rowwise, columnwise, rowwise_usage, columnwise_usage),
+            internal=internal,
+            fp8_dtype=fp8_dtype_argument(owner, fp8_dtype),
+            margin=margin,
+            amax_history_len=amax_history_len,
+            amax_compute_algo=amax_compute_algo,
+            scaling_factor_compute_algo=scaling_factor_compute_algo,
+        )
 
     def _init_fields(self) -> None:
         super()._init_fields()
         owner = type(self).__name__
-        check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        if not callable(self.amax_compute_algo):
+            check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        if self.scaling_factor_compute_algo is not None and not callable(
+            self.scaling_factor_compute_algo
+        ):
+            raise TypeError(
+                f"{owner}: scaling_factor_compute_algo must be None or a callable "
+                "(amax, scale, fp8_max, recipe) -> scale, got "
+                f"{self.scaling_factor_compute_algo!r}"
+            )
         object.__setattr__(self, "margin", check_int(owner, "margin", self.margin, 0, 64))
         object.__setattr__(
             self,
             "amax_history_len",
             check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
         )
-        # One state shared by every usage copy (a dict, so a device move is seen by all).
-        object.__setattr__(
-            self,
-            "_state",
-            {"scale": torch.ones(1), "amax_history": torch.zeros(self.amax_history_len)},
-        )
+        scale, amax = self.__dict__.pop("_given_state", (None, None))
+        if scale is None and amax is None:
+            # One state shared by every usage copy (a dict, so a device move is seen by all).
+            state = {"scale": torch.ones(1), "amax_history": torch.zeros(self.amax_history_len)}
+        else:
+            if scale is None:
+                scale = torch.ones(1, dtype=torch.float32, device=amax.device)
+            if amax is None:
+                amax = torch.zeros(1, dtype=torch.float32, device=scale.device)
+            for name, tensor in (("scale", scale), ("amax", amax)):
+                if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
+                    raise ValueError(
+                        f"{owner}: {name} must be a one-element tensor, got "
+                        f"{type(tensor).__name__}"
+                        + (
+                            f" of shape {tuple(tensor.shape)}"
+                            if isinstance(tensor, torch.Tensor)
+                            else ""
+                        )
+                    )
+                if tensor.dtype != torch.float32:
+                    raise TypeError(f"{owner}: {name} must be float32, got {tensor.dtype}")
+            state = {"scale": scale, "amax": amax}  # the caller's tensors, by reference
+        object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_queued_task", [None])
+
+    @property
+    def owns_state(self) -> bool:
+        """Whether this quantizer keeps its own amax history and updates its own scale
+        (made without TE's ``scale``/``amax`` tensors)."""
+        return "amax_history" in self._state
 
     @property
     def scale(self) -> torch.Tensor:
         return self._state["scale"]
 
     @property
+    def amax(self) -> torch.Tensor:
+        """TE's attribute: the tensor the next quantizes record their amax into (the
+        owned history's slot 0, a one-element view)."""
+        if self.owns_state:
+            return self._state["amax_history"][:1]
+        return self._state["amax"]
+
+    @property
     def amax_history(self) -> torch.Tensor:
+        if not self.owns_state:
+            raise AttributeError(
+                f"{type(self).__name__} made with TE's scale and amax tensors keeps no amax "
+                "history (its scale is updated by whoever owns those tensors)"
+            )
         return self._state["amax_history"]
+
+    def _require_own_state(self, what: str) -> None:
+        if not self.owns_state:
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: this quantizer was made with TE's scale and "
+                "amax tensors; their owner updates the scale (it keeps no amax history)"
+            )
 
     def load_state(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
         """Replace the scaling state (checkpoint loading); shapes must match."""
+        self._require_own_state("load_state")
         if tuple(scale.shape) not in ((1,), ()) or amax_history.shape != self.amax_history.shape:
             raise ValueError(
                 f"{type(self).__name__}: cannot load a scale of shape {tuple(scale.shape)} and "
@@ -430,20 +600,36 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
 
     def snapshot(self) -> Float8Quantizer:
         """A copy with its own copy of the state (quantizing with it changes nothing here)."""
-        new = copy.copy(self)
+        new = self._replace()
         object.__setattr__(new, "_state", {k: v.clone() for k, v in self._state.items()})
-        object.__setattr__(new, "_queued_task", [None])
         return new
 
     def observe(self, x: torch.Tensor) -> None:
         """Record ``x``'s amax and update the scale now (seeds the state from a tensor
         before its first quantize, e.g. a weight made under ``quantized_model_init``)."""
+        self._require_own_state("observe")
         slot = self.amax_history[0]
         slot.copy_(torch.maximum(slot, tensor_amax(x).to(slot.device)))
         self.update_scale()
 
+    def calibrate(self, tensor: torch.Tensor) -> None:
+        """TE's: record ``tensor``'s amax (the maximum magnitude, NaN and Inf included)
+        in place of the current one, without quantizing it or updating the scale."""
+        amin, amax = tensor.detach().float().aminmax()
+        slot = self.amax
+        slot.copy_(torch.maximum(-amin, amax).to(slot.device).reshape(slot.shape))
+
+    def is_requantization_safe(self) -> bool:
+        return False
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        from .recipes import DelayedScaling
+
+        return DelayedScaling
+
     def _replace(self, **changes: Any) -> Quantizer:
         new = copy.copy(self)  # shares _state: one state, several usages
+        new._drop_shared_marks()  # the copy's own (its boundary text is its identity)
         for name, value in changes.items():
             object.__setattr__(new, name, value)
         return new
@@ -452,12 +638,35 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
         raise TypeError(f"{type(self).__name__} cannot be baked into a graph: {_DELAYED_REASON}")
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.owns_state:
+            scale = self.scale.detach().to(x.device, torch.float32).clone().reshape(())
+            amax = self._state["amax"]
+            amax.copy_(torch.maximum(amax, tensor_amax(x).to(amax.device).reshape(amax.shape)))
+            return scale
         if self.scale.device != x.device:
             for key, value in self._state.items():
                 self._state[key] = value.to(x.device)
         scale = self.scale.clone().reshape(())
         self._record_amax(tensor_amax(x))
         return scale
+
+    def update_quantized(
+        self,
+        src: torch.Tensor,
+        dst: QuantizedData,
+        *,
+        noop_flag: Optional[torch.Tensor] = None,
+    ) -> QuantizedData:
+        """As the base's; with ``noop_flag`` set to 1 the amax it records and any scale
+        update it makes are undone on the device too."""
+        if noop_flag is None:
+            return super().update_quantized(src, dst)
+        before = {key: value.clone() for key, value in self._state.items()}
+        super().update_quantized(src, dst, noop_flag=noop_flag)
+        skip = noop_flag.reshape(()) == 1
+        for key, value in self._state.items():
+            value.copy_(torch.where(skip.to(value.device), before[key].to(value.device), value))
+        return dst
 
     def _record_amax(self, amax: torch.Tensor) -> None:
         slot = self.amax_history[0]
@@ -478,18 +687,53 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
             self.update_scale()
 
     def update_scale(self) -> None:
-        """TE's delayed-scaling update: take the amax of the history (``max``) or its
-        newest entry (``most_recent``), roll the history one step (``roll(-1)``, slot 0
-        zeroed for the next step), and set ``scale = (fp8_max / amax) / 2**margin``,
-        keeping the previous scale where the amax is 0 or not finite and using FP32_MAX
-        where the quotient overflows."""
+        """TE's delayed-scaling update: take the amax of the history (``max``), its
+        newest entry (``most_recent``) or what a callable ``amax_compute_algo`` returns
+        for it (called with the history as TE's ``(amax_history_len, 1)`` tensor), roll
+        the history one step (``roll(-1)``, slot 0 zeroed for the next step), and set
+        the scale: ``scaling_factor_compute_algo(amax, scale, fp8_max, recipe)`` when
+        given (TE's signature; ``recipe`` the ``DelayedScaling`` this quantizer was
+        made from), else ``(fp8_max / amax) / 2**margin``, keeping the previous scale
+        where the amax is 0 or not finite and using FP32_MAX where the quotient
+        overflows."""
+        self._require_own_state("update_scale")
         history, scale = self.amax_history, self.scale
-        amax = history.amax() if self.amax_compute_algo == "max" else history[0].clone()
+        algo = self.amax_compute_algo
+        if callable(algo):
+            amax = torch.as_tensor(algo(history.reshape(-1, 1))).to(history).reshape(())
+        elif algo == "max":
+            amax = history.amax()
+        else:
+            amax = history[0].clone()
         if history.shape[0] > 1:
             history.copy_(torch.roll(history, -1, 0))
         history[0] = 0.0
-        fp8_max = torch.full_like(amax, FP8_MAX[self.fp8_dtype])
-        new = (fp8_max / amax) / (2.0**self.margin)
+        fp8_max = FP8_MAX[self.fp8_dtype]
+        if self.scaling_factor_compute_algo is not None:
+            new = self.scaling_factor_compute_algo(
+                amax.reshape(1), scale.clone(), fp8_max, self._recipe()
+            )
+            scale.copy_(torch.as_tensor(new).to(scale).reshape(1))
+            return
+        fp8_max_t = torch.full_like(amax, fp8_max)
+        new = (fp8_max_t / amax) / (2.0**self.margin)
         new = torch.where((amax > 0) & torch.isfinite(amax), new, scale.reshape(()))
         new = torch.where(torch.isinf(new), torch.full_like(new, FP32_MAX), new)
         scale.copy_(new.reshape(1))
+
+    def _recipe(self) -> Any:
+        """The ``DelayedScaling`` a ``scaling_factor_compute_algo`` is given: the one
+        that made this quantizer, else one of this quantizer's settings."""
+        made_by = self.__dict__.get("_teops_recipe")
+        if made_by is not None:
+            return made_by
+        from .recipes import DelayedScaling, Format
+
+        fmt = Format.E4M3 if self.fp8_dtype == torch.float8_e4m3fn else Format.HYBRID
+        return DelayedScaling(
+            margin=self.margin,
+            fp8_format=fmt,
+            amax_history_len=self.amax_history_len,
+            amax_compute_algo=self.amax_compute_algo,
+            scaling_factor_compute_algo=self.scaling_factor_compute_algo,
+        )

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from ..constants import DType
 from ..runtime.quantizer import (
     InnerLayout,
     QuantizedStorage,
@@ -28,6 +29,7 @@ from ..runtime.quantizer import (
     check_bool,
     check_float,
     check_int,
+    usage_fields,
 )
 from . import block_kernels
 from .encoding import (
@@ -37,12 +39,14 @@ from .encoding import (
     block_has_inf,
     cast_to_fp8,
     ceil_div,
+    fp8_dtype_argument,
     fp8_to_float,
     matrix_dims,
     pad_2d,
     require_fp8_dtype,
     round_up,
     scale_from_amax,
+    te_fp8_dtype,
     to_blocks,
     transpose_2d_to,
     transposed_shape,
@@ -175,13 +179,16 @@ class Float8BlockwiseQTensor(_Float8BlockData, QuantizedTensor):
     """FP8 block-scaled wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False, init=False)
 class Float8BlockQuantizer(Quantizer):
-    """FP8 with fp32 scales per 1 x block_len (dim 1) or block_len^2 (dim 2) block."""
+    """FP8 with fp32 scales per 1 x block_len (dim 1) or block_len^2 (dim 2) block.
+    TE's constructor: ``Float8BlockQuantizer(fp8_dtype, *, rowwise, columnwise,
+    amax_epsilon, force_pow_2_scales, block_scaling_dim)``, 2-D blocks by default as
+    there; ``block_len`` (TE's is 128) is this package's keyword-only extension."""
 
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
     block_len: int = 128
-    block_scaling_dim: int = 1
+    block_scaling_dim: int = 2
     force_pow_2_scales: bool = True
     amax_epsilon: float = 0.0
     # Extension: sequence-parallel all-gathers move codes and scales (True, TE's way)
@@ -191,6 +198,50 @@ class Float8BlockQuantizer(Quantizer):
     storage_cls: ClassVar[type] = Float8BlockwiseQTensorStorage
     wrapper_cls: ClassVar[type] = Float8BlockwiseQTensor
     format_name: ClassVar[str] = "FP8 block scaling"
+
+    def __init__(
+        self,
+        fp8_dtype: Any = torch.float8_e4m3fn,
+        *,
+        rowwise: Optional[bool] = None,
+        columnwise: Optional[bool] = None,
+        amax_epsilon: float = 0.0,
+        force_pow_2_scales: bool = True,
+        block_scaling_dim: int = 2,
+        block_len: int = 128,
+        fp8_all_gather: bool = True,
+        rowwise_usage: Optional[bool] = None,
+        columnwise_usage: Optional[bool] = None,
+        internal: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        self._construct(
+            **usage_fields(owner, rowwise, columnwise, rowwise_usage, columnwise_usage),
+            internal=internal,
+            fp8_dtype=fp8_dtype_argument(owner, fp8_dtype),
+            block_len=block_len,
+            block_scaling_dim=block_scaling_dim,
+            force_pow_2_scales=force_pow_2_scales,
+            amax_epsilon=amax_epsilon,
+            fp8_all_gather=fp8_all_gather,
+        )
+
+    @property
+    def dtype(self) -> DType:
+        """TE's attribute: the FP8 format as a ``te.DType``."""
+        return te_fp8_dtype(self.fp8_dtype)
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        """TE's: at least 2-D, with K and M multiples of the block length."""
+        if inp.dim() < 2:
+            return False
+        m, k = matrix_dims(inp.shape)
+        return k % self.block_len == 0 and m % self.block_len == 0
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        from .recipes import Float8BlockScaling
+
+        return Float8BlockScaling
 
     def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
         # On CUDA the fused kernel is recorded as one op (block_kernels.eligible); other

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["HADAMARD_SIZE", "RHT_SIGNS", "apply_rht", "rht_matrix", "undo_rht"]
+__all__ = ["HADAMARD_SIZE", "RHT_SIGNS", "apply_rht", "rht_matrix", "sign_mask", "undo_rht"]
 
 HADAMARD_SIZE = 16
 # TE 2.20.2's hard-coded signs (``get_wgrad_sign_vector``), the diagonal of diag(signs).
@@ -26,8 +26,17 @@ RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 _NEGATIVE_SIGNS_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)
 
 
-def rht_matrix(dtype: torch.dtype = torch.float32, device: object = None) -> torch.Tensor:
-    """``diag(RHT_SIGNS) @ H16 / 4`` (entries +-1/4, exact in every float dtype).
+def sign_mask(random_signs: bool = True) -> int:
+    """The bit mask of the signs (bit i set where sign i is -1): TE's sign vector, or
+    none (all +1) for TE's ``with_random_sign_mask=False``."""
+    return _NEGATIVE_SIGNS_MASK if random_signs else 0
+
+
+def rht_matrix(
+    dtype: torch.dtype = torch.float32, device: object = None, random_signs: bool = True
+) -> torch.Tensor:
+    """``diag(RHT_SIGNS) @ H16 / 4`` (entries +-1/4, exact in every float dtype);
+    ``H16 / 4`` without ``random_signs`` (TE's ``with_random_sign_mask=False``).
 
     Made on ``device`` from ``arange`` (Sylvester's ``H[i, j] = (-1)**popcount(i & j)``),
     never copied from the host, so it can be made while a CUDA graph is captured; not
@@ -37,7 +46,7 @@ def rht_matrix(dtype: torch.dtype = torch.float32, device: object = None) -> tor
     parity = torch.zeros_like(both)
     for bit in range(HADAMARD_SIZE.bit_length() - 1):
         parity = parity ^ ((both >> bit) & 1)
-    negative = (_NEGATIVE_SIGNS_MASK >> idx) & 1
+    negative = (sign_mask(random_signs) >> idx) & 1
     signed = (1 - 2 * negative)[:, None] * (1 - 2 * parity)
     return signed.to(dtype) / 4
 
@@ -68,11 +77,11 @@ def _transform(x2d: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     return out.reshape(r, c)
 
 
-def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
+def apply_rht(x2d: torch.Tensor, random_signs: bool = True) -> torch.Tensor:
     """``x2d`` (R, C) with every 16-element run of each row multiplied by ``T`` (fp32)."""
-    return _transform(x2d, rht_matrix(device=x2d.device))
+    return _transform(x2d, rht_matrix(device=x2d.device, random_signs=random_signs))
 
 
-def undo_rht(y2d: torch.Tensor) -> torch.Tensor:
+def undo_rht(y2d: torch.Tensor, random_signs: bool = True) -> torch.Tensor:
     """Inverse of :func:`apply_rht`: every 16-element run multiplied by ``T.T`` (fp32)."""
-    return _transform(y2d, rht_matrix(device=y2d.device).t())
+    return _transform(y2d, rht_matrix(device=y2d.device, random_signs=random_signs).t())

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from ..constants import DType
 from ..runtime.quantizer import (
     InnerLayout,
     QuantizedStorage,
@@ -26,6 +27,7 @@ from ..runtime.quantizer import (
     Quantizer,
     RowwiseColumnwisePairs,
     check_bool,
+    usage_fields,
 )
 from .encoding import (
     E8M0_BIAS,
@@ -37,11 +39,13 @@ from .encoding import (
     cast_to_fp8,
     e8m0_scale_inv_code,
     e8m0_to_float,
+    fp8_dtype_argument,
     fp8_to_float,
     matrix_dims,
     pad_2d,
     require_fp8_dtype,
     round_up,
+    te_fp8_dtype,
     to_blocks,
 )
 
@@ -115,10 +119,11 @@ class MXFP8Tensor(_MXFP8Data, QuantizedTensor):
     """MXFP8 wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False, init=False)
 class MXFP8Quantizer(Quantizer):
     """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales; 32x32 tiles
-    with ``with_2d_quantization`` (TE's option for weights)."""
+    with ``with_2d_quantization`` (TE's option for weights). TE's constructor:
+    ``MXFP8Quantizer(fp8_dtype, *, rowwise, columnwise, with_2d_quantization)``."""
 
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
     with_2d_quantization: bool = False
@@ -130,11 +135,47 @@ class MXFP8Quantizer(Quantizer):
     wrapper_cls: ClassVar[type] = MXFP8Tensor
     format_name: ClassVar[str] = "MXFP8"
 
+    def __init__(
+        self,
+        fp8_dtype: Any = torch.float8_e4m3fn,
+        *,
+        rowwise: Optional[bool] = None,
+        columnwise: Optional[bool] = None,
+        with_2d_quantization: bool = False,
+        fp8_all_gather: bool = True,
+        rowwise_usage: Optional[bool] = None,
+        columnwise_usage: Optional[bool] = None,
+        internal: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        self._construct(
+            **usage_fields(owner, rowwise, columnwise, rowwise_usage, columnwise_usage),
+            internal=internal,
+            fp8_dtype=fp8_dtype_argument(owner, fp8_dtype),
+            with_2d_quantization=with_2d_quantization,
+            fp8_all_gather=fp8_all_gather,
+        )
+
     def _init_fields(self) -> None:
         super()._init_fields()
         require_fp8_dtype("MXFP8Quantizer", self.fp8_dtype)
         check_bool("MXFP8Quantizer", "with_2d_quantization", self.with_2d_quantization)
         check_bool("MXFP8Quantizer", "fp8_all_gather", self.fp8_all_gather)
+
+    @property
+    def dtype(self) -> DType:
+        """TE's attribute: the FP8 format as a ``te.DType``."""
+        return te_fp8_dtype(self.fp8_dtype)
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        """TE's: at least 2-D, with K and M multiples of the 32-element block."""
+        m, k = matrix_dims(inp.shape) if inp.dim() >= 1 else (0, 0)
+        return inp.dim() >= 2 and k % MXFP8_BLOCK == 0 and m % MXFP8_BLOCK == 0
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        from .recipes import MXFP8BlockScaling
+
+        return MXFP8BlockScaling
 
     def check_shape(self, shape: Sequence[Any]) -> None:
         super().check_shape(shape)

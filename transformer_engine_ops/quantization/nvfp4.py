@@ -31,15 +31,18 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from ..constants import DType
 from ..runtime.quantizer import (
     InnerLayout,
     QuantizedData,
     QuantizedStorage,
     QuantizedTensor,
     Quantizer,
+    all_reduce_max,
     check_bool,
     check_choice,
     check_int,
+    usage_fields,
 )
 from . import nvfp4_kernels
 from .encoding import (
@@ -237,7 +240,7 @@ class _NVFP4Data(QuantizedData):
                 e4m3_max,
             )
             if self._quantizer.with_rht:  # back from the transformed domain
-                xt = undo_rht(xt)
+                xt = undo_rht(xt, self._quantizer.with_random_sign_mask)
             x2d = xt.t()
         return x2d.reshape(self.shape)
 
@@ -301,7 +304,7 @@ class NVFP4Tensor(_NVFP4Data, QuantizedTensor):
     """NVFP4 wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False, init=False)
 class NVFP4Quantizer(Quantizer):
     """NVFP4 quantizer with TE's options (TE 2.20.2's ``NVFP4Quantizer`` fields):
 
@@ -322,6 +325,18 @@ class NVFP4Quantizer(Quantizer):
       4 (``nvfp4_4over6_err_mode``: "MAE" or "MSE"), with the global scale's E4M3 bound
       ``nvfp4_e4m3_max`` (448, or 256).
 
+    * ``with_random_sign_mask``: the transform's sign vector is TE's (True, TE's
+      default), or all +1 (the plain Hadamard matrix);
+    * ``with_amax_reduction``: each quantize takes the maximum per-tensor amaxes over
+      ``amax_reduction_group`` (the default process group when None) first.
+
+    TE's constructor: ``NVFP4Quantizer(fp4_dtype, rowwise, columnwise,
+    with_amax_reduction, amax_reduction_group, with_rht, with_post_rht_amax,
+    with_2d_quantization, stochastic_rounding, row_scaled_nvfp4, nvfp4_use_4over6,
+    nvfp4_e4m3_max, nvfp4_4over6_err_mode, with_random_sign_mask)``, positional as
+    there; as TE, ``nvfp4_e4m3_max`` counts only with 4over6 (448 otherwise) and the
+    error mode is case-insensitive.
+
     TE's kernels refuse the transform, stochastic rounding and 2-D blocks with
     row-scaled data, and the transform and stochastic rounding with 4over6: so does
     construction (ValueError).
@@ -335,12 +350,82 @@ class NVFP4Quantizer(Quantizer):
     nvfp4_use_4over6: bool = False
     nvfp4_e4m3_max: int = 448
     nvfp4_4over6_err_mode: str = "MAE"
+    with_random_sign_mask: bool = True
+    with_amax_reduction: bool = False
     # Extension (TE always gathers NVFP4 where it can): a sequence-parallel all-gather
     # of a tensor this quantizer quantizes moves NVFP4 codes and scales quantized with
     # the group's amax (True), or the high-precision tensor, quantized once gathered
     # (False). Both give the same bits (docs/distributed.md). The name is the other
     # recipes' keyword, so one flag chooses the gather for every recipe.
     fp8_all_gather: bool = dataclasses.field(default=True, kw_only=True)
+
+    def __init__(
+        self,
+        fp4_dtype: Any = DType.kFloat4E2M1,
+        rowwise: Optional[bool] = None,
+        columnwise: Optional[bool] = None,
+        with_amax_reduction: bool = False,
+        amax_reduction_group: Any = None,
+        with_rht: bool = False,
+        with_post_rht_amax: bool = False,
+        with_2d_quantization: bool = False,
+        stochastic_rounding: bool = False,
+        row_scaled_nvfp4: bool = False,
+        nvfp4_use_4over6: bool = False,
+        nvfp4_e4m3_max: int = 448,
+        nvfp4_4over6_err_mode: str = "MAE",
+        with_random_sign_mask: bool = True,
+        *,
+        fp8_all_gather: bool = True,
+        rowwise_usage: Optional[bool] = None,
+        columnwise_usage: Optional[bool] = None,
+        internal: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        if fp4_dtype is not DType.kFloat4E2M1:
+            raise TypeError(f"{owner}: fp4_dtype must be te.DType.kFloat4E2M1, got {fp4_dtype!r}")
+        if not isinstance(nvfp4_4over6_err_mode, str):
+            raise TypeError(
+                f"{owner}: nvfp4_4over6_err_mode must be 'MAE' or 'MSE', got "
+                f"{nvfp4_4over6_err_mode!r}"
+            )
+        self.amax_reduction_group = amax_reduction_group
+        self._construct(
+            **usage_fields(owner, rowwise, columnwise, rowwise_usage, columnwise_usage),
+            internal=internal,
+            with_2d_quantization=with_2d_quantization,
+            with_rht=with_rht,
+            with_post_rht_amax=with_post_rht_amax,
+            stochastic_rounding=stochastic_rounding,
+            row_scaled_nvfp4=row_scaled_nvfp4,
+            nvfp4_use_4over6=nvfp4_use_4over6,
+            # TE's: the bound applies to 4over6 only.
+            nvfp4_e4m3_max=nvfp4_e4m3_max if nvfp4_use_4over6 is True else 448,
+            nvfp4_4over6_err_mode=nvfp4_4over6_err_mode.upper(),
+            with_random_sign_mask=with_random_sign_mask,
+            with_amax_reduction=with_amax_reduction,
+            fp8_all_gather=fp8_all_gather,
+        )
+
+    @property
+    def dtype(self) -> DType:
+        """TE's attribute: ``te.DType.kFloat4E2M1``."""
+        return DType.kFloat4E2M1
+
+    def is_requantization_safe(self) -> bool:
+        return not self.stochastic_rounding
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        """TE's: not row-scaled, at least 2-D, K and M multiples of the 16-block."""
+        if self.row_scaled_nvfp4 or inp.dim() < 2:
+            return False
+        m, k = matrix_dims(inp.shape)
+        return k % NVFP4_BLOCK == 0 and m % NVFP4_BLOCK == 0
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        from .recipes import NVFP4BlockScaling
+
+        return NVFP4BlockScaling
 
     def _init_fields(self) -> None:
         super()._init_fields()
@@ -352,6 +437,8 @@ class NVFP4Quantizer(Quantizer):
             "stochastic_rounding",
             "row_scaled_nvfp4",
             "nvfp4_use_4over6",
+            "with_random_sign_mask",
+            "with_amax_reduction",
             "fp8_all_gather",
         )
         for name in flags:
@@ -445,7 +532,8 @@ class NVFP4Quantizer(Quantizer):
             return nvfp4_kernels.amax_stats(self, x)
         x2d = x.detach().float().reshape(matrix_dims(x.shape))
         amax = tensor_amax(x2d)
-        columnwise = tensor_amax(apply_rht(x2d.t())) if post_rht else amax
+        signs = self.with_random_sign_mask
+        columnwise = tensor_amax(apply_rht(x2d.t(), signs)) if post_rht else amax
         return torch.stack([amax, columnwise])
 
     def quantize_with_stats(
@@ -491,8 +579,30 @@ class NVFP4Quantizer(Quantizer):
                 f"got shape {tuple(t.shape)}"
             )
         x = t.detach() if t.requires_grad else t
-        value = self._quantized_value(self._quantize_nvfp4(x, rng_state), t)
+        if self.with_amax_reduction:
+            value = self._quantize_reduced(x, rng_state, t.dtype)
+        else:
+            value = self._quantized_value(self._quantize_nvfp4(x, rng_state), t)
         return (value, t.sum(0, dtype=torch.float32)) if with_bias_grad else value
+
+    def _quantize_value(self, x: torch.Tensor, dtype: torch.dtype) -> Any:
+        if not self.with_amax_reduction:
+            return super()._quantize_value(x, dtype)
+        if self.stochastic_rounding:  # ``quantize`` has no random bits to give
+            check_rng_state(f"{type(self).__name__}.quantize (use quantize_stochastic)", None)
+        return self._quantize_reduced(x, None, dtype)
+
+    def _quantize_reduced(
+        self, x: torch.Tensor, rng_state: Optional[torch.Tensor], dtype: torch.dtype
+    ) -> Any:
+        """TE's amax reduction: the group's per-tensor amaxes (:meth:`amax_stats`'s
+        maximum over ``amax_reduction_group``), then ``x`` quantized with them; the
+        value's quantizer no longer reduces (nor holds a group)."""
+        owner = type(self).__name__
+        stats = all_reduce_max(self.amax_stats(x), self.amax_reduction_group, owner)
+        plain = self._derived(with_amax_reduction=False)
+        amaxes = (stats[0:1].clone(), stats[1:2].clone())  # buffers of their own
+        return plain._quantized_value(plain._quantize_nvfp4(x, rng_state, amaxes), x, dtype)
 
     def _quantize_impl(self, x: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         if self.stochastic_rounding:  # ``quantize`` has no random bits to give
@@ -547,7 +657,7 @@ class NVFP4Quantizer(Quantizer):
             xt = x2d.t()
             amax = amax_of(xt) if amaxes is None else amaxes[1].reshape(())
             if self.with_rht:
-                xt = apply_rht(xt)
+                xt = apply_rht(xt, self.with_random_sign_mask)
                 if self.with_post_rht_amax and amaxes is None:
                     amax = tensor_amax(xt)
             data, scales = encode(xt, 1, amax)

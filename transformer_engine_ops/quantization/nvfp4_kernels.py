@@ -42,7 +42,7 @@ from ..runtime import _torch_private as _private
 from ..runtime import triton_support
 from . import cuda_kernels
 from .encoding import ceil_div, matrix_dims, round_up
-from .hadamard import RHT_SIGNS
+from .hadamard import sign_mask
 
 if TYPE_CHECKING:
     from .nvfp4 import NVFP4Quantizer
@@ -53,7 +53,6 @@ __all__ = ["amax_stats", "available", "eligible", "quantize", "unavailable_reaso
 BLOCK_ROWS = 16
 BLOCKS = 8
 WARPS = 4
-_SIGN_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -92,14 +91,20 @@ def _kernels(interpret: bool = False) -> tuple[Any, Any]:
 
 @functools.cache
 def _quantize_constexprs(
-    stream: int, rht: bool, stochastic: bool, two_d: bool, four_over_six: bool, mse: bool
+    stream: int,
+    rht: bool,
+    stochastic: bool,
+    two_d: bool,
+    four_over_six: bool,
+    mse: bool,
+    random_signs: bool,
 ) -> tuple[tuple[str, Any], ...]:
     """The quantize kernel's constexprs as hashable ``(name, value)`` pairs."""
     e4m3_bits = cuda_kernels.fp8_constants(torch.float8_e4m3fn, 0.0)[2]
     return (
         ("STREAM", stream),
         ("RHT", rht),
-        ("SIGN_MASK", _SIGN_MASK),
+        ("SIGN_MASK", sign_mask(random_signs)),
         ("STOCHASTIC", stochastic),
         ("TWO_D", two_d),
         ("FOUR_OVER_SIX", four_over_six),
@@ -112,25 +117,28 @@ def _quantize_constexprs(
 
 
 @functools.cache
-def _amax_constexprs(rht: bool) -> tuple[tuple[str, Any], ...]:
+def _amax_constexprs(rht: bool, random_signs: bool) -> tuple[tuple[str, Any], ...]:
     return (
         ("RHT", rht),
-        ("SIGN_MASK", _SIGN_MASK),
+        ("SIGN_MASK", sign_mask(random_signs)),
         ("BR", BLOCK_ROWS),
         ("NB", BLOCKS),
         ("enable_fp_fusion", False),
     )
 
 
-def _row_amax(launch: Any, x2d: torch.Tensor, transposed: bool, rht: bool) -> torch.Tensor:
-    """Finite amax of each row of the stored matrix (``x2d`` or ``x2d.T``), (R,) fp32."""
+def _row_amax(
+    launch: Any, x2d: torch.Tensor, transposed: bool, rht: bool, random_signs: bool = True
+) -> torch.Tensor:
+    """Finite amax of each row of the stored matrix (``x2d`` or ``x2d.T``, transformed
+    with ``rht``), (R,) fp32."""
     m, k = x2d.shape
     r, c, stride_r, stride_c = (k, m, 1, k) if transposed else (m, k, k, 1)
     out = torch.empty(r, dtype=torch.float32, device=x2d.device)
     launch(
         (ceil_div(r, BLOCK_ROWS), 1, 1),
         (x2d, out, r, c, stride_r, stride_c),
-        _amax_constexprs(rht),
+        _amax_constexprs(rht, random_signs),
         num_warps=WARPS,
     )
     return out
@@ -176,6 +184,7 @@ def _encode(
             q.with_2d_quantization,
             q.nvfp4_use_4over6,
             q.nvfp4_4over6_err_mode == "MSE",
+            q.with_random_sign_mask,
         ),
         num_warps=WARPS,
     )
@@ -231,7 +240,7 @@ def quantize(
         if amaxes is not None:
             amax = given(1)
         elif post_rht or q.row_scaled_nvfp4 or plain_amax is None:
-            amax = _row_amax(amax_kernel, x2d, True, post_rht)
+            amax = _row_amax(amax_kernel, x2d, True, post_rht, q.with_random_sign_mask)
             if not q.row_scaled_nvfp4:
                 amax = _tensor_amax(amax)
         else:
@@ -259,7 +268,7 @@ def amax_stats(q: NVFP4Quantizer, x: torch.Tensor) -> torch.Tensor:
     rowwise = _tensor_amax(_row_amax(amax_kernel, x2d, False, False))
     columnwise = rowwise
     if q.columnwise_usage and q.with_rht and q.with_post_rht_amax:
-        columnwise = _tensor_amax(_row_amax(amax_kernel, x2d, True, True))
+        columnwise = _tensor_amax(_row_amax(amax_kernel, x2d, True, True, q.with_random_sign_mask))
     return torch.cat([rowwise, columnwise])
 
 

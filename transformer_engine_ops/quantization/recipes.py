@@ -222,7 +222,12 @@ class Recipe:
 class DelayedScaling(Recipe):
     """Per-tensor FP8 with scales from an amax history: stateful, so never value-opaque.
 
-    Each module keeps its own scaling state per tensor role (see ``Linear``)."""
+    Each module keeps its own scaling state per tensor role (see ``Linear``). As TE's:
+    ``amax_compute_algo`` is ``"max"``, ``"most_recent"`` or a callable ``(amax_history)
+    -> amax`` (the history a ``(amax_history_len, 1)`` tensor), and
+    ``scaling_factor_compute_algo`` None (``scale = fp8_max / amax / 2**margin``) or a
+    callable ``(amax, scale, fp8_max, recipe) -> scale``; both are called at each scale
+    update, eagerly."""
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
@@ -242,16 +247,15 @@ class DelayedScaling(Recipe):
             "amax_history_len",
             check_int(owner, "amax_history_len", self.amax_history_len, 1, MAX_AMAX_HISTORY_LEN),
         )
-        if callable(self.amax_compute_algo):
-            raise NotImplementedError(
-                f"{owner}: a callable amax_compute_algo is not implemented; use 'max' or "
-                "'most_recent'"
-            )
-        check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
-        if self.scaling_factor_compute_algo is not None:
-            raise NotImplementedError(
-                f"{owner}: scaling_factor_compute_algo is not implemented; leave it None "
-                "(scale = fp8_max / amax / 2**margin)"
+        if not callable(self.amax_compute_algo):
+            check_choice(owner, "amax_compute_algo", self.amax_compute_algo, ("max", "most_recent"))
+        if self.scaling_factor_compute_algo is not None and not callable(
+            self.scaling_factor_compute_algo
+        ):
+            raise TypeError(
+                f"{owner}: scaling_factor_compute_algo must be None or a callable "
+                "(amax, scale, fp8_max, recipe) -> scale, got "
+                f"{self.scaling_factor_compute_algo!r}"
             )
         # reduce_amax reduces amaxes over an amax-reduction group; this library's
         # autocast takes no such group, so there is nothing to reduce either way.
@@ -261,12 +265,16 @@ class DelayedScaling(Recipe):
             raise ValueError(f"{owner}: delayed scaling only supports backward_override=None")
 
     def make_quantizer(self, role: str) -> Quantizer:
-        return Float8Quantizer(
+        made = Float8Quantizer(
             fp8_dtype=self.fp8_format.dtype_for(role),
             margin=self.margin,
             amax_history_len=self.amax_history_len,
             amax_compute_algo=self.amax_compute_algo,
+            scaling_factor_compute_algo=self.scaling_factor_compute_algo,
         )
+        # What a scaling_factor_compute_algo is given as its ``recipe`` (TE's).
+        object.__setattr__(made, "_teops_recipe", self)
+        return made
 
 
 @dataclasses.dataclass

@@ -26,9 +26,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["CODE_ATTR", "code_of", "decode", "encode", "register"]
+__all__ = ["CODE_ATTR", "SEALED_ATTR", "code_of", "decode", "encode", "field_names", "register"]
 
 CODE_ATTR = "_teops_code"
+# Set on every decoded object: it is shared by every caller that decodes its text, so
+# it must never change (runtime/quantizer.py refuses to change a sealed quantizer).
+SEALED_ATTR = "_teops_sealed"
 _CLASSES: dict[str, type] = {}
 _DECODED: dict[str, Any] = {}
 _IDENTITY: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -68,7 +71,7 @@ def _value(value: Any, where: str) -> Any:
 
 
 @functools.cache
-def _init_fields(cls: type) -> tuple[str, ...]:
+def field_names(cls: type) -> tuple[str, ...]:
     """The constructor fields of an encodable dataclass, in declaration order.
 
     Read once per class from the dataclass's field table: encoding a value is not
@@ -86,12 +89,15 @@ def encode(obj: Any) -> str:
     """The canonical text of a dataclass value object (not cached; see :func:`code_of`)."""
     cls = type(obj)
     register(cls)
+    check = getattr(obj, "_check_encodable", None)
+    if check is not None:
+        check()  # raises for an object that is no value (a quantizer holding a group)
     if not getattr(cls, "value_opaque", True):
         n = next(_NEXT_IDENTITY)
         _IDENTITY[n] = obj
         return json.dumps({"class": _name(cls), "identity": n})
     fields = {
-        name: _value(getattr(obj, name), f"{cls.__qualname__}.{name}") for name in _init_fields(cls)
+        name: _value(getattr(obj, name), f"{cls.__qualname__}.{name}") for name in field_names(cls)
     }
     return json.dumps({"class": _name(cls), "fields": fields}, separators=(",", ":"))
 
@@ -145,5 +151,6 @@ def decode(code: str) -> Any:
         return obj
     obj = cls(**{k: _decode_value(v) for k, v in data["fields"].items()})
     object.__setattr__(obj, CODE_ATTR, code)
+    object.__setattr__(obj, SEALED_ATTR, True)
     _DECODED[code] = obj
     return obj

@@ -27,6 +27,7 @@ __all__ = [
     "QuantizedTensor",
     "QuantizedView",
     "Quantizer",
+    "all_reduce_max",
     "check_bool",
     "check_choice",
     "check_float",
@@ -35,6 +36,7 @@ __all__ = [
     "is_quantized",
     "quantized_tensor_classes",
     "require_value_opaque",
+    "usage_fields",
     "value_opaque_reason",
 ]
 
@@ -100,15 +102,67 @@ def _fx_value_repr(value: Any, owner: str, name: str) -> str:
 
 # Where a quantizer keeps the quantizers derived from it (``Quantizer._derived``).
 _DERIVED_ATTR = "_teops_derived"
+# Set once a quantizer's constructor has run: later assignments go through
+# ``Quantizer.__setattr__``, which lets TE's mutable attributes change and no other.
+_BUILT_ATTR = "_teops_built"
+# Set on a quantizer this package shares (what a quantized value, a recipe's quantizer
+# set, the op boundary's decoder or ``_derived`` holds): it never changes, so whatever
+# holds it stays valid. A user's own quantizer is not sealed until copied into one.
+_SEALED_ATTR = codec.SEALED_ATTR
+# The fields TE lets a user assign on a quantizer (``q.internal = True``,
+# ``q.set_usage(...)``, ``q.with_amax_reduction = True``): all flags.
+_MUTABLE_FIELDS = frozenset(
+    {"rowwise_usage", "columnwise_usage", "internal", "with_amax_reduction"}
+)
 
 
-@dataclasses.dataclass(frozen=True)
+def usage_fields(
+    owner: str,
+    rowwise: Optional[bool],
+    columnwise: Optional[bool],
+    rowwise_usage: Optional[bool],
+    columnwise_usage: Optional[bool],
+) -> dict[str, bool]:
+    """``rowwise_usage``/``columnwise_usage`` from TE's constructor arguments
+    (``rowwise``, ``columnwise``) or the fields' own names (what ``dataclasses.replace``
+    and the op boundary's decoder pass): one spelling per flag, True when neither."""
+
+    def pick(te_name: str, te_value: Optional[bool], name: str, value: Optional[bool]) -> bool:
+        if te_value is not None and value is not None:
+            raise TypeError(f"{owner}: {te_name} and {name} both given; pass one of them")
+        chosen = value if te_value is None else te_value
+        return True if chosen is None else chosen
+
+    return {
+        "rowwise_usage": pick("rowwise", rowwise, "rowwise_usage", rowwise_usage),
+        "columnwise_usage": pick("columnwise", columnwise, "columnwise_usage", columnwise_usage),
+    }
+
+
+def _default_device(device: Optional[Union[str, torch.device]]) -> torch.device:
+    """TE's default device of ``make_empty``/``alloc_tensors`` (the current CUDA device)
+    where CUDA is available, else torch's default device."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.get_default_device()
+
+
+@dataclasses.dataclass(eq=False)
 class Quantizer:
-    """Abstract base of all quantizers; a quantizer is an immutable configuration value.
+    """Base of all quantizers (TE's ``Quantizer``): a configuration value.
+
+    Concrete formats are dataclasses (``@dataclasses.dataclass(eq=False)``) whose fields
+    are their configuration: equality and hashing compare the fields, and the boundary
+    codec (runtime/codec.py) lets a quantizer cross an op boundary as one guarded
+    constant string. Each takes TE's constructor arguments (``rowwise``, ``columnwise``,
+    TE's dtypes as ``te.DType`` or torch dtypes) and also every field by its own name,
+    which is how ``dataclasses.replace`` and the codec rebuild one.
 
     ``rowwise_usage``/``columnwise_usage`` choose which layouts ``quantize`` produces;
-    ``internal`` chooses a bare storage (True) or a wrapper tensor subclass (False).
-    Concrete formats are ``@dataclass(frozen=True)`` subclasses adding their own fields.
+    ``internal`` chooses a bare storage (True) or a wrapper tensor subclass (False). As
+    in TE they may be changed on a quantizer of one's own (``set_usage``, ``q.internal =
+    True``); the quantizers this package holds (a quantized value's, a recipe's) are
+    sealed and raise instead (change a ``copy()``). Other fields do not change.
     """
 
     rowwise_usage: bool = True
@@ -121,6 +175,9 @@ class Quantizer:
     not_value_opaque_reason: ClassVar[Optional[str]] = None
     # Human-readable format name used in error messages ("MXFP8", "NVFP4", ...).
     format_name: ClassVar[str] = "quantized"
+    # TE's process group of an amax reduction (``with_amax_reduction``), an attribute
+    # outside the configuration: a quantizer holding one is no value (see ``_value``).
+    amax_reduction_group: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -142,6 +199,7 @@ class Quantizer:
                 "columnwise_usage must be True"
             )
         self._init_fields()
+        object.__setattr__(self, _BUILT_ATTR, True)
         # The boundary text (see runtime/codec.py), once per object and after every field
         # is normalized: a compiled graph reads it as a guarded constant and never traces
         # the encoder.
@@ -151,14 +209,106 @@ class Quantizer:
         """Subclasses validate, normalize (an IntEnum becomes an exact int) and initialize
         their own fields here, before the boundary text is computed from them."""
 
+    def _construct(self, **fields: Any) -> None:
+        """What a subclass's constructor ends with: every field set (by name, all of
+        them), then validated (``__post_init__``)."""
+        for name in codec.field_names(type(self)):
+            object.__setattr__(self, name, fields.pop(name))
+        if fields:
+            raise TypeError(f"{type(self).__name__}: not fields: {sorted(fields)}")
+        self.__post_init__()
+
     # ----- value semantics -----
+
+    def _value(self) -> tuple[Any, ...]:
+        """The configuration: the class and every field's value. A quantizer holding a
+        process group (TE's ``amax_reduction_group``) has none: live distributed state
+        is never hashed, compared or baked into a graph (TypeError)."""
+        if self.amax_reduction_group is not None:
+            raise TypeError(
+                f"{type(self).__name__} holds a process group (amax_reduction_group) and "
+                "is not a value: it cannot be hashed, compared, encoded or baked into a "
+                "graph; set amax_reduction_group = None"
+            )
+        return (type(self), *(getattr(self, name) for name in codec.field_names(type(self))))
+
+    def _check_encodable(self) -> None:
+        """The op boundary's encoder asks first (runtime/codec.py)."""
+        self._value()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Quantizer):
+            return NotImplemented
+        return self._value() == other._value()
+
+    def __hash__(self) -> int:
+        return hash(self._value())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """TE's assignable attributes: the usage flags, ``internal``,
+        ``with_amax_reduction`` (where the format has it) and ``amax_reduction_group``;
+        any other field is part of the configuration and stays as constructed."""
+        if not self.__dict__.get(_BUILT_ATTR):
+            object.__setattr__(self, name, value)
+        elif name in _MUTABLE_FIELDS and name in codec.field_names(type(self)):
+            self._mutate({name: value})
+        elif name == "amax_reduction_group":
+            self._check_unsealed(f"{name} = ...")
+            object.__setattr__(self, name, value)
+            self._forget_derived()
+        else:
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__}: cannot assign to {name!r}: a quantizer's "
+                "configuration is fixed at construction (only the usage flags, internal, "
+                "with_amax_reduction and amax_reduction_group change); construct another"
+            )
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"{type(self).__name__}: cannot delete {name!r}")
+
+    def _check_unsealed(self, what: str) -> None:
+        if self.__dict__.get(_SEALED_ATTR):
+            raise TypeError(
+                f"{type(self).__name__}.{what}: this quantizer is shared (a quantized "
+                "tensor's, a recipe's or a module's) and does not change; change a copy "
+                "(q = q.copy())"
+            )
+
+    def _mutate(self, changes: Mapping[str, Any]) -> None:
+        """Assign TE's mutable flags on a quantizer of one's own, then forget what was
+        computed from the old values (its boundary text, its derived quantizers)."""
+        self._check_unsealed("set_usage" if "rowwise_usage" in changes else "assignment")
+        owner = type(self).__name__
+        for name, value in changes.items():
+            check_bool(owner, name, value)
+        usage = {
+            name: changes.get(name, getattr(self, name))
+            for name in ("rowwise_usage", "columnwise_usage")
+        }
+        if not any(usage.values()):
+            raise ValueError(
+                f"{owner}: at least one of rowwise_usage and columnwise_usage must be True"
+            )
+        for name, value in changes.items():
+            object.__setattr__(self, name, value)
+        self._forget_derived()
+
+    def _drop_shared_marks(self) -> None:
+        """Forget what a copy inherits from its original but is the original's own: the
+        seal, the derived-quantizer memo and the boundary text."""
+        for attr in (_SEALED_ATTR, _DERIVED_ATTR, codec.CODE_ATTR):
+            self.__dict__.pop(attr, None)
+
+    def _forget_derived(self) -> None:
+        self.__dict__.pop(_DERIVED_ATTR, None)
+        self.__dict__.pop(codec.CODE_ATTR, None)
 
     def _replace(self, **changes: Any) -> Quantizer:
         """A copy with ``changes``; stateful subclasses override to share their state."""
         return dataclasses.replace(self, **changes)
 
     def _derived(self, **changes: Any) -> Quantizer:
-        """``_replace(**changes)``, built once per object and change: building a
+        """``_replace(**changes)``, sealed, built once per object and change: building a
         quantizer validates and encodes it (~0.1-0.2 ms), and every quantize in an op
         derives one (usage, internal) from the same few decoded quantizers."""
         memo = self.__dict__.get(_DERIVED_ATTR)
@@ -168,14 +318,24 @@ class Quantizer:
         key = tuple(sorted(changes.items()))
         derived = memo.get(key)
         if derived is None:
-            derived = memo[key] = self._replace(**changes)
+            derived = self._replace(**changes)
+            object.__setattr__(derived, _SEALED_ATTR, True)
+            memo[key] = derived
         return derived
+
+    def _sealed(self) -> Quantizer:
+        """This quantizer if sealed, else a sealed copy of it (kept until it changes)."""
+        return self if self.__dict__.get(_SEALED_ATTR) else self._derived()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the derived-quantizer memo (rebuilt on use)."""
         state = dict(self.__dict__)
         state.pop(_DERIVED_ATTR, None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__[_BUILT_ATTR] = True
 
     def with_usage(
         self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None
@@ -194,15 +354,73 @@ class Quantizer:
 
     def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
         """``ClassName(field=value, ...)`` plus the globals that evaluate it."""
+        self._value()  # a quantizer holding a process group is refused
         cls = type(self)
         args = ", ".join(
-            f"{f.name}={_fx_value_repr(getattr(self, f.name), cls.__name__, f.name)}"
-            for f in dataclasses.fields(self)
-            if f.init
+            f"{name}={_fx_value_repr(getattr(self, name), cls.__name__, name)}"
+            for name in codec.field_names(cls)
         )
         # `torch` is always in scope of FX-generated code; a module object here would
         # also make inductor's FX graph cache fail to pickle the graph.
         return f"{cls.__name__}({args})", {cls.__name__: cls}
+
+    # ----- TE's quantizer API -----
+
+    def set_usage(
+        self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None
+    ) -> None:
+        """TE's: set how quantized values made from now on are used (``None`` keeps a
+        flag), on a quantizer of one's own (see the class docstring)."""
+        changes = {}
+        if rowwise is not None:
+            changes["rowwise_usage"] = rowwise
+        if columnwise is not None:
+            changes["columnwise_usage"] = columnwise
+        if changes:
+            self._mutate(changes)
+
+    def get_usages(self) -> dict[str, bool]:
+        """TE's: ``{"rowwise": ..., "columnwise": ...}``."""
+        return {"rowwise": self.rowwise_usage, "columnwise": self.columnwise_usage}
+
+    def copy(self) -> Quantizer:
+        """TE's: a new quantizer of this configuration (one's own, so it may change);
+        a delayed-scaling quantizer's copy shares its scaling state, as TE's does."""
+        made = self._replace()
+        made._drop_shared_marks()
+        if self.amax_reduction_group is not None:
+            object.__setattr__(made, "amax_reduction_group", self.amax_reduction_group)
+        return made
+
+    def calibrate(self, tensor: torch.Tensor) -> None:
+        """TE's: record what quantizing ``tensor`` would (without quantizing it). Only
+        delayed scaling keeps such state; for the other formats there is nothing."""
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        """TE's: whether ``inp`` can be gathered quantized (its shape fits the format's
+        blocks for an all-gather)."""
+        return True
+
+    def supports_only_rowwise_all_gather(self) -> bool:
+        """TE's: whether only rowwise data is all-gathered (per-tensor FP8)."""
+        return False
+
+    def is_requantization_safe(self) -> bool:
+        """TE's: whether quantizing the same input again gives the same value (False
+        for a stateful or stochastic quantizer)."""
+        return True
+
+    def _get_compatible_recipe(self) -> Optional[type]:
+        """TE's: the recipe class whose quantized weights this quantizer makes (None:
+        any)."""
+        return None
+
+    def multi_quantize(self, tensors: Iterable[torch.Tensor]) -> list[Any]:
+        """TE's: ``quantize`` of each tensor."""
+        return [self.quantize(t) for t in tensors]
+
+    def __call__(self, tensor: torch.Tensor) -> Union[QuantizedStorage, QuantizedTensor]:
+        return self.quantize(tensor)
 
     # ----- format hooks -----
 
@@ -243,11 +461,95 @@ class Quantizer:
             )
         self.check_shape(t.shape)
 
-    def quantize(self, t: torch.Tensor) -> Union[QuantizedStorage, QuantizedTensor]:
-        """Quantize ``t``; a storage when ``internal`` else a wrapper tensor."""
+    def quantize(
+        self,
+        t: torch.Tensor,
+        *,
+        out: Optional[QuantizedData] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> Union[QuantizedStorage, QuantizedTensor]:
+        """Quantize ``t``: a storage when ``internal``, else a wrapper tensor, presenting
+        ``dtype`` (default ``t``'s). As TE's: ``out=`` quantizes into that value in place
+        (:meth:`update_quantized`); a wrapper made from a tensor that requires grad while
+        grad mode is on passes the gradient straight through to it."""
+        if out is not None:
+            if dtype is not None and dtype != out.dtype:
+                raise ValueError(
+                    f"{type(self).__name__}.quantize: dtype={dtype} with out= of dtype {out.dtype}"
+                )
+            return self.update_quantized(t, out)
         self.check_input(t)
-        # The buffers never carry autograd history (quantization is not differentiable).
-        return self._quantized_value(self._quantize_impl(t.detach() if t.requires_grad else t), t)
+        if dtype is not None and dtype not in SUPPORTED_INPUT_DTYPES:
+            raise TypeError(
+                f"{type(self).__name__}.quantize: dtype={dtype}; expected one of float32, "
+                "bfloat16, float16"
+            )
+        fake = t.dtype if dtype is None else dtype
+        if not self.internal and t.requires_grad and torch.is_grad_enabled():
+            return _Quantize.apply(t, self, fake)
+        return self._quantize_value(t.detach() if t.requires_grad else t, fake)
+
+    def _quantize_value(
+        self, x: torch.Tensor, dtype: torch.dtype
+    ) -> Union[QuantizedStorage, QuantizedTensor]:
+        """The quantized value of ``x`` (no autograd history), presenting ``dtype``."""
+        return self._quantized_value(self._quantize_impl(x), x, dtype)
+
+    def update_quantized(
+        self,
+        src: torch.Tensor,
+        dst: QuantizedData,
+        *,
+        noop_flag: Optional[torch.Tensor] = None,
+    ) -> QuantizedData:
+        """TE's: quantize ``src`` with this quantizer into ``dst`` in place (its buffers,
+        which keep their storage, and its usage); ``dst`` then decodes with this
+        quantizer's configuration. With ``noop_flag`` (a one-element tensor) equal to 1
+        nothing is written (TE's flag for a step skipped on device, e.g. after an
+        overflow), decided on the device without a host sync."""
+        cls = type(self).__name__
+        if not isinstance(dst, (self.storage_cls, self.wrapper_cls)):
+            raise ValueError(
+                f"{cls} can only update {self.wrapper_cls.__name__} (or its storage), got "
+                f"{type(dst).__name__}"
+            )
+        if not isinstance(src, torch.Tensor) or isinstance(src, QuantizedData):
+            raise TypeError(f"{cls}.update_quantized: src must be a plain tensor")
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(
+                f"{cls}.update_quantized: src of shape {tuple(src.shape)} for a "
+                f"{type(dst).__name__} of shape {tuple(dst.shape)}"
+            )
+        maker = self.with_usage(rowwise=dst.rowwise_usage, columnwise=dst.columnwise_usage)
+        fresh = (
+            maker.with_internal(True)
+            ._quantize_value(src.detach().to(dst.device), dst.dtype)
+            ._inner_dict()
+        )
+        names = dst.inner_names()
+        mismatched = [
+            name
+            for name in names
+            if fresh[name].shape != getattr(dst, name).shape
+            or fresh[name].dtype != getattr(dst, name).dtype
+        ]
+        if set(fresh) != set(names) or mismatched:
+            raise ValueError(
+                f"{cls}.update_quantized: this quantizer's buffers for shape "
+                f"{tuple(dst.shape)} do not fit the {type(dst).__name__}'s "
+                f"({sorted(set(fresh) ^ set(names)) or mismatched}); quantize into a value "
+                "made by an equal configuration"
+            )
+        skip = None if noop_flag is None else noop_flag.reshape(()).to(dst.device) == 1
+        for name in names:
+            buffer = getattr(dst, name)
+            new = fresh[name] if skip is None else torch.where(skip, buffer, fresh[name])
+            buffer.copy_(new)
+        internal = isinstance(dst, QuantizedStorage)
+        dst._quantizer = maker.with_internal(internal)._sealed()
+        if isinstance(dst, torch.Tensor):
+            torch.autograd.graph.increment_version(dst)
+        return dst
 
     def quantize_with_bias_grad(
         self, t: torch.Tensor
@@ -268,12 +570,15 @@ class Quantizer:
         return self._quantized_value(inner, t), bias_grad
 
     def _quantized_value(
-        self, inner: Mapping[str, Optional[torch.Tensor]], t: torch.Tensor
+        self,
+        inner: Mapping[str, Optional[torch.Tensor]],
+        t: torch.Tensor,
+        dtype: Optional[torch.dtype] = None,
     ) -> Union[QuantizedStorage, QuantizedTensor]:
-        """The quantized value of ``t`` holding ``inner``: a storage when ``internal``
-        else a wrapper tensor."""
+        """The quantized value of ``t`` holding ``inner``, presenting ``dtype`` (default
+        ``t``'s): a storage when ``internal`` else a wrapper tensor."""
         cls = self.storage_cls if self.internal else self.wrapper_cls
-        return cls(inner, quantizer=self, dtype=t.dtype, shape=t.shape)
+        return cls(inner, quantizer=self, dtype=dtype or t.dtype, shape=t.shape)
 
     def _fused_bias_grad_impl(
         self, t: torch.Tensor
@@ -286,20 +591,78 @@ class Quantizer:
         self,
         shape: Sequence[Any],
         *,
-        dtype: torch.dtype,
+        dtype: torch.dtype = torch.float32,
         device: Optional[Union[str, torch.device]] = None,
         requires_grad: bool = False,
+        pin_memory: bool = False,
     ) -> Union[QuantizedStorage, QuantizedTensor]:
-        """Uninitialised quantized value (``torch.empty``; allocates nothing under fake mode)."""
-        inner = {
-            name: torch.empty(buf_shape, dtype=buf_dtype, device=device)
-            for name, buf_shape, buf_dtype in self.inner_layout(shape)
-        }
+        """Uninitialised quantized value (``torch.empty``; allocates nothing under fake
+        mode), TE's arguments: ``device`` defaults to the current CUDA device (torch's
+        default device without CUDA); ``pin_memory`` pins CPU buffers."""
+        inner = self.alloc_tensors(shape, device=device, pin_memory=pin_memory)
         if self.internal:
             return self.storage_cls(inner, quantizer=self, dtype=dtype, shape=shape)
         return self.wrapper_cls(
             inner, quantizer=self, dtype=dtype, shape=shape, requires_grad=requires_grad
         )
+
+    # ----- TE's data-free allocation primitives (its TensorSpec's) -----
+
+    def inner_tensor_specs(self, shape: Sequence[Any]) -> dict[str, tuple[tuple[Any, ...], Any]]:
+        """``{buffer name: (shape, dtype)}`` of the buffers a value of ``shape`` holds,
+        in flatten order (:meth:`inner_layout` as TE's dict)."""
+        return {name: (tuple(s), d) for name, s, d in self.inner_layout(tuple(shape))}
+
+    def alloc_tensors(
+        self,
+        shape: Sequence[Any],
+        *,
+        device: Optional[Union[str, torch.device]] = None,
+        pin_memory: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Uninitialised buffers of a value of ``shape`` (``torch.empty``, FakeTensors
+        under fake mode), by name: ``__tensor_unflatten__``'s ``inner_tensors``."""
+        where = _default_device(device)
+        return {
+            name: torch.empty(s, dtype=d, device=where, pin_memory=pin_memory)
+            for name, s, d in self.inner_layout(tuple(shape))
+        }
+
+    def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
+        """TE's: the class a value of this quantizer is (a storage when ``internal``)
+        and its non-tensor constructor arguments."""
+        return {
+            "cls": self.storage_cls if self.internal else self.wrapper_cls,
+            "nontensor_kwargs": {"quantizer": self, "fake_dtype": fake_dtype},
+        }
+
+    def create_metadata(
+        self, shape: Sequence[Any], *, dtype: torch.dtype, requires_grad: bool = False
+    ) -> dict[str, Any]:
+        """TE's data-free ``__tensor_unflatten__`` context of a value of ``shape`` and
+        fake ``dtype`` (this package's ``__tensor_unflatten__`` takes it as well as its
+        own flatten context)."""
+        meta = self.storage_metadata(dtype)
+        return {
+            "cls": meta["cls"],
+            "is_tensor": not self.internal,
+            "requires_grad": requires_grad,
+            "nontensor_kwargs": meta["nontensor_kwargs"],
+        }
+
+
+def all_reduce_max(t: torch.Tensor, group: Any, owner: str) -> torch.Tensor:
+    """TE's amax reduction: ``t`` replaced in place by its element-wise maximum over
+    ``group`` (the default process group when None)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{owner}: with_amax_reduction=True takes the maximum amax over a process group, "
+            "but torch.distributed is not initialized"
+        )
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t
 
 
 def value_opaque_reason(q: Quantizer) -> Optional[str]:
@@ -416,9 +779,11 @@ class QuantizedData:
         if quantizer.rowwise_usage is not rowwise or quantizer.columnwise_usage is not columnwise:
             quantizer = quantizer.with_usage(rowwise=rowwise, columnwise=columnwise)
         internal = isinstance(self, QuantizedStorage)
-        self._quantizer = (
-            quantizer if quantizer.internal is internal else quantizer.with_internal(internal)
-        )
+        if quantizer.internal is not internal:
+            quantizer = quantizer.with_internal(internal)
+        # Sealed: a quantizer its owner changes later (``set_usage``) must not change
+        # what this value's buffers mean.
+        self._quantizer = quantizer._sealed()
         self._dtype = dtype
         expected = cls._expected_names(rowwise, columnwise)
         missing = [n for n in expected if get(n) is None]
@@ -493,7 +858,21 @@ class QuantizedData:
         outer_size: Optional[Iterable[Any]],
         outer_stride: Optional[Iterable[Any]],
     ) -> Any:
-        """Rebuild from inner buffers; the logical shape comes from them if not given."""
+        """Rebuild from inner buffers; the logical shape comes from them if not given.
+        ``ctx`` is this package's flatten context, or TE's (``Quantizer.create_metadata``:
+        a dict with the quantizer and fake dtype under ``nontensor_kwargs``)."""
+        if isinstance(ctx, Mapping):
+            kwargs = ctx["nontensor_kwargs"]
+            extra = {}
+            if issubclass(cls, torch.Tensor):
+                extra["requires_grad"] = bool(ctx.get("requires_grad", False))
+            return cls(
+                inner,
+                quantizer=kwargs["quantizer"],
+                dtype=kwargs["fake_dtype"],
+                shape=outer_size,
+                **extra,
+            )
         meta = dict(ctx)
         return cls(inner, quantizer=meta["quantizer"], dtype=meta["dtype"], shape=outer_size)
 
@@ -633,6 +1012,19 @@ _WRAPPER_CLASSES: list[type] = []
 def quantized_tensor_classes() -> tuple[type, ...]:
     """Every concrete wrapper subclass, so op glue can add torch-dispatch rules for each."""
     return tuple(_WRAPPER_CLASSES)
+
+
+class _Quantize(torch.autograd.Function):
+    """Quantize into a wrapper tensor with a straight-through gradient, as TE's
+    ``Quantizer.quantize`` of a tensor that requires grad."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, quantizer: Quantizer, dtype: torch.dtype) -> Any:
+        return quantizer._quantize_value(t.detach(), dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
+        return grad, None, None
 
 
 class _Dequantize(torch.autograd.Function):
