@@ -182,3 +182,81 @@ def test_a_changed_recipe_keeps_the_history_that_still_fits():
     after = layer.state_dict()["_extra_state"]
     assert after["recipe"]["fp8_format"] == "E4M3"
     assert torch.equal(after["scale_fwd"], before)
+
+
+def _steps(recipe: DelayedScaling, steps: int = 4) -> tuple[list[torch.Tensor], dict]:
+    torch.manual_seed(0)
+    layer = Linear(32, 16, bias=False)
+    gen = torch.Generator().manual_seed(3)
+    outs = []
+    for step in range(steps):
+        x = (torch.randn(8, 32, generator=gen) * 4.0**step).requires_grad_(True)
+        with autocast(recipe=recipe):
+            y = layer(x)
+        y.backward(torch.randn(8, 16, generator=gen))
+        outs.append(
+            torch.cat([y.detach().flatten(), x.grad.flatten(), layer.weight.grad.flatten()])
+        )
+        layer.weight.grad = None
+    return outs, layer.state_dict()["_extra_state"]
+
+
+def test_callable_amax_and_scaling_factor_algorithms_run_at_each_update():
+    """TE's callables: ``amax_compute_algo(amax_history)`` (a ``(len, 1)`` history) and
+    ``scaling_factor_compute_algo(amax, scale, fp8_max, recipe)``; written as the
+    built-in rule, they give the built-in recipe's numbers bit for bit."""
+    calls = []
+
+    def amax_of(history: torch.Tensor) -> torch.Tensor:
+        assert history.shape == (4, 1)
+        return history.max(dim=0).values
+
+    def scale_of(amax, scale, fp8_max, recipe):
+        calls.append((fp8_max, recipe.margin, recipe.amax_history_len))
+        new = (torch.full_like(amax, fp8_max) / amax) / 2**recipe.margin  # a true division
+        return torch.where((amax > 0) & torch.isfinite(amax), new, scale)
+
+    custom = DelayedScaling(
+        margin=1,
+        amax_history_len=4,
+        amax_compute_algo=amax_of,
+        scaling_factor_compute_algo=scale_of,
+    )
+    outs, state = _steps(custom)
+    ref_outs, ref_state = _steps(DelayedScaling(margin=1, amax_history_len=4))
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs, strict=True))
+    for key in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"):
+        assert torch.equal(state[key], ref_state[key]), key
+    assert {fp8_max for fp8_max, _, _ in calls} == {448.0, 57344.0}
+    assert {(m, n) for _, m, n in calls} == {(1, 4)}
+
+
+def test_a_scaling_factor_algorithm_of_its_own_sets_the_scale():
+    halve = DelayedScaling(scaling_factor_compute_algo=lambda amax, scale, fp8_max, r: scale / 2)
+    _, state = _steps(halve, steps=3)
+    # Three updates of each role a Linear quantizes (input, weight; grad_output): one per
+    # autocast exit and one per backward.
+    assert torch.equal(state["scale_fwd"][:2], torch.full((2,), 0.125))
+    assert torch.equal(state["scale_bwd"][:1], torch.full((1,), 0.125))
+
+
+def test_a_state_made_with_callables_loads_with_them():
+    """The recipe's callables are kept in ``_extra_state`` (a state loaded in process, or
+    pickled without ``weights_only``, as TE's pickled recipe is): a resumed module keeps
+    updating its scales with them."""
+    recipe = DelayedScaling(
+        amax_compute_algo=lambda h: h[0], scaling_factor_compute_algo=lambda a, s, m, r: s * 3
+    )
+    torch.manual_seed(0)
+    trained = Linear(32, 16)
+    with autocast(recipe=recipe):
+        trained(torch.randn(8, 32))
+    state = trained.state_dict()
+    assert state["_extra_state"]["recipe"]["scaling_factor_compute_algo"] is (
+        recipe.scaling_factor_compute_algo
+    )
+    resumed = Linear(32, 16)
+    resumed.load_state_dict(state)
+    with autocast(recipe=recipe):
+        resumed(torch.randn(8, 32))
+    assert torch.equal(resumed.state_dict()["_extra_state"]["scale_fwd"][:2], torch.full((2,), 9.0))

@@ -20,7 +20,8 @@ The ``_extra_state`` entry is a dict of plain values and CPU tensors (loadable w
 ``torch.load(weights_only=True)``)::
 
     {"format": "transformer_engine_ops.delayed_scaling/1",
-     "recipe": {"margin", "fp8_format", "amax_history_len", "amax_compute_algo"},
+     "recipe": {"margin", "fp8_format", "amax_history_len", "amax_compute_algo",
+                [the callable "scaling_factor_compute_algo"]},
      "scale_fwd": (3,), "amax_history_fwd": (len, 3),   # input, weight, output
      "scale_bwd": (3,), "amax_history_bwd": (len, 3)}   # grad_output, grad_input, grad_weight
 
@@ -102,6 +103,10 @@ class ScalingState:
                 "amax_compute_algo": r.amax_compute_algo,
             },
         }
+        if r.scaling_factor_compute_algo is not None:
+            # A callable (as a callable amax_compute_algo): the state then pickles with
+            # it, as TE's recipe does, and loads without weights_only.
+            state["recipe"]["scaling_factor_compute_algo"] = r.scaling_factor_compute_algo
         for (scale_key, history_key), roles in _DIRECTIONS:
             qs = [self.quantizers[role] for role in roles]
             state[scale_key] = torch.cat([q.scale.detach().cpu() for q in qs])
@@ -120,6 +125,7 @@ class ScalingState:
                 fp8_format=Format[fields["fp8_format"]],
                 amax_history_len=fields["amax_history_len"],
                 amax_compute_algo=fields["amax_compute_algo"],
+                scaling_factor_compute_algo=fields.get("scaling_factor_compute_algo"),
             )
             new = cls(recipe)
             for (scale_key, history_key), roles in _DIRECTIONS:
