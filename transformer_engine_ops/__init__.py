@@ -6,7 +6,8 @@ Use it as TE is used: ``import transformer_engine_ops as te``; ``te.Linear``,
 ``te.autocast``, ``te.checkpoint``, TE's MoE helpers (``te.moe_permute``,
 ``te.moe_unpermute``, ``te.moe_sort_chunks_by_index``, ``te.Fp8Padding``, ... and the
 fused router functions in ``transformer_engine_ops.router``), ``te.quantized_model_init`` (and their deprecated TE names
-``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe``, TE's
+``te.fp8_autocast``, ``te.fp8_model_init``), the recipes in ``te.recipe`` and the factories
+for its ``CustomRecipe`` in ``te.custom_recipes``, TE's
 availability queries (``te.is_fp8_available``, ...), ``te.DType``, and the quantized
 tensor and quantizer classes.
 
@@ -21,7 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import recipe
+    from . import custom_recipes, recipe
     from .availability import (
         get_default_recipe,
         get_device_compute_capability,
@@ -86,6 +87,9 @@ if TYPE_CHECKING:
         NVFP4TensorStorage,
     )
     from .quantization.recipes import (
+        DelayedScalingRequest,
+        IdentityQuantizer,
+        QuantizerRequest,
         QuantizerRole,
     )
     from .runtime.lowering import (
@@ -99,6 +103,7 @@ if TYPE_CHECKING:
 # public name -> the module that defines it
 _EXPORTS = {
     "DType": ".constants",
+    "DelayedScalingRequest": ".quantization.recipes",
     "DotProductAttention": ".modules",
     "Float8BlockQuantizer": ".quantization.float8_block",
     "Float8BlockwiseQTensor": ".quantization.float8_block",
@@ -110,6 +115,7 @@ _EXPORTS = {
     "Fp8Padding": ".modules",
     "Fp8Unpadding": ".modules",
     "GroupedLinear": ".modules",
+    "IdentityQuantizer": ".quantization.recipes",
     "InferenceParams": ".modules",
     "LayerNorm": ".modules",
     "LayerNormLinear": ".modules",
@@ -124,6 +130,7 @@ _EXPORTS = {
     "NVFP4TensorStorage": ".quantization.nvfp4",
     "QuantizedTensor": ".runtime.quantizer",
     "Quantizer": ".runtime.quantizer",
+    "QuantizerRequest": ".quantization.recipes",
     "QuantizerRole": ".quantization.recipes",
     "RMSNorm": ".modules",
     "RotaryPositionEmbedding": ".modules",
@@ -153,6 +160,7 @@ _EXPORTS = {
 
 __all__ = [
     "DType",
+    "DelayedScalingRequest",
     "DotProductAttention",
     "Float8BlockQuantizer",
     "Float8BlockwiseQTensor",
@@ -164,6 +172,7 @@ __all__ = [
     "Fp8Padding",
     "Fp8Unpadding",
     "GroupedLinear",
+    "IdentityQuantizer",
     "InferenceParams",
     "LayerNorm",
     "LayerNormLinear",
@@ -178,6 +187,7 @@ __all__ = [
     "NVFP4TensorStorage",
     "QuantizedTensor",
     "Quantizer",
+    "QuantizerRequest",
     "QuantizerRole",
     "RMSNorm",
     "RotaryPositionEmbedding",
@@ -185,6 +195,7 @@ __all__ = [
     "apply_rotary_pos_emb",
     "autocast",
     "checkpoint",
+    "custom_recipes",
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
@@ -208,8 +219,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "recipe":
-        return importlib.import_module(".recipe", __name__)
+    if name in ("recipe", "custom_recipes"):
+        return importlib.import_module(f".{name}", __name__)
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
         globals()[name] = value

@@ -32,7 +32,7 @@ from .quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer
 from .quantization.float8_block import Float8BlockQuantizer
 from .quantization.mxfp8 import MXFP8Quantizer
 from .quantization.nvfp4 import NVFP4Quantizer
-from .quantization.recipes import Float8CurrentScaling, Recipe
+from .quantization.recipes import DelayedScalingRequest, Float8CurrentScaling, Recipe
 from .runtime.quantizer import Quantizer
 
 # The environment variable that lets a CUDA device emulate what it cannot run natively.
@@ -218,6 +218,8 @@ def quantizer_format(quantizer: Quantizer) -> Optional[str]:
     """The format (a key of :data:`FORMAT_NAMES`) TE asks the device about for
     ``quantizer``; None for a quantizer of no such format."""
     if isinstance(quantizer, (Float8Quantizer, Float8CurrentScalingQuantizer)):
+        return "fp8"
+    if isinstance(quantizer, DelayedScalingRequest):  # a module's own Float8Quantizer
         return "fp8"
     if isinstance(quantizer, Float8BlockQuantizer):
         return "fp8_block"

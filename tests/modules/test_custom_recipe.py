@@ -3,8 +3,8 @@
 module's name; LayerNormMLP's fc1/fc2 and their inner boundary as TE labels them), the
 answers kept per recipe value and roles. Eager and compiled (``fullgraph=True``, no
 graph break) are bitwise equal for every module; a factory answering as a built-in
-recipe gives that recipe's bits; what is not this library's stateless quantizer is
-refused naming the role."""
+recipe gives that recipe's bits; what is not this library's quantizer (or TE's
+``IdentityQuantizer``, ``DelayedScalingRequest``) is refused naming the role."""
 
 from __future__ import annotations
 
@@ -249,14 +249,14 @@ def test_quantized_model_init_quantizes_each_weight_with_its_roles_quantizer():
         (None, ValueError, r"qfactory\(None\) returned None"),
         ("a TE quantizer", NotImplementedError, "returned a builtins.str"),
         (
-            te.Float8Quantizer(fp8_dtype=E4M3),
+            te.IdentityQuantizer(dtype=torch.float32),
             NotImplementedError,
-            "delayed scaling inside a CustomRecipe",
+            r"IdentityQuantizer\(dtype=torch.float32\): casting a slot's operand",
         ),
     ],
-    ids=["none", "not-ours", "stateful"],
+    ids=["none", "not-ours", "identity-cast"],
 )
-def test_what_is_not_a_stateless_quantizer_of_ours_is_refused_naming_the_role(answer, error, match):
+def test_what_is_not_a_quantizer_of_ours_is_refused_naming_the_role(answer, error, match):
     def factory(role):
         return answer if role is None else mixed_factory(role)
 

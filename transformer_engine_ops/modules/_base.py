@@ -11,6 +11,7 @@ values when asked), the pieces of ``reset_parameters`` and ``set_tensor_parallel
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
+from ..quantization.recipes import DelayedScalingRequest, QuantizerRequest
 from ..runtime._torch_private import current_graph_task_id
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
@@ -94,8 +96,28 @@ def forward_recipe(module: Any) -> RecipeQuantizers | None:
         if state.get("_teops_recipe_type", kind) is not kind:
             _recipe_type_changed(state, kind)
         state["_teops_recipe_type"] = kind
+        _check_weight_recipes(module, active.recipe)
     state["_teops_forward_recipe"] = active
     return active
+
+
+def _check_weight_recipes(module: Any, recipe: Any) -> None:
+    """TE's check that each ``quantized_model_init`` weight suits the active recipe:
+    its quantizer's recipe class (``_get_compatible_recipe``) must be the recipe's
+    class or a base of it; a weight made under another recipe raises TE's error. A
+    ``CustomRecipe`` is not checked: its factory chooses each role's format, so any
+    format's weight may be its (TE's check knows the built-in recipes only)."""
+    if recipe.custom():
+        return
+    for name, param in module._parameters.items():
+        if isinstance(param, QuantizedTensor):
+            compatible = param._quantizer._get_compatible_recipe()
+            if compatible is not None and not isinstance(recipe, compatible):
+                raise RuntimeError(
+                    f"Recipe mismatch for '{name}': tensor supports recipe "
+                    f"{compatible.__name__}, but got {type(recipe).__name__}. Please check the "
+                    "recipes assigned during quantized_model_init() and autocast() calls."
+                )
 
 
 def _recipe_type_changed(state: dict[str, Any], kind: type) -> None:
@@ -144,7 +166,11 @@ class ExtraStateMixin:
                 owner = self._scaling_owner(gemm)
                 loaded.append((owner, _extra_state.read_extra_state(state.get(gemm), cls, gemm)))
         for owner, scaling in loaded:
+            before = _extra_state.scaling_state(owner)
             _extra_state.install(owner, scaling)
+            after = _extra_state.scaling_state(owner)
+            if before is not None and after is not before:
+                self._rebind_weights(before, after, warn=False)
 
     def _scaling_owner(self, gemm: str | None) -> Any:
         """What keeps the scaling state of ``gemm`` (None: the first GEMM, the module)."""
@@ -165,7 +191,13 @@ class ExtraStateMixin:
         module's ``gemm`` under delayed scaling (such a recipe runs eagerly); a
         CustomRecipe's quantizers for this GEMM's roles."""
         if shared is not None and shared.recipe.custom():
-            return self._role_quantizers(shared, gemm)
+            made = self._role_quantizers(shared, gemm)
+            if not made.requested:  # type: ignore[union-attr]
+                return made
+            if torch.compiler.is_compiling():
+                reason = made.compile_blocker  # type: ignore[union-attr]
+                return run_eagerly(reason, self._answer_requests, made, gemm)
+            return self._answer_requests(made, gemm)  # type: ignore[arg-type]
         if shared is None or shared.compile_blocker is None:
             return shared
         if torch.compiler.is_compiling():
@@ -182,6 +214,8 @@ class ExtraStateMixin:
         if shared is None or not shared.recipe.custom():
             return shared
         roles = self._quantizer_roles(gemm)
+        if shared.roles == roles:
+            return shared  # already this GEMM's (and its requests answered)
         if shared.compile_blocker is not None and torch.compiler.is_compiling():
             return run_eagerly(shared.compile_blocker, custom_quantizers, shared, roles)
         return custom_quantizers(shared, roles)
@@ -220,7 +254,63 @@ class ExtraStateMixin:
         )
 
     def _own_quantizers(self, shared: RecipeQuantizers, gemm: str | None) -> RecipeQuantizers:
-        return _extra_state.module_quantizers(self._scaling_owner(gemm), shared)
+        owner = self._scaling_owner(gemm)
+        before = _extra_state.scaling_state(owner)
+        made = _extra_state.module_quantizers(owner, shared)
+        after = _extra_state.scaling_state(owner)
+        if before is not None and after is not before:
+            self._rebind_weights(before, after, warn=True)
+        return made
+
+    def _answer_requests(self, made: RecipeQuantizers, gemm: str | None) -> RecipeQuantizers:
+        """A CustomRecipe's quantizers of ``gemm`` with each ``DelayedScalingRequest``
+        answered by this GEMM's own delayed-scaling quantizer of that role, the state
+        ``DelayedScaling`` with the request's arguments keeps (TE's CustomRecipeState
+        does the same; it is saved in ``_extra_state`` as that recipe's)."""
+        slots = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
+        asked = {slot: getattr(made, slot) for slot in slots}
+        requests = {q for q in asked.values() if isinstance(q, QuantizerRequest)}
+        cls = type(self).__name__
+        if len(requests) != 1:
+            raise ValueError(
+                f"{cls}: the DelayedScalingRequests a CustomRecipe factory returns for one "
+                f"GEMM must be equal (TE's rule); got {sorted(map(repr, requests))}"
+            )
+        (request,) = requests
+        if not isinstance(request, DelayedScalingRequest):
+            raise NotImplementedError(
+                f"{cls}: a CustomRecipe factory returned a {type(request).__name__}; "
+                "transformer_engine_ops answers DelayedScalingRequest only"
+            )
+        owner = self._scaling_owner(gemm)
+        before = _extra_state.scaling_state(owner)
+        state = _extra_state.scaling_state_for(owner, request.recipe())
+        if before is not None and state is not before:
+            self._rebind_weights(before, state, warn=True)
+        answered = {
+            slot: state.quantizers[slot]
+            for slot, q in asked.items()
+            if isinstance(q, QuantizerRequest)
+        }
+        return dataclasses.replace(made, **answered)
+
+    def _rebind_weights(self, old: Any, new: Any, *, warn: bool) -> None:
+        """The ``quantized_model_init`` weights that requantize with ``old``'s weight
+        quantizer (a GEMM's delayed-scaling state, now replaced by ``new``) take
+        ``new``'s, as TE's ``_update_weight_quantizers`` does when the recipe changes;
+        TE's warning says so (not on loading a state dict, where TE copies in place)."""
+        old_state = old.quantizers["weight"]._state
+        for param in self._parameters.values():
+            if (
+                isinstance(param, QuantizedTensor)
+                and getattr(param._quantizer, "_state", None) is old_state
+            ):
+                if warn:
+                    param.update_quantizer(new.quantizers["weight"])
+                else:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        param.update_quantizer(new.quantizers["weight"])
 
     def _recipe_quantizers(self) -> RecipeQuantizers | None:
         """The quantizers of this forward's (first) GEMM: :func:`forward_recipe`'s,
@@ -237,7 +327,9 @@ class ExtraStateMixin:
         ``torch.no_grad()`` or ``torch.inference_mode()`` holds rowwise weights only."""
         self.__dict__["_teops_model_init"] = init  # for reset_parameters
         if init.recipe.custom():
-            quantizer = self._role_quantizers(init, gemm).weight  # type: ignore[union-attr]
+            quantizer = self._stateful_quantizers(init, gemm).weight  # type: ignore[union-attr]
+            if quantizer is None:  # the factory's IdentityQuantizer: not quantized
+                return weight
         else:
             quantizer = _extra_state.module_weight_quantizer(self._scaling_owner(gemm), init)
         quantizer = quantizer.with_usage(rowwise=True, columnwise=torch.is_grad_enabled())
@@ -246,7 +338,7 @@ class ExtraStateMixin:
             return quantizer.with_internal(False).make_empty(
                 weight.shape, dtype=weight.dtype, device=weight.device
             )
-        if init.recipe.delayed():
+        if getattr(quantizer, "owns_state", False):  # delayed scaling
             quantizer.observe(weight)
         quantized = quantizer.with_internal(False).quantize(weight)
         if STATE.preserve_init_val:

@@ -56,6 +56,8 @@ __all__ = [
     "get_extra_state",
     "module_quantizers",
     "module_weight_quantizer",
+    "scaling_state",
+    "scaling_state_for",
     "set_extra_state",
 ]
 
@@ -77,20 +79,24 @@ class ScalingState:
     def __init__(self, recipe: DelayedScaling) -> None:
         self.recipe = copy.deepcopy(recipe)
         self.quantizers: dict[str, Float8Quantizer] = {
-            role: recipe.make_quantizer(role)  # type: ignore[misc]
+            role: recipe.make_quantizer(role)._seal()  # type: ignore[misc]
             for role in ROLES
         }
 
     def inherit(self, old: ScalingState) -> None:
-        """Keep the scale and history of a previous recipe's state where they fit (TE
-        keeps them across recipe-state rebuilds with the same history length)."""
+        """Keep the scale and history of a previous recipe's state where the FP8 format
+        is the same, as TE does when a delayed-scaling recipe changes: a shorter history
+        keeps its newest rows (TE's ``amax_history[:length]``), a longer one is padded
+        with zeros."""
         for role, quantizer in self.quantizers.items():
             previous = old.quantizers[role]
-            if (
-                previous.amax_history_len == quantizer.amax_history_len
-                and previous.fp8_dtype == quantizer.fp8_dtype
-            ):
-                quantizer.load_state(previous.scale, previous.amax_history)
+            if previous.fp8_dtype != quantizer.fp8_dtype:
+                continue
+            history = previous.amax_history[: quantizer.amax_history_len]
+            missing = quantizer.amax_history_len - history.shape[0]
+            if missing:
+                history = torch.cat([history, history.new_zeros(missing)])
+            quantizer.load_state(previous.scale, history)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.recipe
@@ -164,6 +170,11 @@ def _check_scales(entry: str, key: str, scale: torch.Tensor, roles: tuple[str, .
             )
 
 
+def scaling_state(owner: Any) -> ScalingState | None:
+    """The delayed-scaling state ``owner`` (a module or a further GEMM's holder) keeps."""
+    return owner.__dict__.get(_ATTR)
+
+
 def module_quantizers(module: torch.nn.Module, shared: RecipeQuantizers) -> RecipeQuantizers:
     """The quantizers ``module`` quantizes with under ``shared``'s recipe: ``shared``
     itself for a stateless recipe, else the module's own stateful ones (made on first use,
@@ -181,6 +192,12 @@ def module_weight_quantizer(module: torch.nn.Module, init: RecipeQuantizers) -> 
     if not init.recipe.delayed():
         return init.weight
     return _scaling_state(module, init.recipe).quantizers["weight"]
+
+
+def scaling_state_for(owner: Any, recipe: DelayedScaling) -> ScalingState:
+    """``owner``'s delayed-scaling state for ``recipe`` (made on first use, remade when
+    the recipe changes, keeping the state that still fits)."""
+    return _scaling_state(owner, recipe)
 
 
 def _scaling_state(module: torch.nn.Module, recipe: Recipe) -> ScalingState:

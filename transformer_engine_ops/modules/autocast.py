@@ -52,6 +52,7 @@ from ..quantization.recipes import (
     CustomRecipe,
     DelayedScaling,
     Float8CurrentScaling,
+    QuantizerRequest,
     QuantizerRole,
     Recipe,
 )
@@ -93,6 +94,12 @@ class RecipeQuantizers:
     # or, for a CustomRecipe, each role's quantizer's.
     needs: tuple[tuple[str, str], ...] = ()
 
+    # A CustomRecipe's factory answered some role with a QuantizerRequest, which each
+    # module answers with a stateful quantizer of its own (modules/_base.py).
+    requested: bool = False
+    # The GEMM roles a CustomRecipe's quantizers were asked for (None: the recipe's own).
+    roles: GemmRoles | None = None
+
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> RecipeQuantizers:
         """The quantizers of ``recipe``'s current value. A dataclass of values
@@ -108,7 +115,8 @@ class RecipeQuantizers:
 
     @classmethod
     def _make(cls, recipe: Recipe, key: tuple[Any, ...] | None = None) -> RecipeQuantizers:
-        quantizers = [recipe.make_quantizer(role) for role in ROLES]
+        # Sealed: shared by every module (and graph) of this recipe value.
+        quantizers = [_sealed(recipe.make_quantizer(role)) for role in ROLES]
         blocker = None
         if isinstance(recipe, CustomRecipe) and key is None:
             blocker = (
@@ -116,14 +124,7 @@ class RecipeQuantizers:
                 "graph is guarded on the factory's identity, which takes a plain function "
                 "(def or lambda)"
             )
-        for role, quantizer in zip(ROLES, quantizers, strict=True):
-            reason = value_opaque_reason(quantizer)
-            if reason is not None:
-                blocker = (
-                    f"{type(recipe).__name__}: the {role} quantizer "
-                    f"{type(quantizer).__name__} is not value-opaque ({reason})"
-                )
-                break
+        blocker = _blocker(recipe, dict(zip(ROLES, quantizers, strict=True))) or blocker
         fprop, dgrad, wgrad = recipe.gemm_configs()
         return cls(
             recipe,
@@ -135,7 +136,25 @@ class RecipeQuantizers:
             backward_override=getattr(recipe, "backward_override", None),
             key=key,
             needs=_needs(recipe, dict(zip(ROLES, quantizers, strict=True))),
+            requested=any(isinstance(q, QuantizerRequest) for q in quantizers),
         )
+
+
+def _sealed(quantizer: Any) -> Any:
+    """A recipe's new quantizer, sealed (a CustomRecipe slot may hold a request or None)."""
+    return quantizer._seal() if isinstance(quantizer, Quantizer) else quantizer
+
+
+def _blocker(recipe: Recipe, quantizers: dict[str, Any]) -> str | None:
+    """Why ``quantizers`` (by role) cannot be graph constants, or None."""
+    for role, quantizer in quantizers.items():
+        reason = value_opaque_reason(quantizer)
+        if reason is not None:
+            return (
+                f"{type(recipe).__name__}: the {role} quantizer "
+                f"{type(quantizer).__name__} is not value-opaque ({reason})"
+            )
+    return None
 
 
 def _needs(recipe: Recipe, quantizers: dict[str, Quantizer]) -> tuple[tuple[str, str], ...]:
@@ -363,8 +382,15 @@ def _with_roles(shared: RecipeQuantizers, roles: GemmRoles) -> RecipeQuantizers:
     fields = dict(
         zip(("input", "weight", "output", "grad_output", "grad_input"), made, strict=True)
     )
+    blocker = shared.compile_blocker if shared.key is None else _blocker(recipe, fields)
     return dataclasses.replace(
-        shared, **fields, grad_weight=fields["grad_output"], needs=_needs(recipe, fields)
+        shared,
+        **fields,
+        grad_weight=fields["grad_output"],
+        needs=_needs(recipe, fields),
+        compile_blocker=blocker,
+        requested=any(isinstance(q, QuantizerRequest) for q in made),
+        roles=roles,
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ from ..runtime.quantizer import (
     check_choice,
     check_float,
     check_int,
+    quantizer_dataclass,
     usage_fields,
 )
 from . import cuda_kernels, fsdp2
@@ -170,7 +170,7 @@ def _scale_inv(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.where(has_inf(x32), torch.full_like(inv, float("inf")), inv).reshape(1)
 
 
-@dataclasses.dataclass(eq=False)
+@quantizer_dataclass
 class _Float8PerTensorQuantizer(Quantizer):
     """What the delayed- and current-scaling per-tensor FP8 quantizers share."""
 
@@ -221,7 +221,7 @@ class _Float8PerTensorQuantizer(Quantizer):
         }
 
 
-@dataclasses.dataclass(eq=False, init=False)
+@quantizer_dataclass
 class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with the scale computed from this tensor's amax (stateless).
 
@@ -445,7 +445,7 @@ def _in_backward() -> bool:
     return _private.current_graph_task_id() != -1
 
 
-@dataclasses.dataclass(eq=False, init=False)
+@quantizer_dataclass
 class Float8Quantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with delayed scaling (TE's ``Float8Quantizer``): stateful.
 
@@ -622,6 +622,21 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
     def is_requantization_safe(self) -> bool:
         return False
 
+    def _encoding(self) -> tuple[Any, ...]:
+        return (self.fp8_dtype,)  # the scale a value was made with is its scale_inv
+
+    def _same_quantizer(self, other: Quantizer) -> bool:
+        return (
+            type(other) is type(self)
+            and other._state is self._state
+            and all(
+                getattr(other, name) == getattr(self, name)
+                for name in ("fp8_dtype", "margin", "amax_history_len")
+            )
+            and other.amax_compute_algo == self.amax_compute_algo
+            and other.scaling_factor_compute_algo == self.scaling_factor_compute_algo
+        )
+
     def _get_compatible_recipe(self) -> Optional[type]:
         from .recipes import DelayedScaling
 
@@ -636,6 +651,13 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
 
     def __fx_repr__(self) -> tuple[str, dict[str, Any]]:
         raise TypeError(f"{type(self).__name__} cannot be baked into a graph: {_DELAYED_REASON}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the recipe that made it (``_recipe`` makes an equal one from
+        the fields), so a quantized weight loads with ``weights_only=True``."""
+        state = super().__getstate__()
+        state.pop("_teops_recipe", None)
+        return state
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         if not self.owns_state:

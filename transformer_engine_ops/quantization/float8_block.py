@@ -13,7 +13,6 @@ accepted: partial blocks are zero-padded.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
@@ -29,6 +28,7 @@ from ..runtime.quantizer import (
     check_bool,
     check_float,
     check_int,
+    quantizer_dataclass,
     usage_fields,
 )
 from . import block_kernels
@@ -179,7 +179,7 @@ class Float8BlockwiseQTensor(_Float8BlockData, QuantizedTensor):
     """FP8 block-scaled wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(eq=False, init=False)
+@quantizer_dataclass
 class Float8BlockQuantizer(Quantizer):
     """FP8 with fp32 scales per 1 x block_len (dim 1) or block_len^2 (dim 2) block.
     TE's constructor: ``Float8BlockQuantizer(fp8_dtype, *, rowwise, columnwise,

@@ -13,7 +13,6 @@ row (rowwise) or column (columnwise) entry the tile spans.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
@@ -27,6 +26,7 @@ from ..runtime.quantizer import (
     Quantizer,
     RowwiseColumnwisePairs,
     check_bool,
+    quantizer_dataclass,
     usage_fields,
 )
 from .encoding import (
@@ -119,7 +119,7 @@ class MXFP8Tensor(_MXFP8Data, QuantizedTensor):
     """MXFP8 wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(eq=False, init=False)
+@quantizer_dataclass
 class MXFP8Quantizer(Quantizer):
     """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales; 32x32 tiles
     with ``with_2d_quantization`` (TE's option for weights). TE's constructor:

@@ -42,6 +42,7 @@ from ..runtime.quantizer import (
     check_bool,
     check_choice,
     check_int,
+    quantizer_dataclass,
     usage_fields,
 )
 from . import nvfp4_kernels
@@ -304,7 +305,7 @@ class NVFP4Tensor(_NVFP4Data, QuantizedTensor):
     """NVFP4 wrapper tensor subclass."""
 
 
-@dataclasses.dataclass(eq=False, init=False)
+@quantizer_dataclass
 class NVFP4Quantizer(Quantizer):
     """NVFP4 quantizer with TE's options (TE 2.20.2's ``NVFP4Quantizer`` fields):
 

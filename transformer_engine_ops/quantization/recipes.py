@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import os
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple, Optional
+from typing import Any, ClassVar, NamedTuple, Optional, Union
 
 import torch
 
@@ -32,7 +32,6 @@ from ..runtime.quantizer import (
     check_choice,
     check_float,
     check_int,
-    value_opaque_reason,
 )
 from ..runtime.values import GemmConfig
 from .float8 import MAX_AMAX_HISTORY_LEN, Float8CurrentScalingQuantizer, Float8Quantizer
@@ -45,13 +44,16 @@ __all__ = [
     "ROLES",
     "CustomRecipe",
     "DelayedScaling",
+    "DelayedScalingRequest",
     "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
+    "IdentityQuantizer",
     "MMParams",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
     "QParams",
+    "QuantizerRequest",
     "QuantizerRole",
     "Recipe",
 ]
@@ -579,6 +581,99 @@ class QuantizerRole:
         return "|".join(parts) if parts else "QuantizerRole()"
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizerRequest:
+    """TE's base of what a :class:`CustomRecipe` factory returns in place of a
+    quantizer whose state the module keeps (``transformer_engine.pytorch.
+    QuantizerRequest``): each module makes and owns the quantizer, per GEMM."""
+
+    # A request is module state, never a graph constant (modules/autocast.py).
+    value_opaque: ClassVar[bool] = False
+    not_value_opaque_reason: ClassVar[Optional[str]] = (
+        "a CustomRecipe factory's QuantizerRequest is answered by each module's own "
+        "stateful quantizer, which runs eagerly"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedScalingRequest(QuantizerRequest):
+    """TE's request for a delayed-scaling ``Float8Quantizer`` in a :class:`CustomRecipe`
+    slot: the module answers it with its own delayed-scaling state, as under
+    ``DelayedScaling`` with these arguments (the slot's FP8 dtype from ``fp8_format``
+    and its direction), saved in ``_extra_state`` the same way. Every request of one
+    module's GEMM must be equal (TE's rule)."""
+
+    fp8_format: Format = Format.HYBRID
+    margin: int = 0
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Optional[Callable[..., Any]] = None
+    reduce_amax: bool = True
+
+    def __post_init__(self) -> None:
+        self.recipe()  # TE's checks of these values, naming the argument
+
+    def recipe(self) -> DelayedScaling:
+        """The ``DelayedScaling`` recipe of these arguments."""
+        return DelayedScaling(
+            margin=self.margin,
+            fp8_format=self.fp8_format,
+            amax_history_len=self.amax_history_len,
+            amax_compute_algo=self.amax_compute_algo,
+            scaling_factor_compute_algo=self.scaling_factor_compute_algo,
+            reduce_amax=self.reduce_amax,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentityQuantizer:
+    """TE's high-precision passthrough (``transformer_engine.pytorch.IdentityQuantizer``):
+    ``quantize(x)`` is ``x`` itself (cast to ``dtype`` when given). In a
+    :class:`CustomRecipe` slot it means "not quantized": that operand enters its GEMM in
+    the activation dtype (``dtype`` must be None there)."""
+
+    _: dataclasses.KW_ONLY
+    dtype: Optional[torch.dtype] = None
+    rowwise: bool = True
+    columnwise: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and not (
+            isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point
+        ):
+            raise TypeError(f"IdentityQuantizer: dtype must be a float dtype, got {self.dtype!r}")
+        check_bool("IdentityQuantizer", "rowwise", self.rowwise)
+        check_bool("IdentityQuantizer", "columnwise", self.columnwise)
+
+    @property
+    def rowwise_usage(self) -> bool:
+        return self.rowwise
+
+    @property
+    def columnwise_usage(self) -> bool:
+        return self.columnwise
+
+    def quantize(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.quantize(tensor)
+
+    def copy(self) -> IdentityQuantizer:
+        return dataclasses.replace(self)
+
+    def is_requantization_safe(self) -> bool:
+        return True
+
+    def _get_compatible_recipe(self) -> None:
+        return None
+
+
+# What a CustomRecipe slot holds: a quantizer, a module's request, or None (the
+# factory's IdentityQuantizer: the operand is not quantized).
+SlotQuantizer = Optional[Union[Quantizer, QuantizerRequest]]
+
+
 @dataclasses.dataclass
 class CustomRecipe(Recipe):
     """TE 2.20.2's ``CustomRecipe``: ``qfactory(role)`` returns the quantizer of each
@@ -588,13 +683,15 @@ class CustomRecipe(Recipe):
     when it first runs under the recipe's value; the answers are kept per (recipe value,
     roles), as TE keeps a module's recipe state, so the factory is not called per step.
 
-    The factory must return this library's stateless quantizers
-    (``te.Float8CurrentScalingQuantizer``, ``te.MXFP8Quantizer``,
-    ``te.Float8BlockQuantizer``, ``te.NVFP4Quantizer``); anything else (None, TE's own
-    quantizers, its ``IdentityQuantizer`` or ``DelayedScalingRequest``, a delayed-scaling
-    ``Float8Quantizer``) raises naming the role. Under ``torch.compile`` the graph is
-    guarded on the factory's identity, which needs a plain function (``def`` or
-    ``lambda``); another callable runs its region eagerly (``fullgraph=True`` raises
+    The factory returns this library's quantizers (``te.Float8CurrentScalingQuantizer``,
+    ``te.MXFP8Quantizer``, ``te.Float8BlockQuantizer``, ``te.NVFP4Quantizer``, a
+    ``te.Float8Quantizer`` with the caller's scale and amax), TE's
+    ``te.IdentityQuantizer()`` for a slot left in high precision, or TE's
+    ``te.DelayedScalingRequest`` for a slot under delayed scaling, which each module
+    answers with its own state (a stateful slot runs eagerly, as ``DelayedScaling``
+    does). None or anything else raises naming the role. Under ``torch.compile`` the
+    graph is guarded on the factory's identity, which needs a plain function (``def``
+    or ``lambda``); another callable runs its region eagerly (``fullgraph=True`` raises
     naming it). ``fp8_format`` and ``quantization_alignment`` are accepted as TE's (the
     quantizers decide the formats; nothing here pads by the alignment)."""
 
@@ -620,32 +717,39 @@ class CustomRecipe(Recipe):
     def custom(cls) -> bool:
         return True
 
-    def quantizer_for(self, role: Optional[QuantizerRole]) -> Quantizer:
-        """``qfactory(role)``, checked to be a quantizer this library runs."""
+    def quantizer_for(self, role: Optional[QuantizerRole]) -> SlotQuantizer:
+        """``qfactory(role)``, checked: a quantizer of this library (a sealed copy: the
+        factory's caller may change its own), a request, or None for an
+        ``IdentityQuantizer``."""
         made = self.qfactory(role)
         where = f"{self._owner()}.qfactory({role})"
         if made is None:
             raise ValueError(
                 f"{where} returned None; every slot needs a quantizer (TE's rule: an "
-                "intentional high-precision slot returns an IdentityQuantizer, which this "
-                "library does not implement)"
+                "intentional high-precision slot returns an IdentityQuantizer)"
             )
+        if isinstance(made, IdentityQuantizer):
+            if made.dtype is not None:
+                raise NotImplementedError(
+                    f"{where} returned IdentityQuantizer(dtype={made.dtype}): casting a "
+                    "slot's operand to another dtype is not implemented by "
+                    "transformer_engine_ops; leave dtype None (the operand enters its GEMM "
+                    "in the activation dtype)"
+                )
+            return None
+        if isinstance(made, QuantizerRequest):
+            return made
         if not isinstance(made, Quantizer):
             raise NotImplementedError(
                 f"{where} returned a {type(made).__module__}.{type(made).__qualname__}; "
                 "transformer_engine_ops runs its own quantizers (te.Float8CurrentScalingQuantizer, "
-                "te.MXFP8Quantizer, te.Float8BlockQuantizer, te.NVFP4Quantizer), not TE's "
-                "quantizers or quantizer requests"
+                "te.MXFP8Quantizer, te.Float8BlockQuantizer, te.NVFP4Quantizer, "
+                "te.Float8Quantizer), te.IdentityQuantizer and te.DelayedScalingRequest, not "
+                "TE's quantizers"
             )
-        reason = value_opaque_reason(made)
-        if reason is not None:
-            raise NotImplementedError(
-                f"{where} returned a stateful {type(made).__name__} ({reason}); delayed "
-                "scaling inside a CustomRecipe (TE's DelayedScalingRequest) is not implemented"
-            )
-        return made
+        return made._sealed()
 
-    def make_quantizer(self, role: str) -> Quantizer:
+    def make_quantizer(self, role: str) -> SlotQuantizer:  # type: ignore[override]
         """The quantizer of ``role`` for a Linear without a name (TE's roles of an
         unnamed ``te.Linear``; the output and input gradient ask with None)."""
         if _check_role(role) in ("output", "grad_input"):

@@ -12,6 +12,7 @@ outputs). Each format lists its inner buffers once, in flatten order.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Optional, Union
 
@@ -35,6 +36,7 @@ __all__ = [
     "flatten_context",
     "is_quantized",
     "quantized_tensor_classes",
+    "quantizer_dataclass",
     "require_value_opaque",
     "usage_fields",
     "value_opaque_reason",
@@ -147,12 +149,48 @@ def _default_device(device: Optional[Union[str, torch.device]]) -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.get_default_device()
 
 
-@dataclasses.dataclass(eq=False)
+def quantizer_dataclass(cls: type) -> type:
+    """The decorator of every quantizer class: a frozen dataclass (``torch.compile``
+    passes frozen dataclasses as constants, rebuilding one from its fields by name, so
+    every field is keyword-only and every constructor takes the fields by name), whose
+    ``__setattr__``/``__delattr__`` are :class:`Quantizer`'s (TE's assignable
+    attributes) and whose equality and hash are :class:`Quantizer`'s."""
+    cls = dataclasses.dataclass(frozen=True, eq=False, kw_only=True)(cls)
+    cls.__setattr__ = _quantizer_setattr  # type: ignore[assignment]
+    cls.__delattr__ = _quantizer_delattr  # type: ignore[assignment]
+    return cls
+
+
+def _quantizer_setattr(self: Quantizer, name: str, value: Any) -> None:
+    """TE's assignable attributes: the usage flags, ``internal``,
+    ``with_amax_reduction`` (where the format has it) and ``amax_reduction_group``;
+    any other field is part of the configuration and stays as constructed."""
+    if not self.__dict__.get(_BUILT_ATTR):
+        object.__setattr__(self, name, value)
+    elif name in _MUTABLE_FIELDS and name in codec.field_names(type(self)):
+        self._mutate({name: value})
+    elif name == "amax_reduction_group":
+        self._check_unsealed(f"{name} = ...")
+        object.__setattr__(self, name, value)
+        self._forget_derived()
+    else:
+        raise dataclasses.FrozenInstanceError(
+            f"{type(self).__name__}: cannot assign to {name!r}: a quantizer's "
+            "configuration is fixed at construction (only the usage flags, internal, "
+            "with_amax_reduction and amax_reduction_group change); construct another"
+        )
+
+
+def _quantizer_delattr(self: Quantizer, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"{type(self).__name__}: cannot delete {name!r}")
+
+
+@quantizer_dataclass
 class Quantizer:
     """Base of all quantizers (TE's ``Quantizer``): a configuration value.
 
-    Concrete formats are dataclasses (``@dataclasses.dataclass(eq=False)``) whose fields
-    are their configuration: equality and hashing compare the fields, and the boundary
+    Concrete formats are :func:`quantizer_dataclass` classes whose fields are their
+    configuration: equality and hashing compare the fields, and the boundary
     codec (runtime/codec.py) lets a quantizer cross an op boundary as one guarded
     constant string. Each takes TE's constructor arguments (``rowwise``, ``columnwise``,
     TE's dtypes as ``te.DType`` or torch dtypes) and also every field by its own name,
@@ -232,6 +270,23 @@ class Quantizer:
             )
         return (type(self), *(getattr(self, name) for name in codec.field_names(type(self))))
 
+    def _encoding(self) -> tuple[Any, ...]:
+        """What fixes the meaning of the buffers this quantizer writes: its fields but
+        the usage flags, ``internal`` and those that choose how (not what) it computes.
+        A value may change to another quantizer of the same encoding
+        (``update_quantizer``)."""
+        skip = ("rowwise_usage", "columnwise_usage", "internal", "fp8_all_gather")
+        return tuple(
+            getattr(self, name)
+            for name in codec.field_names(type(self))
+            if name not in skip and name != "with_amax_reduction"
+        )
+
+    def _same_quantizer(self, other: Quantizer) -> bool:
+        """Whether ``other`` quantizes as this one does (its configuration; a stateful
+        quantizer's state too)."""
+        return self == other
+
     def _check_encodable(self) -> None:
         """The op boundary's encoder asks first (runtime/codec.py)."""
         self._value()
@@ -243,28 +298,6 @@ class Quantizer:
 
     def __hash__(self) -> int:
         return hash(self._value())
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """TE's assignable attributes: the usage flags, ``internal``,
-        ``with_amax_reduction`` (where the format has it) and ``amax_reduction_group``;
-        any other field is part of the configuration and stays as constructed."""
-        if not self.__dict__.get(_BUILT_ATTR):
-            object.__setattr__(self, name, value)
-        elif name in _MUTABLE_FIELDS and name in codec.field_names(type(self)):
-            self._mutate({name: value})
-        elif name == "amax_reduction_group":
-            self._check_unsealed(f"{name} = ...")
-            object.__setattr__(self, name, value)
-            self._forget_derived()
-        else:
-            raise dataclasses.FrozenInstanceError(
-                f"{type(self).__name__}: cannot assign to {name!r}: a quantizer's "
-                "configuration is fixed at construction (only the usage flags, internal, "
-                "with_amax_reduction and amax_reduction_group change); construct another"
-            )
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"{type(self).__name__}: cannot delete {name!r}")
 
     def _check_unsealed(self, what: str) -> None:
         if self.__dict__.get(_SEALED_ATTR):
@@ -326,6 +359,11 @@ class Quantizer:
     def _sealed(self) -> Quantizer:
         """This quantizer if sealed, else a sealed copy of it (kept until it changes)."""
         return self if self.__dict__.get(_SEALED_ATTR) else self._derived()
+
+    def _seal(self) -> Quantizer:
+        """Seal this quantizer itself (one nobody else holds: a recipe's, just made)."""
+        object.__setattr__(self, _SEALED_ATTR, True)
+        return self
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the derived-quantizer memo (rebuilt on use)."""
@@ -782,8 +820,11 @@ class QuantizedData:
         if quantizer.internal is not internal:
             quantizer = quantizer.with_internal(internal)
         # Sealed: a quantizer its owner changes later (``set_usage``) must not change
-        # what this value's buffers mean.
-        self._quantizer = quantizer._sealed()
+        # what this value's buffers mean. (The quantizers a compiled graph is traced with
+        # are sealed where they are made; none is copied while tracing.)
+        if not quantizer.__dict__.get(_SEALED_ATTR) and not torch.compiler.is_compiling():
+            quantizer = quantizer._sealed()
+        self._quantizer = quantizer
         self._dtype = dtype
         expected = cls._expected_names(rowwise, columnwise)
         missing = [n for n in expected if get(n) is None]
@@ -813,6 +854,28 @@ class QuantizedData:
     @property
     def quantizer(self) -> Quantizer:
         return self._quantizer
+
+    def _get_quantizer(self) -> Quantizer:
+        """TE's: the quantizer this value requantizes with (``quantize_``)."""
+        return self._quantizer
+
+    def update_quantizer(self, quantizer: Quantizer) -> None:
+        """TE's: requantize with ``quantizer`` from now on (``quantize_``, the in-place
+        updates of a quantized parameter), warning as TE does when it is not this
+        value's quantizer. It must encode as this value's does (its class and
+        :meth:`Quantizer._encoding`), so the buffers keep their meaning."""
+        current = self._quantizer
+        if type(quantizer) is not type(current) or quantizer._encoding() != current._encoding():
+            raise ValueError(
+                f"{type(self).__name__}.update_quantizer: {quantizer!r} does not encode as "
+                f"this value's {current!r}; quantize the value with it instead"
+            )
+        fitted = quantizer.with_usage(rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+        fitted = fitted.with_internal(isinstance(self, QuantizedStorage))._sealed()
+        if fitted._same_quantizer(current):
+            return
+        warnings.warn("Quantizer is being updated, this may affect model behavior", stacklevel=2)
+        self._quantizer = fitted
 
     @property
     def rowwise_usage(self) -> bool:
