@@ -72,6 +72,7 @@ FORWARD_SCHEMA = (
     ", Tensor? sr_rng_state"
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
+    ", str?[]? calibration_quantizers"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -107,6 +108,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
+    _b.SlotRow("calibration_quantizers", "quantizer list", "calibration_quantizers", "str?[]?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -202,6 +204,7 @@ def flatten_grouped_linear_fwd_args(args: GroupedLinearFwdArgs) -> tuple[Any, ..
         args.sr_rng_state,
         args.fuse_wgrad_accumulation,
         args.delay_wgrad_compute,
+        args.calibration_quantizers,
     )
 
 
@@ -232,6 +235,7 @@ def grouped_linear_fwd_slots(
     sr_rng_state: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `GroupedLinearFwdArgs` (`call_grouped_linear` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -312,6 +316,11 @@ def grouped_linear_fwd_slots(
         delay_wgrad_compute
         if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"),
+        None
+        if calibration_quantizers is None
+        else _b.code_list(
+            calibration_quantizers, Quantizer, "GroupedLinearFwdArgs.calibration_quantizers"
+        ),
     )
 
 
@@ -345,6 +354,7 @@ def unflatten_grouped_linear_fwd_args(*slots: Any) -> GroupedLinearFwdArgs:
         sr_rng_state=slot(),
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
+        calibration_quantizers=_b.decode_list(slot()),
     )
 
 
@@ -726,6 +736,7 @@ def grouped_linear_compile_blocker(
     grad_output_quantizers: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
@@ -740,6 +751,9 @@ def grouped_linear_compile_blocker(
     if reason is not None:
         return reason
     reason = _r.quantizer_blocker(*(grad_output_quantizers or ()))
+    if reason is not None:
+        return reason
+    reason = _r.quantizer_blocker(*(calibration_quantizers or ()))
     if reason is not None:
         return reason
     if isinstance(inp, _r.QuantizedData):
@@ -787,6 +801,7 @@ def call_grouped_linear(
     sr_rng_state: Any = None,
     fuse_wgrad_accumulation: Any = False,
     delay_wgrad_compute: Any = False,
+    calibration_quantizers: Any = None,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `grouped_linear` op's user outputs on the fields of a `GroupedLinearFwdArgs`, given by
@@ -810,6 +825,7 @@ def call_grouped_linear(
             grad_output_quantizers,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            calibration_quantizers,
         )
         if reason is None:
             # `grouped_linear_compiled(grouped_linear_fwd_slots(...))` written out: each
@@ -909,6 +925,11 @@ def call_grouped_linear(
                 else _b.check(
                     delay_wgrad_compute, bool, "GroupedLinearFwdArgs.delay_wgrad_compute"
                 ),
+                None
+                if calibration_quantizers is None
+                else _b.code_list(
+                    calibration_quantizers, Quantizer, "GroupedLinearFwdArgs.calibration_quantizers"
+                ),
             )
             outputs = _r.rebuild(_r.output_layout("teops::grouped_linear_fwd"), flat)
             if keep is not None:
@@ -941,6 +962,7 @@ def call_grouped_linear(
         sr_rng_state=sr_rng_state,
         fuse_wgrad_accumulation=fuse_wgrad_accumulation,
         delay_wgrad_compute=delay_wgrad_compute,
+        calibration_quantizers=calibration_quantizers,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -82,6 +82,7 @@ FORWARD_SCHEMA = (
     ", Tensor? sr_rng_state"
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
+    ", str?[]? calibration_quantizers"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -129,6 +130,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("sr_rng_state", "tensor", "sr_rng_state", "Tensor?"),
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
+    _b.SlotRow("calibration_quantizers", "quantizer list", "calibration_quantizers", "str?[]?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -254,6 +256,7 @@ def flatten_layer_norm_linear_fwd_args(args: LayerNormLinearFwdArgs) -> tuple[An
         args.sr_rng_state,
         args.fuse_wgrad_accumulation,
         args.delay_wgrad_compute,
+        args.calibration_quantizers,
     )
 
 
@@ -298,6 +301,7 @@ def layernorm_linear_fwd_slots(
     sr_rng_state: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `LayerNormLinearFwdArgs` (`call_layernorm_linear` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -468,6 +472,11 @@ def layernorm_linear_fwd_slots(
         delay_wgrad_compute
         if delay_wgrad_compute is True or delay_wgrad_compute is False
         else _b.check(delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"),
+        None
+        if calibration_quantizers is None
+        else _b.code_list(
+            calibration_quantizers, Quantizer, "LayerNormLinearFwdArgs.calibration_quantizers"
+        ),
     )
 
 
@@ -515,6 +524,7 @@ def unflatten_layer_norm_linear_fwd_args(*slots: Any) -> LayerNormLinearFwdArgs:
         sr_rng_state=slot(),
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
+        calibration_quantizers=_b.decode_list(slot()),
     )
 
 
@@ -991,6 +1001,7 @@ def layernorm_linear_compile_blocker(
     is_grad_enabled: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
@@ -1016,6 +1027,9 @@ def layernorm_linear_compile_blocker(
         type(grad_output_quantizer), "value_opaque", True
     ):
         return _r.quantizer_blocker(grad_output_quantizer)
+    reason = _r.quantizer_blocker(*(calibration_quantizers or ()))
+    if reason is not None:
+        return reason
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -1077,6 +1091,7 @@ def call_layernorm_linear(
     sr_rng_state: Any = None,
     fuse_wgrad_accumulation: Any = False,
     delay_wgrad_compute: Any = False,
+    calibration_quantizers: Any = None,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `layernorm_linear` op's user outputs on the fields of a `LayerNormLinearFwdArgs`, given by
@@ -1105,6 +1120,7 @@ def call_layernorm_linear(
             is_grad_enabled,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            calibration_quantizers,
         )
         if reason is None:
             # `layernorm_linear_compiled(layernorm_linear_fwd_slots(...))` written out: each
@@ -1316,6 +1332,13 @@ def call_layernorm_linear(
                 else _b.check(
                     delay_wgrad_compute, bool, "LayerNormLinearFwdArgs.delay_wgrad_compute"
                 ),
+                None
+                if calibration_quantizers is None
+                else _b.code_list(
+                    calibration_quantizers,
+                    Quantizer,
+                    "LayerNormLinearFwdArgs.calibration_quantizers",
+                ),
             )
             outputs = _r.rebuild(_r.output_layout("teops::layernorm_linear_fwd"), flat)
             if keep is not None:
@@ -1362,6 +1385,7 @@ def call_layernorm_linear(
         sr_rng_state=sr_rng_state,
         fuse_wgrad_accumulation=fuse_wgrad_accumulation,
         delay_wgrad_compute=delay_wgrad_compute,
+        calibration_quantizers=calibration_quantizers,
     )
     if reason is None:
         return _call_eagerly(args, keep)

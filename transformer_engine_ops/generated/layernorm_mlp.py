@@ -97,6 +97,7 @@ FORWARD_SCHEMA = (
     ", bool delay_wgrad_compute"
     ", str? activation_params"
     ", bool checkpoint"
+    ", str?[]? calibration_quantizers"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -164,6 +165,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
     _b.SlotRow("activation_params", "value", "activation_params", "str?"),
     _b.SlotRow("checkpoint", "scalar", "checkpoint", "bool"),
+    _b.SlotRow("calibration_quantizers", "quantizer list", "calibration_quantizers", "str?[]?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -347,6 +349,7 @@ def flatten_layer_norm_mlp_fwd_args(args: LayerNormMLPFwdArgs) -> tuple[Any, ...
         args.delay_wgrad_compute,
         args.activation_params,
         args.checkpoint,
+        args.calibration_quantizers,
     )
 
 
@@ -403,6 +406,7 @@ def layernorm_mlp_fwd_slots(
     delay_wgrad_compute: Any,
     activation_params: Any,
     checkpoint: Any,
+    calibration_quantizers: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `LayerNormMLPFwdArgs` (`call_layernorm_mlp` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -697,6 +701,11 @@ def layernorm_mlp_fwd_slots(
         checkpoint
         if checkpoint is True or checkpoint is False
         else _b.check(checkpoint, bool, "LayerNormMLPFwdArgs.checkpoint"),
+        None
+        if calibration_quantizers is None
+        else _b.code_list(
+            calibration_quantizers, Quantizer, "LayerNormMLPFwdArgs.calibration_quantizers"
+        ),
     )
 
 
@@ -756,6 +765,7 @@ def unflatten_layer_norm_mlp_fwd_args(*slots: Any) -> LayerNormMLPFwdArgs:
         delay_wgrad_compute=slot(),
         activation_params=_b.optional_decode(slot()),
         checkpoint=slot(),
+        calibration_quantizers=_b.decode_list(slot()),
     )
 
 
@@ -1469,6 +1479,7 @@ def layernorm_mlp_compile_blocker(
     fc2_grad_output_quantizer: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
@@ -1524,6 +1535,9 @@ def layernorm_mlp_compile_blocker(
         type(fc2_grad_output_quantizer), "value_opaque", True
     ):
         return _r.quantizer_blocker(fc2_grad_output_quantizer)
+    reason = _r.quantizer_blocker(*(calibration_quantizers or ()))
+    if reason is not None:
+        return reason
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -1595,6 +1609,7 @@ def call_layernorm_mlp(
     delay_wgrad_compute: Any = False,
     activation_params: Any = None,
     checkpoint: Any = False,
+    calibration_quantizers: Any = None,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `layernorm_mlp` op's user outputs on the fields of a `LayerNormMLPFwdArgs`, given by
@@ -1627,6 +1642,7 @@ def call_layernorm_mlp(
             fc2_grad_output_quantizer,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            calibration_quantizers,
         )
         if reason is None:
             # `layernorm_mlp_compiled(layernorm_mlp_fwd_slots(...))` written out: each
@@ -1962,6 +1978,11 @@ def call_layernorm_mlp(
                 checkpoint
                 if checkpoint is True or checkpoint is False
                 else _b.check(checkpoint, bool, "LayerNormMLPFwdArgs.checkpoint"),
+                None
+                if calibration_quantizers is None
+                else _b.code_list(
+                    calibration_quantizers, Quantizer, "LayerNormMLPFwdArgs.calibration_quantizers"
+                ),
             )
             outputs = _r.rebuild(_r.output_layout("teops::layernorm_mlp_fwd"), flat)
             if keep is not None:
@@ -2020,6 +2041,7 @@ def call_layernorm_mlp(
         delay_wgrad_compute=delay_wgrad_compute,
         activation_params=activation_params,
         checkpoint=checkpoint,
+        calibration_quantizers=calibration_quantizers,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -79,6 +79,7 @@ FORWARD_SCHEMA = (
     ", bool fuse_wgrad_accumulation"
     ", bool delay_wgrad_compute"
     ", bool save_original_input"
+    ", str?[]? calibration_quantizers"
     ") -> Tensor[]"
 )
 FORWARD_SLOTS = (
@@ -122,6 +123,7 @@ FORWARD_SLOTS = (
     _b.SlotRow("fuse_wgrad_accumulation", "scalar", "fuse_wgrad_accumulation", "bool"),
     _b.SlotRow("delay_wgrad_compute", "scalar", "delay_wgrad_compute", "bool"),
     _b.SlotRow("save_original_input", "scalar", "save_original_input", "bool"),
+    _b.SlotRow("calibration_quantizers", "quantizer list", "calibration_quantizers", "str?[]?"),
 )
 
 BACKWARD_SCHEMA = (
@@ -232,6 +234,7 @@ def flatten_linear_fwd_args(args: LinearFwdArgs) -> tuple[Any, ...]:
         args.fuse_wgrad_accumulation,
         args.delay_wgrad_compute,
         args.save_original_input,
+        args.calibration_quantizers,
     )
 
 
@@ -273,6 +276,7 @@ def linear_fwd_slots(
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
     save_original_input: Any,
+    calibration_quantizers: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `LinearFwdArgs` (`call_linear` has
     them as keywords, no bundle built), in schema order; each field is checked."""
@@ -412,6 +416,11 @@ def linear_fwd_slots(
         save_original_input
         if save_original_input is True or save_original_input is False
         else _b.check(save_original_input, bool, "LinearFwdArgs.save_original_input"),
+        None
+        if calibration_quantizers is None
+        else _b.code_list(
+            calibration_quantizers, Quantizer, "LinearFwdArgs.calibration_quantizers"
+        ),
     )
 
 
@@ -456,6 +465,7 @@ def unflatten_linear_fwd_args(*slots: Any) -> LinearFwdArgs:
         fuse_wgrad_accumulation=slot(),
         delay_wgrad_compute=slot(),
         save_original_input=slot(),
+        calibration_quantizers=_b.decode_list(slot()),
     )
 
 
@@ -866,6 +876,7 @@ def linear_compile_blocker(
     is_grad_enabled: Any,
     fuse_wgrad_accumulation: Any,
     delay_wgrad_compute: Any,
+    calibration_quantizers: Any,
 ) -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
@@ -891,6 +902,9 @@ def linear_compile_blocker(
         type(grad_output_quantizer), "value_opaque", True
     ):
         return _r.quantizer_blocker(grad_output_quantizer)
+    reason = _r.quantizer_blocker(*(calibration_quantizers or ()))
+    if reason is not None:
+        return reason
     if isinstance(inp, _r.QuantizedData):
         return "a quantized input tensor"
     if fuse_wgrad_accumulation:
@@ -949,6 +963,7 @@ def call_linear(
     fuse_wgrad_accumulation: Any = False,
     delay_wgrad_compute: Any = False,
     save_original_input: Any = False,
+    calibration_quantizers: Any = None,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
     """The `linear` op's user outputs on the fields of a `LinearFwdArgs`, given by
@@ -977,6 +992,7 @@ def call_linear(
             is_grad_enabled,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            calibration_quantizers,
         )
         if reason is None:
             # `linear_compiled(linear_fwd_slots(...))` written out: each
@@ -1143,6 +1159,11 @@ def call_linear(
                 save_original_input
                 if save_original_input is True or save_original_input is False
                 else _b.check(save_original_input, bool, "LinearFwdArgs.save_original_input"),
+                None
+                if calibration_quantizers is None
+                else _b.code_list(
+                    calibration_quantizers, Quantizer, "LinearFwdArgs.calibration_quantizers"
+                ),
             )
             outputs = _r.rebuild(_r.output_layout("teops::linear_fwd"), flat)
             if keep is not None:
@@ -1181,6 +1202,7 @@ def call_linear(
             sr_rng_state,
             fuse_wgrad_accumulation,
             delay_wgrad_compute,
+            calibration_quantizers,
         )
         if outputs is not None:
             return outputs
@@ -1222,6 +1244,7 @@ def call_linear(
         fuse_wgrad_accumulation=fuse_wgrad_accumulation,
         delay_wgrad_compute=delay_wgrad_compute,
         save_original_input=save_original_input,
+        calibration_quantizers=calibration_quantizers,
     )
     if reason is None:
         return _call_eagerly(args, keep)

@@ -25,7 +25,13 @@ from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
 from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
-from .autocast import STATE, GemmRoles, RecipeQuantizers, custom_quantizers
+from .autocast import (
+    STATE,
+    CalibrationQuantizers,
+    GemmRoles,
+    RecipeQuantizers,
+    custom_quantizers,
+)
 
 _UNSET = object()
 
@@ -311,6 +317,28 @@ class ExtraStateMixin:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         param.update_quantizer(new.quantizers["weight"])
+
+    def _split_calibration(
+        self, active: RecipeQuantizers | None
+    ) -> tuple[RecipeQuantizers | None, list[Any] | None]:
+        """``(the recipe this forward quantizes with, the calibration quantizers)``.
+        Under ``autocast(enabled=False, calibrating=True)`` (TE's calibration) the
+        forward quantizes nothing and each GEMM's input and weight quantizers (this
+        module's own under delayed scaling, in GEMM order) record what they would
+        quantize; otherwise ``(active, None)``. Calibration runs eagerly (the state it
+        writes is the module's)."""
+        if not isinstance(active, CalibrationQuantizers):
+            return active, None
+        if is_compiling():
+            return None, run_eagerly(active.compile_blocker, self._calibration_quantizers, active)
+        return None, self._calibration_quantizers(active)
+
+    def _calibration_quantizers(self, active: RecipeQuantizers) -> list[Any]:
+        made: list[Any] = []
+        for gemm in (None, *self.further_gemms):
+            q = self._stateful_quantizers(active, gemm)
+            made += [q.input, q.weight]  # type: ignore[union-attr]
+        return made
 
     def _recipe_quantizers(self) -> RecipeQuantizers | None:
         """The quantizers of this forward's (first) GEMM: :func:`forward_recipe`'s,

@@ -140,6 +140,26 @@ class RecipeQuantizers:
         )
 
 
+# Why a calibrating region runs eagerly (TE's autocast(enabled=False, calibrating=True)).
+CALIBRATION_REASON = (
+    "te.autocast(calibrating=True) records amaxes into the modules' own delayed-scaling "
+    "state, which lives outside any graph"
+)
+
+
+@dataclass(frozen=True)
+class CalibrationQuantizers(RecipeQuantizers):
+    """A recipe's quantizers under ``autocast(enabled=False, calibrating=True)``: the
+    modules quantize nothing, and each GEMM's input and weight quantizers record what
+    they would quantize (``calibrate``: delayed scaling's amax), as TE's calibration."""
+
+    @classmethod
+    def of(cls, made: RecipeQuantizers) -> CalibrationQuantizers:
+        fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(made)}
+        fields["compile_blocker"] = CALIBRATION_REASON
+        return cls(**fields)
+
+
 def _sealed(quantizer: Any) -> Any:
     """A recipe's new quantizer, sealed (a CustomRecipe slot may hold a request or None)."""
     return quantizer._seal() if isinstance(quantizer, Quantizer) else quantizer
@@ -461,9 +481,18 @@ class _RecipeScope:
     ``__enter__`` and ``__exit__`` (not a generator) so that Dynamo inlines both into the
     graph's frame."""
 
-    def __init__(self, cell: str, enabled: bool, recipe: Recipe | None, deferred: bool) -> None:
+    def __init__(
+        self,
+        cell: str,
+        enabled: bool,
+        recipe: Recipe | None,
+        deferred: bool,
+        calibrating: bool = False,
+    ) -> None:
         self.cell = cell
         self.enabled = enabled
+        # TE's calibration: only a disabled region calibrates (an enabled one quantizes).
+        self.calibrating = calibrating and not enabled
         self.recipe = recipe
         self.deferred = deferred  # defer delayed-scaling updates to the outermost exit
         self.previous: RecipeQuantizers | None = None
@@ -475,6 +504,9 @@ class _RecipeScope:
     def __enter__(self) -> None:
         if not torch.compiler.is_compiling():
             self._enter_eagerly()
+            return
+        if self.calibrating:  # module state: entered eagerly, behind a graph break
+            run_eagerly(CALIBRATION_REASON, self._enter_eagerly)
             return
         quantizers = _quantizers_while_compiling(self.recipe) if self.enabled else None
         if isinstance(quantizers, str):
@@ -505,10 +537,12 @@ class _RecipeScope:
 
     def _enter_eagerly(self) -> None:
         quantizers = None
-        if self.enabled:
+        if self.enabled or self.calibrating:
             _refuse_under_functorch(self.cell)
             recipe = Float8CurrentScaling() if self.recipe is None else self.recipe
             quantizers = RecipeQuantizers.from_recipe(recipe)
+            if self.calibrating:
+                quantizers = CalibrationQuantizers.of(quantizers)
         if self.deferred:
             self.deferring = deferred_scale_updates()
             self.deferring.__enter__()
@@ -556,11 +590,15 @@ def autocast(
     a compiled function, where the graph is guarded on the recipe's fields. TE 2.20.2's
     arguments, in its order:
 
-    ``calibrating``: TE collects delayed scaling's amax statistics while running
-    unquantized (``enabled=False``). With ``enabled=True`` it changes nothing (the
-    quantized run collects them anyway), nor for a recipe without such state (nothing
-    to collect); the one case that would collect (``enabled=False`` under
-    ``DelayedScaling``) raises ``NotImplementedError``.
+    ``calibrating`` with ``enabled=False`` (TE's calibration): the modules run
+    unquantized, and each GEMM's input and weight quantizers of ``recipe`` (the
+    module's own under delayed scaling) record what they would quantize: delayed
+    scaling's amax of the operand replaces the current step's (``calibrate``), so the
+    history and the saved ``_extra_state`` hold the statistics of a high-precision
+    run; no scale is updated at the exit (as in TE, only an enabled region updates).
+    Stateless recipes keep no statistics: the run is plain high precision. The region
+    runs eagerly under ``torch.compile`` (module state). With ``enabled=True`` it
+    changes nothing (the quantized run collects its statistics anyway).
 
     ``amax_reduction_group``: the group over which delayed scaling reduces its amaxes
     when the region exits. Accepted; the reduction across ranks is not done here (each
@@ -577,12 +615,12 @@ def autocast(
     each backward pass. Inside a compiled function it is refused (an eager fallback,
     which ``fullgraph=True`` turns into an error naming it).
     """
-    _check_autocast_arguments(enabled, calibrating, recipe, amax_reduction_group, _graph)
-    return _RecipeScope("autocast_cell", enabled, recipe, deferred=True)
+    _check_autocast_arguments(enabled, recipe, amax_reduction_group, _graph)
+    return _RecipeScope("autocast_cell", enabled, recipe, deferred=True, calibrating=calibrating)
 
 
 def _check_autocast_arguments(
-    enabled: bool, calibrating: bool, recipe: Recipe | None, group: Any, graph: bool
+    enabled: bool, recipe: Recipe | None, group: Any, graph: bool
 ) -> None:
     """Refuse, naming it, what :func:`autocast` does not implement of TE's arguments."""
     if graph:
@@ -591,12 +629,6 @@ def _check_autocast_arguments(
             "transformer_engine_ops; use te.make_graphed_callables"
         )
     delayed = isinstance(recipe, DelayedScaling)
-    if calibrating and not enabled and delayed:
-        raise NotImplementedError(
-            "autocast: calibrating=True with enabled=False under DelayedScaling (collecting "
-            "amax statistics from an unquantized run) is not implemented by "
-            "transformer_engine_ops"
-        )
     if group is not None and delayed and group.size() > 1:
         raise NotImplementedError(
             f"autocast: amax_reduction_group of {group.size()} ranks under DelayedScaling "

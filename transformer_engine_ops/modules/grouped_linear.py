@@ -96,7 +96,7 @@ from ._call import (
 from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
-from .autocast import STATE
+from .autocast import STATE, CalibrationQuantizers
 
 
 def _row_counts(owner: str, m_splits: list[Any] | tuple[Any, ...]) -> list[int]:
@@ -462,6 +462,9 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 cls, inp, self._weights(), self._biases(), m_splits, self.params_dtype
             )
         shared = forward_recipe(self)
+        calibration = None
+        if isinstance(shared, CalibrationQuantizers):  # TE's calibrating=True
+            shared, calibration = self._split_calibration(shared)
         if (
             self.save_original_input
             and shared is not None
@@ -519,6 +522,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 is_grad_enabled() and backward_override_of(q) is None,
             ),
             **wgrad_flags(self.fuse_wgrad_accumulation, self.delay_wgrad_compute, *weights),
+            calibration_quantizers=calibration,
         )
         if not caching and self._grouped_gemm_serves(inp, dtype, fields):
             if counts is not None:  # made on the input's device: a graph constant there
@@ -540,13 +544,16 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
         """Whether the grouped-GEMM op serves this call (``ops/grouped_gemm.py``): plain
         input and weights, no weight-gradient scheduling or backward override, one
         quantizer per role for every GEMM (a stateless recipe), and a device, dtype,
-        alignment and recipe it has a grouped GEMM for. Every other call loops."""
+        alignment and recipe it has a grouped GEMM for, not calibrating. Every other call
+        loops."""
         if not is_tensor(inp) or isinstance(inp, QuantizedData):
             return False
         if fields["fuse_wgrad_accumulation"] or fields["delay_wgrad_compute"]:
             return False
         if fields["backward_override"] is not None or fields["sr_rng_state"] is not None:
             return False
+        if fields["calibration_quantizers"] is not None:
+            return False  # calibration reads each GEMM's operands in Linear's stage
         if any(isinstance(w, QuantizedData) for w in fields["weights"]):
             return False
         roles = ("input_quantizers", "weight_quantizers", "grad_output_quantizers")

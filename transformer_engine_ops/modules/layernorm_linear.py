@@ -28,7 +28,14 @@ from torch import is_grad_enabled, is_tensor, nn
 from ..generated.layernorm_linear import call_layernorm_linear
 from ..quantization.stochastic import rng_state_for
 from ..runtime.keep import Keep
-from ._base import ExtraStateMixin, full_then_shard, reject_unimplemented, te_default_init, tp_rank
+from ._base import (
+    ExtraStateMixin,
+    forward_recipe,
+    full_then_shard,
+    reject_unimplemented,
+    te_default_init,
+    tp_rank,
+)
 from ._call import (
     activation_dtype,
     backward_override_of,
@@ -42,7 +49,7 @@ from ._call import (
 from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
-from .autocast import STATE
+from .autocast import STATE, CalibrationQuantizers
 from .linear import _check_parallelism
 
 
@@ -215,7 +222,11 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             )
         if fp8_grad:  # TE's quantized input gradient (``type(self)`` only read here)
             reject_unimplemented(f"{type(self).__name__}.forward", fp8_grad=(fp8_grad, False))
-        q: Any = self._recipe_quantizers()
+        active = forward_recipe(self)
+        calibration = None
+        if isinstance(active, CalibrationQuantizers):  # TE's calibrating=True
+            active, calibration = self._split_calibration(active)
+        q: Any = self._stateful_quantizers(active)
         if 0 in self.weight.shape:  # no features: nothing to quantize, the norm runs
             q = None
         refuse_unsupported(q, self.weight)  # a format this CUDA device lacks
@@ -231,7 +242,7 @@ class LayerNormLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                     (4,),
                     functools.partial(self._keep_weight_workspace, fields["weight_quantizer"]),
                 )
-        outputs = call_layernorm_linear(**fields, keep=keep)
+        outputs = call_layernorm_linear(**fields, calibration_quantizers=calibration, keep=keep)
         out = outputs[0]
         extra: tuple[Any, ...] = ()
         if self.return_bias:

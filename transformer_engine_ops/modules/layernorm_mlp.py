@@ -40,7 +40,7 @@ from ._call import (
 from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
-from .autocast import STATE, RecipeQuantizers
+from .autocast import STATE, CalibrationQuantizers, RecipeQuantizers
 from .layernorm_linear import check_normalization
 from .linear import _check_parallelism
 
@@ -204,6 +204,9 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
         if torch_autocast_on(inp):  # TE's rule: cast the input, run with autocast off
             return under_torch_autocast(LayerNormMLP.forward, self, inp, is_first_microbatch)
         shared = forward_recipe(self)
+        calibration = None
+        if isinstance(shared, CalibrationQuantizers):  # TE's calibrating=True
+            shared, calibration = self._split_calibration(shared)
         if self.size_per_partition == 0:  # no hidden features: nothing to quantize
             shared = None
         fields = self._op_fields(inp, shared, is_first_microbatch)
@@ -226,7 +229,7 @@ class LayerNormMLP(ExtraStateMixin, WgradScheduling, nn.Module):
                     fields["fc2_weight_quantizer"],
                 ),
             )
-        outputs = call_layernorm_mlp(**fields, keep=keep)
+        outputs = call_layernorm_mlp(**fields, calibration_quantizers=calibration, keep=keep)
         extra: tuple[Any, ...] = ()
         if self.return_bias:
             bias = self.fc2_bias

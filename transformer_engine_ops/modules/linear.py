@@ -44,7 +44,7 @@ from ._call import (
 from ._device import default_device
 from ._wgrad import WgradScheduling, wgrad_flags
 from ._workspace import WeightWorkspace
-from .autocast import STATE
+from .autocast import STATE, CalibrationQuantizers
 
 
 def _save_original_input_allowed(input_quantizer: Any) -> bool:
@@ -303,6 +303,9 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
                 return out, None if module_bias is None else module_bias.to(out.dtype)
             return out
         active = forward_recipe(self)
+        calibration = None
+        if isinstance(active, CalibrationQuantizers):  # TE's calibrating=True
+            active, calibration = self._split_calibration(active)
         grad = is_grad_enabled()
         # A non-tensor input reaches the op as is and is reported by its field check.
         input_requires_grad = is_tensor(inp) and inp.requires_grad
@@ -379,6 +382,7 @@ class Linear(ExtraStateMixin, WgradScheduling, nn.Module):
             fuse_wgrad_accumulation=wgrad["fuse_wgrad_accumulation"],
             delay_wgrad_compute=wgrad["delay_wgrad_compute"],
             save_original_input=original,
+            calibration_quantizers=calibration,
             keep=keep,
         )
         if return_bias:

@@ -116,6 +116,10 @@ class GroupedLinearFwdArgs:
     fuse_wgrad_accumulation: bool = False
     delay_wgrad_compute: bool = False
 
+    # --- Calibration (autocast(enabled=False, calibrating=True)): GEMM i's input and
+    # weight quantizers at 2i and 2i + 1 ---
+    calibration_quantizers: Optional[list[Optional[Quantizer]]] = None
+
 
 @dataclass
 class GroupedLinearBwdArgs:
@@ -303,6 +307,18 @@ def _uses_workspace(args: GroupedLinearFwdArgs, i: int) -> bool:
     return _forward_plan(_caching_stage(args, i, args.inp)).weight_from_workspace
 
 
+def _calibration_pair(args: GroupedLinearFwdArgs, i: int) -> list[Any]:
+    """GEMM ``i``'s calibration quantizers: its input's and its weight's."""
+    quantizers = args.calibration_quantizers
+    assert quantizers is not None
+    if len(quantizers) != 2 * len(args.weights):
+        raise ValueError(
+            f"GroupedLinearFwdArgs.calibration_quantizers: {len(quantizers)} quantizers for "
+            f"{len(args.weights)} GEMMs; expected 2 per GEMM (input's, weight's)"
+        )
+    return quantizers[2 * i : 2 * i + 2]
+
+
 def _output_shape(args: GroupedLinearFwdArgs) -> tuple[Any, ...]:
     return (*args.inp.shape[:-1], args.out_features)
 
@@ -358,6 +374,8 @@ def grouped_linear_forward(
         if replays:  # read before GEMM i quantizes (an update may follow its quantize)
             for q in (args.input_quantizers[i], args.weight_quantizers[i]):
                 scales.append(_scale_of(q, x.device))
+        if args.calibration_quantizers is not None:
+            stage.calibration_quantizers = _calibration_pair(args, i)
         (out_i,), (_, made_i) = linear_forward(stage)
         outs.append(out_i)
         made.append(made_i)

@@ -123,6 +123,9 @@ class LayerNormLinearFwdArgs:
     fuse_wgrad_accumulation: bool = False
     delay_wgrad_compute: bool = False
 
+    # --- Calibration (autocast(enabled=False, calibrating=True)): norm output's, weight's ---
+    calibration_quantizers: Optional[list[Optional[Quantizer]]] = None
+
 
 @dataclass
 class LayerNormLinearBwdArgs:
@@ -228,6 +231,7 @@ def _gemm_args(args: LayerNormLinearFwdArgs, ln_out: Any) -> LinearFwdArgs:
     gemm.is_first_microbatch = args.is_first_microbatch
     gemm.cache_weight = args.cache_weight
     gemm.backward_override = args.backward_override
+    gemm.calibration_quantizers = args.calibration_quantizers
     return gemm
 
 

@@ -158,6 +158,10 @@ class LayerNormMLPFwdArgs:
     # --- TE's checkpoint: keep no activation; the backward recomputes norm, fc1, activation ---
     checkpoint: bool = False
 
+    # --- Calibration (autocast(enabled=False, calibrating=True)): the quantizers of fc1's
+    # input and weight, then fc2's ---
+    calibration_quantizers: Optional[list[Optional[Quantizer]]] = None
+
 
 @dataclass
 class LayerNormMLPBwdArgs:
@@ -422,6 +426,7 @@ def _fc1_args(args: LayerNormMLPFwdArgs, ln_out: Any) -> LinearFwdArgs:
         out_features=args.fc1_weight.shape[0],
         is_grad_enabled=args.is_grad_enabled,
     )
+    stage.calibration_quantizers = _calibration_pair(args, 0)
     return _cached(stage, args, args.fc1_weight_workspace)
 
 
@@ -454,7 +459,21 @@ def _fc2_args(args: LayerNormMLPFwdArgs, act_out: Any, fc1: LinearFwdArgs) -> Li
         out_features=args.hidden_size,
         is_grad_enabled=args.is_grad_enabled,
     )
+    stage.calibration_quantizers = _calibration_pair(args, 1)
     return _cached(stage, args, args.fc2_weight_workspace)
+
+
+def _calibration_pair(args: LayerNormMLPFwdArgs, gemm: int) -> Optional[list[Any]]:
+    """The calibration quantizers of fc1 (``gemm`` 0) or fc2 (1): input's, weight's."""
+    quantizers = args.calibration_quantizers
+    if quantizers is None:
+        return None
+    if len(quantizers) != 4:
+        raise ValueError(
+            f"LayerNormMLPFwdArgs.calibration_quantizers: {len(quantizers)} quantizers; "
+            "expected 4 (fc1's input and weight, then fc2's)"
+        )
+    return quantizers[2 * gemm : 2 * gemm + 2]
 
 
 class _ForwardPlan(NamedTuple):

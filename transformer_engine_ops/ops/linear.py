@@ -118,6 +118,9 @@ class LinearFwdArgs:
     # --- TE's save_original_input: keep the unquantized input, re-quantize it in backward ---
     save_original_input: bool = False
 
+    # --- Calibration (autocast(enabled=False, calibrating=True)): input's, weight's ---
+    calibration_quantizers: Optional[list[Optional[Quantizer]]] = None
+
 
 @dataclass
 class LinearBwdArgs:
@@ -684,7 +687,11 @@ def _forward_input(args: LinearFwdArgs, plan: _ForwardPlan) -> tuple[Any, Any, A
     else:
         x = inp.reshape(-1, inp.shape[-1]).to(dtype)
     hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
-    overlap = _overlap_group(args, plan.gather_input and hp_gemm, x, args.weight)
+    calibrating = args.calibration_quantizers is not None
+    # Calibration reads the whole (gathered) input: no gather fused into the GEMM.
+    overlap = _overlap_group(
+        args, plan.gather_input and hp_gemm and not calibrating, x, args.weight
+    )
     x_saved = None
     if plan.gather_quantized:
         # Quantize the shard (per-tensor FP8: with the group's amax), gather its rowwise
@@ -729,6 +736,8 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
     inp, dtype = args.inp, args.activation_dtype
     x, x_saved, overlap = _forward_input(args, plan)
     weight = _forward_weight(args, plan)
+    if args.calibration_quantizers is not None:
+        _calibrate(args.calibration_quantizers, (x, weight))
     bias = args.bias
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
@@ -777,6 +786,19 @@ def linear_saved(args: LinearFwdArgs) -> tuple[Any, Any]:
     if plan.saved_weight is not None:
         saved_weight = _keep_usage(_forward_weight(args, plan), plan.saved_weight)
     return saved_input, saved_weight
+
+
+def _calibrate(quantizers: list[Optional[Quantizer]], operands: tuple[Any, ...]) -> None:
+    """TE's calibration: each GEMM operand's quantizer records what quantizing the
+    operand would (a delayed-scaling amax; nothing for the stateless formats)."""
+    if len(quantizers) != len(operands):
+        raise ValueError(
+            f"LinearFwdArgs.calibration_quantizers: {len(quantizers)} quantizers for the "
+            f"GEMM's {len(operands)} operands (input, weight)"
+        )
+    for quantizer, operand in zip(quantizers, operands, strict=True):
+        if quantizer is not None:
+            quantizer.calibrate(operand)
 
 
 def _check_quantizable(quantizer: Any, shape: Any) -> None:
@@ -1145,6 +1167,7 @@ def linear_plain_call(
     sr_rng_state: Any,
     fuse_wgrad_accumulation: bool,
     delay_wgrad_compute: bool,
+    calibration_quantizers: Any,
 ) -> tuple[torch.Tensor] | None:
     """``linear_forward``'s outputs for a plain eager call, through :class:`_PlainLinear`
     (torch's own ``linear`` for contiguous 16-bit CUDA tensors, the same kernels):
@@ -1177,6 +1200,7 @@ def linear_plain_call(
         or sr_rng_state is not None
         or fuse_wgrad_accumulation
         or delay_wgrad_compute
+        or calibration_quantizers is not None
         or type(inp) not in _PLAIN_TENSORS
         or type(weight) not in _PLAIN_TENSORS
         or (bias is not None and type(bias) not in _PLAIN_TENSORS)
