@@ -89,7 +89,11 @@ def check_choice(owner: str, name: str, value: Any, choices: tuple[Any, ...]) ->
     return str(value) if value is not None else None
 
 
-def _fx_value_repr(value: Any, owner: str, name: str) -> str:
+def _fx_value_repr(value: Any, owner: str, name: str, env: dict[str, Any]) -> str:
+    """The code of one field's value for ``__fx_repr__``; a torch dtype is named by a
+    global added to ``env`` (bound to the dtype itself: the code evaluates with the
+    returned globals alone, as TE's value quantizers do, and a dtype pickles where
+    the ``torch`` module would not)."""
     # Exact built-in types only: an IntEnum member is an int whose repr is not code.
     if value is None or type(value) in (bool, int, str):
         return repr(value)
@@ -98,7 +102,9 @@ def _fx_value_repr(value: Any, owner: str, name: str) -> str:
             return f"float({str(value)!r})"
         return repr(value)
     if isinstance(value, torch.dtype):
-        return str(value)  # "torch.float8_e4m3fn", evaluable with torch in globals
+        global_name = "torch_" + str(value).removeprefix("torch.")
+        env[global_name] = value
+        return global_name
     raise TypeError(f"{owner}.{name}: value {value!r} has no evaluable FX representation")
 
 
@@ -394,13 +400,12 @@ class Quantizer:
         """``ClassName(field=value, ...)`` plus the globals that evaluate it."""
         self._value()  # a quantizer holding a process group is refused
         cls = type(self)
+        env: dict[str, Any] = {cls.__name__: cls}
         args = ", ".join(
-            f"{name}={_fx_value_repr(getattr(self, name), cls.__name__, name)}"
+            f"{name}={_fx_value_repr(getattr(self, name), cls.__name__, name, env)}"
             for name in codec.field_names(cls)
         )
-        # `torch` is always in scope of FX-generated code; a module object here would
-        # also make inductor's FX graph cache fail to pickle the graph.
-        return f"{cls.__name__}({args})", {cls.__name__: cls}
+        return f"{cls.__name__}({args})", env
 
     # ----- TE's quantizer API -----
 
