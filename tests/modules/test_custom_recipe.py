@@ -122,7 +122,7 @@ def test_bad_arguments_are_refused_naming_them(kwargs, error, match):
 # --- roles -------------------------------------------------------------------------------
 
 
-def _roles_asked(kind: str) -> set[Any]:
+def _roles_asked_in_order(kind: str) -> list[Any]:
     asked: list[Any] = []
 
     def factory(role):
@@ -131,7 +131,11 @@ def _roles_asked(kind: str) -> set[Any]:
 
     module = _module(kind)
     _step(module, kind, CustomRecipe(qfactory=factory))
-    return set(asked)
+    return asked
+
+
+def _roles_asked(kind: str) -> set[Any]:
+    return set(_roles_asked_in_order(kind))
 
 
 def _role(module_type: str, tensor_type: str, name: str = "") -> QuantizerRole:
@@ -159,11 +163,21 @@ def _role(module_type: str, tensor_type: str, name: str = "") -> QuantizerRole:
 )
 def test_each_module_asks_with_tes_roles(kind, expected):
     asked = _roles_asked(kind)
-    # None: the module's output and input gradient (TE's boundary slots); the unnamed
-    # Linear roles: the recipe's own quantizers, made when the autocast is entered.
-    unnamed = {_role("linear", t) for t in ("input", "weight", "grad_output")}
-    assert asked - {None} - unnamed == expected - unnamed
+    # None: the module's output and input gradient (TE's boundary slots).
+    assert asked - {None} == expected
     assert None in asked
+
+
+def test_only_the_module_asks_each_of_its_roles_once():
+    """TE's count for one Linear step: input, weight and grad_output once each, None
+    twice (output and input gradient); the recipe itself asks nothing."""
+    asked = _roles_asked_in_order("linear")
+    expected = [_role("linear", t, "proj") for t in ("input", "weight", "grad_output")]
+    assert sorted(r.tensor_type for r in asked if r is not None) == sorted(
+        r.tensor_type for r in expected
+    )
+    assert set(asked) - {None} == set(expected)
+    assert asked.count(None) == 2
 
 
 def test_factory_is_asked_once_per_recipe_value_and_roles():

@@ -19,7 +19,7 @@ import torch
 import transformer_engine_ops as te
 from transformer_engine_ops import availability, recipe
 from transformer_engine_ops.modules._call import refuse_unsupported
-from transformer_engine_ops.modules.autocast import RecipeQuantizers
+from transformer_engine_ops.modules.autocast import RecipeQuantizers, custom_quantizers
 from transformer_engine_ops.quantization import NVFP4Quantizer
 
 SWITCH = "TEOPS_EMULATE_UNSUPPORTED_RECIPES"
@@ -195,7 +195,11 @@ def test_a_custom_recipe_is_refused_by_what_its_quantizers_are(device):
             return NVFP4Quantizer()
         return te.Float8CurrentScalingQuantizer()
 
-    q = RecipeQuantizers.from_recipe(recipe.CustomRecipe(qfactory=factory))
+    shared = RecipeQuantizers.from_recipe(recipe.CustomRecipe(qfactory=factory))
+    assert shared.needs == ()  # the recipe asks its factory nothing; each module does
+    # An unnamed Linear's roles: input, weight, output, grad_output, grad_input.
+    roles = (("linear", "input", ""), ("linear", "weight", ""), None)
+    q = custom_quantizers(shared, roles + (("linear", "grad_output", ""), None))
     with pytest.raises(
         RuntimeError,
         match=r"^CustomRecipe \(its weight quantizer NVFP4Quantizer\) cannot run natively "

@@ -115,8 +115,13 @@ class RecipeQuantizers:
 
     @classmethod
     def _make(cls, recipe: Recipe, key: tuple[Any, ...] | None = None) -> RecipeQuantizers:
-        # Sealed: shared by every module (and graph) of this recipe value.
-        quantizers = [_sealed(recipe.make_quantizer(role)) for role in ROLES]
+        if isinstance(recipe, CustomRecipe):
+            # Each module asks the factory with its own GEMMs' roles (custom_quantizers),
+            # and only then, as TE's modules do: the recipe itself asks nothing.
+            quantizers = [None] * len(ROLES)
+        else:
+            # Sealed: shared by every module (and graph) of this recipe value.
+            quantizers = [_sealed(recipe.make_quantizer(role)) for role in ROLES]
         blocker = None
         if isinstance(recipe, CustomRecipe) and key is None:
             blocker = (
