@@ -63,6 +63,11 @@ TE_PYTORCH = "transformer_engine.pytorch"
 MODULES: dict[str, str] = {
     TE_PYTORCH: PACKAGE,
     "transformer_engine.common.recipe": f"{PACKAGE}.recipe",
+    # TE's CustomRecipe factories for the built-in recipes (its zoo and reference
+    # quantizers stay INTERNAL, below).
+    "transformer_engine.pytorch.custom_recipes.quantizer_factories": (
+        f"{PACKAGE}.custom_recipes.quantizer_factories"
+    ),
 }
 
 # TE object -> (this package's module, attribute).
@@ -137,7 +142,7 @@ INTERNAL: dict[str, str] = {
     "transformer_engine.pytorch.dynamo": "TE's Dynamo integration (its TensorSpec)",
     "transformer_engine.pytorch.attention.dot_product_attention": _DPA,
     "transformer_engine.pytorch.custom_recipes": (
-        "TE's quantizer factories for CustomRecipe (TE quantizer classes and requests)"
+        "TE's quantizer-factory zoo and reference quantizers for CustomRecipe"
     ),
     "transformer_engine.debug": "TE's debug tooling (nvdlfw_inspect)",
     "transformer_engine.pytorch.ops.basic.basic_linear.BasicLinear._functional_forward": (
