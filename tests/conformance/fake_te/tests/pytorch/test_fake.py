@@ -7,7 +7,7 @@ import torch
 import transformer_engine.pytorch as te
 import transformer_engine_torch as tex
 from transformer_engine.common import recipe
-from transformer_engine.pytorch import Linear, Fp8Padding
+from transformer_engine.pytorch import Linear, CudaRNGStatesTracker
 from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
 from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 from transformer_engine.pytorch.utils import init_method_normal
@@ -81,7 +81,7 @@ def test_internal_under_a_condition(flag, mode):
 
 
 def test_missing_public_name():
-    Fp8Padding(2)
+    CudaRNGStatesTracker()
 
 
 @pytest.mark.parametrize("value", [0, 1, 2])
