@@ -69,6 +69,23 @@ def test_fake_layout_matches_real_when_drawing(kwargs):
     check_fake_layouts(g, NAME, *FLAT, _bundle(**kwargs))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_drop_path_of_one_drops_every_sample_to_zero(compiled):
+    """TE's ``DropPath(1.0)`` divides by a keep probability of 0 (NaN); every sample
+    dropped is a zero branch here, its gradients zero, eagerly and compiled."""
+    fwd = _bundle(drop_path=1.0, dropout=0.25)
+
+    def f(inp, bias):
+        return _call(fwd, inp=inp, bias=bias)
+
+    run = torch.compile(f, fullgraph=True) if compiled else f
+    out = run(fwd.inp, fwd.bias)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(fwd.inp.grad, torch.zeros_like(fwd.inp))
+    assert torch.equal(fwd.bias.grad, torch.zeros_like(fwd.bias))
+
+
 def test_bias_add_rounds_once_in_the_inputs_dtype():
     fwd = _bundle()
     assert torch.equal(_call(fwd), fwd.inp.detach() + fwd.bias.detach())
@@ -139,7 +156,7 @@ def test_without_randomness_or_bias_the_output_is_a_fresh_tensor():
     [
         (dict(dropout=1.5), r"BiasDropoutFwdArgs\.dropout: a probability"),
         (dict(drop_path=-0.1), r"BiasDropoutFwdArgs\.drop_path: a probability"),
-        (dict(drop_path=1.0), r"BiasDropoutFwdArgs\.drop_path: 1\.0 would drop every"),
+        (dict(drop_path=1.5), r"BiasDropoutFwdArgs\.drop_path: a probability"),
         (dict(bias=torch.zeros(15)), r"BiasDropoutFwdArgs\.bias: shape \(15,\) does not"),
         (dict(bias=torch.zeros(2, 8, 2, 16)), r"BiasDropoutFwdArgs\.bias: .* would grow"),
     ],

@@ -12,7 +12,8 @@ same random numbers for the same generator state.
 
 Dropout is ``torch.native_dropout`` (mask kept for the backward); stochastic depth
 (``drop_path``, TE's ``DropPath``) draws one keep flag per sample (dim 0) with
-``keep + rand`` floored, in the input's dtype, and scales the kept samples by ``1 / keep``.
+``keep + rand`` floored, in the input's dtype, and scales the kept samples by ``1 / keep``;
+``drop_path=1.0`` drops every sample (zeros, where TE's ``0 / 0`` gives NaN).
 """
 
 from __future__ import annotations
@@ -84,11 +85,6 @@ def _check(args: BiasDropoutFwdArgs) -> None:
             raise ValueError(
                 f"{where}.bias: shape {tuple(bias.shape)} would grow inp {tuple(inp.shape)}"
             )
-    if args.drop_path == 1.0:
-        raise ValueError(
-            f"{where}.drop_path: 1.0 would drop every sample and scale the rest by 1 / 0; "
-            "use a probability below 1"
-        )
     if args.drop_path and args.training and len(inp.shape) == 0:
         raise ValueError(f"{where}.inp: drop_path needs a batch dimension, got a scalar")
 
@@ -119,7 +115,8 @@ def bias_dropout_forward(args: BiasDropoutFwdArgs) -> tuple[tuple[Any, ...], tup
     if pathing:
         keep = 1.0 - args.drop_path
         drop_path_mask = (keep + torch.rand(_path_shape(h), dtype=h.dtype, device=h.device)).floor()
-        h = h.div(keep) * drop_path_mask
+        # Every sample dropped (keep 0) leaves zeros: no survivor to scale by 1 / 0.
+        h = (h.div(keep) if keep else h) * drop_path_mask
     if h is args.inp:  # nothing to add or draw: an op's output is never its input
         h = h.clone()
     return (h,), (dropout_mask, drop_path_mask)
@@ -164,7 +161,9 @@ def bias_dropout_backward(args: BiasDropoutBwdArgs) -> tuple[torch.Tensor | None
         return None, None
     g = args.grad_outputs[0]
     if args.drop_path_mask is not None:
-        g = (g * args.drop_path_mask).div(1.0 - args.drop_path)
+        keep = 1.0 - args.drop_path
+        g = g * args.drop_path_mask
+        g = g.div(keep) if keep else g
     if args.dropout_mask is not None:
         g = torch.ops.aten.native_dropout_backward(g, args.dropout_mask, _scale(args.dropout))
     dgrad = bgrad = None
