@@ -126,6 +126,25 @@ def test_preserve_high_precision_init_val() -> None:
     assert not hasattr(plain.weight, "get_high_precision_init_val")
 
 
+@pytest.mark.parametrize("move", ["cpu", "half", "to_float"])
+def test_attributes_of_a_quantized_weight_survive_a_move(move: str) -> None:
+    """torch moves a quantized parameter with ``swap_tensors``, which trades its
+    ``__dict__``: TE's accessors and a caller's own attributes are attached again,
+    reading the kept parameter (TE's test_quantized_param_attrs_survive_apply)."""
+    with te.quantized_model_init(
+        recipe=recipe.Float8CurrentScaling(), preserve_high_precision_init_val=True
+    ):
+        module = te.Linear(32, 32)
+    expected = module.weight.get_high_precision_init_val()
+    module.weight.probe = "attached"
+    {"cpu": module.cpu, "half": module.half, "to_float": lambda: module.to(torch.float32)}[move]()
+    weight = module.weight
+    assert torch.equal(weight.get_high_precision_init_val(), expected)
+    assert weight.probe == "attached"
+    weight.clear_high_precision_init_val()
+    assert weight.get_high_precision_init_val() is None
+
+
 def test_autocast_te_arguments() -> None:
     torch.manual_seed(0)
     module = te.Linear(32, 32)

@@ -386,6 +386,30 @@ class ExtraStateMixin:
         if pending and isinstance(param, QuantizedTensor):
             _keep_high_precision_init_val(param, pending.pop(0))
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``nn.Module._apply`` (``.to``, ``.cuda()``, ``.cpu()``, ``.half()``, ...), keeping
+        what was attached to a quantized parameter: torch moves such a parameter with
+        ``swap_tensors``, which trades its ``__dict__`` for the converted tensor's, so
+        TE's ``get_high_precision_init_val`` and a caller's own attributes would stay
+        with the discarded tensor (as in TE, they are attached again)."""
+        attached = {
+            name: dict(param.__dict__)
+            for name, param in self._parameters.items()
+            if isinstance(param, QuantizedTensor)
+        }
+        out = super()._apply(fn, recurse)  # type: ignore[misc]
+        for name, before in attached.items():
+            param = self._parameters.get(name)
+            if param is None:
+                continue
+            for key, value in before.items():
+                if key in param.__dict__:
+                    continue  # the converted tensor's own state
+                if isinstance(value, types.MethodType) and isinstance(value.__self__, torch.Tensor):
+                    value = types.MethodType(value.__func__, param)  # read the kept parameter
+                param.__dict__[key] = value
+        return out
+
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         """TE's: the tensor-parallel group the module communicates over from now on
         (Megatron builds its modules before its groups). The weights are sharded for
