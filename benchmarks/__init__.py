@@ -5,7 +5,7 @@ Run ``python -m benchmarks`` (CPU figures 1-5, then the report) or ``python -m b
 
 The benchmarks time every recipe on whatever GPU runs them, MXFP8 and NVFP4 emulated
 below Blackwell, where a module refuses them unless
-``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1`` (``transformer_engine_ops/availability.py``):
+``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1`` (``transformer_engine_ops/quantization/availability.py``):
 importing this package turns it on, unless the environment sets it already.
 """
 

@@ -3,7 +3,7 @@
 ``python -m benchmarks.activation_kernels [--sweep]`` (CUDA and Triton required) times
 the forward plus backward of each activation at the Llama-8B-sized layer's shape (4096
 tokens, FFN 14336, bf16) through ``layernorm_mlp.activation_forward`` /
-``activation_backward``: the fused kernels as launched (``ops/activation_kernels.py``),
+``activation_backward``: the fused kernels as launched (``kernels/activation_kernels.py``),
 the torch ops (the reference the CPU runs), and a bf16 copy of fc1's output (the
 bandwidth yardstick). ``--sweep`` also times every launch configuration (columns per
 program x warps) and checks that each writes the default launch's bits. One JSON line
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.benchmark import Timer
 
-from transformer_engine_ops.ops import activation_kernels as ak
+from transformer_engine_ops.kernels import activation_kernels as ak
 from transformer_engine_ops.ops import layernorm_mlp as mlp
 
 TOKENS, FFN = 4096, 14336

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from transformer_engine_ops.kernels import block_kernels as bk
 from transformer_engine_ops.quantization import Float8BlockQuantizer
-from transformer_engine_ops.quantization import block_kernels as bk
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 # mode -> (block_scaling_dim, rowwise, columnwise)

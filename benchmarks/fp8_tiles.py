@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.fp8_tiles [--tiles] [--amax]`` (CUDA and Triton required) times
 the launch as configured, and with ``--tiles``/``--amax`` every variant of the cast +
-transpose kernel of ``quantization/cuda_kernels.py`` for each tile shape, warp count and
+transpose kernel of ``kernels/cuda_kernels.py`` for each tile shape, warp count and
 transpose store (bytes, or four codes per int32 word), and the amax kernel for each chunk,
 program count and warp count, on a
 4096x8192 activation and an 8192x8192 weight, checks that every variant writes the same
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from transformer_engine_ops.quantization import cuda_kernels as ck
+from transformer_engine_ops.kernels import cuda_kernels as ck
 
 TILES = (
     *((16, 128), (16, 256), (16, 512), (32, 64), (32, 128), (32, 256)),

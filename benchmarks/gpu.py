@@ -51,6 +51,7 @@ from typing import Any, Optional
 
 import torch
 
+from transformer_engine_ops.kernels import cuda_kernels
 from transformer_engine_ops.modules.autocast import autocast
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.ops.linear import linear_forward
@@ -65,7 +66,6 @@ from transformer_engine_ops.quantization import (
     MXFP8Quantizer,
     NVFP4BlockScaling,
     NVFP4Quantizer,
-    cuda_kernels,
 )
 from transformer_engine_ops.quantization.float8 import _Float8PerTensorQuantizer
 

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple, Union, get_args, get_origin
 import torch
 import torch.distributed as dist
 
+from transformer_engine_ops.quantization.quantizer import QuantizedStorage, Quantizer
 from transformer_engine_ops.runtime import boundary as _b
-from transformer_engine_ops.runtime.quantizer import QuantizedStorage, Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
 
 # Field kinds (ints: a cheap per-call dispatch).

@@ -15,7 +15,7 @@ itself lift it (``tests/modules/test_default_device.py``).
 
 A module on a CUDA device refuses a recipe that device cannot run natively (MXFP8 and
 NVFP4 below Blackwell), unless ``TEOPS_EMULATE_UNSUPPORTED_RECIPES=1``
-(``transformer_engine_ops/availability.py``). The tests marked ``gpu`` check every
+(``transformer_engine_ops/quantization/availability.py``). The tests marked ``gpu`` check every
 recipe on whatever GPU runs them (an H100 or H200 too), so they run with it on; a test
 of the refusal itself turns it off.
 """

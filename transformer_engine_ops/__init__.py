@@ -23,15 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import custom_recipes, recipe
-    from .availability import (
-        get_default_recipe,
-        get_device_compute_capability,
-        is_bf16_available,
-        is_fp8_available,
-        is_fp8_block_scaling_available,
-        is_mxfp8_available,
-        is_nvfp4_available,
-    )
     from .constants import (
         DType,
     )
@@ -65,6 +56,15 @@ if TYPE_CHECKING:
         moe_unpermute,
         quantized_model_init,
     )
+    from .quantization.availability import (
+        get_default_recipe,
+        get_device_compute_capability,
+        is_bf16_available,
+        is_fp8_available,
+        is_fp8_block_scaling_available,
+        is_mxfp8_available,
+        is_nvfp4_available,
+    )
     from .quantization.float8 import (
         Float8CurrentScalingQuantizer,
         Float8Quantizer,
@@ -86,6 +86,10 @@ if TYPE_CHECKING:
         NVFP4Tensor,
         NVFP4TensorStorage,
     )
+    from .quantization.quantizer import (
+        QuantizedTensor,
+        Quantizer,
+    )
     from .quantization.recipes import (
         DelayedScalingRequest,
         IdentityQuantizer,
@@ -94,10 +98,6 @@ if TYPE_CHECKING:
     )
     from .runtime.lowering import (
         inductor_backend,
-    )
-    from .runtime.quantizer import (
-        QuantizedTensor,
-        Quantizer,
     )
 
 # public name -> the module that defines it
@@ -128,8 +128,8 @@ _EXPORTS = {
     "NVFP4Quantizer": ".quantization.nvfp4",
     "NVFP4Tensor": ".quantization.nvfp4",
     "NVFP4TensorStorage": ".quantization.nvfp4",
-    "QuantizedTensor": ".runtime.quantizer",
-    "Quantizer": ".runtime.quantizer",
+    "QuantizedTensor": ".quantization.quantizer",
+    "Quantizer": ".quantization.quantizer",
     "QuantizerRequest": ".quantization.recipes",
     "QuantizerRole": ".quantization.recipes",
     "RMSNorm": ".modules",
@@ -140,15 +140,15 @@ _EXPORTS = {
     "checkpoint": ".modules",
     "fp8_autocast": ".modules",
     "fp8_model_init": ".modules",
-    "get_default_recipe": ".availability",
-    "get_device_compute_capability": ".availability",
+    "get_default_recipe": ".quantization.availability",
+    "get_device_compute_capability": ".quantization.availability",
     "inductor_backend": ".runtime.lowering",
     "make_graphed_callables": ".graph",
-    "is_bf16_available": ".availability",
-    "is_fp8_available": ".availability",
-    "is_fp8_block_scaling_available": ".availability",
-    "is_mxfp8_available": ".availability",
-    "is_nvfp4_available": ".availability",
+    "is_bf16_available": ".quantization.availability",
+    "is_fp8_available": ".quantization.availability",
+    "is_fp8_block_scaling_available": ".quantization.availability",
+    "is_mxfp8_available": ".quantization.availability",
+    "is_nvfp4_available": ".quantization.availability",
     "moe_permute": ".modules",
     "moe_permute_and_pad_with_probs": ".modules",
     "moe_permute_with_probs": ".modules",

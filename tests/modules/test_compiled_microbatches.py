@@ -26,7 +26,7 @@ from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
 from transformer_engine_ops import recipe
-from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 
 pytestmark = pytest.mark.slow  # two compiles per case
 

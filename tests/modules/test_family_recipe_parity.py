@@ -332,7 +332,7 @@ def test_grouped_linear_quantized_model_init_seeds_each_gemms_scale_from_its_own
 def weight_quantizations(monkeypatch):
     """How many times a weight-shaped tensor was quantized (every format quantizes
     through ``Quantizer.quantize``; no activation or gradient here has that shape)."""
-    from transformer_engine_ops.runtime.quantizer import Quantizer
+    from transformer_engine_ops.quantization.quantizer import Quantizer
 
     calls = []
     original = Quantizer.quantize

@@ -107,7 +107,7 @@ def test_block_quantize_kernel_runs_eager_and_compiled_with_the_same_bits(kind, 
     """The step's quantizes take the Triton kernel (block_kernels.py) eagerly and in the
     compiled graph's op calls (Inductor, fullgraph): bitwise equal to each other and to
     the step on the reference quantize."""
-    from transformer_engine_ops.quantization import block_kernels
+    from transformer_engine_ops.kernels import block_kernels
 
     calls: list[int] = []
     real = block_kernels.fused_quantize

@@ -16,8 +16,8 @@ from module_cases import QUANTIZED, RECIPES, graph_breaks, recipe_context, uniqu
 
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import DelayedScaling
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor, Quantizer
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
 
 AOT = "aot_eager"
 ROWS = 128

@@ -429,7 +429,7 @@ def test_block_format_calls_on_cuda_stay_bitwise(recipe, lowered_calls):
 @pytest.mark.gpu
 @cuda
 def test_the_recorded_fp8_quantize_op_passes_opcheck():
-    from transformer_engine_ops.quantization import cuda_kernels
+    from transformer_engine_ops.kernels import cuda_kernels
 
     op = cuda_kernels._quantize_op()
     for shape, rowwise, columnwise, bias_grad in [

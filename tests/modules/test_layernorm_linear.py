@@ -28,8 +28,8 @@ from module_cases import (
 
 import transformer_engine_ops as te
 from transformer_engine_ops.modules.autocast import STATE
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor, Quantizer
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
 
 KIND = "layernorm_linear"
 AOT = "aot_eager"

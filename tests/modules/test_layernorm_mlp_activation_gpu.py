@@ -1,4 +1,4 @@
-"""LayerNormMLP's fused activation kernels on CUDA (``ops/activation_kernels.py``): for
+"""LayerNormMLP's fused activation kernels on CUDA (``kernels/activation_kernels.py``): for
 every activation, eager and compiled (aot_eager, Inductor, CUDA graphs) run the same
 kernel, so they are bitwise equal; the CUDA module agrees with the CPU reference within
 rounding; and the kernels are what actually runs, eagerly and in a compiled graph.
@@ -17,7 +17,7 @@ from family_cases import make, make_input
 from module_cases import assert_bitwise, cloned, graph_breaks, step
 from torch._dynamo.utils import counters
 
-from transformer_engine_ops.ops import activation_kernels
+from transformer_engine_ops.kernels import activation_kernels
 from transformer_engine_ops.ops.layernorm_mlp import Activation
 
 pytestmark = [

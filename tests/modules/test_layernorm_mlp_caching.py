@@ -23,8 +23,8 @@ from module_cases import (
 )
 
 import transformer_engine_ops as te
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
-from transformer_engine_ops.runtime.quantizer import Quantizer
 
 KIND = "layernorm_mlp"
 AOT = "aot_eager"

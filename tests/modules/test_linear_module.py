@@ -28,8 +28,8 @@ from transformer_engine_ops.modules.autocast import autocast, quantized_model_in
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.ops.linear import LinearFwdArgs
 from transformer_engine_ops.quantization import DelayedScaling, Float8CurrentScaling
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
 
 AOT = "aot_eager"
 

@@ -17,7 +17,8 @@ import torch
 import transformer_engine_ops as te
 import transformer_engine_ops.modules.grouped_linear as grouped_linear_module
 from transformer_engine_ops import recipe
-from transformer_engine_ops.ops import _moe, moe_kernels
+from transformer_engine_ops.kernels import moe_kernels
+from transformer_engine_ops.ops import _moe
 from transformer_engine_ops.router import fused_topk_with_score_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))

@@ -1,4 +1,4 @@
-"""The fused norm kernels on CUDA (``ops/norm_kernels.py``) inside the modules: for
+"""The fused norm kernels on CUDA (``kernels/norm_kernels.py``) inside the modules: for
 te.LayerNorm, te.RMSNorm, LayerNormLinear and LayerNormMLP (both normalizations), eager
 and compiled (aot_eager, Inductor, CUDA graphs) run the same kernels, so they are
 bitwise equal; the CUDA modules agree with the CPU reference within rounding; and the
@@ -18,7 +18,7 @@ from family_cases import make, make_input
 from module_cases import assert_bitwise, cloned, graph_breaks, recipe_context, step
 from torch._dynamo.utils import counters
 
-from transformer_engine_ops.ops import norm_kernels
+from transformer_engine_ops.kernels import norm_kernels
 
 pytestmark = [
     pytest.mark.gpu,

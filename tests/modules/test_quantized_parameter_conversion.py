@@ -16,7 +16,7 @@ from test_quantized_parameter_training import RECIPE_FACTORIES, train
 
 from transformer_engine_ops.modules.autocast import autocast, quantized_model_init
 from transformer_engine_ops.quantization import Float8Quantizer
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor
 
 CONVERSIONS: dict[str, tuple[Any, torch.dtype]] = {
     # name -> (conversion of the bf16-built model, the dtype it leaves the weights in)

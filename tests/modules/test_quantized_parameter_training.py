@@ -22,7 +22,7 @@ from transformer_engine_ops.modules.grouped_linear import GroupedLinear
 from transformer_engine_ops.modules.layernorm_linear import LayerNormLinear
 from transformer_engine_ops.modules.layernorm_mlp import LayerNormMLP
 from transformer_engine_ops.quantization import DelayedScaling, Float8Quantizer
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor, Quantizer
 
 AOT = "aot_eager"
 STEPS = 3

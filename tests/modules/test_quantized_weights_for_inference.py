@@ -17,7 +17,7 @@ import torch
 
 import transformer_engine_ops as te
 from transformer_engine_ops import recipe
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor
 
 MODULES: dict[str, Callable[[], torch.nn.Module]] = {
     "Linear": lambda: te.Linear(32, 32),

@@ -1,5 +1,5 @@
 """The availability queries and the refusal of a recipe the GPU cannot run natively
-(``transformer_engine_ops/availability.py``).
+(``transformer_engine_ops/quantization/availability.py``).
 
 On CUDA the queries answer TE 2.20's answers for the current device, with TE's reasons,
 and a module whose weights are on a CUDA device refuses a recipe needing a format that
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import transformer_engine_ops as te
-from transformer_engine_ops import availability, recipe
+from transformer_engine_ops import recipe
 from transformer_engine_ops.modules._call import refuse_unsupported
 from transformer_engine_ops.modules.autocast import RecipeQuantizers, custom_quantizers
-from transformer_engine_ops.quantization import NVFP4Quantizer
+from transformer_engine_ops.quantization import NVFP4Quantizer, availability
 
 SWITCH = "TEOPS_EMULATE_UNSUPPORTED_RECIPES"
 QUERIES = {

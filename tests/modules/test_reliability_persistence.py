@@ -11,7 +11,7 @@ from module_cases import QUANTIZED, RECIPES
 
 from transformer_engine_ops.modules.autocast import autocast, quantized_model_init
 from transformer_engine_ops.modules.linear import Linear
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor
 
 
 @pytest.mark.parametrize("recipe", QUANTIZED)

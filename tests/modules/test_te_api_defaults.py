@@ -12,7 +12,7 @@ import torch
 
 import transformer_engine_ops as te
 from transformer_engine_ops import recipe
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor
 
 # Every GEMM module, at sizes every recipe's weight quantizer accepts.
 GEMM_MODULES: dict[str, Callable[..., torch.nn.Module]] = {

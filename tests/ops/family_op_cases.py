@@ -12,8 +12,8 @@ import torch
 from linear_cases import RECIPES as LINEAR_RECIPES
 from test_linear_ops import _layout, _real_and_fake
 
+from tests.runtime.lowering_check import forward_bundle
 from transformer_engine_ops.modules.autocast import autocast
-from transformer_engine_ops.runtime.lowering_check import forward_bundle
 
 # The ops' recipes, as the Linear op tests make them.
 RECIPES: dict[str, Any] = LINEAR_RECIPES

@@ -33,7 +33,7 @@ from transformer_engine_ops.quantization import (  # noqa: E402
     MXFP8Quantizer,
     NVFP4Quantizer,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
+from transformer_engine_ops.quantization.quantizer import QuantizedData  # noqa: E402
 
 FIXTURE_DIR = "tests/ops/fixtures"
 # Every fixture op module; each has its tests in tests/ops/test_<stem>.py.

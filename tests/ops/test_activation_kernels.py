@@ -1,4 +1,4 @@
-"""Fused activation kernels (``ops/activation_kernels.py``): every LayerNormMLP
+"""Fused activation kernels (``kernels/activation_kernels.py``): every LayerNormMLP
 activation, forward and backward, against the float64 reference of its formula.
 
 Interpreter tests run the Triton kernels on CPU tensors under ``TRITON_INTERPRET=1`` in
@@ -21,7 +21,7 @@ from typing import Optional
 import pytest
 import torch
 
-from transformer_engine_ops.ops import activation_kernels as ak
+from transformer_engine_ops.kernels import activation_kernels as ak
 from transformer_engine_ops.ops.layernorm_mlp import (
     ACTIVATIONS,
     activation_backward,

@@ -24,7 +24,7 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' na
 
 from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import every_kind_op as op  # noqa: E402
-from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
+from transformer_engine_ops.quantization.quantizer import QuantizedData  # noqa: E402
 from transformer_engine_ops.runtime.values import GemmConfig  # noqa: E402
 
 

@@ -31,7 +31,7 @@ from tests.ops.fixtures import grouped_op as op  # noqa: E402
 from transformer_engine_ops.quantization import (  # noqa: E402
     Float8CurrentScalingQuantizer,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedData  # noqa: E402
+from transformer_engine_ops.quantization.quantizer import QuantizedData  # noqa: E402
 from transformer_engine_ops.runtime.values import GemmConfig  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Fused norm kernels (``ops/norm_kernels.py``): RMSNorm and LayerNorm, forward and
+"""Fused norm kernels (``kernels/norm_kernels.py``): RMSNorm and LayerNorm, forward and
 backward, against the float64 reference of the same formulas (``layernorm._norm_forward``
 / ``_norm_backward`` on float64 tensors).
 
@@ -32,8 +32,8 @@ from typing import Optional
 import pytest
 import torch
 
+from transformer_engine_ops.kernels import norm_kernels as nk
 from transformer_engine_ops.ops import layernorm as ln
-from transformer_engine_ops.ops import norm_kernels as nk
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

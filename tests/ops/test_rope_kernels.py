@@ -1,4 +1,4 @@
-"""The fused RoPE kernel (``ops/rope_kernels.py``): forward and transposed rotation
+"""The fused RoPE kernel (``kernels/rope_kernels.py``): forward and transposed rotation
 against the float64 reference of the ``rope`` op's arithmetic, both precisions, halves
 and interleaved pairs, partial rotary, per-token and shared angles, strided inputs.
 
@@ -22,7 +22,7 @@ from typing import Optional
 import pytest
 import torch
 
-from transformer_engine_ops.ops import rope_kernels as rk
+from transformer_engine_ops.kernels import rope_kernels as rk
 from transformer_engine_ops.ops.rope import _rotate_half_transposed, rotate
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None

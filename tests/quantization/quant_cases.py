@@ -10,7 +10,7 @@ from transformer_engine_ops.quantization import (
     MXFP8Quantizer,
     NVFP4Quantizer,
 )
-from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}

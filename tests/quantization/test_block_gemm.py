@@ -26,7 +26,7 @@ from transformer_engine_ops.quantization.float8_block_gemm import (
     qualifies,
     runs_on,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedData
+from transformer_engine_ops.quantization.quantizer import QuantizedData
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # Every layout's contraction (K, N, tokens) is a multiple of 4 whole blocks.

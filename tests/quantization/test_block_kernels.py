@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_engine_ops.kernels import block_kernels as bk
 from transformer_engine_ops.quantization import Float8BlockQuantizer
-from transformer_engine_ops.quantization import block_kernels as bk
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -255,7 +255,7 @@ def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmeti
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from transformer_engine_ops.quantization import _fp8_block_triton
+    from transformer_engine_ops.kernels import _fp8_block_triton
 
     kernel = triton.jit(_fp8_block_triton._block_quantize)
     signature = {"x_ptr": "*bf16", "data_ptr": "*u8", "row_si_ptr": "*fp32", "t_ptr": "*i32"}

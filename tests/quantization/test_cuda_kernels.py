@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_engine_ops.kernels import cuda_kernels as ck
 from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer
-from transformer_engine_ops.quantization import cuda_kernels as ck
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -269,7 +269,7 @@ def test_the_launch_key_tells_apart_every_argument_triton_specializes_differentl
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
-    from transformer_engine_ops.quantization._triton_launch import (
+    from transformer_engine_ops.kernels._triton_launch import (
         specialization,
         specializations,
     )
@@ -428,7 +428,7 @@ def test_the_cached_launcher_goes_direct_after_the_first_launch_of_each_key(monk
     call, sends every launch through Triton."""
     import triton
 
-    from transformer_engine_ops.quantization import _triton_launch as tl_
+    from transformer_engine_ops.kernels import _triton_launch as tl_
 
     # The launcher's own bindings (a CPU-only torch binds them to a refusal at import).
     monkeypatch.setattr(tl_, "_current_device", lambda: 0)

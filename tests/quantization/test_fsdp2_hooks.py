@@ -16,7 +16,7 @@ from transformer_engine_ops.quantization import (
     Float8Tensor,
     MXFP8Quantizer,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedView
+from transformer_engine_ops.quantization.quantizer import QuantizedView
 
 
 class _Mesh:

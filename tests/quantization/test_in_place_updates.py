@@ -13,7 +13,7 @@ import torch
 from quant_cases import QUANTIZERS, random_input
 
 from transformer_engine_ops.quantization import Float8Quantizer
-from transformer_engine_ops.runtime.quantizer import QuantizedTensor, Quantizer
+from transformer_engine_ops.quantization.quantizer import QuantizedTensor, Quantizer
 
 SHAPE = (32, 64)
 FORMATS = {**QUANTIZERS, "fp8_delayed": None}  # delayed scaling: a fresh stateful one each

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_engine_ops.kernels import nvfp4_kernels as nk
 from transformer_engine_ops.quantization import NVFP4Quantizer
-from transformer_engine_ops.quantization import nvfp4_kernels as nk
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -236,7 +236,7 @@ def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmeti
     compiles for sm_90, with no fused multiply-add (the transform's products and sums
     round separately, as in the reference), no approximate division and no flushing
     of subnormals."""
-    from transformer_engine_ops.quantization import _nvfp4_triton as kernels
+    from transformer_engine_ops.kernels import _nvfp4_triton as kernels
 
     quantize_sig = {
         "x_ptr": "*bf16",

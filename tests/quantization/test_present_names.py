@@ -14,7 +14,7 @@ import torch
 from quant_cases import QUANTIZERS, random_input
 
 from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer
-from transformer_engine_ops.runtime.quantizer import QuantizedData, QuantizedStorage
+from transformer_engine_ops.quantization.quantizer import QuantizedData, QuantizedStorage
 
 SHAPE = (32, 64)
 USAGES = [(True, True), (True, False), (False, True)]

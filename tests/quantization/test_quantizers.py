@@ -23,12 +23,12 @@ from transformer_engine_ops.quantization import (
     NVFP4BlockScaling,
     NVFP4Quantizer,
 )
-from transformer_engine_ops.runtime import codec
-from transformer_engine_ops.runtime.quantizer import (
+from transformer_engine_ops.quantization.quantizer import (
     Quantizer,
     require_value_opaque,
     value_opaque_reason,
 )
+from transformer_engine_ops.runtime import codec
 
 # TE's assignable quantizer fields.
 MUTABLE = ("rowwise_usage", "columnwise_usage", "internal", "with_amax_reduction")

@@ -20,7 +20,7 @@ from transformer_engine_ops.quantization import (
     MXFP8Quantizer,
     NVFP4Quantizer,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedStorage, QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedStorage, QuantizedTensor
 
 SHAPE_CASES = [
     (name, shape) for name in QUANTIZERS for shape in COMMON_SHAPES + RAGGED_SHAPES[name]

@@ -11,7 +11,7 @@ import torch
 from quant_cases import QUANTIZERS
 
 from transformer_engine_ops.quantization import NVFP4Quantizer
-from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 
 CASES: dict[str, Quantizer] = {
     **QUANTIZERS,

@@ -1,6 +1,6 @@
 """Every op lowered by default is checked bitwise against eager, found by itself.
 
-The check (``runtime/lowering_check.py``) runs on every generated module whose op is
+The check (``tests/runtime/lowering_check.py``) runs on every generated module whose op is
 declared ``lowers=True``, on the examples its op module declares, for every recipe:
 a new op module is covered without a test of its own. Two fixture ops prove it can
 fail: the same math with its reductions unmarked (reported) and marked (passes).
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import transformer_engine_ops.generated as generated_package
-from transformer_engine_ops.runtime import lowering, lowering_check
+from tests.runtime import lowering_check
+from transformer_engine_ops.runtime import lowering
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = (

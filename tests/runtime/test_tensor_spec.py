@@ -12,7 +12,7 @@ from transformer_engine_ops.quantization import (
     MXFP8Quantizer,
     NVFP4Quantizer,
 )
-from transformer_engine_ops.runtime.quantizer import QuantizedStorage, QuantizedTensor
+from transformer_engine_ops.quantization.quantizer import QuantizedStorage, QuantizedTensor
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec, to_tensor_spec
 
 FORMATS = {

@@ -20,9 +20,9 @@ from transformer_engine_ops.ops.grouped_gemm import (
     grouped_gemm_forward_spec,
     grouped_gemm_setup_context,
 )
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
 
 _b.require_format_version(1, __name__)

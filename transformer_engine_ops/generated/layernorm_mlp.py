@@ -20,9 +20,9 @@ from transformer_engine_ops.ops.layernorm_mlp import (
     layernorm_mlp_forward_spec,
     layernorm_mlp_setup_context,
 )
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.values import ClampedSwiGLUParams, GemmConfig
 
 _b.require_format_version(1, __name__)

@@ -22,9 +22,9 @@ from transformer_engine_ops.ops.linear import (
     linear_plain_call,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
 
 _b.require_format_version(1, __name__)

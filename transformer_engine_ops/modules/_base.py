@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
+from ..quantization.quantizer import QuantizedTensor
 from ..quantization.recipes import DelayedScalingRequest, QuantizerRequest
 from ..runtime._torch_private import current_graph_task_id
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
-from ..runtime.quantizer import QuantizedTensor
 from . import _extra_state
 from .autocast import (
     STATE,

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import is_autocast_enabled, is_tensor
 from torch.compiler import is_compiling
 
-from ..availability import recipe_refusal
 from ..ops.linear import BackwardOverride
+from ..quantization.availability import recipe_refusal
+from ..quantization.quantizer import QuantizedData
 from ..runtime._torch_private import functorch_transform_active
-from ..runtime.quantizer import QuantizedData
 from ..runtime.values import GemmConfig
 from .autocast import RecipeQuantizers
 

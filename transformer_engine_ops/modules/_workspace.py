@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from ..quantization.quantizer import Quantizer
 from ..runtime.boundary import code
-from ..runtime.quantizer import Quantizer
 
 
 def _layout(made: Any) -> tuple[Any, ...]:

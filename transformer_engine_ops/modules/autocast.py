@@ -45,8 +45,9 @@ from typing import Any
 
 import torch.utils.checkpoint
 
-from ..availability import quantizer_format
+from ..quantization.availability import quantizer_format
 from ..quantization.float8 import deferred_scale_updates
+from ..quantization.quantizer import Quantizer, value_opaque_reason
 from ..quantization.recipes import (
     ROLES,
     CustomRecipe,
@@ -58,7 +59,6 @@ from ..quantization.recipes import (
 )
 from ..runtime._torch_private import functorch_transform_active
 from ..runtime.fallback import run_eagerly
-from ..runtime.quantizer import Quantizer, value_opaque_reason
 from ..runtime.values import GemmConfig
 
 

@@ -70,10 +70,10 @@ from torch import is_grad_enabled, is_tensor, nn
 from ..generated.grouped_gemm import call_grouped_gemm
 from ..generated.grouped_linear import call_grouped_linear
 from ..ops.grouped_gemm import serves as grouped_gemm_serves
+from ..quantization.quantizer import QuantizedData
 from ..quantization.stochastic import rng_state_for
 from ..runtime.boundary import registered_group
 from ..runtime.keep import Keep
-from ..runtime.quantizer import QuantizedData
 from ._base import (
     ExtraStateMixin,
     forward_recipe,

@@ -24,9 +24,9 @@ from ..ops.layernorm_mlp import (
     LayerNormMLPFwdArgs,
     cached_weights_need_columnwise,
 )
+from ..quantization.quantizer import QuantizedData
 from ..quantization.stochastic import rng_state_for
 from ..runtime.keep import Keep
-from ..runtime.quantizer import QuantizedData
 from ..runtime.values import ClampedSwiGLUParams
 from ._base import ExtraStateMixin, forward_recipe, reject_unimplemented, te_default_init, tp_rank
 from ._call import (

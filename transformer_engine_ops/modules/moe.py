@@ -42,7 +42,7 @@ from ..generated.moe_pad_rows import call_moe_pad_rows
 from ..generated.moe_permute import call_moe_permute
 from ..generated.moe_sort_chunks import call_moe_sort_chunks
 from ..generated.moe_unpermute import call_moe_unpermute
-from ..runtime.quantizer import QuantizedData
+from ..quantization.quantizer import QuantizedData
 from .autocast import STATE
 
 __all__ = [
@@ -290,7 +290,7 @@ def _alignment() -> int:
     if active is not None:
         recipe = active.recipe
     else:
-        from ..availability import get_default_recipe
+        from ..quantization.availability import get_default_recipe
 
         recipe = get_default_recipe()
     if recipe.custom():

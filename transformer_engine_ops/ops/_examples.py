@@ -1,5 +1,5 @@
 """What the ops' example bundles share (``lowering.examples``: the bundles
-``runtime/lowering_check.py`` compiles to check each lowering against eager).
+``tests/runtime/lowering_check.py`` compiles to check each lowering against eager).
 
 A helper beside the op modules: it declares no op, so the generator writes nothing for
 it. Every value is made from a fixed seed, so two calls give equal bundles.

@@ -21,7 +21,7 @@ from transformer_engine_ops.ops.linear import (
     _internal,
 )
 from transformer_engine_ops.quantization.float8 import Float8Quantizer
-from transformer_engine_ops.runtime.quantizer import Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.values import GemmConfig
 

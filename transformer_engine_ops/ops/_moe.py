@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from transformer_engine_ops.ops import moe_kernels
+from transformer_engine_ops.kernels import moe_kernels
 from transformer_engine_ops.runtime._torch_private import assert_async
 from transformer_engine_ops.runtime.precision import math_dtype
 

@@ -47,9 +47,9 @@ import torch
 from transformer_engine_ops.ops import _moe
 from transformer_engine_ops.quantization.encoding import cast_to_fp8, finite_abs, fp8_to_float
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime import _torch_private as _private
 from transformer_engine_ops.runtime.declaration import OpDeclaration
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.values import GemmConfig
 

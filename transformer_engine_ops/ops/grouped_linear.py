@@ -51,9 +51,9 @@ from transformer_engine_ops.ops.linear import (
     linear_setup_context,
 )
 from transformer_engine_ops.quantization.float8 import Float8Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig

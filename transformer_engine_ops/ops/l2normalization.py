@@ -161,7 +161,7 @@ L2NORMALIZATION = OpDeclaration(
 
 @examples(L2NormalizationFwdArgs)
 def l2normalization_examples(recipe: Any, device: torch.device) -> list[L2NormalizationFwdArgs]:
-    """Bundles the lowering is checked on (``runtime/lowering_check.py``): bf16 and fp32
+    """Bundles the lowering is checked on (``tests/runtime/lowering_check.py``): bf16 and fp32
     heads. No quantizer field: the op takes no recipe."""
     if recipe is not None:
         return []

@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
-from transformer_engine_ops.ops import norm_kernels
+from transformer_engine_ops.kernels import norm_kernels
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
@@ -338,7 +338,7 @@ LAYERNORM = OpDeclaration(
 
 @examples(LayerNormFwdArgs)
 def layernorm_examples(recipe: Any, device: torch.device) -> list[LayerNormFwdArgs]:
-    """Bundles the lowering is checked on (``runtime/lowering_check.py``): LayerNorm
+    """Bundles the lowering is checked on (``tests/runtime/lowering_check.py``): LayerNorm
     (zero-centered gamma too) and RMSNorm, in bf16 and fp32. No quantizer field: the op
     takes no recipe."""
     if recipe is not None:

@@ -44,9 +44,9 @@ from transformer_engine_ops.ops.linear import (
     linear_forward_spec,
     linear_setup_context,
 )
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import examples
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig
@@ -441,7 +441,7 @@ LAYERNORM_LINEAR = OpDeclaration(
 
 @examples(LayerNormLinearFwdArgs)
 def layernorm_linear_examples(recipe: Any, device: torch.device) -> list[LayerNormLinearFwdArgs]:
-    """Bundles the lowering is checked on (``runtime/lowering_check.py``): LayerNorm with
+    """Bundles the lowering is checked on (``tests/runtime/lowering_check.py``): LayerNorm with
     a bias and its output returned, RMSNorm without, in bf16 and fp32."""
     from transformer_engine_ops.ops import _examples
 

@@ -3,7 +3,7 @@
 The norm is ``ops/layernorm.py``'s fp32 math; fc1 and fc2 are the Linear op's own GEMM
 stages (``ops/_fused.py``), each with its own six quantizers, so each GEMM quantizes its
 input, weight and gradients as Linear does. The activation runs in fp32 on fc1's
-output (on CUDA in one fused Triton kernel each way, ``ops/activation_kernels.py``); gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``,
+output (on CUDA in one fused Triton kernel each way, ``kernels/activation_kernels.py``); gated activations (``glu``, ``swiglu``, ``geglu``, ``qgeglu``, ``reglu``, ``sreglu``,
 ``clamped_swiglu``) gate the first half of fc1's output features with the second, as TE
 does; ``clamped_swiglu`` clamps both halves first (``activation_params``). With ``set_parallel_mode`` fc1 is
 column- and fc2 row-parallel; with sequence parallelism too, the one op all-gathers the
@@ -23,7 +23,8 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 
-from transformer_engine_ops.ops import _wgrad, activation_kernels
+from transformer_engine_ops.kernels import activation_kernels
+from transformer_engine_ops.ops import _wgrad
 from transformer_engine_ops.ops._fused import (
     GemmQuantizers,
     keeps_high_precision_input,
@@ -50,11 +51,11 @@ from transformer_engine_ops.ops.linear import (
     linear_setup_context,
 )
 from transformer_engine_ops.quantization.float8 import Float8Quantizer
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.quantization.stochastic import stage_rng_state
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
 from transformer_engine_ops.runtime.values import ClampedSwiGLUParams, GemmConfig
@@ -983,7 +984,7 @@ LAYERNORM_MLP = OpDeclaration(
 
 @examples(LayerNormMLPFwdArgs)
 def layernorm_mlp_examples(recipe: Any, device: torch.device) -> list[LayerNormMLPFwdArgs]:
-    """Bundles the lowering is checked on (``runtime/lowering_check.py``): one per
+    """Bundles the lowering is checked on (``tests/runtime/lowering_check.py``): one per
     activation, taking turns at bf16 and fp32 and at LayerNorm with biases (its output
     returned) and RMSNorm without; and two of them with ``checkpoint``."""
     import typing

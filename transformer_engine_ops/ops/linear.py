@@ -28,13 +28,13 @@ from transformer_engine_ops.quantization.gemm import (
 )
 from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
 from transformer_engine_ops.quantization.nvfp4 import NVFP4_BLOCK, NVFP4Quantizer
+from transformer_engine_ops.quantization.quantizer import QuantizedData, Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime import comm_overlap
 from transformer_engine_ops.runtime._torch_private import current_graph_task_id
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.lowering import exact, examples
 from transformer_engine_ops.runtime.precision import math_dtype
-from transformer_engine_ops.runtime.quantizer import QuantizedData, Quantizer
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec
 from transformer_engine_ops.runtime.types import ProcessGroup, TensorOrQuantized
 from transformer_engine_ops.runtime.values import GemmConfig
@@ -1269,7 +1269,7 @@ LINEAR = OpDeclaration(
 
 @examples(LinearFwdArgs)
 def linear_examples(recipe: Any, device: torch.device) -> list[LinearFwdArgs]:
-    """Bundles the lowering is checked on (``runtime/lowering_check.py``): a 3-D input,
+    """Bundles the lowering is checked on (``tests/runtime/lowering_check.py``): a 3-D input,
     with and without a bias, in bf16 and fp32, and one keeping its original input."""
     from transformer_engine_ops.ops import _examples
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from transformer_engine_ops.ops import rope_kernels
+from transformer_engine_ops.kernels import rope_kernels
 from transformer_engine_ops.runtime.declaration import OpDeclaration
 from transformer_engine_ops.runtime.precision import math_dtype
 from transformer_engine_ops.runtime.tensor_spec import TensorSpec

@@ -17,22 +17,9 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 
 from ..constants import DType
+from ..kernels import cuda_kernels
 from ..runtime import _torch_private as _private
-from ..runtime.quantizer import (
-    InnerLayout,
-    QuantizedData,
-    QuantizedStorage,
-    QuantizedTensor,
-    Quantizer,
-    all_reduce_max,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-    quantizer_dataclass,
-    usage_fields,
-)
-from . import cuda_kernels, fsdp2
+from . import fsdp2
 from .encoding import (
     FP8_MAX,
     FP32_MAX,
@@ -48,6 +35,20 @@ from .encoding import (
     transpose_2d_to,
     transposed_shape,
     untransposed_shape,
+)
+from .quantizer import (
+    InnerLayout,
+    QuantizedData,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+    all_reduce_max,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    quantizer_dataclass,
+    usage_fields,
 )
 
 __all__ = [

@@ -19,19 +19,7 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from ..constants import DType
-from ..runtime.quantizer import (
-    InnerLayout,
-    QuantizedStorage,
-    QuantizedTensor,
-    Quantizer,
-    RowwiseColumnwisePairs,
-    check_bool,
-    check_float,
-    check_int,
-    quantizer_dataclass,
-    usage_fields,
-)
-from . import block_kernels
+from ..kernels import block_kernels
 from .encoding import (
     FP8_MAX,
     apply_block_scale,
@@ -51,6 +39,18 @@ from .encoding import (
     transpose_2d_to,
     transposed_shape,
     untransposed_shape,
+)
+from .quantizer import (
+    InnerLayout,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+    RowwiseColumnwisePairs,
+    check_bool,
+    check_float,
+    check_int,
+    quantizer_dataclass,
+    usage_fields,
 )
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage"]

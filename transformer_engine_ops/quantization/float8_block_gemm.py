@@ -35,9 +35,9 @@ from typing import Any, Optional
 
 import torch
 
-from ..runtime.quantizer import QuantizedData
 from .encoding import ceil_div
 from .float8_block import _Float8BlockData
+from .quantizer import QuantizedData
 
 __all__ = ["BLOCK", "block_scaled_mm_operands", "operand_scale", "qualifies", "runs_on"]
 

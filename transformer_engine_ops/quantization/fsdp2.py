@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from ..runtime import _torch_private as _private
-from ..runtime.quantizer import QuantizedTensor, value_opaque_reason
 from .encoding import has_inf, tensor_amax
+from .quantizer import QuantizedTensor, value_opaque_reason
 
 __all__ = ["amax_group", "post_all_gather", "pre_all_gather", "quantize_with_group_amax"]
 

@@ -48,9 +48,9 @@ import torch
 from ..runtime import _torch_private as _private
 from ..runtime import lowering
 from ..runtime.precision import math_dtype
-from ..runtime.quantizer import QuantizedData
 from . import float8_block_gemm
 from .float8 import _Float8Data
+from .quantizer import QuantizedData
 
 __all__ = ["LAYOUTS", "gemm"]
 

@@ -19,16 +19,6 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from ..constants import DType
-from ..runtime.quantizer import (
-    InnerLayout,
-    QuantizedStorage,
-    QuantizedTensor,
-    Quantizer,
-    RowwiseColumnwisePairs,
-    check_bool,
-    quantizer_dataclass,
-    usage_fields,
-)
 from .encoding import (
     E8M0_BIAS,
     E8M0_NAN,
@@ -47,6 +37,16 @@ from .encoding import (
     round_up,
     te_fp8_dtype,
     to_blocks,
+)
+from .quantizer import (
+    InnerLayout,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+    RowwiseColumnwisePairs,
+    check_bool,
+    quantizer_dataclass,
+    usage_fields,
 )
 
 __all__ = ["MXFP8Quantizer", "MXFP8Tensor", "MXFP8TensorStorage"]

@@ -32,20 +32,7 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from ..constants import DType
-from ..runtime.quantizer import (
-    InnerLayout,
-    QuantizedData,
-    QuantizedStorage,
-    QuantizedTensor,
-    Quantizer,
-    all_reduce_max,
-    check_bool,
-    check_choice,
-    check_int,
-    quantizer_dataclass,
-    usage_fields,
-)
-from . import nvfp4_kernels
+from ..kernels import nvfp4_kernels
 from .encoding import (
     E2M1_MAX,
     E4M3_NAN,
@@ -71,6 +58,19 @@ from .encoding import (
 )
 from .hadamard import HADAMARD_SIZE, apply_rht, undo_rht
 from .philox import check_rng_state, uniform
+from .quantizer import (
+    InnerLayout,
+    QuantizedData,
+    QuantizedStorage,
+    QuantizedTensor,
+    Quantizer,
+    all_reduce_max,
+    check_bool,
+    check_choice,
+    check_int,
+    quantizer_dataclass,
+    usage_fields,
+)
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor", "NVFP4TensorStorage", "nvfp4_global_scale"]
 

@@ -26,18 +26,18 @@ from typing import Any, ClassVar, NamedTuple, Optional, Union
 
 import torch
 
-from ..runtime.quantizer import (
+from ..runtime.values import GemmConfig
+from .float8 import MAX_AMAX_HISTORY_LEN, Float8CurrentScalingQuantizer, Float8Quantizer
+from .float8_block import MAX_BLOCK_LEN, Float8BlockQuantizer
+from .mxfp8 import MXFP8Quantizer
+from .nvfp4 import NVFP4Quantizer
+from .quantizer import (
     Quantizer,
     check_bool,
     check_choice,
     check_float,
     check_int,
 )
-from ..runtime.values import GemmConfig
-from .float8 import MAX_AMAX_HISTORY_LEN, Float8CurrentScalingQuantizer, Float8Quantizer
-from .float8_block import MAX_BLOCK_LEN, Float8BlockQuantizer
-from .mxfp8 import MXFP8Quantizer
-from .nvfp4 import NVFP4Quantizer
 
 __all__ = [
     "BACKWARD_OVERRIDES",

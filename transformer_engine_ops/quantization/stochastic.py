@@ -27,9 +27,9 @@ from typing import Any, Optional, cast
 
 import torch
 
-from ..runtime.quantizer import Quantizer
 from .nvfp4 import NVFP4Quantizer
 from .philox import RNG_STATE_DTYPE, check_rng_state
+from .quantizer import Quantizer
 
 __all__ = [
     "draw_rng_state",

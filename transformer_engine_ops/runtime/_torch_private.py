@@ -93,7 +93,7 @@ def functorch_transform_active() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
-# --- quantized tensor subclasses (runtime/quantizer.py) --------------------------------
+# --- quantized tensor subclasses (quantization/quantizer.py) --------------------------------
 # The wrapper-subclass constructor and the "no __torch_function__" marker: what every
 # ``__torch_dispatch__`` subclass in torch's own documentation and in torchao uses.
 make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
@@ -166,11 +166,11 @@ def scaled_grouped_mm() -> Any:
 # between versions). Run on 2.11 (H200) and 2.13; block scales probed on 2.11.
 scaled_mm = torch._scaled_mm
 # ``FakeTensor`` (imported above; torch imports its module at start-up, so no cost):
-# quantization/gemm.py and quantization/cuda_kernels.py tell a kernel traced for a
+# quantization/gemm.py and kernels/cuda_kernels.py tell a kernel traced for a
 # lowered op call by its fake tensors, and record their fused kernels as one op only
 # then; torch has no public "is this tensor fake" query. 2.11 (H200), 2.13.
 # Whether a torch_dispatch mode (fake or functional tracing) is active before a Triton
-# launch (quantization/cuda_kernels.py): no public query. 2.11 (H200), 2.13.
+# launch (kernels/cuda_kernels.py): no public query. 2.11 (H200), 2.13.
 current_dispatch_mode = _get_current_dispatch_mode
 
 
@@ -179,7 +179,7 @@ def _built_without_cuda(*args: Any) -> Any:
 
 
 # The current CUDA device and its raw stream handle, on the launch path of every Triton
-# kernel (quantization/_triton_launch.py, quantization/cuda_kernels.py): the public
+# kernel (kernels/_triton_launch.py, kernels/cuda_kernels.py): the public
 # ``torch.cuda.current_device()`` runs the lazy-init check, and
 # ``torch.cuda.current_stream()`` builds a Stream object, per launch. Module-level
 # aliases, so a launch pays one C call for each, as before. Absent from CPU-only builds,
@@ -351,7 +351,7 @@ def inductor_default_table() -> dict[Any, Callable[..., Any]]:
 @contextmanager
 def graph_caches_off() -> Iterator[None]:
     """Inductor's FX-graph cache and AOTAutograd's cache off for what runs inside
-    (runtime/lowering_check.py: a cached graph is loaded, not traced, and the lowering it
+    (tests/runtime/lowering_check.py: a cached graph is loaded, not traced, and the lowering it
     checks would not run); the compiled-kernel cache stays, so no kernel is rebuilt. 2.13."""
     import torch._functorch.config as functorch_config
     from torch._inductor import config

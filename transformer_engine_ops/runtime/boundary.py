@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..quantization.quantizer import QuantizedStorage, QuantizedTensor
 from . import codec
-from .quantizer import QuantizedStorage, QuantizedTensor
 
 FORMAT_VERSION = 1
 

@@ -30,7 +30,7 @@ __all__ = ["CODE_ATTR", "SEALED_ATTR", "code_of", "decode", "encode", "field_nam
 
 CODE_ATTR = "_teops_code"
 # Set on every decoded object: it is shared by every caller that decodes its text, so
-# it must never change (runtime/quantizer.py refuses to change a sealed quantizer).
+# it must never change (quantization/quantizer.py refuses to change a sealed quantizer).
 SEALED_ATTR = "_teops_sealed"
 _CLASSES: dict[str, type] = {}
 _DECODED: dict[str, Any] = {}

@@ -18,6 +18,12 @@ from typing import Any
 
 import torch
 
+from ..quantization.quantizer import (
+    QuantizedData,
+    QuantizedTensor,
+    quantized_tensor_classes,
+    value_opaque_reason,
+)
 from . import _torch_private as _private
 from . import lowering
 from .boundary import (
@@ -32,7 +38,6 @@ from .boundary import (
 )
 from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``
 from .keep import Keep as Keep  # generated calls: ``_r.Keep``
-from .quantizer import QuantizedData, QuantizedTensor, quantized_tensor_classes, value_opaque_reason
 from .tensor_spec import TensorSpec, to_tensor_spec
 
 # --- None in a ``Tensor[]`` return ------------------------------------------------

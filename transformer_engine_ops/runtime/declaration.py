@@ -24,7 +24,7 @@ class OpDeclaration:
     every Inductor compile trace the impls in place of the ops (``runtime/lowering.py``):
     declare it once the impls mark, with ``lowering.exact``, every piece Inductor would
     compute differently from eager (reductions, fused activations, bias GEMMs), and
-    declare example bundles with ``lowering.examples`` (``runtime/lowering_check.py``
+    declare example bundles with ``lowering.examples`` (``tests/runtime/lowering_check.py``
     checks the lowering on them, bit for bit).
 
     ``eager_when``: why a compiled call runs eagerly, as ``(condition, reason)`` pairs;

@@ -206,14 +206,14 @@ def recording() -> Iterator[list[str]]:
         _TRACING.traced = outer
 
 
-# --- example bundles: what runtime/lowering_check.py compiles -------------------------
+# --- example bundles: what tests/runtime/lowering_check.py compiles -------------------------
 # forward bundle class -> its op module's example hook
 _EXAMPLES: dict[type, Callable[..., list[Any]]] = {}
 
 
 def examples(forward: type) -> Callable[[Callable[..., list[Any]]], Callable[..., list[Any]]]:
     """Declare, next to an op, the forward bundles its lowering is checked on
-    (``runtime/lowering_check.py``): the marked function takes ``(recipe, device)`` (a
+    (``tests/runtime/lowering_check.py``): the marked function takes ``(recipe, device)`` (a
     ``quantization`` recipe or None) and returns fresh bundles of ``forward`` for it
     (the same values on every call, so an eager and a compiled run each get their own),
     or ``[]`` where the op takes no such recipe. An op declared ``lowers=True`` without
@@ -285,7 +285,7 @@ def lowered_by_default() -> frozenset[Any]:
 
 def lowered_modules() -> tuple[str, ...]:
     """The generated modules (by name) whose ops every Inductor compile lowers: what
-    ``runtime/lowering_check.py`` checks."""
+    ``tests/runtime/lowering_check.py`` checks."""
     return tuple(sorted({_MODULES[op] for op in _BY_DEFAULT}))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .quantizer import (
+from ..quantization.quantizer import (
     FlattenContext,
     InnerLayout,
     QuantizedData,

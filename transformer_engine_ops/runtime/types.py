@@ -12,7 +12,7 @@ from typing import Union
 import torch
 import torch.distributed
 
-from .quantizer import QuantizedStorage
+from ..quantization.quantizer import QuantizedStorage
 
 # A plain tensor, a quantized wrapper tensor subclass (a ``torch.Tensor``) or a
 # bare quantized storage: what a weight, a cached weight workspace or a saved

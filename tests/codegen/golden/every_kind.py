@@ -21,9 +21,9 @@ from tests.codegen.fixtures.every_kind import (
     every_kind_forward_spec,
     every_kind_setup_context,
 )
+from transformer_engine_ops.quantization.quantizer import Quantizer
 from transformer_engine_ops.runtime import boundary as _b
 from transformer_engine_ops.runtime import custom_ops as _r
-from transformer_engine_ops.runtime.quantizer import Quantizer
 from transformer_engine_ops.runtime.values import GemmConfig
 
 _b.require_format_version(1, __name__)

@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from . import _torch_private as _private
-from . import lowering
+from transformer_engine_ops.runtime import _torch_private as _private
+from transformer_engine_ops.runtime import lowering
 
 
 def recipes() -> tuple[tuple[str, Callable[[], Any] | None], ...]:
     """``(name, factory)`` of every recipe an op may take, each with its defaults; None
     for no recipe."""
-    from ..quantization import recipes as r
+    from transformer_engine_ops.quantization import recipes as r
 
     return (
         ("no recipe", None),

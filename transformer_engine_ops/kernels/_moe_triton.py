@@ -14,7 +14,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..quantization._triton_launch import launchers
+from ._triton_launch import launchers
 
 
 @triton.jit

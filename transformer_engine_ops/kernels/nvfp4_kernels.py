@@ -38,14 +38,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from ..quantization.encoding import ceil_div, matrix_dims, round_up
+from ..quantization.hadamard import sign_mask
 from ..runtime import _torch_private as _private
-from ..runtime import triton_support
-from . import cuda_kernels
-from .encoding import ceil_div, matrix_dims, round_up
-from .hadamard import sign_mask
+from . import cuda_kernels, triton_support
 
 if TYPE_CHECKING:
-    from .nvfp4 import NVFP4Quantizer
+    from ..quantization.nvfp4 import NVFP4Quantizer
 
 __all__ = ["amax_stats", "available", "eligible", "quantize", "unavailable_reason"]
 

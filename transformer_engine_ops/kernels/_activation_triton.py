@@ -16,7 +16,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..quantization._triton_launch import launchers
+from ._triton_launch import launchers
 
 # ACT codes (activation_kernels.CODES maps each activation name to one, and GATED).
 GELU = tl.constexpr(0)

@@ -43,10 +43,11 @@ from typing import Any, Optional
 
 import torch
 
+from ..quantization.encoding import FP8_MAX, transposed_shape
 from ..runtime import _torch_private as _private
-from ..runtime import lowering, triton_support
+from ..runtime import lowering
 from ..runtime.custom_ops import op_library
-from .encoding import FP8_MAX, transposed_shape
+from . import triton_support
 
 __all__ = [
     "available",

@@ -28,12 +28,12 @@ from typing import Optional, Union
 
 import torch
 
-from .quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer
-from .quantization.float8_block import Float8BlockQuantizer
-from .quantization.mxfp8 import MXFP8Quantizer
-from .quantization.nvfp4 import NVFP4Quantizer
-from .quantization.recipes import DelayedScalingRequest, Float8CurrentScaling, Recipe
-from .runtime.quantizer import Quantizer
+from .float8 import Float8CurrentScalingQuantizer, Float8Quantizer
+from .float8_block import Float8BlockQuantizer
+from .mxfp8 import MXFP8Quantizer
+from .nvfp4 import NVFP4Quantizer
+from .quantizer import Quantizer
+from .recipes import DelayedScalingRequest, Float8CurrentScaling, Recipe
 
 # The environment variable that lets a CUDA device emulate what it cannot run natively.
 EMULATION_SWITCH = "TEOPS_EMULATE_UNSUPPORTED_RECIPES"

@@ -34,11 +34,11 @@ from typing import Any, Optional
 
 import torch
 
+from ..quantization.encoding import ceil_div, round_up, transposed_shape
 from ..runtime import _torch_private as _private
-from ..runtime import lowering, triton_support
+from ..runtime import lowering
 from ..runtime.custom_ops import op_library
-from . import cuda_kernels
-from .encoding import ceil_div, round_up, transposed_shape
+from . import cuda_kernels, triton_support
 
 __all__ = ["available", "eligible", "fused_quantize", "supports", "unavailable_reason"]
 

@@ -1,6 +1,6 @@
 """What the Triton kernel modules share before Triton is imported: whether the kernels
 run under Triton's interpreter, and why they cannot run here. Importable without Triton
-(CPU-only torch installs), unlike ``quantization/_triton_launch.py``."""
+(CPU-only torch installs), unlike ``kernels/_triton_launch.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import _torch_private as _private
-from . import lowering
+from ..runtime import _torch_private as _private
+from ..runtime import lowering
 
 __all__ = [
     "check_runnable",

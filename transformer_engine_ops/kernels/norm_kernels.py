@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 
 from ..runtime import _torch_private as _private
-from ..runtime import triton_support
+from . import triton_support
 
 __all__ = [
     "DTYPES",

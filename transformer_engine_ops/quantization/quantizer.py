@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from . import _torch_private as _private
-from . import codec
+from ..runtime import _torch_private as _private
+from ..runtime import codec
 
 __all__ = [
     "InnerLayout",
