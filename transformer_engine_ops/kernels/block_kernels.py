@@ -37,7 +37,7 @@ import torch
 from ..quantization.encoding import ceil_div, round_up, transposed_shape
 from ..runtime import _torch_private as _private
 from ..runtime import lowering
-from ..runtime.custom_ops import op_library
+from ..runtime.library import op_library
 from . import cuda_kernels, triton_support
 
 __all__ = ["available", "eligible", "fused_quantize", "supports", "unavailable_reason"]

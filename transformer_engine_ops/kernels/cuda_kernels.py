@@ -46,7 +46,7 @@ import torch
 from ..quantization.encoding import FP8_MAX, transposed_shape
 from ..runtime import _torch_private as _private
 from ..runtime import lowering
-from ..runtime.custom_ops import op_library
+from ..runtime.library import op_library
 from . import triton_support
 
 __all__ = [

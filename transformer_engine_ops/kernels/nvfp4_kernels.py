@@ -44,7 +44,7 @@ from ..runtime import _torch_private as _private
 from . import cuda_kernels, triton_support
 
 if TYPE_CHECKING:
-    from ..quantization.nvfp4 import NVFP4Quantizer
+    from ..quantization.quantizer import Quantizer
 
 __all__ = ["amax_stats", "available", "eligible", "quantize", "unavailable_reason"]
 
@@ -145,7 +145,7 @@ def _row_amax(
 
 def _encode(
     launch: Any,
-    q: NVFP4Quantizer,
+    q: Quantizer,
     x2d: torch.Tensor,
     transposed: bool,
     amax: torch.Tensor,
@@ -191,7 +191,7 @@ def _encode(
 
 
 def quantize(
-    q: NVFP4Quantizer,
+    q: Quantizer,
     x: torch.Tensor,
     rng_state: Optional[torch.Tensor],
     amaxes: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
@@ -251,7 +251,7 @@ def quantize(
     return inner
 
 
-def amax_stats(q: NVFP4Quantizer, x: torch.Tensor) -> torch.Tensor:
+def amax_stats(q: Quantizer, x: torch.Tensor) -> torch.Tensor:
     """``q.amax_stats(x)`` from the row-amax kernel: fp32 (2,), the finite amax of
     ``x`` and of its columnwise data (after the transform with ``with_post_rht_amax``
     and a columnwise usage); the reference's bits (a maximum is exact in any order, the

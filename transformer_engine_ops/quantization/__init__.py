@@ -1,28 +1,39 @@
-"""Reference quantizers, quantized tensors, recipes and GEMM in plain PyTorch."""
+"""Reference quantizers, quantized tensors, recipes and GEMM in plain PyTorch.
 
-from .float8 import (
-    Float8CurrentScalingQuantizer,
-    Float8Quantizer,
-    Float8Tensor,
-    Float8TensorStorage,
-)
-from .float8_block import (
-    Float8BlockQuantizer,
-    Float8BlockwiseQTensor,
-    Float8BlockwiseQTensorStorage,
-)
-from .gemm import gemm
-from .mxfp8 import MXFP8Quantizer, MXFP8Tensor, MXFP8TensorStorage
-from .nvfp4 import NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage
-from .recipes import (
-    DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    Format,
-    MXFP8BlockScaling,
-    NVFP4BlockScaling,
-    Recipe,
-)
+The public names load on first use: the quantized-tensor base (``quantizer``) sits below
+the op glue (runtime/) and the kernels, which import it, so importing this package must
+not import the formats, which import the kernels (docs/design.md, "Layers").
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "DelayedScaling": ".recipes",
+    "Float8BlockQuantizer": ".float8_block",
+    "Float8BlockScaling": ".recipes",
+    "Float8BlockwiseQTensor": ".float8_block",
+    "Float8BlockwiseQTensorStorage": ".float8_block",
+    "Float8CurrentScaling": ".recipes",
+    "Float8CurrentScalingQuantizer": ".float8",
+    "Float8Quantizer": ".float8",
+    "Float8Tensor": ".float8",
+    "Float8TensorStorage": ".float8",
+    "Format": ".recipes",
+    "MXFP8BlockScaling": ".recipes",
+    "MXFP8Quantizer": ".mxfp8",
+    "MXFP8Tensor": ".mxfp8",
+    "MXFP8TensorStorage": ".mxfp8",
+    "NVFP4BlockScaling": ".recipes",
+    "NVFP4Quantizer": ".nvfp4",
+    "NVFP4Tensor": ".nvfp4",
+    "NVFP4TensorStorage": ".nvfp4",
+    "Recipe": ".recipes",
+    "gemm": ".gemm",
+}
 
 __all__ = [
     "DelayedScaling",
@@ -49,28 +60,13 @@ __all__ = [
 ]
 
 
-def _register_safe_globals() -> None:
-    """Let ``torch.load(weights_only=True)`` (torch's default) rebuild quantized weights:
-    the wrapper and storage classes and the quantizers they hold."""
-    import torch
-
-    torch.serialization.add_safe_globals(
-        [
-            Float8Tensor,
-            Float8TensorStorage,
-            Float8CurrentScalingQuantizer,
-            Float8Quantizer,
-            MXFP8Tensor,
-            MXFP8TensorStorage,
-            MXFP8Quantizer,
-            NVFP4Tensor,
-            NVFP4TensorStorage,
-            NVFP4Quantizer,
-            Float8BlockwiseQTensor,
-            Float8BlockwiseQTensorStorage,
-            Float8BlockQuantizer,
-        ]
-    )
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_register_safe_globals()
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -760,3 +760,10 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
             amax_compute_algo=self.amax_compute_algo,
             scaling_factor_compute_algo=self.scaling_factor_compute_algo,
         )
+
+
+# ``torch.load(weights_only=True)`` (torch's default) rebuilds quantized weights from
+# these classes and the quantizers they hold.
+torch.serialization.add_safe_globals(
+    [Float8Tensor, Float8TensorStorage, Float8CurrentScalingQuantizer, Float8Quantizer]
+)

@@ -335,3 +335,10 @@ class Float8BlockQuantizer(Quantizer):
             inner["_columnwise_data"] = codes.contiguous().reshape(transposed_shape(x.shape))
             inner["_columnwise_scale_inv"] = _pad_scale_inv(scale_inv, dim)
         return inner
+
+
+# ``torch.load(weights_only=True)`` (torch's default) rebuilds quantized weights from
+# these classes and the quantizers they hold.
+torch.serialization.add_safe_globals(
+    [Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage, Float8BlockQuantizer]
+)

@@ -237,3 +237,8 @@ class MXFP8Quantizer(Quantizer):
                 inner[prefix + "_data"] = data.reshape(x.shape)
                 inner[prefix + "_scale_inv"] = codes
         return inner
+
+
+# ``torch.load(weights_only=True)`` (torch's default) rebuilds quantized weights from
+# these classes and the quantizers they hold.
+torch.serialization.add_safe_globals([MXFP8Tensor, MXFP8TensorStorage, MXFP8Quantizer])

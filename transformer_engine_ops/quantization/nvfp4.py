@@ -667,3 +667,8 @@ class NVFP4Quantizer(Quantizer):
             inner["_columnwise_scale_inv"] = scales.contiguous()
             inner["_amax_columnwise"] = amax.reshape(-1).clone()
         return inner
+
+
+# ``torch.load(weights_only=True)`` (torch's default) rebuilds quantized weights from
+# these classes and the quantizers they hold.
+torch.serialization.add_safe_globals([NVFP4Tensor, NVFP4TensorStorage, NVFP4Quantizer])

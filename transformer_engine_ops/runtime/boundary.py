@@ -140,10 +140,6 @@ def object_list(value: Any, expected: type, where: str) -> list[Any]:
     raise _mismatch(where, f"a list of {_type_names(expected)} or None", value)
 
 
-def optional_object_list(value: Any, expected: type, where: str) -> list[Any] | None:
-    return None if value is None else object_list(value, expected, where)
-
-
 # --- quantizers and value types: crossed as their canonical text (runtime/codec.py) ---
 
 

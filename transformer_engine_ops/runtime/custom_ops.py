@@ -38,6 +38,7 @@ from .boundary import (
 )
 from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``
 from .keep import Keep as Keep  # generated calls: ``_r.Keep``
+from .library import op_library
 from .tensor_spec import TensorSpec, to_tensor_spec
 
 # --- None in a ``Tensor[]`` return ------------------------------------------------
@@ -578,17 +579,7 @@ def quantizer_blocker(*quantizers: Any) -> str | None:
 # tensors, functionalization, tensor subclass or mode in between), calls the kernel
 # straight away: one conversion of the slots per call.
 
-_LIBRARIES: dict[str, Any] = {}
 _BACKEND_KEYS = _private.BACKEND_KEYS
-
-
-def op_library(namespace: str) -> Any:
-    """The ``FRAGMENT`` Library of ``namespace``, one per process and kept alive (a
-    Library unregisters its definitions when collected)."""
-    lib = _LIBRARIES.get(namespace)
-    if lib is None:
-        lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
-    return lib
 
 
 def plain_backend(below: Any) -> bool:

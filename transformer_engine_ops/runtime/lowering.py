@@ -40,6 +40,7 @@ from typing import Any
 from . import _torch_private as _private
 from . import codec, source_digest
 from .boundary import SlotRow, decode_meta, first_device
+from .library import op_library
 
 # op -> its decomposition (registered by define_op for every generated op)
 _DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
@@ -173,8 +174,6 @@ def exact_op(op_name: str) -> Any:
     if op is not None:
         return op
     import torch
-
-    from .custom_ops import op_library  # custom_ops imports this module
 
     with _EXACT_LOCK:
         if op_name not in _EXACT_OPS:
