@@ -8,6 +8,8 @@ not import the formats, which import the kernels (docs/design.md, "Layers").
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # public name -> the module that defines it
@@ -70,3 +72,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
+
+
+class _Package(types.ModuleType):
+    """``gemm`` names both a submodule and the function exported under that name; the
+    import system sets the submodule on the package once it has loaded, and the
+    function must stay the package's ``gemm``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
