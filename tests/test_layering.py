@@ -1,4 +1,4 @@
-"""The package's imports run one way: down the layer order of docs/design.md ("Layers").
+"""The package's imports run one way: down the layer order of docs/architecture.md.
 
 Every import statement of every module in transformer_engine_ops is read (module-level,
 inside a function, under ``TYPE_CHECKING``; relative and absolute) and resolved to the
@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # Lowest first; a module may import its own layer and the layers before it. A module
 # matches its most specific pattern (an exact name before a wildcard); "" is the package.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("torch fence and codec", ("runtime", "runtime._torch_private", "runtime.codec")),
+    (
+        "torch fence, codec and constants",
+        ("runtime", "runtime._torch_private", "runtime.codec", "constants"),
+    ),
     (
         "quantized-tensor base",
         (
@@ -37,7 +40,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quantization", ("quantization.*",)),
     ("ops", ("ops", "ops.*")),
     ("generated", ("generated", "generated.*")),
-    ("modules", ("modules", "modules.*", "constants", "graph", "recipe")),
+    (
+        "modules",
+        (
+            "modules",
+            "modules.*",
+            "graph",
+            "recipe",
+            "router",
+            "permutation",
+            "custom_recipes",
+            "custom_recipes.*",
+        ),
+    ),
     ("package", ("",)),
 )
 

@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization.hadamard import rht_matrix
+from transformer_engine_ops.quantization.recipes import compatible_recipe
 from transformer_engine_ops.runtime import codec
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -279,8 +280,9 @@ def test_te_s_small_queries():
     assert all(q.is_requantization_safe() for q in qs.values())
     assert not te.NVFP4Quantizer(stochastic_rounding=True).is_requantization_safe()
     assert not te.Float8Quantizer().is_requantization_safe()
-    assert qs["nvfp4"]._get_compatible_recipe() is te.recipe.NVFP4BlockScaling
-    assert te.Float8Quantizer()._get_compatible_recipe() is te.recipe.DelayedScaling
+    assert compatible_recipe(qs["nvfp4"]) is te.recipe.NVFP4BlockScaling
+    assert compatible_recipe(te.Float8Quantizer()) is te.recipe.DelayedScaling
+    assert compatible_recipe(te.IdentityQuantizer()) is None
     values = qs["fp8_current"].multi_quantize([x, 2 * x])
     assert [type(v) for v in values] == [te.Float8Tensor, te.Float8Tensor]
 

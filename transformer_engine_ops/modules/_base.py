@@ -20,7 +20,7 @@ import torch
 from torch.compiler import is_compiling
 
 from ..quantization.quantizer import QuantizedTensor
-from ..quantization.recipes import DelayedScalingRequest, QuantizerRequest
+from ..quantization.recipes import DelayedScalingRequest, QuantizerRequest, compatible_recipe
 from ..runtime._torch_private import current_graph_task_id
 from ..runtime.boundary import registered_group
 from ..runtime.fallback import run_eagerly
@@ -109,7 +109,7 @@ def forward_recipe(module: Any) -> RecipeQuantizers | None:
 
 def _check_weight_recipes(module: Any, recipe: Any) -> None:
     """TE's check that each ``quantized_model_init`` weight suits the active recipe:
-    its quantizer's recipe class (``_get_compatible_recipe``) must be the recipe's
+    its quantizer's recipe class (``recipes.compatible_recipe``) must be the recipe's
     class or a base of it; a weight made under another recipe raises TE's error. A
     ``CustomRecipe`` is not checked: its factory chooses each role's format, so any
     format's weight may be its (TE's check knows the built-in recipes only)."""
@@ -117,7 +117,7 @@ def _check_weight_recipes(module: Any, recipe: Any) -> None:
         return
     for name, param in module._parameters.items():
         if isinstance(param, QuantizedTensor):
-            compatible = param._quantizer._get_compatible_recipe()
+            compatible = compatible_recipe(param._quantizer)
             if compatible is not None and not isinstance(recipe, compatible):
                 raise RuntimeError(
                     f"Recipe mismatch for '{name}': tensor supports recipe "

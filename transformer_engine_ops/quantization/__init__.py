@@ -2,7 +2,7 @@
 
 The public names load on first use: the quantized-tensor base (``quantizer``) sits below
 the op glue (runtime/) and the kernels, which import it, so importing this package must
-not import the formats, which import the kernels (docs/design.md, "Layers").
+not import the formats, which import the kernels (docs/architecture.md, "Import layering").
 """
 
 from __future__ import annotations

@@ -285,10 +285,8 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             fp8_all_gather=fp8_all_gather,
         )
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        from .recipes import Float8CurrentScaling
-
-        return Float8CurrentScaling
+    # The recipe class whose quantized weights it makes (recipes.compatible_recipe).
+    _COMPATIBLE_RECIPE = "Float8CurrentScaling"
 
     def _quantize_value(self, x: torch.Tensor, dtype: torch.dtype) -> Any:
         if not self.with_amax_reduction:
@@ -638,10 +636,8 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
             and other.scaling_factor_compute_algo == self.scaling_factor_compute_algo
         )
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        from .recipes import DelayedScaling
-
-        return DelayedScaling
+    # The recipe class whose quantized weights it makes (recipes.compatible_recipe).
+    _COMPATIBLE_RECIPE = "DelayedScaling"
 
     def _replace(self, **changes: Any) -> Quantizer:
         new = copy.copy(self)  # shares _state: one state, several usages
@@ -744,22 +740,23 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
         new = torch.where(torch.isinf(new), torch.full_like(new, FP32_MAX), new)
         scale.copy_(new.reshape(1))
 
+    # How recipes.py makes the DelayedScaling of a quantizer's settings (set there: the
+    # recipes import the formats, so a format cannot import them back).
+    recipe_of_settings: ClassVar[Optional[Callable[[Float8Quantizer], Any]]] = None
+
     def _recipe(self) -> Any:
         """The ``DelayedScaling`` a ``scaling_factor_compute_algo`` is given: the one
-        that made this quantizer, else one of this quantizer's settings."""
+        that made this quantizer, else one of this quantizer's settings (a quantizer
+        decoded from an op boundary's text, or unpickled, carries no recipe)."""
         made_by = self.__dict__.get("_teops_recipe")
         if made_by is not None:
             return made_by
-        from .recipes import DelayedScaling, Format
-
-        fmt = Format.E4M3 if self.fp8_dtype == torch.float8_e4m3fn else Format.HYBRID
-        return DelayedScaling(
-            margin=self.margin,
-            fp8_format=fmt,
-            amax_history_len=self.amax_history_len,
-            amax_compute_algo=self.amax_compute_algo,
-            scaling_factor_compute_algo=self.scaling_factor_compute_algo,
-        )
+        if Float8Quantizer.recipe_of_settings is None:
+            raise RuntimeError(
+                "Float8Quantizer.scaling_factor_compute_algo needs the recipes module "
+                "(import transformer_engine_ops.recipe)"
+            )
+        return Float8Quantizer.recipe_of_settings(self)
 
 
 # ``torch.load(weights_only=True)`` (torch's default) rebuilds quantized weights from

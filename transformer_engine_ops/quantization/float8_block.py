@@ -238,10 +238,8 @@ class Float8BlockQuantizer(Quantizer):
         m, k = matrix_dims(inp.shape)
         return k % self.block_len == 0 and m % self.block_len == 0
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        from .recipes import Float8BlockScaling
-
-        return Float8BlockScaling
+    # The recipe class whose quantized weights it makes (recipes.compatible_recipe).
+    _COMPATIBLE_RECIPE = "Float8BlockScaling"
 
     def lowers_bitwise_on(self, device: Optional[torch.device]) -> bool:
         # On CUDA the fused kernel is recorded as one op (block_kernels.eligible); other

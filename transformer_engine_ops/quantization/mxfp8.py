@@ -172,10 +172,8 @@ class MXFP8Quantizer(Quantizer):
         m, k = matrix_dims(inp.shape) if inp.dim() >= 1 else (0, 0)
         return inp.dim() >= 2 and k % MXFP8_BLOCK == 0 and m % MXFP8_BLOCK == 0
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        from .recipes import MXFP8BlockScaling
-
-        return MXFP8BlockScaling
+    # The recipe class whose quantized weights it makes (recipes.compatible_recipe).
+    _COMPATIBLE_RECIPE = "MXFP8BlockScaling"
 
     def check_shape(self, shape: Sequence[Any]) -> None:
         super().check_shape(shape)

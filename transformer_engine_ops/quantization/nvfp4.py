@@ -423,10 +423,8 @@ class NVFP4Quantizer(Quantizer):
         m, k = matrix_dims(inp.shape)
         return k % NVFP4_BLOCK == 0 and m % NVFP4_BLOCK == 0
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        from .recipes import NVFP4BlockScaling
-
-        return NVFP4BlockScaling
+    # The recipe class whose quantized weights it makes (recipes.compatible_recipe).
+    _COMPATIBLE_RECIPE = "NVFP4BlockScaling"
 
     def _init_fields(self) -> None:
         super()._init_fields()

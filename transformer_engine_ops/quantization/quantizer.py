@@ -453,10 +453,9 @@ class Quantizer:
         for a stateful or stochastic quantizer)."""
         return True
 
-    def _get_compatible_recipe(self) -> Optional[type]:
-        """TE's: the recipe class whose quantized weights this quantizer makes (None:
-        any)."""
-        return None
+    # The name of the recipe class whose quantized weights it makes (None: any); the
+    # class itself is recipes.compatible_recipe's answer (recipes import the formats).
+    _COMPATIBLE_RECIPE: ClassVar[Optional[str]] = None
 
     def multi_quantize(self, tensors: Iterable[torch.Tensor]) -> list[Any]:
         """TE's: ``quantize`` of each tensor."""

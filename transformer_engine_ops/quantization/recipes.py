@@ -665,9 +665,6 @@ class IdentityQuantizer:
     def is_requantization_safe(self) -> bool:
         return True
 
-    def _get_compatible_recipe(self) -> None:
-        return None
-
 
 # What a CustomRecipe slot holds: a quantizer, a module's request, or None (the
 # factory's IdentityQuantizer: the operand is not quantized).
@@ -756,3 +753,32 @@ class CustomRecipe(Recipe):
             return self.quantizer_for(None)
         tensor_type = "grad_output" if role == "grad_weight" else role
         return self.quantizer_for(QuantizerRole("linear", tensor_type, ""))
+
+
+def compatible_recipe(quantizer: Any) -> Optional[type[Recipe]]:
+    """TE's ``quantizer._get_compatible_recipe()``: the recipe class whose quantized
+    weights ``quantizer`` makes, None where any recipe may use them."""
+    name = getattr(type(quantizer), "_COMPATIBLE_RECIPE", None)
+    recipes = (
+        DelayedScaling,
+        Float8CurrentScaling,
+        Float8BlockScaling,
+        MXFP8BlockScaling,
+        NVFP4BlockScaling,
+    )
+    return None if name is None else {r.__name__: r for r in recipes}[name]
+
+
+def _delayed_scaling_of(quantizer: Float8Quantizer) -> DelayedScaling:
+    """The ``DelayedScaling`` of a delayed-scaling quantizer's own settings."""
+    fmt = Format.E4M3 if quantizer.fp8_dtype == torch.float8_e4m3fn else Format.HYBRID
+    return DelayedScaling(
+        margin=quantizer.margin,
+        fp8_format=fmt,
+        amax_history_len=quantizer.amax_history_len,
+        amax_compute_algo=quantizer.amax_compute_algo,
+        scaling_factor_compute_algo=quantizer.scaling_factor_compute_algo,
+    )
+
+
+Float8Quantizer.recipe_of_settings = _delayed_scaling_of
