@@ -10,7 +10,7 @@ called in turn (``common.interleaved``):
   ``eager call`` (``linear_eager``: field checks + impl); ``module`` (our ``Linear``:
   its fields by name into ``call_linear``, whose plain call serves this one);
 * forward + backward (autograd): the same, each followed by ``backward`` (``kernel``:
-  ``linear_forward`` + ``linear_setup_context`` + ``linear_backward`` called directly).
+  ``linear_forward`` + ``LINEAR.backward_args`` + ``linear_backward`` called directly).
 
 Then one training step (forward + backward) of an 8-layer MLP (ReLU between layers) of
 our ``Linear`` and of ``torch.nn.Linear``, eager and ``torch.compile(fullgraph=True)``
@@ -34,10 +34,10 @@ from torch.utils import benchmark
 from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.modules.linear import Linear
 from transformer_engine_ops.ops.linear import (
+    LINEAR,
     LinearFwdArgs,
     linear_backward,
     linear_forward,
-    linear_setup_context,
 )
 from transformer_engine_ops.runtime.lowering import inductor_backend
 
@@ -96,7 +96,7 @@ def _layer_contenders(rows: int, hidden: int, device: str) -> dict[str, Any]:
 
     def kernel_step() -> None:
         outputs, saved = linear_forward(args_g)
-        bwd = linear_setup_context(args_g, outputs, saved)
+        bwd = LINEAR.backward_args(args_g, outputs, saved)
         bwd.grad_outputs = [dy]
         linear_backward(bwd)
 

@@ -246,7 +246,7 @@ def register(decl: Any = LINEAR, namespace: str = NAMESPACE) -> tuple[Any, Any]:
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
         out_specs, saved_specs = decl.forward_spec(spec_args(fwd_plan, fwd_tensors, inputs))
         outputs, saved = split_result(out_specs, saved_specs, output)
-        backward = decl.setup_context(fwd_plan.unflatten(*inputs), tuple(outputs), tuple(saved))
+        backward = decl.backward_args(fwd_plan.unflatten(*inputs), tuple(outputs), tuple(saved))
         save_backward_slots(ctx, bwd_plan.flatten(backward))
         ctx.out_specs = out_specs
         ctx.grad_layout = grad_layout(inputs, grad_slots)

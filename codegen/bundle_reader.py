@@ -321,7 +321,12 @@ def _read_field(
     ftype = kinds.classify(expr, config, enums)
     slots = kinds.slots_for(name, ftype, config)
     default = None if node.value is None else code_of(node.value)
-    return Field(name, kinds.render(expr), ftype, slots, where, default)
+    source = code_of(node.annotation.annotation)
+    try:
+        source = ast.unparse(ast.parse(source.strip(), mode="eval"))
+    except SyntaxError:
+        pass
+    return Field(name, kinds.render(expr), ftype, slots, where, default, "".join(source.split()))
 
 
 def _check_init(file: SourceFile, bundle: str, name: str, value: cst.BaseExpression | None) -> None:

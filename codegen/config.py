@@ -157,6 +157,7 @@ DECLARATION_KEYS = (
     "eager_when",
     "plain_call",
     "cudagraph_unsafe",
+    "derived",
 )
 OWN_DECLARATION = "transformer_engine_ops.runtime.declaration.OpDeclaration"
 

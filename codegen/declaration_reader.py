@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import libcst as cst
 
 from . import kinds
+from . import setup_context as contract
 from .bundle_reader import BundleReader
 from .config import ConfiguredOp, DeclarationForm
 from .errors import CodegenError, Location
@@ -179,6 +180,30 @@ def read_declaration(
         _check_grad_receiver(backward)
         if form.registration:
             impls = Impls(**names)
+    derived: tuple[str, ...] = ()
+    if "derived" in given:
+        derived = _literal_strings(file, given["derived"], kw("derived"))
+        if impls is None:
+            raise CodegenError(
+                file.loc(given["derived"]),
+                f"`{kw('derived')}` without the implementation functions",
+                f"give {', '.join(kw(k) for k in impl_keys)}, or drop {kw('derived')}",
+            )
+        contract.check_derived(
+            forward,
+            backward,
+            derived,
+            [file.loc(d.value) for d in given["derived"].elements],  # type: ignore[attr-defined]
+            kw("derived"),
+        )
+    copied: tuple[str, ...] = ()
+    made: tuple[str, ...] = ()
+    if impls is not None:
+        copied = contract.copied_fields(forward, backward, derived)
+        made = contract.made_fields(backward, copied)
+        contract.check_returns(
+            functions[impls.setup_context], forward, backward, copied, made, file.loc
+        )
     lowers = _literal_bool(file, given["lowers"], kw("lowers")) if "lowers" in given else False
     if lowers and impls is None and form.registration:
         raise CodegenError(
@@ -236,6 +261,8 @@ def read_declaration(
         plain_fields=plain_fields,
         plain_problem=plain_problem,
         cudagraph_unsafe=cudagraph_unsafe,
+        copied=copied,
+        made=made,
     )
 
 

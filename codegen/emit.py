@@ -377,6 +377,14 @@ def calling_side_context(op: Op, spell: Spelling) -> dict:
         "slot_lengths": _lengths(slot_values, lists),
         "saved_fields": tuple(saved),
         "backward_values": backward_values,
+        "receiver": (grad_name, "None" if grad_name == GRAD_OUTPUT_FIELD else "[]"),
+        "copied_fields": _tuple_literal(op.copied),
+        "made_fields": (
+            f"frozenset({{{', '.join(kinds.pyrepr(m) for m in op.made)}}})"
+            if op.made
+            else "frozenset()"
+        ),
+        "copied": op.copied,
         "eager_reasons": _eager_reasons(op, spell),
         "n": _spelled_names(op, spell),
         "cudagraph_unsafe": (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import Location
 
@@ -131,6 +131,9 @@ class Field:
     # The source text after ``=`` (``None``, ``field(default_factory=list)``), or None
     # without one: callers building the bundle depend on it, the schema does not.
     default: str | None = None
+    # The annotation as Python unparses it, without whitespace: what decides whether a
+    # backward field is a copy of the forward field of its name (``setup_context``).
+    source_text: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,10 @@ class Op:
     # The declaration's ``cudagraph_unsafe``: why no CUDA graph may capture the op (None:
     # graphs may); its ops then carry ``torch.Tag.cudagraph_unsafe``.
     cudagraph_unsafe: str | None = None
+    # The backward fields the generated code copies from the forward bundle, and those the
+    # hand-written ``setup_context`` returns (in the backward bundle's order).
+    copied: tuple[str, ...] = ()
+    made: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

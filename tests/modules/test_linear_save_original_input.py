@@ -17,7 +17,7 @@ from module_cases import QUANTIZED, RECIPES, assert_bitwise, cloned, graph_break
 
 import transformer_engine_ops as te
 from transformer_engine_ops.modules.linear import _save_original_input_allowed
-from transformer_engine_ops.ops.linear import linear_backward, linear_forward, linear_setup_context
+from transformer_engine_ops.ops.linear import LINEAR, linear_backward, linear_forward
 from transformer_engine_ops.quantization import NVFP4Quantizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def _op_bundle(**changes: Any) -> Any:
 
 def _op_grads(fwd: Any) -> tuple[Any, ...]:
     outputs, saved = linear_forward(fwd)
-    bwd = linear_setup_context(fwd, outputs, saved)
+    bwd = LINEAR.backward_args(fwd, outputs, saved)
     bwd.grad_outputs = [torch.ones_like(outputs[0])]
     return (outputs[0], *linear_backward(bwd))
 

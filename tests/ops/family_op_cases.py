@@ -70,7 +70,7 @@ def backward_bundle(g: ModuleType, name: str, fwd: Any, seed: int = 1) -> Any:
     """The backward bundle a forward run of ``fwd`` leads to, random output grads."""
     with torch.no_grad():
         outputs, saved = getattr(g, f"{name}_forward")(fwd)
-    bwd = getattr(g, f"{name}_setup_context")(fwd, outputs, saved)
+    bwd = g._backward_args(fwd, outputs, saved)  # the generated path
     for field, value in vars(bwd).items():
         setattr(bwd, field, _detached(value))
     gen = torch.Generator().manual_seed(seed)

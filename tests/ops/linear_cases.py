@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from transformer_engine_ops.ops.linear import (
+    LINEAR,
     BackwardOverride,
     LinearFwdArgs,
     linear_forward,
-    linear_setup_context,
 )
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
@@ -109,7 +109,7 @@ def make_bwd_args(fwd: LinearFwdArgs, seed: int = 1) -> Any:
     """The backward bundle a forward run of ``fwd`` leads to, with a random output grad."""
     with torch.no_grad():
         (out,), saved = linear_forward(fwd)
-    bwd = linear_setup_context(fwd, (out,), saved)
+    bwd = LINEAR.backward_args(fwd, (out,), saved)
     # The backward op runs inside autograd's backward (no graph of its own): detached.
     for field in ("inputmat", "weight_fp8"):
         value = getattr(bwd, field)

@@ -103,7 +103,7 @@ CASES = {
 def _backward_bundle(fwd):
     with torch.no_grad():
         outputs, saved = g.attention_forward(fwd)
-    bwd = g.attention_setup_context(fwd, outputs, saved)
+    bwd = g._backward_args(fwd, outputs, saved)  # the generated path
     for field, value in vars(bwd).items():
         if isinstance(value, torch.Tensor):
             setattr(bwd, field, value.detach())

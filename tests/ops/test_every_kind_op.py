@@ -128,7 +128,7 @@ def test_forward_bundle_round_trips(g, name):
 
 def test_backward_bundle_round_trips(g):
     fwd = make_args()
-    bwd = op.every_kind_op_setup_context(fwd, (), ())
+    bwd = op.EVERY_KIND_OP.backward_args(fwd, (), ())
     bwd.grad_outputs = [torch.ones(*BATCH, N), torch.ones(*BATCH)]
     back = g.unflatten_every_kind_op_bwd_args(*g.flatten_every_kind_op_bwd_args(bwd))
     assert back == bwd
@@ -217,7 +217,7 @@ def test_a_bad_literal_is_named(g):
 def test_opcheck_forward_and_backward(g, name):
     args = _variant(name)
     torch.library.opcheck(g.every_kind_op_fwd, g.flatten_every_kind_op_fwd_args(args))
-    bwd = op.every_kind_op_setup_context(args, (), ())
+    bwd = op.EVERY_KIND_OP.backward_args(args, (), ())
     bwd.x, bwd.w = bwd.x.detach(), bwd.w.detach()  # the backward op has no derivative
     y, z = plain_pytorch(args)
     bwd.grad_outputs = [torch.ones_like(y).detach(), torch.ones_like(z).detach()]

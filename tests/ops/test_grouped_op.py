@@ -194,7 +194,7 @@ def _loss(y: torch.Tensor) -> torch.Tensor:
 
 def _backward_bundle(args: op.GroupedOpFwdArgs) -> op.GroupedOpBwdArgs:
     outputs, saved = op.grouped_op_forward(args)
-    bwd = op.grouped_op_setup_context(args, outputs, saved)
+    bwd = op.GROUPED_OP.backward_args(args, outputs, saved)
     bwd.grad_output = torch.ones_like(outputs[0]).detach()
     return bwd
 
@@ -458,7 +458,7 @@ def test_eager_path_saves_every_backward_tensor_through_save_for_backward(g):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         (y,), saved = g.grouped_op_eager(args)
-    bwd = op.grouped_op_setup_context(args, (y,), saved)
+    bwd = op.GROUPED_OP.backward_args(args, (y,), saved)
     expected = [args.x]
     for value in (*bwd.inputs, *bwd.weights):
         if isinstance(value, QuantizedData):

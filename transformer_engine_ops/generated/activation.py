@@ -287,6 +287,48 @@ activation_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `ActivationFwdArgs` (same type);
+# `activation_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("inp", "activation", "limit", "alpha", "glu_linear_offset")
+SETUP_CONTEXT_FIELDS = frozenset({"requires_dgrad"})
+
+
+def _backward_args(
+    args: ActivationFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> ActivationBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `activation_setup_context` returns (checked)."""
+    made = activation_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "ActivationBwdArgs", "activation_setup_context"
+    )
+    return ActivationBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        activation=args.activation,
+        limit=args.limit,
+        alpha=args.alpha,
+        glu_linear_offset=args.glu_linear_offset,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: ActivationBwdArgs, values: tuple[Any, ...], grads: Any
+) -> ActivationBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return ActivationBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        activation=kept.activation,
+        limit=kept.limit,
+        alpha=kept.alpha,
+        glu_linear_offset=kept.glu_linear_offset,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::activation_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -303,7 +345,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(activation_fwd, FORWARD_OP, below, slots)
             args = unflatten_activation_fwd_args(*slots)
-        kept = activation_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inp)
         kept.inp = None
         ctx.kept = kept
@@ -316,17 +358,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = ActivationBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            activation=kept.activation,
-            limit=kept.limit,
-            alpha=kept.alpha,
-            glu_linear_offset=kept.glu_linear_offset,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = activation_backward(args)
         else:
@@ -369,7 +402,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: ActivationFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = activation_forward(args)
-        kept = activation_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inp)
         kept.inp = None
         ctx.kept = kept
@@ -378,19 +411,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = activation_backward(
-            ActivationBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                activation=kept.activation,
-                limit=kept.limit,
-                alpha=kept.alpha,
-                glu_linear_offset=kept.glu_linear_offset,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = activation_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

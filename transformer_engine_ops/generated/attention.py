@@ -625,6 +625,123 @@ dot_product_attention_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `DotProductAttnFwdArgs` (same type);
+# `attention_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "q",
+    "k",
+    "v",
+    "attn_bias",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "attention_mask",
+    "alibi_slopes",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "attn_scale",
+    "qkv_format",
+    "attn_bias_type",
+    "attn_mask_type",
+    "window_size",
+    "bottom_right_diagonal",
+    "softcap",
+    "backend",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "out",
+        "softmax_stats",
+        "rng_state",
+        "requires_dq",
+        "requires_dk",
+        "requires_dv",
+        "requires_dbias",
+        "dropout_p",
+        "checkpoint",
+    }
+)
+
+
+def _backward_args(
+    args: DotProductAttnFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> DotProductAttnBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `attention_setup_context` returns (checked)."""
+    made = attention_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "DotProductAttnBwdArgs",
+        "attention_setup_context",
+    )
+    return DotProductAttnBwdArgs(
+        grad_output=None,
+        q=args.q,
+        k=args.k,
+        v=args.v,
+        attn_bias=args.attn_bias,
+        cu_seqlens_q=args.cu_seqlens_q,
+        cu_seqlens_kv=args.cu_seqlens_kv,
+        cu_seqlens_q_padded=args.cu_seqlens_q_padded,
+        cu_seqlens_kv_padded=args.cu_seqlens_kv_padded,
+        attention_mask=args.attention_mask,
+        alibi_slopes=args.alibi_slopes,
+        max_seqlen_q=args.max_seqlen_q,
+        max_seqlen_kv=args.max_seqlen_kv,
+        attn_scale=args.attn_scale,
+        qkv_format=args.qkv_format,
+        attn_bias_type=args.attn_bias_type,
+        attn_mask_type=args.attn_mask_type,
+        window_size=args.window_size,
+        bottom_right_diagonal=args.bottom_right_diagonal,
+        softcap=args.softcap,
+        backend=args.backend,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: DotProductAttnBwdArgs, values: tuple[Any, ...], grads: Any
+) -> DotProductAttnBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return DotProductAttnBwdArgs(
+        grad_output=grads[0],
+        q=values[0],
+        k=values[1],
+        v=values[2],
+        out=values[3],
+        attn_bias=values[4],
+        cu_seqlens_q=values[5],
+        cu_seqlens_kv=values[6],
+        cu_seqlens_q_padded=values[7],
+        cu_seqlens_kv_padded=values[8],
+        attention_mask=values[9],
+        alibi_slopes=values[10],
+        softmax_stats=values[11],
+        rng_state=values[12],
+        requires_dq=kept.requires_dq,
+        requires_dk=kept.requires_dk,
+        requires_dv=kept.requires_dv,
+        requires_dbias=kept.requires_dbias,
+        max_seqlen_q=kept.max_seqlen_q,
+        max_seqlen_kv=kept.max_seqlen_kv,
+        attn_scale=kept.attn_scale,
+        dropout_p=kept.dropout_p,
+        qkv_format=kept.qkv_format,
+        attn_bias_type=kept.attn_bias_type,
+        attn_mask_type=kept.attn_mask_type,
+        window_size=kept.window_size,
+        bottom_right_diagonal=kept.bottom_right_diagonal,
+        softcap=kept.softcap,
+        backend=kept.backend,
+        checkpoint=kept.checkpoint,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::dot_product_attention_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -643,7 +760,7 @@ class _OpNode(torch.autograd.Function):
                 dot_product_attention_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_dot_product_attn_fwd_args(*slots)
-        kept = attention_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
             ctx,
             kept.q,
@@ -683,40 +800,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = DotProductAttnBwdArgs(
-            grad_output=grads[0],
-            q=values[0],
-            k=values[1],
-            v=values[2],
-            out=values[3],
-            attn_bias=values[4],
-            cu_seqlens_q=values[5],
-            cu_seqlens_kv=values[6],
-            cu_seqlens_q_padded=values[7],
-            cu_seqlens_kv_padded=values[8],
-            attention_mask=values[9],
-            alibi_slopes=values[10],
-            softmax_stats=values[11],
-            rng_state=values[12],
-            requires_dq=kept.requires_dq,
-            requires_dk=kept.requires_dk,
-            requires_dv=kept.requires_dv,
-            requires_dbias=kept.requires_dbias,
-            max_seqlen_q=kept.max_seqlen_q,
-            max_seqlen_kv=kept.max_seqlen_kv,
-            attn_scale=kept.attn_scale,
-            dropout_p=kept.dropout_p,
-            qkv_format=kept.qkv_format,
-            attn_bias_type=kept.attn_bias_type,
-            attn_mask_type=kept.attn_mask_type,
-            window_size=kept.window_size,
-            bottom_right_diagonal=kept.bottom_right_diagonal,
-            softcap=kept.softcap,
-            backend=kept.backend,
-            checkpoint=kept.checkpoint,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = attention_backward(args)
         else:
@@ -759,7 +844,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: DotProductAttnFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = attention_forward(args)
-        kept = attention_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(
             ctx,
             kept.q,
@@ -795,42 +880,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = attention_backward(
-            DotProductAttnBwdArgs(
-                grad_output=grads[0],
-                q=values[0],
-                k=values[1],
-                v=values[2],
-                out=values[3],
-                attn_bias=values[4],
-                cu_seqlens_q=values[5],
-                cu_seqlens_kv=values[6],
-                cu_seqlens_q_padded=values[7],
-                cu_seqlens_kv_padded=values[8],
-                attention_mask=values[9],
-                alibi_slopes=values[10],
-                softmax_stats=values[11],
-                rng_state=values[12],
-                requires_dq=kept.requires_dq,
-                requires_dk=kept.requires_dk,
-                requires_dv=kept.requires_dv,
-                requires_dbias=kept.requires_dbias,
-                max_seqlen_q=kept.max_seqlen_q,
-                max_seqlen_kv=kept.max_seqlen_kv,
-                attn_scale=kept.attn_scale,
-                dropout_p=kept.dropout_p,
-                qkv_format=kept.qkv_format,
-                attn_bias_type=kept.attn_bias_type,
-                attn_mask_type=kept.attn_mask_type,
-                window_size=kept.window_size,
-                bottom_right_diagonal=kept.bottom_right_diagonal,
-                softcap=kept.softcap,
-                backend=kept.backend,
-                checkpoint=kept.checkpoint,
-            )
-        )
+        field_grads = attention_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None, None, None), 2)
 
 

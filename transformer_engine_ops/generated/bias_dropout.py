@@ -254,6 +254,54 @@ bias_dropout_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `BiasDropoutFwdArgs` (same type);
+# `bias_dropout_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("bias", "dropout", "drop_path")
+SETUP_CONTEXT_FIELDS = frozenset(
+    {"dropout_mask", "drop_path_mask", "inp_dtype", "requires_dgrad", "requires_bgrad"}
+)
+
+
+def _backward_args(
+    args: BiasDropoutFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> BiasDropoutBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `bias_dropout_setup_context` returns (checked)."""
+    made = bias_dropout_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "BiasDropoutBwdArgs",
+        "bias_dropout_setup_context",
+    )
+    return BiasDropoutBwdArgs(
+        grad_outputs=[],
+        bias=args.bias,
+        dropout=args.dropout,
+        drop_path=args.drop_path,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: BiasDropoutBwdArgs, values: tuple[Any, ...], grads: Any
+) -> BiasDropoutBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return BiasDropoutBwdArgs(
+        grad_outputs=list(grads),
+        dropout_mask=values[0],
+        drop_path_mask=values[1],
+        bias=values[2],
+        inp_dtype=kept.inp_dtype,
+        dropout=kept.dropout,
+        drop_path=kept.drop_path,
+        requires_dgrad=kept.requires_dgrad,
+        requires_bgrad=kept.requires_bgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::bias_dropout_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -270,7 +318,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(bias_dropout_fwd, FORWARD_OP, below, slots)
             args = unflatten_bias_dropout_fwd_args(*slots)
-        kept = bias_dropout_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.dropout_mask, kept.drop_path_mask, kept.bias)
         kept.dropout_mask = None
         kept.drop_path_mask = None
@@ -285,19 +333,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = BiasDropoutBwdArgs(
-            grad_outputs=list(grads),
-            dropout_mask=values[0],
-            drop_path_mask=values[1],
-            bias=values[2],
-            inp_dtype=kept.inp_dtype,
-            dropout=kept.dropout,
-            drop_path=kept.drop_path,
-            requires_dgrad=kept.requires_dgrad,
-            requires_bgrad=kept.requires_bgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = bias_dropout_backward(args)
         else:
@@ -340,7 +377,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: BiasDropoutFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = bias_dropout_forward(args)
-        kept = bias_dropout_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.dropout_mask, kept.drop_path_mask, kept.bias)
         kept.dropout_mask = None
         kept.drop_path_mask = None
@@ -351,21 +388,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = bias_dropout_backward(
-            BiasDropoutBwdArgs(
-                grad_outputs=list(grads),
-                dropout_mask=values[0],
-                drop_path_mask=values[1],
-                bias=values[2],
-                inp_dtype=kept.inp_dtype,
-                dropout=kept.dropout,
-                drop_path=kept.drop_path,
-                requires_dgrad=kept.requires_dgrad,
-                requires_bgrad=kept.requires_bgrad,
-            )
-        )
+        field_grads = bias_dropout_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None), 2)
 
 

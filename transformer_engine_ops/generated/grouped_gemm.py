@@ -362,6 +362,79 @@ grouped_gemm_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `GroupedGemmFwdArgs` (same type);
+# `grouped_gemm_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "inp",
+    "weight",
+    "m_splits",
+    "grad_output_quantizer",
+    "activation_dtype",
+    "dgrad_gemm",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "input_codes",
+        "input_scale_inv",
+        "weight_codes",
+        "weight_scale_inv",
+        "requires_dgrad",
+        "requires_wgrad",
+        "requires_bgrad",
+        "has_bias",
+    }
+)
+
+
+def _backward_args(
+    args: GroupedGemmFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> GroupedGemmBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `grouped_gemm_setup_context` returns (checked)."""
+    made = grouped_gemm_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "GroupedGemmBwdArgs",
+        "grouped_gemm_setup_context",
+    )
+    return GroupedGemmBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        weight=args.weight,
+        m_splits=args.m_splits,
+        grad_output_quantizer=args.grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        dgrad_gemm=args.dgrad_gemm,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: GroupedGemmBwdArgs, values: tuple[Any, ...], grads: Any
+) -> GroupedGemmBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return GroupedGemmBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        weight=values[1],
+        m_splits=values[2],
+        input_codes=values[3],
+        input_scale_inv=values[4],
+        weight_codes=values[5],
+        weight_scale_inv=values[6],
+        grad_output_quantizer=kept.grad_output_quantizer,
+        activation_dtype=kept.activation_dtype,
+        dgrad_gemm=kept.dgrad_gemm,
+        requires_dgrad=kept.requires_dgrad,
+        requires_wgrad=kept.requires_wgrad,
+        requires_bgrad=kept.requires_bgrad,
+        has_bias=kept.has_bias,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::grouped_gemm_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -378,7 +451,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(grouped_gemm_fwd, FORWARD_OP, below, slots)
             args = unflatten_grouped_gemm_fwd_args(*slots)
-        kept = grouped_gemm_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -406,25 +479,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = GroupedGemmBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            weight=values[1],
-            m_splits=values[2],
-            input_codes=values[3],
-            input_scale_inv=values[4],
-            weight_codes=values[5],
-            weight_scale_inv=values[6],
-            grad_output_quantizer=kept.grad_output_quantizer,
-            activation_dtype=kept.activation_dtype,
-            dgrad_gemm=kept.dgrad_gemm,
-            requires_dgrad=kept.requires_dgrad,
-            requires_wgrad=kept.requires_wgrad,
-            requires_bgrad=kept.requires_bgrad,
-            has_bias=kept.has_bias,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = grouped_gemm_backward(args)
         else:
@@ -467,7 +523,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: GroupedGemmFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = grouped_gemm_forward(args)
-        kept = grouped_gemm_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -491,27 +547,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = grouped_gemm_backward(
-            GroupedGemmBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                weight=values[1],
-                m_splits=values[2],
-                input_codes=values[3],
-                input_scale_inv=values[4],
-                weight_codes=values[5],
-                weight_scale_inv=values[6],
-                grad_output_quantizer=kept.grad_output_quantizer,
-                activation_dtype=kept.activation_dtype,
-                dgrad_gemm=kept.dgrad_gemm,
-                requires_dgrad=kept.requires_dgrad,
-                requires_wgrad=kept.requires_wgrad,
-                requires_bgrad=kept.requires_bgrad,
-                has_bias=kept.has_bias,
-            )
-        )
+        field_grads = grouped_gemm_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None, None), 2)
 
 

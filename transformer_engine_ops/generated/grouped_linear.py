@@ -531,6 +531,107 @@ grouped_linear_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `GroupedLinearFwdArgs` (same type);
+# `grouped_linear_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "inp",
+    "weights",
+    "m_splits",
+    "input_quantizers",
+    "weight_quantizers",
+    "grad_output_quantizers",
+    "activation_dtype",
+    "fp8",
+    "backward_override",
+    "fprop_gemm",
+    "dgrad_gemm",
+    "wgrad_gemm",
+    "num_gemms",
+    "in_features",
+    "out_features",
+    "sr_rng_state",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "weight_workspaces",
+        "requires_dgrad",
+        "requires_wgrad",
+        "requires_bgrad",
+        "has_biases",
+        "forward_scales",
+        "wgrad_routes",
+    }
+)
+
+
+def _backward_args(
+    args: GroupedLinearFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> GroupedLinearBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `grouped_linear_setup_context` returns (checked)."""
+    made = grouped_linear_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "GroupedLinearBwdArgs",
+        "grouped_linear_setup_context",
+    )
+    return GroupedLinearBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        weights=args.weights,
+        m_splits=args.m_splits,
+        input_quantizers=args.input_quantizers,
+        weight_quantizers=args.weight_quantizers,
+        grad_output_quantizers=args.grad_output_quantizers,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        backward_override=args.backward_override,
+        fprop_gemm=args.fprop_gemm,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        num_gemms=args.num_gemms,
+        in_features=args.in_features,
+        out_features=args.out_features,
+        sr_rng_state=args.sr_rng_state,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: GroupedLinearBwdArgs, values: tuple[Any, ...], grads: Any
+) -> GroupedLinearBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return GroupedLinearBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        weights=values[1],
+        m_splits=values[2],
+        weight_workspaces=values[3],
+        requires_dgrad=kept.requires_dgrad,
+        requires_wgrad=kept.requires_wgrad,
+        requires_bgrad=kept.requires_bgrad,
+        has_biases=kept.has_biases,
+        input_quantizers=kept.input_quantizers,
+        weight_quantizers=kept.weight_quantizers,
+        grad_output_quantizers=kept.grad_output_quantizers,
+        activation_dtype=kept.activation_dtype,
+        fp8=kept.fp8,
+        backward_override=kept.backward_override,
+        fprop_gemm=kept.fprop_gemm,
+        dgrad_gemm=kept.dgrad_gemm,
+        wgrad_gemm=kept.wgrad_gemm,
+        num_gemms=kept.num_gemms,
+        in_features=kept.in_features,
+        out_features=kept.out_features,
+        sr_rng_state=values[4],
+        forward_scales=values[5],
+        wgrad_routes=kept.wgrad_routes,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::grouped_linear_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -549,7 +650,7 @@ class _OpNode(torch.autograd.Function):
                 grouped_linear_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_grouped_linear_fwd_args(*slots)
-        kept = grouped_linear_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -575,34 +676,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = GroupedLinearBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            weights=values[1],
-            m_splits=values[2],
-            weight_workspaces=values[3],
-            requires_dgrad=kept.requires_dgrad,
-            requires_wgrad=kept.requires_wgrad,
-            requires_bgrad=kept.requires_bgrad,
-            has_biases=kept.has_biases,
-            input_quantizers=kept.input_quantizers,
-            weight_quantizers=kept.weight_quantizers,
-            grad_output_quantizers=kept.grad_output_quantizers,
-            activation_dtype=kept.activation_dtype,
-            fp8=kept.fp8,
-            backward_override=kept.backward_override,
-            fprop_gemm=kept.fprop_gemm,
-            dgrad_gemm=kept.dgrad_gemm,
-            wgrad_gemm=kept.wgrad_gemm,
-            num_gemms=kept.num_gemms,
-            in_features=kept.in_features,
-            out_features=kept.out_features,
-            sr_rng_state=values[4],
-            forward_scales=values[5],
-            wgrad_routes=kept.wgrad_routes,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = grouped_linear_backward(args)
         else:
@@ -645,7 +720,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: GroupedLinearFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = grouped_linear_forward(args)
-        kept = grouped_linear_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -668,36 +743,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = grouped_linear_backward(
-            GroupedLinearBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                weights=values[1],
-                m_splits=values[2],
-                weight_workspaces=values[3],
-                requires_dgrad=kept.requires_dgrad,
-                requires_wgrad=kept.requires_wgrad,
-                requires_bgrad=kept.requires_bgrad,
-                has_biases=kept.has_biases,
-                input_quantizers=kept.input_quantizers,
-                weight_quantizers=kept.weight_quantizers,
-                grad_output_quantizers=kept.grad_output_quantizers,
-                activation_dtype=kept.activation_dtype,
-                fp8=kept.fp8,
-                backward_override=kept.backward_override,
-                fprop_gemm=kept.fprop_gemm,
-                dgrad_gemm=kept.dgrad_gemm,
-                wgrad_gemm=kept.wgrad_gemm,
-                num_gemms=kept.num_gemms,
-                in_features=kept.in_features,
-                out_features=kept.out_features,
-                sr_rng_state=values[4],
-                forward_scales=values[5],
-                wgrad_routes=kept.wgrad_routes,
-            )
-        )
+        field_grads = grouped_linear_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, ctx.lengths, 2)
 
 

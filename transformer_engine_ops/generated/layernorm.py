@@ -276,6 +276,52 @@ layernorm_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `LayerNormFwdArgs` (same type);
+# `layernorm_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("inp", "weight", "normalization", "zero_centered_gamma")
+SETUP_CONTEXT_FIELDS = frozenset(
+    {"mu", "rsigma", "requires_dgrad", "requires_wgrad", "requires_bgrad"}
+)
+
+
+def _backward_args(
+    args: LayerNormFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> LayerNormBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `layernorm_setup_context` returns (checked)."""
+    made = layernorm_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "LayerNormBwdArgs", "layernorm_setup_context"
+    )
+    return LayerNormBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        weight=args.weight,
+        normalization=args.normalization,
+        zero_centered_gamma=args.zero_centered_gamma,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: LayerNormBwdArgs, values: tuple[Any, ...], grads: Any
+) -> LayerNormBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return LayerNormBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        weight=values[1],
+        mu=values[2],
+        rsigma=values[3],
+        requires_dgrad=kept.requires_dgrad,
+        requires_wgrad=kept.requires_wgrad,
+        requires_bgrad=kept.requires_bgrad,
+        normalization=kept.normalization,
+        zero_centered_gamma=kept.zero_centered_gamma,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::layernorm_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -292,7 +338,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(layernorm_fwd, FORWARD_OP, below, slots)
             args = unflatten_layer_norm_fwd_args(*slots)
-        kept = layernorm_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inp, kept.weight, kept.mu, kept.rsigma)
         kept.inp = None
         kept.weight = None
@@ -308,20 +354,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = LayerNormBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            weight=values[1],
-            mu=values[2],
-            rsigma=values[3],
-            requires_dgrad=kept.requires_dgrad,
-            requires_wgrad=kept.requires_wgrad,
-            requires_bgrad=kept.requires_bgrad,
-            normalization=kept.normalization,
-            zero_centered_gamma=kept.zero_centered_gamma,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = layernorm_backward(args)
         else:
@@ -362,7 +396,7 @@ class _EagerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: LayerNormFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
         outputs, saved = layernorm_forward(args)
-        kept = layernorm_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inp, kept.weight, kept.mu, kept.rsigma)
         kept.inp = None
         kept.weight = None
@@ -374,22 +408,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = layernorm_backward(
-            LayerNormBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                weight=values[1],
-                mu=values[2],
-                rsigma=values[3],
-                requires_dgrad=kept.requires_dgrad,
-                requires_wgrad=kept.requires_wgrad,
-                requires_bgrad=kept.requires_bgrad,
-                normalization=kept.normalization,
-                zero_centered_gamma=kept.zero_centered_gamma,
-            )
-        )
+        field_grads = layernorm_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None, None), 2)
 
 

@@ -766,6 +766,129 @@ layernorm_linear_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `LayerNormLinearFwdArgs` (same type);
+# `layernorm_linear_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "inp",
+    "ln_weight",
+    "normalization",
+    "zero_centered_gamma",
+    "return_layernorm_output",
+    "input_quantizer",
+    "weight_quantizer",
+    "grad_input_quantizer",
+    "grad_weight_quantizer",
+    "grad_output_quantizer",
+    "activation_dtype",
+    "fp8",
+    "backward_override",
+    "dgrad_gemm",
+    "wgrad_gemm",
+    "parallel_mode",
+    "tp_group",
+    "tp_size",
+    "sequence_parallel",
+    "sr_rng_state",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "mu",
+        "rsigma",
+        "inputmat",
+        "weight_fp8",
+        "ln_out_shape",
+        "requires_dgrad",
+        "requires_wgrad",
+        "use_bias",
+        "input_requires_grad",
+        "ln_weight_requires_grad",
+        "ln_bias_requires_grad",
+        "wgrad_route",
+    }
+)
+
+
+def _backward_args(
+    args: LayerNormLinearFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> LayerNormLinearBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `layernorm_linear_setup_context` returns (checked)."""
+    made = layernorm_linear_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "LayerNormLinearBwdArgs",
+        "layernorm_linear_setup_context",
+    )
+    return LayerNormLinearBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        ln_weight=args.ln_weight,
+        normalization=args.normalization,
+        zero_centered_gamma=args.zero_centered_gamma,
+        return_layernorm_output=args.return_layernorm_output,
+        input_quantizer=args.input_quantizer,
+        weight_quantizer=args.weight_quantizer,
+        grad_input_quantizer=args.grad_input_quantizer,
+        grad_weight_quantizer=args.grad_weight_quantizer,
+        grad_output_quantizer=args.grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        backward_override=args.backward_override,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        sr_rng_state=args.sr_rng_state,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: LayerNormLinearBwdArgs, values: tuple[Any, ...], grads: Any
+) -> LayerNormLinearBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return LayerNormLinearBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        ln_weight=values[1],
+        mu=values[2],
+        rsigma=values[3],
+        inputmat=values[4],
+        weight_fp8=values[5],
+        ln_out_shape=kept.ln_out_shape,
+        requires_dgrad=kept.requires_dgrad,
+        requires_wgrad=kept.requires_wgrad,
+        use_bias=kept.use_bias,
+        input_requires_grad=kept.input_requires_grad,
+        ln_weight_requires_grad=kept.ln_weight_requires_grad,
+        ln_bias_requires_grad=kept.ln_bias_requires_grad,
+        normalization=kept.normalization,
+        zero_centered_gamma=kept.zero_centered_gamma,
+        return_layernorm_output=kept.return_layernorm_output,
+        input_quantizer=kept.input_quantizer,
+        weight_quantizer=kept.weight_quantizer,
+        grad_input_quantizer=kept.grad_input_quantizer,
+        grad_weight_quantizer=kept.grad_weight_quantizer,
+        grad_output_quantizer=kept.grad_output_quantizer,
+        activation_dtype=kept.activation_dtype,
+        fp8=kept.fp8,
+        backward_override=kept.backward_override,
+        dgrad_gemm=kept.dgrad_gemm,
+        wgrad_gemm=kept.wgrad_gemm,
+        parallel_mode=kept.parallel_mode,
+        tp_group=kept.tp_group,
+        tp_size=kept.tp_size,
+        sequence_parallel=kept.sequence_parallel,
+        sr_rng_state=values[6],
+        wgrad_route=kept.wgrad_route,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::layernorm_linear_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -784,7 +907,7 @@ class _OpNode(torch.autograd.Function):
                 layernorm_linear_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_layer_norm_linear_fwd_args(*slots)
-        kept = layernorm_linear_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -812,43 +935,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = LayerNormLinearBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            ln_weight=values[1],
-            mu=values[2],
-            rsigma=values[3],
-            inputmat=values[4],
-            weight_fp8=values[5],
-            ln_out_shape=kept.ln_out_shape,
-            requires_dgrad=kept.requires_dgrad,
-            requires_wgrad=kept.requires_wgrad,
-            use_bias=kept.use_bias,
-            input_requires_grad=kept.input_requires_grad,
-            ln_weight_requires_grad=kept.ln_weight_requires_grad,
-            ln_bias_requires_grad=kept.ln_bias_requires_grad,
-            normalization=kept.normalization,
-            zero_centered_gamma=kept.zero_centered_gamma,
-            return_layernorm_output=kept.return_layernorm_output,
-            input_quantizer=kept.input_quantizer,
-            weight_quantizer=kept.weight_quantizer,
-            grad_input_quantizer=kept.grad_input_quantizer,
-            grad_weight_quantizer=kept.grad_weight_quantizer,
-            grad_output_quantizer=kept.grad_output_quantizer,
-            activation_dtype=kept.activation_dtype,
-            fp8=kept.fp8,
-            backward_override=kept.backward_override,
-            dgrad_gemm=kept.dgrad_gemm,
-            wgrad_gemm=kept.wgrad_gemm,
-            parallel_mode=kept.parallel_mode,
-            tp_group=kept.tp_group,
-            tp_size=kept.tp_size,
-            sequence_parallel=kept.sequence_parallel,
-            sr_rng_state=values[6],
-            wgrad_route=kept.wgrad_route,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = layernorm_linear_backward(args)
         else:
@@ -891,7 +979,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: LayerNormLinearFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = layernorm_linear_forward(args)
-        kept = layernorm_linear_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -915,44 +1003,8 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
         field_grads = layernorm_linear_backward(
-            LayerNormLinearBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                ln_weight=values[1],
-                mu=values[2],
-                rsigma=values[3],
-                inputmat=values[4],
-                weight_fp8=values[5],
-                ln_out_shape=kept.ln_out_shape,
-                requires_dgrad=kept.requires_dgrad,
-                requires_wgrad=kept.requires_wgrad,
-                use_bias=kept.use_bias,
-                input_requires_grad=kept.input_requires_grad,
-                ln_weight_requires_grad=kept.ln_weight_requires_grad,
-                ln_bias_requires_grad=kept.ln_bias_requires_grad,
-                normalization=kept.normalization,
-                zero_centered_gamma=kept.zero_centered_gamma,
-                return_layernorm_output=kept.return_layernorm_output,
-                input_quantizer=kept.input_quantizer,
-                weight_quantizer=kept.weight_quantizer,
-                grad_input_quantizer=kept.grad_input_quantizer,
-                grad_weight_quantizer=kept.grad_weight_quantizer,
-                grad_output_quantizer=kept.grad_output_quantizer,
-                activation_dtype=kept.activation_dtype,
-                fp8=kept.fp8,
-                backward_override=kept.backward_override,
-                dgrad_gemm=kept.dgrad_gemm,
-                wgrad_gemm=kept.wgrad_gemm,
-                parallel_mode=kept.parallel_mode,
-                tp_group=kept.tp_group,
-                tp_size=kept.tp_size,
-                sequence_parallel=kept.sequence_parallel,
-                sr_rng_state=values[6],
-                wgrad_route=kept.wgrad_route,
-            )
+            _backward_bundle(ctx.kept, _r.load_saved(ctx), grads)
         )
         return _r.input_grads(ctx, field_grads, (None, None, None, None, None), 2)
 

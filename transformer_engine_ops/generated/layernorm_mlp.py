@@ -1158,6 +1158,175 @@ layernorm_mlp_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `LayerNormMLPFwdArgs` (same type);
+# `layernorm_mlp_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "inp",
+    "ln_weight",
+    "normalization",
+    "zero_centered_gamma",
+    "return_layernorm_output",
+    "activation",
+    "fc1_input_quantizer",
+    "fc1_weight_quantizer",
+    "fc1_grad_input_quantizer",
+    "fc1_grad_weight_quantizer",
+    "fc1_grad_output_quantizer",
+    "fc2_input_quantizer",
+    "fc2_weight_quantizer",
+    "fc2_grad_input_quantizer",
+    "fc2_grad_weight_quantizer",
+    "fc2_grad_output_quantizer",
+    "activation_dtype",
+    "fp8",
+    "dgrad_gemm",
+    "wgrad_gemm",
+    "set_parallel_mode",
+    "tp_group",
+    "tp_size",
+    "sequence_parallel",
+    "sr_rng_state",
+    "activation_params",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "mu",
+        "rsigma",
+        "fc1_inputmat",
+        "fc1_weight_fp8",
+        "ln_out_shape",
+        "fc1_out",
+        "fc2_inputmat",
+        "fc2_weight_fp8",
+        "act_shape",
+        "fc1_requires_dgrad",
+        "fc1_requires_wgrad",
+        "fc1_use_bias",
+        "fc2_requires_dgrad",
+        "fc2_requires_wgrad",
+        "fc2_use_bias",
+        "input_requires_grad",
+        "ln_weight_requires_grad",
+        "ln_bias_requires_grad",
+        "fc1_wgrad_route",
+        "fc2_wgrad_route",
+        "checkpoint",
+        "ln_bias",
+        "fc1_bias",
+        "eps",
+        "fprop_gemm",
+        "forward_scales",
+    }
+)
+
+
+def _backward_args(
+    args: LayerNormMLPFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> LayerNormMLPBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `layernorm_mlp_setup_context` returns (checked)."""
+    made = layernorm_mlp_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "LayerNormMLPBwdArgs",
+        "layernorm_mlp_setup_context",
+    )
+    return LayerNormMLPBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        ln_weight=args.ln_weight,
+        normalization=args.normalization,
+        zero_centered_gamma=args.zero_centered_gamma,
+        return_layernorm_output=args.return_layernorm_output,
+        activation=args.activation,
+        fc1_input_quantizer=args.fc1_input_quantizer,
+        fc1_weight_quantizer=args.fc1_weight_quantizer,
+        fc1_grad_input_quantizer=args.fc1_grad_input_quantizer,
+        fc1_grad_weight_quantizer=args.fc1_grad_weight_quantizer,
+        fc1_grad_output_quantizer=args.fc1_grad_output_quantizer,
+        fc2_input_quantizer=args.fc2_input_quantizer,
+        fc2_weight_quantizer=args.fc2_weight_quantizer,
+        fc2_grad_input_quantizer=args.fc2_grad_input_quantizer,
+        fc2_grad_weight_quantizer=args.fc2_grad_weight_quantizer,
+        fc2_grad_output_quantizer=args.fc2_grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        set_parallel_mode=args.set_parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        sr_rng_state=args.sr_rng_state,
+        activation_params=args.activation_params,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: LayerNormMLPBwdArgs, values: tuple[Any, ...], grads: Any
+) -> LayerNormMLPBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return LayerNormMLPBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        ln_weight=values[1],
+        mu=values[2],
+        rsigma=values[3],
+        fc1_inputmat=values[4],
+        fc1_weight_fp8=values[5],
+        ln_out_shape=kept.ln_out_shape,
+        fc1_out=values[6],
+        fc2_inputmat=values[7],
+        fc2_weight_fp8=values[8],
+        act_shape=kept.act_shape,
+        fc1_requires_dgrad=kept.fc1_requires_dgrad,
+        fc1_requires_wgrad=kept.fc1_requires_wgrad,
+        fc1_use_bias=kept.fc1_use_bias,
+        fc2_requires_dgrad=kept.fc2_requires_dgrad,
+        fc2_requires_wgrad=kept.fc2_requires_wgrad,
+        fc2_use_bias=kept.fc2_use_bias,
+        input_requires_grad=kept.input_requires_grad,
+        ln_weight_requires_grad=kept.ln_weight_requires_grad,
+        ln_bias_requires_grad=kept.ln_bias_requires_grad,
+        normalization=kept.normalization,
+        zero_centered_gamma=kept.zero_centered_gamma,
+        return_layernorm_output=kept.return_layernorm_output,
+        activation=kept.activation,
+        fc1_input_quantizer=kept.fc1_input_quantizer,
+        fc1_weight_quantizer=kept.fc1_weight_quantizer,
+        fc1_grad_input_quantizer=kept.fc1_grad_input_quantizer,
+        fc1_grad_weight_quantizer=kept.fc1_grad_weight_quantizer,
+        fc1_grad_output_quantizer=kept.fc1_grad_output_quantizer,
+        fc2_input_quantizer=kept.fc2_input_quantizer,
+        fc2_weight_quantizer=kept.fc2_weight_quantizer,
+        fc2_grad_input_quantizer=kept.fc2_grad_input_quantizer,
+        fc2_grad_weight_quantizer=kept.fc2_grad_weight_quantizer,
+        fc2_grad_output_quantizer=kept.fc2_grad_output_quantizer,
+        activation_dtype=kept.activation_dtype,
+        fp8=kept.fp8,
+        dgrad_gemm=kept.dgrad_gemm,
+        wgrad_gemm=kept.wgrad_gemm,
+        set_parallel_mode=kept.set_parallel_mode,
+        tp_group=kept.tp_group,
+        tp_size=kept.tp_size,
+        sequence_parallel=kept.sequence_parallel,
+        sr_rng_state=values[9],
+        fc1_wgrad_route=kept.fc1_wgrad_route,
+        fc2_wgrad_route=kept.fc2_wgrad_route,
+        activation_params=kept.activation_params,
+        checkpoint=kept.checkpoint,
+        ln_bias=values[10],
+        fc1_bias=values[11],
+        eps=kept.eps,
+        fprop_gemm=kept.fprop_gemm,
+        forward_scales=values[12],
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::layernorm_mlp_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -1176,7 +1345,7 @@ class _OpNode(torch.autograd.Function):
                 layernorm_mlp_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_layer_norm_mlp_fwd_args(*slots)
-        kept = layernorm_mlp_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -1216,63 +1385,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = LayerNormMLPBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            ln_weight=values[1],
-            mu=values[2],
-            rsigma=values[3],
-            fc1_inputmat=values[4],
-            fc1_weight_fp8=values[5],
-            ln_out_shape=kept.ln_out_shape,
-            fc1_out=values[6],
-            fc2_inputmat=values[7],
-            fc2_weight_fp8=values[8],
-            act_shape=kept.act_shape,
-            fc1_requires_dgrad=kept.fc1_requires_dgrad,
-            fc1_requires_wgrad=kept.fc1_requires_wgrad,
-            fc1_use_bias=kept.fc1_use_bias,
-            fc2_requires_dgrad=kept.fc2_requires_dgrad,
-            fc2_requires_wgrad=kept.fc2_requires_wgrad,
-            fc2_use_bias=kept.fc2_use_bias,
-            input_requires_grad=kept.input_requires_grad,
-            ln_weight_requires_grad=kept.ln_weight_requires_grad,
-            ln_bias_requires_grad=kept.ln_bias_requires_grad,
-            normalization=kept.normalization,
-            zero_centered_gamma=kept.zero_centered_gamma,
-            return_layernorm_output=kept.return_layernorm_output,
-            activation=kept.activation,
-            fc1_input_quantizer=kept.fc1_input_quantizer,
-            fc1_weight_quantizer=kept.fc1_weight_quantizer,
-            fc1_grad_input_quantizer=kept.fc1_grad_input_quantizer,
-            fc1_grad_weight_quantizer=kept.fc1_grad_weight_quantizer,
-            fc1_grad_output_quantizer=kept.fc1_grad_output_quantizer,
-            fc2_input_quantizer=kept.fc2_input_quantizer,
-            fc2_weight_quantizer=kept.fc2_weight_quantizer,
-            fc2_grad_input_quantizer=kept.fc2_grad_input_quantizer,
-            fc2_grad_weight_quantizer=kept.fc2_grad_weight_quantizer,
-            fc2_grad_output_quantizer=kept.fc2_grad_output_quantizer,
-            activation_dtype=kept.activation_dtype,
-            fp8=kept.fp8,
-            dgrad_gemm=kept.dgrad_gemm,
-            wgrad_gemm=kept.wgrad_gemm,
-            set_parallel_mode=kept.set_parallel_mode,
-            tp_group=kept.tp_group,
-            tp_size=kept.tp_size,
-            sequence_parallel=kept.sequence_parallel,
-            sr_rng_state=values[9],
-            fc1_wgrad_route=kept.fc1_wgrad_route,
-            fc2_wgrad_route=kept.fc2_wgrad_route,
-            activation_params=kept.activation_params,
-            checkpoint=kept.checkpoint,
-            ln_bias=values[10],
-            fc1_bias=values[11],
-            eps=kept.eps,
-            fprop_gemm=kept.fprop_gemm,
-            forward_scales=values[12],
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = layernorm_mlp_backward(args)
         else:
@@ -1319,7 +1433,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: LayerNormMLPFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = layernorm_mlp_forward(args)
-        kept = layernorm_mlp_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(
             ctx,
             kept.inp,
@@ -1355,65 +1469,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = layernorm_mlp_backward(
-            LayerNormMLPBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                ln_weight=values[1],
-                mu=values[2],
-                rsigma=values[3],
-                fc1_inputmat=values[4],
-                fc1_weight_fp8=values[5],
-                ln_out_shape=kept.ln_out_shape,
-                fc1_out=values[6],
-                fc2_inputmat=values[7],
-                fc2_weight_fp8=values[8],
-                act_shape=kept.act_shape,
-                fc1_requires_dgrad=kept.fc1_requires_dgrad,
-                fc1_requires_wgrad=kept.fc1_requires_wgrad,
-                fc1_use_bias=kept.fc1_use_bias,
-                fc2_requires_dgrad=kept.fc2_requires_dgrad,
-                fc2_requires_wgrad=kept.fc2_requires_wgrad,
-                fc2_use_bias=kept.fc2_use_bias,
-                input_requires_grad=kept.input_requires_grad,
-                ln_weight_requires_grad=kept.ln_weight_requires_grad,
-                ln_bias_requires_grad=kept.ln_bias_requires_grad,
-                normalization=kept.normalization,
-                zero_centered_gamma=kept.zero_centered_gamma,
-                return_layernorm_output=kept.return_layernorm_output,
-                activation=kept.activation,
-                fc1_input_quantizer=kept.fc1_input_quantizer,
-                fc1_weight_quantizer=kept.fc1_weight_quantizer,
-                fc1_grad_input_quantizer=kept.fc1_grad_input_quantizer,
-                fc1_grad_weight_quantizer=kept.fc1_grad_weight_quantizer,
-                fc1_grad_output_quantizer=kept.fc1_grad_output_quantizer,
-                fc2_input_quantizer=kept.fc2_input_quantizer,
-                fc2_weight_quantizer=kept.fc2_weight_quantizer,
-                fc2_grad_input_quantizer=kept.fc2_grad_input_quantizer,
-                fc2_grad_weight_quantizer=kept.fc2_grad_weight_quantizer,
-                fc2_grad_output_quantizer=kept.fc2_grad_output_quantizer,
-                activation_dtype=kept.activation_dtype,
-                fp8=kept.fp8,
-                dgrad_gemm=kept.dgrad_gemm,
-                wgrad_gemm=kept.wgrad_gemm,
-                set_parallel_mode=kept.set_parallel_mode,
-                tp_group=kept.tp_group,
-                tp_size=kept.tp_size,
-                sequence_parallel=kept.sequence_parallel,
-                sr_rng_state=values[9],
-                fc1_wgrad_route=kept.fc1_wgrad_route,
-                fc2_wgrad_route=kept.fc2_wgrad_route,
-                activation_params=kept.activation_params,
-                checkpoint=kept.checkpoint,
-                ln_bias=values[10],
-                fc1_bias=values[11],
-                eps=kept.eps,
-                fprop_gemm=kept.fprop_gemm,
-                forward_scales=values[12],
-            )
-        )
+        field_grads = layernorm_mlp_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None, None, None, None, None, None), 2)
 
 

@@ -683,6 +683,108 @@ linear_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `LinearFwdArgs` (same type);
+# `linear_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = (
+    "input_quantizer",
+    "weight_quantizer",
+    "grad_input_quantizer",
+    "grad_weight_quantizer",
+    "grad_output_quantizer",
+    "activation_dtype",
+    "fp8",
+    "backward_override",
+    "dgrad_gemm",
+    "wgrad_gemm",
+    "parallel_mode",
+    "tp_group",
+    "tp_size",
+    "sequence_parallel",
+    "sr_rng_state",
+)
+SETUP_CONTEXT_FIELDS = frozenset(
+    {
+        "inputmat",
+        "weight_fp8",
+        "inp_shape",
+        "requires_dgrad",
+        "requires_wgrad",
+        "use_bias",
+        "ub_overlap_ag_dgrad",
+        "ub_overlap_rs_dgrad",
+        "ub_bulk_wgrad",
+        "wgrad_store",
+        "main_grad_func",
+        "wgrad_route",
+        "save_original_input",
+    }
+)
+
+
+def _backward_args(args: LinearFwdArgs, outputs: tuple[Any, ...], saved: Any) -> LinearBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `linear_setup_context` returns (checked)."""
+    made = linear_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "LinearBwdArgs", "linear_setup_context"
+    )
+    return LinearBwdArgs(
+        grad_outputs=[],
+        input_quantizer=args.input_quantizer,
+        weight_quantizer=args.weight_quantizer,
+        grad_input_quantizer=args.grad_input_quantizer,
+        grad_weight_quantizer=args.grad_weight_quantizer,
+        grad_output_quantizer=args.grad_output_quantizer,
+        activation_dtype=args.activation_dtype,
+        fp8=args.fp8,
+        backward_override=args.backward_override,
+        dgrad_gemm=args.dgrad_gemm,
+        wgrad_gemm=args.wgrad_gemm,
+        parallel_mode=args.parallel_mode,
+        tp_group=args.tp_group,
+        tp_size=args.tp_size,
+        sequence_parallel=args.sequence_parallel,
+        sr_rng_state=args.sr_rng_state,
+        **made,
+    )
+
+
+def _backward_bundle(kept: LinearBwdArgs, values: tuple[Any, ...], grads: Any) -> LinearBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return LinearBwdArgs(
+        grad_outputs=list(grads),
+        inputmat=values[0],
+        weight_fp8=values[1],
+        inp_shape=kept.inp_shape,
+        requires_dgrad=kept.requires_dgrad,
+        requires_wgrad=kept.requires_wgrad,
+        use_bias=kept.use_bias,
+        input_quantizer=kept.input_quantizer,
+        weight_quantizer=kept.weight_quantizer,
+        grad_input_quantizer=kept.grad_input_quantizer,
+        grad_weight_quantizer=kept.grad_weight_quantizer,
+        grad_output_quantizer=kept.grad_output_quantizer,
+        activation_dtype=kept.activation_dtype,
+        fp8=kept.fp8,
+        backward_override=kept.backward_override,
+        dgrad_gemm=kept.dgrad_gemm,
+        wgrad_gemm=kept.wgrad_gemm,
+        parallel_mode=kept.parallel_mode,
+        tp_group=kept.tp_group,
+        tp_size=kept.tp_size,
+        sequence_parallel=kept.sequence_parallel,
+        ub_overlap_ag_dgrad=kept.ub_overlap_ag_dgrad,
+        ub_overlap_rs_dgrad=kept.ub_overlap_rs_dgrad,
+        ub_bulk_wgrad=kept.ub_bulk_wgrad,
+        wgrad_store=kept.wgrad_store,
+        main_grad_func=kept.main_grad_func,
+        sr_rng_state=values[2],
+        wgrad_route=kept.wgrad_route,
+        save_original_input=kept.save_original_input,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::linear_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -699,7 +801,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(linear_fwd, FORWARD_OP, below, slots)
             args = unflatten_linear_fwd_args(*slots)
-        kept = linear_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inputmat, kept.weight_fp8, kept.sr_rng_state)
         kept.inputmat = None
         kept.weight_fp8 = None
@@ -714,39 +816,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = LinearBwdArgs(
-            grad_outputs=list(grads),
-            inputmat=values[0],
-            weight_fp8=values[1],
-            inp_shape=kept.inp_shape,
-            requires_dgrad=kept.requires_dgrad,
-            requires_wgrad=kept.requires_wgrad,
-            use_bias=kept.use_bias,
-            input_quantizer=kept.input_quantizer,
-            weight_quantizer=kept.weight_quantizer,
-            grad_input_quantizer=kept.grad_input_quantizer,
-            grad_weight_quantizer=kept.grad_weight_quantizer,
-            grad_output_quantizer=kept.grad_output_quantizer,
-            activation_dtype=kept.activation_dtype,
-            fp8=kept.fp8,
-            backward_override=kept.backward_override,
-            dgrad_gemm=kept.dgrad_gemm,
-            wgrad_gemm=kept.wgrad_gemm,
-            parallel_mode=kept.parallel_mode,
-            tp_group=kept.tp_group,
-            tp_size=kept.tp_size,
-            sequence_parallel=kept.sequence_parallel,
-            ub_overlap_ag_dgrad=kept.ub_overlap_ag_dgrad,
-            ub_overlap_rs_dgrad=kept.ub_overlap_rs_dgrad,
-            ub_bulk_wgrad=kept.ub_bulk_wgrad,
-            wgrad_store=kept.wgrad_store,
-            main_grad_func=kept.main_grad_func,
-            sr_rng_state=values[2],
-            wgrad_route=kept.wgrad_route,
-            save_original_input=kept.save_original_input,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = linear_backward(args)
         else:
@@ -787,7 +858,7 @@ class _EagerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: LinearFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
         outputs, saved = linear_forward(args)
-        kept = linear_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inputmat, kept.weight_fp8, kept.sr_rng_state)
         kept.inputmat = None
         kept.weight_fp8 = None
@@ -798,41 +869,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = linear_backward(
-            LinearBwdArgs(
-                grad_outputs=list(grads),
-                inputmat=values[0],
-                weight_fp8=values[1],
-                inp_shape=kept.inp_shape,
-                requires_dgrad=kept.requires_dgrad,
-                requires_wgrad=kept.requires_wgrad,
-                use_bias=kept.use_bias,
-                input_quantizer=kept.input_quantizer,
-                weight_quantizer=kept.weight_quantizer,
-                grad_input_quantizer=kept.grad_input_quantizer,
-                grad_weight_quantizer=kept.grad_weight_quantizer,
-                grad_output_quantizer=kept.grad_output_quantizer,
-                activation_dtype=kept.activation_dtype,
-                fp8=kept.fp8,
-                backward_override=kept.backward_override,
-                dgrad_gemm=kept.dgrad_gemm,
-                wgrad_gemm=kept.wgrad_gemm,
-                parallel_mode=kept.parallel_mode,
-                tp_group=kept.tp_group,
-                tp_size=kept.tp_size,
-                sequence_parallel=kept.sequence_parallel,
-                ub_overlap_ag_dgrad=kept.ub_overlap_ag_dgrad,
-                ub_overlap_rs_dgrad=kept.ub_overlap_rs_dgrad,
-                ub_bulk_wgrad=kept.ub_bulk_wgrad,
-                wgrad_store=kept.wgrad_store,
-                main_grad_func=kept.main_grad_func,
-                sr_rng_state=values[2],
-                wgrad_route=kept.wgrad_route,
-                save_original_input=kept.save_original_input,
-            )
-        )
+        field_grads = linear_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None, None), 2)
 
 

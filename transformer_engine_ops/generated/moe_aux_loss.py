@@ -240,6 +240,43 @@ moe_aux_loss_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoeAuxLossFwdArgs` (same type);
+# `moe_aux_loss_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("tokens_per_expert",)
+SETUP_CONTEXT_FIELDS = frozenset({"coefficient", "probs_shape", "probs_dtype", "requires_dgrad"})
+
+
+def _backward_args(
+    args: MoeAuxLossFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoeAuxLossBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_aux_loss_setup_context` returns (checked)."""
+    made = moe_aux_loss_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "MoeAuxLossBwdArgs", "moe_aux_loss_setup_context"
+    )
+    return MoeAuxLossBwdArgs(
+        grad_outputs=[],
+        tokens_per_expert=args.tokens_per_expert,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoeAuxLossBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoeAuxLossBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoeAuxLossBwdArgs(
+        grad_outputs=list(grads),
+        tokens_per_expert=values[0],
+        coefficient=values[1],
+        probs_shape=kept.probs_shape,
+        probs_dtype=kept.probs_dtype,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_aux_loss_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -256,7 +293,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(moe_aux_loss_fwd, FORWARD_OP, below, slots)
             args = unflatten_moe_aux_loss_fwd_args(*slots)
-        kept = moe_aux_loss_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.tokens_per_expert, kept.coefficient)
         kept.tokens_per_expert = None
         kept.coefficient = None
@@ -270,16 +307,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoeAuxLossBwdArgs(
-            grad_outputs=list(grads),
-            tokens_per_expert=values[0],
-            coefficient=values[1],
-            probs_shape=kept.probs_shape,
-            probs_dtype=kept.probs_dtype,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_aux_loss_backward(args)
         else:
@@ -322,7 +351,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoeAuxLossFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_aux_loss_forward(args)
-        kept = moe_aux_loss_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.tokens_per_expert, kept.coefficient)
         kept.tokens_per_expert = None
         kept.coefficient = None
@@ -332,18 +361,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = moe_aux_loss_backward(
-            MoeAuxLossBwdArgs(
-                grad_outputs=list(grads),
-                tokens_per_expert=values[0],
-                coefficient=values[1],
-                probs_shape=kept.probs_shape,
-                probs_dtype=kept.probs_dtype,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = moe_aux_loss_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

@@ -206,6 +206,46 @@ moe_aux_scores_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoeAuxScoresFwdArgs` (same type);
+# `moe_aux_scores_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("logits", "score_function")
+SETUP_CONTEXT_FIELDS = frozenset({"requires_dgrad"})
+
+
+def _backward_args(
+    args: MoeAuxScoresFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoeAuxScoresBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_aux_scores_setup_context` returns (checked)."""
+    made = moe_aux_scores_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "MoeAuxScoresBwdArgs",
+        "moe_aux_scores_setup_context",
+    )
+    return MoeAuxScoresBwdArgs(
+        grad_outputs=[],
+        logits=args.logits,
+        score_function=args.score_function,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoeAuxScoresBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoeAuxScoresBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoeAuxScoresBwdArgs(
+        grad_outputs=list(grads),
+        logits=values[0],
+        score_function=kept.score_function,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_aux_scores_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -224,7 +264,7 @@ class _OpNode(torch.autograd.Function):
                 moe_aux_scores_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_moe_aux_scores_fwd_args(*slots)
-        kept = moe_aux_scores_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.logits)
         kept.logits = None
         ctx.kept = kept
@@ -237,14 +277,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoeAuxScoresBwdArgs(
-            grad_outputs=list(grads),
-            logits=values[0],
-            score_function=kept.score_function,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_aux_scores_backward(args)
         else:
@@ -287,7 +321,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoeAuxScoresFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_aux_scores_forward(args)
-        kept = moe_aux_scores_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.logits)
         kept.logits = None
         ctx.kept = kept
@@ -296,16 +330,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = moe_aux_scores_backward(
-            MoeAuxScoresBwdArgs(
-                grad_outputs=list(grads),
-                logits=values[0],
-                score_function=kept.score_function,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = moe_aux_scores_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

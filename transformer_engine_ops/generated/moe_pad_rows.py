@@ -188,6 +188,40 @@ moe_pad_rows_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoePadRowsFwdArgs` (same type);
+# `moe_pad_rows_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ()
+SETUP_CONTEXT_FIELDS = frozenset({"from_splits", "to_splits", "requires_dgrad"})
+
+
+def _backward_args(
+    args: MoePadRowsFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoePadRowsBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_pad_rows_setup_context` returns (checked)."""
+    made = moe_pad_rows_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "MoePadRowsBwdArgs", "moe_pad_rows_setup_context"
+    )
+    return MoePadRowsBwdArgs(
+        grad_outputs=[],
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoePadRowsBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoePadRowsBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoePadRowsBwdArgs(
+        grad_outputs=list(grads),
+        from_splits=kept.from_splits,
+        to_splits=kept.to_splits,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_pad_rows_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -204,7 +238,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(moe_pad_rows_fwd, FORWARD_OP, below, slots)
             args = unflatten_moe_pad_rows_fwd_args(*slots)
-        kept = moe_pad_rows_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx)
         ctx.kept = kept
         ctx.lengths = (None,)
@@ -215,14 +249,8 @@ class _OpNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoePadRowsBwdArgs(
-            grad_outputs=list(grads),
-            from_splits=kept.from_splits,
-            to_splits=kept.to_splits,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, (), grads)
         if ctx.direct:
             field_grads = moe_pad_rows_backward(args)
         else:
@@ -265,7 +293,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoePadRowsFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_pad_rows_forward(args)
-        kept = moe_pad_rows_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx)
         ctx.kept = kept
         made.append(saved)
@@ -273,15 +301,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        kept = ctx.kept
-        field_grads = moe_pad_rows_backward(
-            MoePadRowsBwdArgs(
-                grad_outputs=list(grads),
-                from_splits=kept.from_splits,
-                to_splits=kept.to_splits,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = moe_pad_rows_backward(_backward_bundle(ctx.kept, (), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

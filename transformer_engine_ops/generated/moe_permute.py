@@ -249,6 +249,45 @@ moe_permute_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoePermuteFwdArgs` (same type);
+# `moe_permute_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("pad_offsets", "map_type")
+SETUP_CONTEXT_FIELDS = frozenset({"row_id_map", "topk", "requires_dgrad", "requires_probs_grad"})
+
+
+def _backward_args(
+    args: MoePermuteFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoePermuteBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_permute_setup_context` returns (checked)."""
+    made = moe_permute_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "MoePermuteBwdArgs", "moe_permute_setup_context"
+    )
+    return MoePermuteBwdArgs(
+        grad_outputs=[],
+        pad_offsets=args.pad_offsets,
+        map_type=args.map_type,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoePermuteBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoePermuteBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoePermuteBwdArgs(
+        grad_outputs=list(grads),
+        row_id_map=values[0],
+        pad_offsets=values[1],
+        map_type=kept.map_type,
+        topk=kept.topk,
+        requires_dgrad=kept.requires_dgrad,
+        requires_probs_grad=kept.requires_probs_grad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_permute_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -265,7 +304,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(moe_permute_fwd, FORWARD_OP, below, slots)
             args = unflatten_moe_permute_fwd_args(*slots)
-        kept = moe_permute_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.row_id_map, kept.pad_offsets)
         kept.row_id_map = None
         kept.pad_offsets = None
@@ -279,17 +318,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoePermuteBwdArgs(
-            grad_outputs=list(grads),
-            row_id_map=values[0],
-            pad_offsets=values[1],
-            map_type=kept.map_type,
-            topk=kept.topk,
-            requires_dgrad=kept.requires_dgrad,
-            requires_probs_grad=kept.requires_probs_grad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_permute_backward(args)
         else:
@@ -332,7 +362,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoePermuteFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_permute_forward(args)
-        kept = moe_permute_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.row_id_map, kept.pad_offsets)
         kept.row_id_map = None
         kept.pad_offsets = None
@@ -342,19 +372,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = moe_permute_backward(
-            MoePermuteBwdArgs(
-                grad_outputs=list(grads),
-                row_id_map=values[0],
-                pad_offsets=values[1],
-                map_type=kept.map_type,
-                topk=kept.topk,
-                requires_dgrad=kept.requires_dgrad,
-                requires_probs_grad=kept.requires_probs_grad,
-            )
-        )
+        field_grads = moe_permute_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None), 2)
 
 

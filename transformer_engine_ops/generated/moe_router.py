@@ -300,6 +300,49 @@ moe_router_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoeRouterFwdArgs` (same type);
+# `moe_router_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("logits", "topk", "use_pre_softmax", "scaling_factor", "score_function")
+SETUP_CONTEXT_FIELDS = frozenset({"selected", "requires_dgrad"})
+
+
+def _backward_args(
+    args: MoeRouterFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoeRouterBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_router_setup_context` returns (checked)."""
+    made = moe_router_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "MoeRouterBwdArgs", "moe_router_setup_context"
+    )
+    return MoeRouterBwdArgs(
+        grad_outputs=[],
+        logits=args.logits,
+        topk=args.topk,
+        use_pre_softmax=args.use_pre_softmax,
+        scaling_factor=args.scaling_factor,
+        score_function=args.score_function,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoeRouterBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoeRouterBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoeRouterBwdArgs(
+        grad_outputs=list(grads),
+        logits=values[0],
+        selected=values[1],
+        topk=kept.topk,
+        use_pre_softmax=kept.use_pre_softmax,
+        scaling_factor=kept.scaling_factor,
+        score_function=kept.score_function,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_router_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -316,7 +359,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(moe_router_fwd, FORWARD_OP, below, slots)
             args = unflatten_moe_router_fwd_args(*slots)
-        kept = moe_router_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.logits, kept.selected)
         kept.logits = None
         kept.selected = None
@@ -330,18 +373,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoeRouterBwdArgs(
-            grad_outputs=list(grads),
-            logits=values[0],
-            selected=values[1],
-            topk=kept.topk,
-            use_pre_softmax=kept.use_pre_softmax,
-            scaling_factor=kept.scaling_factor,
-            score_function=kept.score_function,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_router_backward(args)
         else:
@@ -382,7 +415,7 @@ class _EagerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: MoeRouterFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
         outputs, saved = moe_router_forward(args)
-        kept = moe_router_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.logits, kept.selected)
         kept.logits = None
         kept.selected = None
@@ -392,20 +425,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = moe_router_backward(
-            MoeRouterBwdArgs(
-                grad_outputs=list(grads),
-                logits=values[0],
-                selected=values[1],
-                topk=kept.topk,
-                use_pre_softmax=kept.use_pre_softmax,
-                scaling_factor=kept.scaling_factor,
-                score_function=kept.score_function,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = moe_router_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

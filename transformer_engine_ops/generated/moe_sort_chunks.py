@@ -216,6 +216,44 @@ moe_sort_chunks_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoeSortChunksFwdArgs` (same type);
+# `moe_sort_chunks_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ()
+SETUP_CONTEXT_FIELDS = frozenset({"destinations", "requires_dgrad", "requires_probs_grad"})
+
+
+def _backward_args(
+    args: MoeSortChunksFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoeSortChunksBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_sort_chunks_setup_context` returns (checked)."""
+    made = moe_sort_chunks_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "MoeSortChunksBwdArgs",
+        "moe_sort_chunks_setup_context",
+    )
+    return MoeSortChunksBwdArgs(
+        grad_outputs=[],
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoeSortChunksBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoeSortChunksBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoeSortChunksBwdArgs(
+        grad_outputs=list(grads),
+        destinations=values[0],
+        requires_dgrad=kept.requires_dgrad,
+        requires_probs_grad=kept.requires_probs_grad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_sort_chunks_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -234,7 +272,7 @@ class _OpNode(torch.autograd.Function):
                 moe_sort_chunks_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_moe_sort_chunks_fwd_args(*slots)
-        kept = moe_sort_chunks_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.destinations)
         kept.destinations = None
         ctx.kept = kept
@@ -247,14 +285,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoeSortChunksBwdArgs(
-            grad_outputs=list(grads),
-            destinations=values[0],
-            requires_dgrad=kept.requires_dgrad,
-            requires_probs_grad=kept.requires_probs_grad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_sort_chunks_backward(args)
         else:
@@ -297,7 +329,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoeSortChunksFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_sort_chunks_forward(args)
-        kept = moe_sort_chunks_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.destinations)
         kept.destinations = None
         ctx.kept = kept
@@ -306,15 +338,8 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
         field_grads = moe_sort_chunks_backward(
-            MoeSortChunksBwdArgs(
-                grad_outputs=list(grads),
-                destinations=values[0],
-                requires_dgrad=kept.requires_dgrad,
-                requires_probs_grad=kept.requires_probs_grad,
-            )
+            _backward_bundle(ctx.kept, _r.load_saved(ctx), grads)
         )
         return _r.input_grads(ctx, field_grads, (None, None), 2)
 

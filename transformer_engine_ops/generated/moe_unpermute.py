@@ -265,6 +265,53 @@ moe_unpermute_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `MoeUnpermuteFwdArgs` (same type);
+# `moe_unpermute_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("merging_probs", "row_id_map", "pad_offsets", "map_type")
+SETUP_CONTEXT_FIELDS = frozenset({"inp", "num_rows", "requires_dgrad", "requires_probs_grad"})
+
+
+def _backward_args(
+    args: MoeUnpermuteFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> MoeUnpermuteBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `moe_unpermute_setup_context` returns (checked)."""
+    made = moe_unpermute_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "MoeUnpermuteBwdArgs",
+        "moe_unpermute_setup_context",
+    )
+    return MoeUnpermuteBwdArgs(
+        grad_outputs=[],
+        merging_probs=args.merging_probs,
+        row_id_map=args.row_id_map,
+        pad_offsets=args.pad_offsets,
+        map_type=args.map_type,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: MoeUnpermuteBwdArgs, values: tuple[Any, ...], grads: Any
+) -> MoeUnpermuteBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return MoeUnpermuteBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        merging_probs=values[1],
+        row_id_map=values[2],
+        pad_offsets=values[3],
+        map_type=kept.map_type,
+        num_rows=kept.num_rows,
+        requires_dgrad=kept.requires_dgrad,
+        requires_probs_grad=kept.requires_probs_grad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::moe_unpermute_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -283,7 +330,7 @@ class _OpNode(torch.autograd.Function):
                 moe_unpermute_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_moe_unpermute_fwd_args(*slots)
-        kept = moe_unpermute_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inp, kept.merging_probs, kept.row_id_map, kept.pad_offsets)
         kept.inp = None
         kept.merging_probs = None
@@ -299,19 +346,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = MoeUnpermuteBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            merging_probs=values[1],
-            row_id_map=values[2],
-            pad_offsets=values[3],
-            map_type=kept.map_type,
-            num_rows=kept.num_rows,
-            requires_dgrad=kept.requires_dgrad,
-            requires_probs_grad=kept.requires_probs_grad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = moe_unpermute_backward(args)
         else:
@@ -354,7 +390,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: MoeUnpermuteFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = moe_unpermute_forward(args)
-        kept = moe_unpermute_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inp, kept.merging_probs, kept.row_id_map, kept.pad_offsets)
         kept.inp = None
         kept.merging_probs = None
@@ -366,21 +402,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = moe_unpermute_backward(
-            MoeUnpermuteBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                merging_probs=values[1],
-                row_id_map=values[2],
-                pad_offsets=values[3],
-                map_type=kept.map_type,
-                num_rows=kept.num_rows,
-                requires_dgrad=kept.requires_dgrad,
-                requires_probs_grad=kept.requires_probs_grad,
-            )
-        )
+        field_grads = moe_unpermute_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None, None), 2)
 
 

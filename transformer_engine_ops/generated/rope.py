@@ -206,6 +206,40 @@ rope_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `RopeFwdArgs` (same type);
+# `rope_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("angles", "interleaved", "fused")
+SETUP_CONTEXT_FIELDS = frozenset({"requires_dgrad"})
+
+
+def _backward_args(args: RopeFwdArgs, outputs: tuple[Any, ...], saved: Any) -> RopeBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `rope_setup_context` returns (checked)."""
+    made = rope_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "RopeBwdArgs", "rope_setup_context"
+    )
+    return RopeBwdArgs(
+        grad_outputs=[],
+        angles=args.angles,
+        interleaved=args.interleaved,
+        fused=args.fused,
+        **made,
+    )
+
+
+def _backward_bundle(kept: RopeBwdArgs, values: tuple[Any, ...], grads: Any) -> RopeBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return RopeBwdArgs(
+        grad_outputs=list(grads),
+        angles=values[0],
+        interleaved=kept.interleaved,
+        fused=kept.fused,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::rope_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -222,7 +256,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(rope_fwd, FORWARD_OP, below, slots)
             args = unflatten_rope_fwd_args(*slots)
-        kept = rope_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.angles)
         kept.angles = None
         ctx.kept = kept
@@ -235,15 +269,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = RopeBwdArgs(
-            grad_outputs=list(grads),
-            angles=values[0],
-            interleaved=kept.interleaved,
-            fused=kept.fused,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = rope_backward(args)
         else:
@@ -284,7 +311,7 @@ class _EagerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: RopeFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
         outputs, saved = rope_forward(args)
-        kept = rope_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.angles)
         kept.angles = None
         ctx.kept = kept
@@ -293,17 +320,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = rope_backward(
-            RopeBwdArgs(
-                grad_outputs=list(grads),
-                angles=values[0],
-                interleaved=kept.interleaved,
-                fused=kept.fused,
-                requires_dgrad=kept.requires_dgrad,
-            )
-        )
+        field_grads = rope_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, (None,), 2)
 
 

@@ -90,14 +90,8 @@ def activation_forward_spec(
 
 def activation_setup_context(
     args: ActivationFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> ActivationBwdArgs:
-    return ActivationBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        activation=args.activation,
-        limit=args.limit,
-        alpha=args.alpha,
-        glu_linear_offset=args.glu_linear_offset,
+) -> dict[str, Any]:
+    return dict(
         requires_dgrad=args.is_grad_enabled and args.inp_requires_grad,
     )
 

@@ -1083,40 +1083,19 @@ def attention_forward_spec(
 
 def attention_setup_context(
     args: DotProductAttnFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> DotProductAttnBwdArgs:
+) -> dict[str, Any]:
     (stats,) = saved
     grad = args.is_grad_enabled
     checkpoint = args.checkpoint and _needs_backward(args)
-    return DotProductAttnBwdArgs(
-        grad_output=None,
-        q=args.q,
-        k=args.k,
-        v=args.v,
+    return dict(
         out=outputs[0] if stats is not None and args.backend != "unfused" else None,
-        attn_bias=args.attn_bias,
-        cu_seqlens_q=args.cu_seqlens_q,
-        cu_seqlens_kv=args.cu_seqlens_kv,
-        cu_seqlens_q_padded=args.cu_seqlens_q_padded,
-        cu_seqlens_kv_padded=args.cu_seqlens_kv_padded,
-        attention_mask=args.attention_mask,
-        alibi_slopes=args.alibi_slopes,
         softmax_stats=stats,
         rng_state=args.rng_state if _uses_dropout(args) else None,
         requires_dq=grad and args.q_requires_grad,
         requires_dk=grad and args.k_requires_grad,
         requires_dv=grad and args.v_requires_grad,
         requires_dbias=_bias_grad(args),
-        max_seqlen_q=args.max_seqlen_q,
-        max_seqlen_kv=args.max_seqlen_kv,
-        attn_scale=args.attn_scale,
         dropout_p=args.dropout_p if _uses_dropout(args) else 0.0,
-        qkv_format=args.qkv_format,
-        attn_bias_type=args.attn_bias_type,
-        attn_mask_type=args.attn_mask_type,
-        window_size=args.window_size,
-        bottom_right_diagonal=args.bottom_right_diagonal,
-        softcap=args.softcap,
-        backend=args.backend,
         checkpoint=checkpoint,
     )
 
@@ -1154,4 +1133,6 @@ DOT_PRODUCT_ATTENTION = OpDeclaration(
     forward_spec=attention_forward_spec,
     backward_spec=attention_backward_spec,
     setup_context=attention_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=("rng_state", "dropout_p", "checkpoint"),
 )

@@ -137,17 +137,13 @@ def bias_dropout_forward_spec(
 
 def bias_dropout_setup_context(
     args: BiasDropoutFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> BiasDropoutBwdArgs:
+) -> dict[str, Any]:
     dropout_mask, drop_path_mask = saved
     grad = args.is_grad_enabled
-    return BiasDropoutBwdArgs(
-        grad_outputs=[],
+    return dict(
         dropout_mask=dropout_mask,
         drop_path_mask=drop_path_mask,
-        bias=args.bias,
         inp_dtype=args.inp.dtype,
-        dropout=args.dropout,
-        drop_path=args.drop_path,
         requires_dgrad=grad and args.inp_requires_grad,
         requires_bgrad=grad and args.bias is not None and args.bias_requires_grad,
     )

@@ -362,21 +362,14 @@ def grouped_gemm_forward_spec(args: GroupedGemmFwdArgs) -> tuple[tuple[Any, ...]
 
 def grouped_gemm_setup_context(
     args: GroupedGemmFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> GroupedGemmBwdArgs:
+) -> dict[str, Any]:
     grad = args.is_grad_enabled
     x_codes, x_inv, w_codes, w_inv = saved
-    return GroupedGemmBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        weight=args.weight,
-        m_splits=args.m_splits,
+    return dict(
         input_codes=x_codes,
         input_scale_inv=x_inv,
         weight_codes=w_codes,
         weight_scale_inv=w_inv,
-        grad_output_quantizer=args.grad_output_quantizer,
-        activation_dtype=args.activation_dtype,
-        dgrad_gemm=args.dgrad_gemm,
         requires_dgrad=grad and args.input_requires_grad,
         requires_wgrad=grad and args.weight_requires_grad,
         requires_bgrad=grad and args.bias is not None and args.bias_requires_grad,

@@ -39,6 +39,7 @@ from transformer_engine_ops.ops._fused import (
     replaying,
 )
 from transformer_engine_ops.ops.linear import (
+    LINEAR,
     BackwardOverride,
     LinearFwdArgs,
     _check_columnwise_weight,
@@ -48,7 +49,6 @@ from transformer_engine_ops.ops.linear import (
     _Usage,
     linear_backward,
     linear_forward,
-    linear_setup_context,
 )
 from transformer_engine_ops.quantization.float8 import Float8Quantizer
 from transformer_engine_ops.quantization.quantizer import Quantizer
@@ -419,7 +419,7 @@ def grouped_linear_forward_spec(
 
 def grouped_linear_setup_context(
     args: GroupedLinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> GroupedLinearBwdArgs:
+) -> dict[str, Any]:
     grad = args.is_grad_enabled
     # The quantized weight each dgrad reads: the one the forward made, or the workspace
     # it used; the backward re-quantizes the others.
@@ -436,29 +436,12 @@ def grouped_linear_setup_context(
         ]
         if all(w is None for w in workspaces):
             workspaces = None
-    return GroupedLinearBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        weights=args.weights,
-        m_splits=args.m_splits,
+    return dict(
         weight_workspaces=workspaces,
         requires_dgrad=grad and args.input_requires_grad,
         requires_wgrad=grad and args.weights_requires_grad,
         requires_bgrad=grad and args.biases is not None and args.biases_requires_grad,
         has_biases=args.biases is not None,
-        input_quantizers=args.input_quantizers,
-        weight_quantizers=args.weight_quantizers,
-        grad_output_quantizers=args.grad_output_quantizers,
-        activation_dtype=args.activation_dtype,
-        fp8=args.fp8,
-        backward_override=args.backward_override,
-        fprop_gemm=args.fprop_gemm,
-        dgrad_gemm=args.dgrad_gemm,
-        wgrad_gemm=args.wgrad_gemm,
-        num_gemms=args.num_gemms,
-        in_features=args.in_features,
-        out_features=args.out_features,
-        sr_rng_state=args.sr_rng_state,
         forward_scales=saved[-1] if _replays(args) else None,
         wgrad_routes=[
             _wgrad.route_of(
@@ -511,7 +494,7 @@ def grouped_linear_backward(args: GroupedLinearBwdArgs) -> tuple[Any, ...]:
         # re-quantize.
         high_precision = args.backward_override is BackwardOverride.HIGH_PRECISION
         saved = (None, None) if high_precision else quantized_for_backward(stage)
-        backward = linear_setup_context(stage, (), saved)
+        backward = LINEAR.backward_args(stage, (), saved)
         backward.grad_outputs = [dy_i]
         backward.sr_rng_state = stage_rng_state(args.sr_rng_state, i)
         backward.wgrad_route = _at(args.wgrad_routes, i)
@@ -547,6 +530,8 @@ GROUPED_LINEAR = OpDeclaration(
     forward_spec=grouped_linear_forward_spec,
     backward_spec=grouped_linear_backward_spec,
     setup_context=grouped_linear_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=("weight_workspaces",),
     # The kernels read m_splits' values on the host to split the rows: a CUDA graph
     # would replay the captured split for any later m_splits.
     cudagraph_unsafe="its kernels read m_splits on the host (a replay would reuse the captured row split)",

@@ -272,19 +272,14 @@ def layernorm_forward_spec(args: LayerNormFwdArgs) -> tuple[tuple[Any, ...], tup
 
 def layernorm_setup_context(
     args: LayerNormFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> LayerNormBwdArgs:
+) -> dict[str, Any]:
     mu, rsigma = saved
-    return LayerNormBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        weight=args.weight,
+    return dict(
         mu=mu,
         rsigma=rsigma,
         requires_dgrad=args.is_grad_enabled and args.input_requires_grad,
         requires_wgrad=args.is_grad_enabled and args.weight_requires_grad,
         requires_bgrad=args.is_grad_enabled and args.bias is not None and args.bias_requires_grad,
-        normalization=args.normalization,
-        zero_centered_gamma=args.zero_centered_gamma,
     )
 
 

@@ -309,7 +309,7 @@ def layernorm_linear_forward_spec(
 
 def layernorm_linear_setup_context(
     args: LayerNormLinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> LayerNormLinearBwdArgs:
+) -> dict[str, Any]:
     mu, rsigma, ln_out, gemm_input, gemm_weight = saved
     if args.return_layernorm_output and _forward_plan(args).save_ln_out:
         ln_out = outputs[1]  # returned, so not saved a second time
@@ -321,46 +321,25 @@ def layernorm_linear_setup_context(
         (gemm_input, gemm_weight),
     )
     grad = args.is_grad_enabled
-    return LayerNormLinearBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        ln_weight=args.ln_weight,
+    return dict(
         mu=mu,
         rsigma=rsigma,
-        inputmat=gemm.inputmat,
-        weight_fp8=gemm.weight_fp8,
-        ln_out_shape=gemm.inp_shape,
-        requires_dgrad=gemm.requires_dgrad,
-        requires_wgrad=gemm.requires_wgrad,
-        use_bias=gemm.use_bias,
+        inputmat=gemm["inputmat"],
+        weight_fp8=gemm["weight_fp8"],
+        ln_out_shape=gemm["inp_shape"],
+        requires_dgrad=gemm["requires_dgrad"],
+        requires_wgrad=gemm["requires_wgrad"],
+        use_bias=gemm["use_bias"],
         input_requires_grad=grad and args.input_requires_grad,
         ln_weight_requires_grad=grad and args.ln_weight_requires_grad,
         ln_bias_requires_grad=grad and args.ln_bias is not None and args.ln_bias_requires_grad,
-        normalization=args.normalization,
-        zero_centered_gamma=args.zero_centered_gamma,
-        return_layernorm_output=args.return_layernorm_output,
-        input_quantizer=args.input_quantizer,
-        weight_quantizer=args.weight_quantizer,
-        grad_input_quantizer=args.grad_input_quantizer,
-        grad_weight_quantizer=args.grad_weight_quantizer,
-        grad_output_quantizer=args.grad_output_quantizer,
-        activation_dtype=args.activation_dtype,
-        fp8=args.fp8,
-        backward_override=args.backward_override,
-        dgrad_gemm=args.dgrad_gemm,
-        wgrad_gemm=args.wgrad_gemm,
-        parallel_mode=args.parallel_mode,
-        tp_group=args.tp_group,
-        tp_size=args.tp_size,
-        sequence_parallel=args.sequence_parallel,
-        sr_rng_state=args.sr_rng_state,
         wgrad_route=_wgrad.route_of(
             args.weight,
             args.fuse_wgrad_accumulation,
             args.delay_wgrad_compute,
             args.is_first_microbatch,
         )
-        if gemm.requires_wgrad
+        if gemm["requires_wgrad"]
         else None,
     )
 
@@ -422,6 +401,8 @@ LAYERNORM_LINEAR = OpDeclaration(
     forward_spec=layernorm_linear_forward_spec,
     backward_spec=layernorm_linear_backward_spec,
     setup_context=layernorm_linear_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=("input_requires_grad", "ln_weight_requires_grad", "ln_bias_requires_grad"),
     lowers=True,
     # Compiled calls that run eagerly, with the reason (the generated compile blocker).
     eager_when=(

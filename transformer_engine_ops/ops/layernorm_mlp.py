@@ -40,7 +40,6 @@ from transformer_engine_ops.ops.layernorm import (
     norm_stats_specs,
 )
 from transformer_engine_ops.ops.linear import (
-    LinearBwdArgs,
     LinearFwdArgs,
     _weight_from_workspace,
     linear_backward,
@@ -649,19 +648,21 @@ def _with_recomputed(
     args: LayerNormMLPBwdArgs,
     stats: tuple[Any, Any],
     fc1_out: Any,
-    fc1: LinearBwdArgs,
-    fc2: LinearBwdArgs,
+    fc1: dict[str, Any],
+    fc2: dict[str, Any],
 ) -> LayerNormMLPBwdArgs:
+    """``args`` with what ``_recomputed`` made: the statistics, fc1's output and each
+    GEMM's backward operands (``linear_setup_context``'s fields)."""
     return dataclasses.replace(
         args,
         checkpoint=False,
         mu=stats[0],
         rsigma=stats[1],
-        fc1_inputmat=fc1.inputmat,
-        fc1_weight_fp8=fc1.weight_fp8,
+        fc1_inputmat=fc1["inputmat"],
+        fc1_weight_fp8=fc1["weight_fp8"],
         fc1_out=fc1_out,
-        fc2_inputmat=fc2.inputmat,
-        fc2_weight_fp8=fc2.weight_fp8,
+        fc2_inputmat=fc2["inputmat"],
+        fc2_weight_fp8=fc2["weight_fp8"],
     )
 
 
@@ -787,7 +788,7 @@ def layernorm_mlp_forward_spec(
 
 def layernorm_mlp_setup_context(
     args: LayerNormMLPFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> LayerNormMLPBwdArgs:
+) -> dict[str, Any]:
     mu, rsigma, ln_out, fc1_out, act_out, fc1_input, fc1_weight, fc2_input, fc2_weight = saved[:9]
     plan = _forward_plan(args)
     if args.return_layernorm_output and plan.save_ln_out and not plan.recompute:
@@ -805,61 +806,34 @@ def layernorm_mlp_setup_context(
         (fc2_input, fc2_weight),
     )
     grad = args.is_grad_enabled
-    fc1_weight_fp8, fc2_weight_fp8 = fc1.weight_fp8, fc2.weight_fp8
-    fc1_inputmat, fc2_inputmat = fc1.inputmat, fc2.inputmat
+    fc1_weight_fp8, fc2_weight_fp8 = fc1["weight_fp8"], fc2["weight_fp8"]
+    fc1_inputmat, fc2_inputmat = fc1["inputmat"], fc2["inputmat"]
     if plan.recompute:
         # The weights the forward's GEMMs read, for the recompute (nothing else is kept).
         fc1_weight_fp8 = _recompute_weight(_fc1_args(args, args.inp), fc1_weight)
         fc2_weight_fp8 = _recompute_weight(plan.fc2, fc2_weight)
         fc1_inputmat = fc2_inputmat = None
-    return LayerNormMLPBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        ln_weight=args.ln_weight,
+    return dict(
         mu=mu,
         rsigma=rsigma,
         fc1_inputmat=fc1_inputmat,
         fc1_weight_fp8=fc1_weight_fp8,
-        ln_out_shape=fc1.inp_shape,
+        ln_out_shape=fc1["inp_shape"],
         fc1_out=fc1_out,
         fc2_inputmat=fc2_inputmat,
         fc2_weight_fp8=fc2_weight_fp8,
-        act_shape=torch.Size(fc2.inp_shape),
-        fc1_requires_dgrad=fc1.requires_dgrad,
-        fc1_requires_wgrad=fc1.requires_wgrad,
-        fc1_use_bias=fc1.use_bias,
-        fc2_requires_dgrad=fc2.requires_dgrad,
-        fc2_requires_wgrad=fc2.requires_wgrad,
-        fc2_use_bias=fc2.use_bias,
+        act_shape=torch.Size(fc2["inp_shape"]),
+        fc1_requires_dgrad=fc1["requires_dgrad"],
+        fc1_requires_wgrad=fc1["requires_wgrad"],
+        fc1_use_bias=fc1["use_bias"],
+        fc2_requires_dgrad=fc2["requires_dgrad"],
+        fc2_requires_wgrad=fc2["requires_wgrad"],
+        fc2_use_bias=fc2["use_bias"],
         input_requires_grad=grad and args.input_requires_grad,
         ln_weight_requires_grad=grad and args.ln_weight_requires_grad,
         ln_bias_requires_grad=grad and args.ln_bias is not None and args.ln_bias_requires_grad,
-        normalization=args.normalization,
-        zero_centered_gamma=args.zero_centered_gamma,
-        return_layernorm_output=args.return_layernorm_output,
-        activation=args.activation,
-        fc1_input_quantizer=args.fc1_input_quantizer,
-        fc1_weight_quantizer=args.fc1_weight_quantizer,
-        fc1_grad_input_quantizer=args.fc1_grad_input_quantizer,
-        fc1_grad_weight_quantizer=args.fc1_grad_weight_quantizer,
-        fc1_grad_output_quantizer=args.fc1_grad_output_quantizer,
-        fc2_input_quantizer=args.fc2_input_quantizer,
-        fc2_weight_quantizer=args.fc2_weight_quantizer,
-        fc2_grad_input_quantizer=args.fc2_grad_input_quantizer,
-        fc2_grad_weight_quantizer=args.fc2_grad_weight_quantizer,
-        fc2_grad_output_quantizer=args.fc2_grad_output_quantizer,
-        activation_dtype=args.activation_dtype,
-        fp8=args.fp8,
-        dgrad_gemm=args.dgrad_gemm,
-        wgrad_gemm=args.wgrad_gemm,
-        set_parallel_mode=args.set_parallel_mode,
-        tp_group=args.tp_group,
-        tp_size=args.tp_size,
-        sequence_parallel=args.sequence_parallel,
-        sr_rng_state=args.sr_rng_state,
-        fc1_wgrad_route=_route(args, args.fc1_weight) if fc1.requires_wgrad else None,
-        fc2_wgrad_route=_route(args, args.fc2_weight) if fc2.requires_wgrad else None,
-        activation_params=args.activation_params,
+        fc1_wgrad_route=_route(args, args.fc1_weight) if fc1["requires_wgrad"] else None,
+        fc2_wgrad_route=_route(args, args.fc2_weight) if fc2["requires_wgrad"] else None,
         checkpoint=plan.recompute,
         ln_bias=args.ln_bias if plan.recompute else None,
         fc1_bias=args.fc1_bias if plan.recompute else None,
@@ -969,6 +943,15 @@ LAYERNORM_MLP = OpDeclaration(
     forward_spec=layernorm_mlp_forward_spec,
     backward_spec=layernorm_mlp_backward_spec,
     setup_context=layernorm_mlp_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=(
+        "input_requires_grad",
+        "ln_weight_requires_grad",
+        "ln_bias_requires_grad",
+        "checkpoint",
+        "ln_bias",
+        "fc1_bias",
+    ),
     lowers=True,
     # Compiled calls that run eagerly, with the reason (the generated compile blocker).
     eager_when=(

@@ -846,7 +846,7 @@ def linear_forward_spec(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any
 
 def linear_setup_context(
     args: LinearFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> LinearBwdArgs:
+) -> dict[str, Any]:
     """The backward bundle: what the forward kept, and the backward's configuration
     (the backward reads no output)."""
     saved_input, saved_weight = saved
@@ -865,34 +865,18 @@ def linear_setup_context(
             weight = args.weight_workspace
         else:
             weight = args.weight
-    return LinearBwdArgs(
-        grad_outputs=[],
+    return dict(
         inputmat=inputmat,
         weight_fp8=weight,
         inp_shape=args.inp.shape,
         requires_dgrad=needs_dgrad,
         requires_wgrad=needs_wgrad,
         use_bias=args.bias is not None and args.bias_requires_grad and args.is_grad_enabled,
-        input_quantizer=args.input_quantizer,
-        weight_quantizer=args.weight_quantizer,
-        grad_input_quantizer=args.grad_input_quantizer,
-        grad_weight_quantizer=args.grad_weight_quantizer,
-        grad_output_quantizer=args.grad_output_quantizer,
-        activation_dtype=args.activation_dtype,
-        fp8=args.fp8,
-        backward_override=args.backward_override,
-        dgrad_gemm=args.dgrad_gemm,
-        wgrad_gemm=args.wgrad_gemm,
-        parallel_mode=args.parallel_mode,
-        tp_group=args.tp_group,
-        tp_size=args.tp_size,
-        sequence_parallel=args.sequence_parallel,
         ub_overlap_ag_dgrad=False,
         ub_overlap_rs_dgrad=False,
         ub_bulk_wgrad=False,
         wgrad_store=None,
         main_grad_func=None,
-        sr_rng_state=args.sr_rng_state,
         wgrad_route=_wgrad.route_of(
             args.weight,
             args.fuse_wgrad_accumulation,
@@ -1249,6 +1233,8 @@ LINEAR = OpDeclaration(
     forward_spec=linear_forward_spec,
     backward_spec=linear_backward_spec,
     setup_context=linear_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=("wgrad_store", "save_original_input"),
     lowers=True,
     plain_call=linear_plain_call,
     # Compiled calls that run eagerly, with the reason (the generated compile blocker).

@@ -122,10 +122,8 @@ def moe_aux_loss_forward_spec(args: MoeAuxLossFwdArgs) -> tuple[tuple[Any, ...],
 
 def moe_aux_loss_setup_context(
     args: MoeAuxLossFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoeAuxLossBwdArgs:
-    return MoeAuxLossBwdArgs(
-        grad_outputs=[],
-        tokens_per_expert=args.tokens_per_expert,
+) -> dict[str, Any]:
+    return dict(
         coefficient=saved[0],
         probs_shape=list(args.probs.shape),
         probs_dtype=args.probs.dtype,

@@ -107,11 +107,8 @@ def moe_aux_scores_forward_spec(
 
 def moe_aux_scores_setup_context(
     args: MoeAuxScoresFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoeAuxScoresBwdArgs:
-    return MoeAuxScoresBwdArgs(
-        grad_outputs=[],
-        logits=args.logits,
-        score_function=args.score_function,
+) -> dict[str, Any]:
+    return dict(
         requires_dgrad=args.is_grad_enabled and args.logits_requires_grad,
     )
 

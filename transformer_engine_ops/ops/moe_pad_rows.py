@@ -93,9 +93,8 @@ def moe_pad_rows_forward_spec(
 
 def moe_pad_rows_setup_context(
     args: MoePadRowsFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoePadRowsBwdArgs:
-    return MoePadRowsBwdArgs(
-        grad_outputs=[],
+) -> dict[str, Any]:
+    return dict(
         from_splits=list(args.from_splits),
         to_splits=list(args.to_splits),
         requires_dgrad=args.is_grad_enabled and args.inp_requires_grad,
@@ -126,4 +125,6 @@ MOE_PAD_ROWS = OpDeclaration(
     forward_spec=moe_pad_rows_forward_spec,
     backward_spec=moe_pad_rows_backward_spec,
     setup_context=moe_pad_rows_setup_context,
+    # Backward fields setup_context computes although a forward field has their name.
+    derived=("to_splits", "from_splits"),
 )

@@ -181,13 +181,10 @@ def moe_permute_forward_spec(args: MoePermuteFwdArgs) -> tuple[tuple[Any, ...], 
 
 def moe_permute_setup_context(
     args: MoePermuteFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoePermuteBwdArgs:
+) -> dict[str, Any]:
     grad = args.is_grad_enabled
-    return MoePermuteBwdArgs(
-        grad_outputs=[],
+    return dict(
         row_id_map=outputs[1],
-        pad_offsets=args.pad_offsets,
-        map_type=args.map_type,
         topk=args.routing_map.shape[1] if args.map_type == "index" else 0,
         requires_dgrad=grad and args.inp_requires_grad,
         requires_probs_grad=grad and args.probs is not None and args.probs_requires_grad,

@@ -275,15 +275,9 @@ def moe_router_forward_spec(args: MoeRouterFwdArgs) -> tuple[tuple[Any, ...], tu
 
 def moe_router_setup_context(
     args: MoeRouterFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoeRouterBwdArgs:
-    return MoeRouterBwdArgs(
-        grad_outputs=[],
-        logits=args.logits,
+) -> dict[str, Any]:
+    return dict(
         selected=saved[0],
-        topk=args.topk,
-        use_pre_softmax=args.use_pre_softmax,
-        scaling_factor=args.scaling_factor,
-        score_function=args.score_function,
         requires_dgrad=args.is_grad_enabled and args.logits_requires_grad,
     )
 

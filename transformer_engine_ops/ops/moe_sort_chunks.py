@@ -144,10 +144,9 @@ def moe_sort_chunks_forward_spec(
 
 def moe_sort_chunks_setup_context(
     args: MoeSortChunksFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoeSortChunksBwdArgs:
+) -> dict[str, Any]:
     grad = args.is_grad_enabled
-    return MoeSortChunksBwdArgs(
-        grad_outputs=[],
+    return dict(
         destinations=saved[0],
         requires_dgrad=grad and args.inp_requires_grad,
         requires_probs_grad=grad and args.probs is not None and args.probs_requires_grad,

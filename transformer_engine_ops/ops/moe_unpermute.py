@@ -160,16 +160,11 @@ def moe_unpermute_forward_spec(
 
 def moe_unpermute_setup_context(
     args: MoeUnpermuteFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> MoeUnpermuteBwdArgs:
+) -> dict[str, Any]:
     grad = args.is_grad_enabled
     probs_grad = grad and args.merging_probs is not None and args.probs_requires_grad
-    return MoeUnpermuteBwdArgs(
-        grad_outputs=[],
+    return dict(
         inp=args.inp if probs_grad else None,
-        merging_probs=args.merging_probs,
-        row_id_map=args.row_id_map,
-        pad_offsets=args.pad_offsets,
-        map_type=args.map_type,
         num_rows=args.inp.shape[0],
         requires_dgrad=grad and args.inp_requires_grad,
         requires_probs_grad=probs_grad,

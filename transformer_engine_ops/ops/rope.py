@@ -149,12 +149,8 @@ def rope_forward_spec(args: RopeFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ..
 
 def rope_setup_context(
     args: RopeFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> RopeBwdArgs:
-    return RopeBwdArgs(
-        grad_outputs=[],
-        angles=args.angles,
-        interleaved=args.interleaved,
-        fused=args.fused,
+) -> dict[str, Any]:
+    return dict(
         requires_dgrad=args.is_grad_enabled and args.t_requires_grad,
     )
 

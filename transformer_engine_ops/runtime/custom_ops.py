@@ -36,6 +36,9 @@ from .boundary import (
 from .boundary import (
     first_device as first_device,  # generated kernels call it as ``_r.first_device``
 )
+from .declaration import (
+    check_setup_context as check_setup_context,  # generated calls: ``_r.check_setup_context``
+)
 from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``
 from .keep import Keep as Keep  # generated calls: ``_r.Keep``
 from .library import op_library

@@ -9,9 +9,15 @@ at run time the object is an inert record that documentation and tests may read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import functools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+# The backward field that receives the outputs' gradients (one of them per bundle): the
+# generated code fills it at backward time, so neither a copy nor setup_context's.
+GRAD_RECEIVERS = ("grad_outputs", "grad_output")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,13 @@ class OpDeclaration:
     why a CUDA graph must not capture the op (a kernel that reads tensor values on the
     host, which a graph replay would freeze at their captured values); Inductor then
     runs the op outside its CUDA graphs (``torch.Tag.cudagraph_unsafe``).
+
+    ``setup_context(args, outputs, saved)`` returns a ``dict`` of the backward fields
+    that are not copies: a backward field whose forward field has the same name and
+    annotation is copied from ``args`` by the generated code (``copied_fields``), unless
+    ``derived`` names it (a value setup_context computes although a forward field has
+    its name and type); the gradient receiver is filled at backward time.
+    ``backward_args`` builds the whole backward bundle as the generated code does.
     """
 
     name: str
@@ -52,3 +65,96 @@ class OpDeclaration:
     eager_when: tuple[tuple[str, str], ...] = ()
     plain_call: Callable[..., Any] | None = None
     cudagraph_unsafe: str | None = None
+    derived: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def copied_fields(self) -> tuple[str, ...]:
+        """The backward fields the generated code copies from the forward bundle."""
+        return copied_fields(self.forward, self.backward, self.derived)
+
+    @functools.cached_property
+    def made_fields(self) -> frozenset[str]:
+        """The backward fields ``setup_context`` returns."""
+        skip = {*self.copied_fields, *GRAD_RECEIVERS}
+        return frozenset(f.name for f in dataclasses.fields(self.backward) if f.name not in skip)
+
+    def backward_args(self, args: Any, outputs: tuple[Any, ...], saved: tuple[Any, ...]) -> Any:
+        """The backward bundle of one forward call, as the generated code builds it: the
+        copied forward fields, an empty gradient receiver and what ``setup_context``
+        returns (checked). For op impls that run another op's backward inside their own."""
+        if self.setup_context is None:
+            raise TypeError(f"op `{self.name}` declares no setup_context")
+        made = self.setup_context(args, outputs, saved)
+        check_setup_context(
+            made,
+            self.made_fields,
+            self.copied_fields,
+            self.backward.__name__,
+            self.setup_context.__name__,
+        )
+        receiver = {
+            f.name: [] if f.name == "grad_outputs" else None
+            for f in dataclasses.fields(self.backward)
+            if f.name in GRAD_RECEIVERS
+        }
+        copies = {name: getattr(args, name) for name in self.copied_fields}
+        return self.backward(**receiver, **copies, **made)
+
+
+def _annotation(value: Any) -> Any:
+    # Under ``from __future__ import annotations`` the source text, as Python unparses it.
+    return "".join(value.split()) if isinstance(value, str) else value
+
+
+def copied_fields(forward: type, backward: type, derived: Collection[str] = ()) -> tuple[str, ...]:
+    """The fields of ``backward`` whose ``forward`` field has the same name and
+    annotation, in ``backward``'s order, less the ``derived`` ones and the gradient
+    receiver. The generator applies the same rule to the source text."""
+    types = {f.name: _annotation(f.type) for f in dataclasses.fields(forward)}
+    return tuple(
+        f.name
+        for f in dataclasses.fields(backward)
+        if f.name in types
+        and f.name not in derived
+        and f.name not in GRAD_RECEIVERS
+        and types[f.name] == _annotation(f.type)
+    )
+
+
+def check_setup_context(
+    made: Any,
+    expected: frozenset[str],
+    copied: Collection[str],
+    bundle: str,
+    function: str,
+) -> None:
+    """Raise unless ``made`` (what ``function`` returned) is a dict of exactly the
+    ``expected`` fields of the backward bundle ``bundle``."""
+    if made.__class__ is dict and made.keys() == expected:
+        return
+    if not isinstance(made, dict):
+        raise TypeError(
+            f"{function} returned {type(made).__name__}, not a dict: return "
+            f"dict(field=value, ...) of the {bundle} fields the generated code does not copy "
+            f"({', '.join(sorted(expected)) or 'none'})"
+        )
+    for name in made:
+        if name in copied:
+            raise TypeError(
+                f"{bundle}.{name}: {function} returned it, but the generated code copies it "
+                "from the forward field of the same name and type; drop it from the dict, or "
+                "name it in the declaration's `derived` to compute it"
+            )
+        if name not in expected:
+            raise TypeError(
+                f"{bundle}.{name}: {function} returned it, but {bundle} has no such field "
+                "that setup_context fills"
+            )
+    missing = sorted(expected - made.keys())
+    if not missing:
+        return  # a dict subclass holding exactly the expected fields
+    raise TypeError(
+        f"{bundle}.{missing[0]}: {function} returned no value for it (it is not copied: the "
+        "forward bundle has no field of this name and type)"
+        + (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else "")
+    )

@@ -37,7 +37,7 @@ def bwd_spec(args):
 
 
 def setup(ctx, args, outputs, saved):
-    return BwdArgs(grad_outputs=[])
+    return dict()
 
 
 OP = OpDeclaration(

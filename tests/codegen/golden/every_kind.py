@@ -523,6 +523,43 @@ every_kind_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `EveryKindFwdArgs` (same type);
+# `every_kind_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("color", "gemm")
+SETUP_CONTEXT_FIELDS = frozenset({"saved", "maybe_dims"})
+
+
+def _backward_args(
+    args: EveryKindFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> EveryKindBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `every_kind_setup_context` returns (checked)."""
+    made = every_kind_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made, SETUP_CONTEXT_FIELDS, COPIED_FIELDS, "EveryKindBwdArgs", "every_kind_setup_context"
+    )
+    return EveryKindBwdArgs(
+        grad_outputs=[],
+        color=args.color,
+        gemm=args.gemm,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: EveryKindBwdArgs, values: tuple[Any, ...], grads: Any
+) -> EveryKindBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return EveryKindBwdArgs(
+        grad_outputs=list(grads),
+        saved=values[0],
+        maybe_dims=kept.maybe_dims,
+        color=kept.color,
+        gemm=kept.gemm,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::every_kind_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -539,7 +576,7 @@ class _OpNode(torch.autograd.Function):
         else:
             flat, outputs, saved = _r.redispatch_forward(every_kind_fwd, FORWARD_OP, below, slots)
             args = unflatten_every_kind_fwd_args(*slots)
-        kept = every_kind_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.saved)
         kept.saved = None
         ctx.kept = kept
@@ -552,15 +589,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = EveryKindBwdArgs(
-            grad_outputs=list(grads),
-            saved=values[0],
-            maybe_dims=kept.maybe_dims,
-            color=kept.color,
-            gemm=kept.gemm,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = every_kind_backward(args)
         else:
@@ -612,7 +642,7 @@ class _EagerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: EveryKindFwdArgs, made: list[Any], *inputs: Any) -> tuple[Any, ...]:
         outputs, saved = every_kind_forward(args)
-        kept = every_kind_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.saved)
         kept.saved = None
         ctx.kept = kept
@@ -622,17 +652,7 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
-        field_grads = every_kind_backward(
-            EveryKindBwdArgs(
-                grad_outputs=list(grads),
-                saved=values[0],
-                maybe_dims=kept.maybe_dims,
-                color=kept.color,
-                gemm=kept.gemm,
-            )
-        )
+        field_grads = every_kind_backward(_backward_bundle(ctx.kept, _r.load_saved(ctx), grads))
         return _r.input_grads(ctx, field_grads, ctx.lengths, 2)
 
 
