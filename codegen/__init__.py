@@ -9,6 +9,8 @@ Layers, one IR between them (see ``model``):
 * ``emit``    builds template contexts from the IR;
 * ``render``  lays them out with Jinja2 and formats with the pinned ruff;
 * ``output``  writes only what changed, or compares (``--check``/``--diff``);
+* ``exports`` reads the package's ``_EXPORTS`` (with ``ast``) for the typing imports and
+  the ``__init__.py`` of the configured subpackages;
 * ``cli``     the ``python -m codegen`` entry point.
 
 It needs only the standard library, jinja2, libcst and ruff: torch and the

@@ -24,6 +24,12 @@ CONFIGURABLE_KINDS = ("tensor_or_quantized", "quantizer", "process_group", "valu
 
 
 @dataclass(frozen=True)
+class Exports:
+    source: str  # "pkg/__init__.py", relative to the project root
+    subpackages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     root: Path
     namespace: str
@@ -33,6 +39,9 @@ class Config:
     kinds: dict[str, str]  # qualified name -> configurable kind
     # Reading other codebases (TE's own source): see `load_reading`.
     reading: Reading = field(default_factory=lambda: Reading())
+    # The package's export list (``exports.source``, holding ``_EXPORTS``) and the
+    # subpackages whose ``__init__.py`` follows from it; None: no export files are written.
+    exports: Exports | None = None
 
     def kind_of(self, qualname: str) -> str | None:
         return self.kinds.get(qualname)
@@ -75,9 +84,37 @@ def _read_config(root: Path, confine_to: Path | None = None) -> Config:
             meta_type=table["meta_type"],
             kinds=kinds,
             reading=load_reading(table, root, pyproject, confine_to),
+            exports=_read_exports(table.get("exports"), f"{where} exports", pyproject),
         )
     except KeyError as exc:
         raise ConfigError(f"{pyproject}: generator config lacks key {exc}") from exc
+
+
+def _read_exports(value: object, where: str, pyproject: Path) -> Exports | None:
+    """``exports = { source = "pkg/__init__.py", subpackages = ["modules"] }``, checked."""
+    if value is None:
+        return None
+    table = _expect(value, dict, where, pyproject)
+    unknown = sorted(set(table) - {"source", "subpackages"})  # type: ignore[arg-type]
+    if unknown:
+        raise ConfigError(
+            f"{pyproject}: unknown key {unknown[0]!r} in {where}; expected source, subpackages"
+        )
+    source = table.get("source")  # type: ignore[attr-defined]
+    parts = source.split("/") if isinstance(source, str) else []
+    if len(parts) < 2 or parts[-1] != "__init__.py" or not all(map(is_identifier, parts[:-1])):
+        raise ConfigError(
+            f"{pyproject}: {where}.source = {_toml(source)}: give the package's __init__.py "
+            'relative to the project root, through identifier folders (e.g. "pkg/__init__.py")'
+        )
+    subpackages = _strings(table.get("subpackages", []), f"{where}.subpackages", pyproject)  # type: ignore[attr-defined]
+    for sub in subpackages:
+        if not is_identifier(sub):
+            raise ConfigError(
+                f"{pyproject}: {where}.subpackages entry {_toml(sub)}: not an identifier; "
+                'name a subpackage of the package (e.g. "modules")'
+            )
+    return Exports(source, tuple(subpackages))
 
 
 def load_config(root: Path, confine_to: Path | None = None) -> Config:

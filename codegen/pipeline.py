@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FORMAT_VERSION, emit, render, safety, te_layout
+from . import FORMAT_VERSION, emit, exports, render, safety, te_layout
 from .config import Config
 from .errors import CodegenError, Location
 from .model import Bundle, SourceModule
@@ -92,6 +92,8 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
         format_version=FORMAT_VERSION,
         module_names=[m.path.rsplit("/", 1)[-1].removesuffix(".py") for m in modules],
     )
+    if config.exports is not None:
+        python.update(_export_files(config, env))
     files = render.format_python(python)
     files[f"{out}/SCHEMAS.md"] = env.get_template("schemas.md.j2").render(
         emit.schemas_doc_context(contexts)
@@ -99,6 +101,22 @@ def generate(config: Config, sources: list[str] | None = None) -> Generated:
     if config.reading.te_layout is not None:
         files[f"{out}/TE_LAYOUT.md"] = te_layout.layout_doc(modules, config, env)
     return Generated(modules, dict(sorted(files.items())))
+
+
+def _export_files(config: Config, env) -> dict[str, str]:
+    """The typing imports and subpackage ``__init__.py`` files from the export list."""
+    assert config.exports is not None
+    source = config.exports.source
+    try:
+        data = (config.root / source).read_bytes()
+    except OSError as exc:
+        raise CodegenError(
+            Location(source, 1, 1),
+            f"cannot read the export list: {exc.strerror}",
+            "fix `exports.source` in [tool.transformer_engine_ops.codegen]",
+        ) from None
+    listed = exports.read(source, decode_source(source, data))
+    return exports.render(source, listed, config.exports.subpackages, env, FORMAT_VERSION)
 
 
 def find_bundle(modules: tuple[SourceModule, ...], name: str) -> Bundle | None:

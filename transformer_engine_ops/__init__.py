@@ -22,89 +22,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import custom_recipes, recipe
-    from .constants import (
-        DType,
-    )
-    from .graph import (
-        make_graphed_callables,
-    )
-    from .modules import (
-        DotProductAttention,
-        Fp8Padding,
-        Fp8Unpadding,
-        GroupedLinear,
-        InferenceParams,
-        LayerNorm,
-        LayerNormLinear,
-        LayerNormMLP,
-        Linear,
-        MultiheadAttention,
-        RMSNorm,
-        RotaryPositionEmbedding,
-        TransformerLayer,
-        apply_rotary_pos_emb,
-        autocast,
-        checkpoint,
-        fp8_autocast,
-        fp8_model_init,
-        moe_permute,
-        moe_permute_and_pad_with_probs,
-        moe_permute_with_probs,
-        moe_sort_chunks_by_index,
-        moe_sort_chunks_by_index_with_probs,
-        moe_unpermute,
-        quantized_model_init,
-    )
-    from .quantization.availability import (
-        get_default_recipe,
-        get_device_compute_capability,
-        is_bf16_available,
-        is_fp8_available,
-        is_fp8_block_scaling_available,
-        is_mxfp8_available,
-        is_nvfp4_available,
-    )
-    from .quantization.float8 import (
-        Float8CurrentScalingQuantizer,
-        Float8Quantizer,
-        Float8Tensor,
-        Float8TensorStorage,
-    )
-    from .quantization.float8_block import (
-        Float8BlockQuantizer,
-        Float8BlockwiseQTensor,
-        Float8BlockwiseQTensorStorage,
-    )
-    from .quantization.mxfp8 import (
-        MXFP8Quantizer,
-        MXFP8Tensor,
-        MXFP8TensorStorage,
-    )
-    from .quantization.nvfp4 import (
-        NVFP4Quantizer,
-        NVFP4Tensor,
-        NVFP4TensorStorage,
-    )
-    from .quantization.quantizer import (
-        QuantizedTensor,
-        Quantizer,
-    )
-    from .quantization.recipes import (
-        DelayedScalingRequest,
-        IdentityQuantizer,
-        QuantizerRequest,
-        QuantizerRole,
-    )
-    from .runtime.lowering import (
-        inductor_backend,
-    )
+    from ._exports import *  # noqa: F403  (generated from _EXPORTS by `make codegen`)
 
-# public name -> the module that defines it
+# The one list of public names: name -> the module that defines it, relative to this
+# package ("." for a subpackage of that name); "modules.Name" is exported by `modules` only
+# (TE has no such top-level name). `__all__` follows from it here; `make codegen`
+# writes from it `_exports.py` (the names as imports, for type checkers) and
+# `modules/__init__.py`. Add a public name here, then run `make codegen`.
 _EXPORTS = {
     "DType": ".constants",
     "DelayedScalingRequest": ".quantization.recipes",
-    "DotProductAttention": ".modules",
+    "DotProductAttention": ".modules.attention",
     "Float8BlockQuantizer": ".quantization.float8_block",
     "Float8BlockwiseQTensor": ".quantization.float8_block",
     "Float8BlockwiseQTensorStorage": ".quantization.float8_block",
@@ -112,16 +40,16 @@ _EXPORTS = {
     "Float8Quantizer": ".quantization.float8",
     "Float8Tensor": ".quantization.float8",
     "Float8TensorStorage": ".quantization.float8",
-    "Fp8Padding": ".modules",
-    "Fp8Unpadding": ".modules",
-    "GroupedLinear": ".modules",
+    "Fp8Padding": ".modules.moe",
+    "Fp8Unpadding": ".modules.moe",
+    "GroupedLinear": ".modules.grouped_linear",
     "IdentityQuantizer": ".quantization.recipes",
-    "InferenceParams": ".modules",
-    "LayerNorm": ".modules",
-    "LayerNormLinear": ".modules",
-    "LayerNormMLP": ".modules",
-    "Linear": ".modules",
-    "MultiheadAttention": ".modules",
+    "InferenceParams": ".modules.inference",
+    "LayerNorm": ".modules.layernorm",
+    "LayerNormLinear": ".modules.layernorm_linear",
+    "LayerNormMLP": ".modules.layernorm_mlp",
+    "Linear": ".modules.linear",
+    "MultiheadAttention": ".modules.multi_head_attention",
     "MXFP8Quantizer": ".quantization.mxfp8",
     "MXFP8Tensor": ".quantization.mxfp8",
     "MXFP8TensorStorage": ".quantization.mxfp8",
@@ -132,100 +60,48 @@ _EXPORTS = {
     "Quantizer": ".quantization.quantizer",
     "QuantizerRequest": ".quantization.recipes",
     "QuantizerRole": ".quantization.recipes",
-    "RMSNorm": ".modules",
-    "RotaryPositionEmbedding": ".modules",
-    "TransformerLayer": ".modules",
-    "apply_rotary_pos_emb": ".modules",
-    "autocast": ".modules",
-    "checkpoint": ".modules",
-    "fp8_autocast": ".modules",
-    "fp8_model_init": ".modules",
+    "RMSNorm": ".modules.layernorm",
+    "RotaryPositionEmbedding": ".modules.rope",
+    "TransformerLayer": ".modules.transformer",
+    "apply_rotary_pos_emb": ".modules.rope",
+    "autocast": ".modules.autocast",
+    "checkpoint": ".modules.autocast",
+    "custom_recipes": ".",
+    "fp8_autocast": ".modules.autocast",
+    "fp8_model_init": ".modules.autocast",
     "get_default_recipe": ".quantization.availability",
     "get_device_compute_capability": ".quantization.availability",
     "inductor_backend": ".runtime.lowering",
     "make_graphed_callables": ".graph",
+    "modules.L2Normalization": ".modules.l2normalization",
     "is_bf16_available": ".quantization.availability",
     "is_fp8_available": ".quantization.availability",
     "is_fp8_block_scaling_available": ".quantization.availability",
     "is_mxfp8_available": ".quantization.availability",
     "is_nvfp4_available": ".quantization.availability",
-    "moe_permute": ".modules",
-    "moe_permute_and_pad_with_probs": ".modules",
-    "moe_permute_with_probs": ".modules",
-    "moe_sort_chunks_by_index": ".modules",
-    "moe_sort_chunks_by_index_with_probs": ".modules",
-    "moe_unpermute": ".modules",
-    "quantized_model_init": ".modules",
+    "moe_permute": ".modules.moe",
+    "moe_permute_and_pad_with_probs": ".modules.moe",
+    "moe_permute_with_probs": ".modules.moe",
+    "moe_sort_chunks_by_index": ".modules.moe",
+    "moe_sort_chunks_by_index_with_probs": ".modules.moe",
+    "moe_unpermute": ".modules.moe",
+    "quantized_model_init": ".modules.autocast",
+    "recipe": ".",
 }
 
-__all__ = [
-    "DType",
-    "DelayedScalingRequest",
-    "DotProductAttention",
-    "Float8BlockQuantizer",
-    "Float8BlockwiseQTensor",
-    "Float8BlockwiseQTensorStorage",
-    "Float8CurrentScalingQuantizer",
-    "Float8Quantizer",
-    "Float8Tensor",
-    "Float8TensorStorage",
-    "Fp8Padding",
-    "Fp8Unpadding",
-    "GroupedLinear",
-    "IdentityQuantizer",
-    "InferenceParams",
-    "LayerNorm",
-    "LayerNormLinear",
-    "LayerNormMLP",
-    "Linear",
-    "MultiheadAttention",
-    "MXFP8Quantizer",
-    "MXFP8Tensor",
-    "MXFP8TensorStorage",
-    "NVFP4Quantizer",
-    "NVFP4Tensor",
-    "NVFP4TensorStorage",
-    "QuantizedTensor",
-    "Quantizer",
-    "QuantizerRequest",
-    "QuantizerRole",
-    "RMSNorm",
-    "RotaryPositionEmbedding",
-    "TransformerLayer",
-    "apply_rotary_pos_emb",
-    "autocast",
-    "checkpoint",
-    "custom_recipes",
-    "fp8_autocast",
-    "fp8_model_init",
-    "get_default_recipe",
-    "get_device_compute_capability",
-    "inductor_backend",
-    "is_bf16_available",
-    "is_fp8_available",
-    "is_fp8_block_scaling_available",
-    "is_mxfp8_available",
-    "is_nvfp4_available",
-    "make_graphed_callables",
-    "moe_permute",
-    "moe_permute_and_pad_with_probs",
-    "moe_permute_with_probs",
-    "moe_sort_chunks_by_index",
-    "moe_sort_chunks_by_index_with_probs",
-    "moe_unpermute",
-    "quantized_model_init",
-    "recipe",
-]
+__all__ = sorted(name for name in _EXPORTS if "." not in name)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("recipe", "custom_recipes"):
-        return importlib.import_module(f".{name}", __name__)
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None or "." in name:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module == ".":  # a subpackage: `from . import recipe`
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:

@@ -31,6 +31,13 @@ CORPUS = "tests/codegen/corpus"
 OUTPUT_DIR = "transformer_engine_ops/generated"
 # Every configured op module lives here (and may import another: the folder is copied).
 OPS_DIR = "transformer_engine_ops/ops"
+# The export list (`exports.source`) and the files the generator writes from it.
+EXPORTS_SOURCE = "transformer_engine_ops/__init__.py"
+EXPORT_FILES = (
+    EXPORTS_SOURCE,
+    "transformer_engine_ops/_exports.py",
+    "transformer_engine_ops/modules/__init__.py",
+)
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,10 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def copy_essentials(dst: Path, extra: tuple[str, ...] = ()) -> Path:
-    """Copy pyproject.toml, the op modules, generated/ and ``extra`` paths."""
+    """Copy pyproject.toml, the op modules, generated/, the export files and ``extra``."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     dst.mkdir(parents=True, exist_ok=True)
-    for rel in ("pyproject.toml", OPS_DIR, OUTPUT_DIR, *extra):
+    for rel in ("pyproject.toml", OPS_DIR, OUTPUT_DIR, *EXPORT_FILES, *extra):
         src, target = REPO_ROOT / rel, dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():

@@ -804,7 +804,11 @@ def test_try_import_wins_over_its_except_fallback_and_kw_only_is_no_field(
     (tmp_path / package).mkdir()
     (tmp_path / source).write_text(_accepted_source("accepted_forms"), encoding="utf-8")
     config = dataclasses.replace(
-        repo_config, root=tmp_path, sources=(source,), output_dir=f"{package}/generated"
+        repo_config,
+        root=tmp_path,
+        sources=(source,),
+        output_dir=f"{package}/generated",
+        exports=None,
     )
     import torch  # only here: the rest of this file never needs it
 

@@ -326,7 +326,11 @@ def test_literal_strings_and_shadowing_names_generate_inert_working_code(
         _HOSTILE_SOURCE.format(choices=spelling, name=f"hostile_{case}"), encoding="utf-8"
     )
     config = dataclasses.replace(
-        repo_config, root=tmp_path, sources=(source,), output_dir=f"{package}/generated"
+        repo_config,
+        root=tmp_path,
+        sources=(source,),
+        output_dir=f"{package}/generated",
+        exports=None,
     )
     files = generate(config, [source]).files
     for rel, text in files.items():
