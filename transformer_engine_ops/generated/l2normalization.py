@@ -187,6 +187,47 @@ l2normalization_bwd = _r.define_op(
 )
 
 
+# The backward fields copied from the same-named fields of `L2NormalizationFwdArgs` (same type);
+# `l2normalization_setup_context` returns the others, SETUP_CONTEXT_FIELDS.
+COPIED_FIELDS = ("inp", "eps")
+SETUP_CONTEXT_FIELDS = frozenset({"rsqrt_norm", "requires_dgrad"})
+
+
+def _backward_args(
+    args: L2NormalizationFwdArgs, outputs: tuple[Any, ...], saved: Any
+) -> L2NormalizationBwdArgs:
+    """The backward bundle of one forward call: the copied forward fields, an empty
+    gradient receiver and what `l2normalization_setup_context` returns (checked)."""
+    made = l2normalization_setup_context(args, outputs, saved)
+    _r.check_setup_context(
+        made,
+        SETUP_CONTEXT_FIELDS,
+        COPIED_FIELDS,
+        "L2NormalizationBwdArgs",
+        "l2normalization_setup_context",
+    )
+    return L2NormalizationBwdArgs(
+        grad_outputs=[],
+        inp=args.inp,
+        eps=args.eps,
+        **made,
+    )
+
+
+def _backward_bundle(
+    kept: L2NormalizationBwdArgs, values: tuple[Any, ...], grads: Any
+) -> L2NormalizationBwdArgs:
+    """A new backward bundle for one backward call: `kept` (`_backward_args`'s bundle,
+    its tensors saved apart as `values`) with the outputs' gradients `grads`."""
+    return L2NormalizationBwdArgs(
+        grad_outputs=list(grads),
+        inp=values[0],
+        rsqrt_norm=values[1],
+        eps=kept.eps,
+        requires_dgrad=kept.requires_dgrad,
+    )
+
+
 class _OpNode(torch.autograd.Function):
     """The autograd node of one `teops::l2normalization_fwd` call that records gradients. With real
     tensors on a plain backend it runs the impls directly and keeps the backward bundle;
@@ -205,7 +246,7 @@ class _OpNode(torch.autograd.Function):
                 l2normalization_fwd, FORWARD_OP, below, slots
             )
             args = unflatten_l2_normalization_fwd_args(*slots)
-        kept = l2normalization_setup_context(args, tuple(outputs), tuple(saved))
+        kept = _backward_args(args, tuple(outputs), tuple(saved))
         _r.save_for_backward(ctx, kept.inp, kept.rsqrt_norm)
         kept.inp = None
         kept.rsqrt_norm = None
@@ -219,15 +260,8 @@ class _OpNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *flat_grads: Any) -> tuple[Any, ...]:
         values = _r.load_saved(ctx)
-        kept = ctx.kept
         grads = _r.output_grads(ctx.output_grad_slots, flat_grads)
-        args = L2NormalizationBwdArgs(
-            grad_outputs=list(grads),
-            inp=values[0],
-            rsqrt_norm=values[1],
-            eps=kept.eps,
-            requires_dgrad=kept.requires_dgrad,
-        )
+        args = _backward_bundle(ctx.kept, values, grads)
         if ctx.direct:
             field_grads = l2normalization_backward(args)
         else:
@@ -270,7 +304,7 @@ class _EagerNode(torch.autograd.Function):
         ctx: Any, args: L2NormalizationFwdArgs, made: list[Any], *inputs: Any
     ) -> tuple[Any, ...]:
         outputs, saved = l2normalization_forward(args)
-        kept = l2normalization_setup_context(args, tuple(outputs), saved)
+        kept = _backward_args(args, tuple(outputs), saved)
         _r.save_for_backward(ctx, kept.inp, kept.rsqrt_norm)
         kept.inp = None
         kept.rsqrt_norm = None
@@ -280,16 +314,8 @@ class _EagerNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        values = _r.load_saved(ctx)
-        kept = ctx.kept
         field_grads = l2normalization_backward(
-            L2NormalizationBwdArgs(
-                grad_outputs=list(grads),
-                inp=values[0],
-                rsqrt_norm=values[1],
-                eps=kept.eps,
-                requires_dgrad=kept.requires_dgrad,
-            )
+            _backward_bundle(ctx.kept, _r.load_saved(ctx), grads)
         )
         return _r.input_grads(ctx, field_grads, (None,), 2)
 

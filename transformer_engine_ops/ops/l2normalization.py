@@ -119,14 +119,8 @@ def l2normalization_forward_spec(
 
 def l2normalization_setup_context(
     args: L2NormalizationFwdArgs, outputs: tuple[Any, ...], saved: tuple[Any, ...]
-) -> L2NormalizationBwdArgs:
-    return L2NormalizationBwdArgs(
-        grad_outputs=[],
-        inp=args.inp,
-        rsqrt_norm=saved[0],
-        eps=args.eps,
-        requires_dgrad=_saves(args),
-    )
+) -> dict[str, Any]:
+    return dict(rsqrt_norm=saved[0], requires_dgrad=_saves(args))
 
 
 def l2normalization_backward(args: L2NormalizationBwdArgs) -> tuple[torch.Tensor | None]:
