@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "custom_recipes.*",
         ),
     ),
-    ("package", ("",)),
+    ("package", ("", "_exports")),
 )
 
 

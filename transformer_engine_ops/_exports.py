@@ -7,15 +7,6 @@ from . import (
     custom_recipes,
     recipe,
 )
-from .availability import (
-    get_default_recipe,
-    get_device_compute_capability,
-    is_bf16_available,
-    is_fp8_available,
-    is_fp8_block_scaling_available,
-    is_mxfp8_available,
-    is_nvfp4_available,
-)
 from .constants import DType
 from .graph import make_graphed_callables
 from .modules.attention import DotProductAttention
@@ -51,6 +42,15 @@ from .modules.rope import (
     apply_rotary_pos_emb,
 )
 from .modules.transformer import TransformerLayer
+from .quantization.availability import (
+    get_default_recipe,
+    get_device_compute_capability,
+    is_bf16_available,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_mxfp8_available,
+    is_nvfp4_available,
+)
 from .quantization.float8 import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -72,6 +72,10 @@ from .quantization.nvfp4 import (
     NVFP4Tensor,
     NVFP4TensorStorage,
 )
+from .quantization.quantizer import (
+    QuantizedTensor,
+    Quantizer,
+)
 from .quantization.recipes import (
     DelayedScalingRequest,
     IdentityQuantizer,
@@ -79,10 +83,6 @@ from .quantization.recipes import (
     QuantizerRole,
 )
 from .runtime.lowering import inductor_backend
-from .runtime.quantizer import (
-    QuantizedTensor,
-    Quantizer,
-)
 
 __all__ = [
     "DType",
