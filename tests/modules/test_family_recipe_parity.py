@@ -103,9 +103,21 @@ def test_grouped_linear_passes_the_recipes_gemm_settings(split, monkeypatch):
         with te.autocast(recipe=_recipe_with_gemms(split)):
             module(x, [64, 64])
 
-    args = _captured(grouped_linear, monkeypatch, call)
     mm = te.recipe.MMParams(use_split_accumulator=split)
-    assert args.fprop_gemm == args.dgrad_gemm == args.wgrad_gemm == mm
+    # The loop over GEMMs (grouped_linear) takes all three settings; the grouped-GEMM op,
+    # which serves a stateless recipe where it can, takes fprop's and dgrad's.
+    seen = []
+
+    def record(keep: Any = None, **fields: Any) -> tuple[int]:
+        seen.append(types.SimpleNamespace(**fields))
+        return (0,)
+
+    monkeypatch.setattr(grouped_linear, "call_grouped_gemm", record)
+    monkeypatch.setattr(grouped_linear, "call_grouped_linear", record)
+    call()
+    args = seen[0]
+    assert args.fprop_gemm == args.dgrad_gemm == mm
+    assert getattr(args, "wgrad_gemm", mm) == mm
 
 
 # --- backward_override ---------------------------------------------------------------
