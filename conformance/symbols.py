@@ -68,6 +68,9 @@ MODULES: dict[str, str] = {
     "transformer_engine.pytorch.custom_recipes.quantizer_factories": (
         f"{PACKAGE}.custom_recipes.quantizer_factories"
     ),
+    # TE's MoE helpers and fused router, kept under TE's module names.
+    "transformer_engine.pytorch.permutation": f"{PACKAGE}.permutation",
+    "transformer_engine.pytorch.router": f"{PACKAGE}.router",
 }
 
 # TE object -> (this package's module, attribute).
