@@ -31,7 +31,7 @@ from transformer_engine_ops.runtime.values import GemmConfig
 
 # Field kinds (ints: a cheap per-call dispatch).
 TENSOR, TENSOR_OR_QUANTIZED, TENSOR_LIST, SIZE, SCALAR, ENUM, LITERAL = range(7)
-PROCESS_GROUP, OPAQUE, UNSUPPORTED = range(7, 10)
+PROCESS_GROUP, OPAQUE, OPAQUE_LIST, UNSUPPORTED = range(7, 11)
 
 _META_TYPE = "str"
 _SCALAR_TYPES: dict[Any, tuple[Any, str]] = {
@@ -93,6 +93,11 @@ def _entry(owner: str, name: str, annot: Any) -> Entry:
     if inner in _SCALAR_TYPES:
         expected, schema = _SCALAR_TYPES[inner]
         return Entry(name, SCALAR, optional, expected, where, ((name, f"{schema}{q}"),))
+    if get_origin(inner) is list:
+        element, _ = _strip_optional(get_args(inner)[0])
+        if isinstance(element, type) and issubclass(element, _OPAQUE_TYPES):
+            slots = ((name, f"str?[]{q}"),)
+            return Entry(name, OPAQUE_LIST, optional, element, where, slots)
     if isinstance(inner, type) and issubclass(inner, _OPAQUE_TYPES):
         return Entry(
             name,
@@ -127,6 +132,10 @@ class Plan:
             if kind == OPAQUE:
                 slots[e.name] = (
                     None if value is None and e.optional else _b.code(value, e.data, e.where)
+                )
+            elif kind == OPAQUE_LIST:
+                slots[e.name] = (
+                    None if value is None and e.optional else _b.code_list(value, e.data, e.where)
                 )
             elif kind == SCALAR or kind == TENSOR:
                 expected = e.data
@@ -168,6 +177,8 @@ class Plan:
                 value = slots[e.name]
             elif kind == OPAQUE:
                 value = _b.optional_decode(slots[e.name])
+            elif kind == OPAQUE_LIST:
+                value = _b.decode_list(slots[e.name])
             elif kind == TENSOR_OR_QUANTIZED:
                 (t, _), (i, _), (m, _) = e.slots
                 value = _b.unpack_tensor_or_quantized(slots[t], slots[i], slots[m])
