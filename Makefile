@@ -42,10 +42,10 @@ format: $(STAMP)
 # pytest's exit code 5 ("no tests ran") must fail, never pass silently. The tests run in
 # parallel workers, one a core (pytest-xdist; PYTEST_WORKERS=0 runs them in this process):
 # each worker compiles into its own Inductor cache (tests/conftest.py) and a distributed
-# test picks free ports.
+# test picks free ports. The 25 slowest tests are listed at the end.
 PYTEST_WORKERS ?= auto
 test: check-codegen lint
-	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal; rc=$$?; \
+	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 demo: $(STAMP)
