@@ -380,7 +380,7 @@ def test_the_recorded_op_fakes_the_reference_buffers(dim, usage):
 def test_module_imports_without_triton_and_the_quantizer_keeps_working():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from transformer_engine_ops.quantization import block_kernels as b\n"
+        "from transformer_engine_ops.kernels import block_kernels as b\n"
         "from transformer_engine_ops.quantization import Float8BlockQuantizer as Q\n"
         "assert not b.available(), 'available without triton'\n"
         "print(b.unavailable_reason())\n"

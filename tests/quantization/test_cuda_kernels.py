@@ -250,7 +250,7 @@ def test_cpu_tensors_never_take_the_fused_path():
 def test_module_imports_and_reports_why_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from transformer_engine_ops.quantization import cuda_kernels as c\n"
+        "from transformer_engine_ops.kernels import cuda_kernels as c\n"
         "from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer as Q\n"
         "assert not c.available(), 'available without triton'\n"
         "print(c.unavailable_reason())\n"

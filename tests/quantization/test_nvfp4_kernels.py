@@ -323,7 +323,7 @@ def test_cpu_and_empty_and_traced_tensors_never_take_the_kernels():
 def test_module_imports_and_reports_why_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from transformer_engine_ops.quantization import nvfp4_kernels as k\n"
+        "from transformer_engine_ops.kernels import nvfp4_kernels as k\n"
         "from transformer_engine_ops.quantization import NVFP4Quantizer as Q\n"
         "assert not k.available(), 'available without triton'\n"
         "print(k.unavailable_reason())\n"
