@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -169,6 +170,9 @@ def run(name: str, recipe: Any) -> dict[str, Any]:
 def main() -> int:
     from exactness import BASIS, BASIS_NOTE, host_line
 
+    # A CPU demo (its inputs are CPU tensors): modules built without a device stay on the
+    # CPU of a CUDA machine too (device=None is TE's CUDA default where CUDA is available).
+    os.environ["TEOPS_DEFAULT_DEVICE"] = "cpu"
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     logging.getLogger("torch._inductor.codecache").setLevel(logging.ERROR)
     print(
