@@ -157,6 +157,50 @@ def host_seconds(fn: Callable[[], Any], rounds: int = 7) -> dict[str, Any]:
     return stats(samples)
 
 
+def kernel_group(name: str) -> str:
+    """The kind of a CUDA kernel, from its name: what a step's GPU time is spent on."""
+    low = name.lower()
+    if any(k in low for k in ("gemm", "sm90", "cutlass", "nvjet", "xmma", "cublas")):
+        return "gemm"
+    if any(k in low for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if "_amax" in low:
+        return "fp8 amax"
+    if "_cast_transpose" in low:
+        return "fp8 cast+transpose"
+    if low.startswith("triton_"):
+        return "inductor fused"
+    return "other"
+
+
+def kernel_profile(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
+    """``fn``'s kernels per call on a CUDA device (``torch.profiler``): how many it
+    launches, the GPU's busy time (the union of the kernels' intervals, so concurrent
+    kernels count once) and the kernel time by :func:`kernel_group`, per call."""
+    spans: list[tuple[float, float]] = []
+    groups: dict[str, float] = {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    for evt in prof.events():
+        # "## Call CompiledFxGraph ##" and other user annotations span many kernels.
+        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.name.startswith("## "):
+            spans.append((evt.time_range.start, evt.time_range.end))
+            kind = kernel_group(evt.name)
+            groups[kind] = groups.get(kind, 0.0) + evt.device_time / steps / 1e3
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return {
+        "kernels_per_step": len(spans) / steps,
+        "gpu_busy_ms_per_step": busy / steps / 1e3,
+        "kernel_ms_by_group": {k: round(v, 3) for k, v in sorted(groups.items())},
+    }
+
+
 def timed_subprocess(argv: list[str], env: dict[str, str] | None = None) -> str:
     """Run a child process to completion (check=True) and return its stdout."""
     proc = subprocess.run(

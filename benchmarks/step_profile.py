@@ -27,20 +27,10 @@ from typing import Any
 
 import torch
 
+from .common import kernel_group
 from .gpu import RECIPES, _build
 
 STEPS = 5
-
-
-def _group(name: str) -> str:
-    low = name.lower()
-    if "gemm" in low or "sm90" in low or "cutlass" in low or "nvjet" in low or "xmma" in low:
-        return "gemm"
-    if "_amax" in low:
-        return "fp8 amax"
-    if "_cast_transpose" in low:
-        return "fp8 cast+transpose"
-    return "other"
 
 
 def _warm_step(rows: int, hidden: int, recipe: str, mode: str) -> tuple[Any, dict[str, Any]]:
@@ -88,7 +78,7 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
             reach = end
     groups: dict[str, float] = defaultdict(float)
     for name, us in by_name.items():
-        groups[_group(name)] += us
+        groups[kernel_group(name)] += us
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:25]
     # aten ops by the GPU time of the kernels they launched, with their input shapes
     ops = [

@@ -36,7 +36,15 @@ from torch import nn
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import Float8CurrentScaling
 
-from .common import interleaved, machine_info, progress, ratio_stats, stats
+from .common import (
+    host_seconds,
+    interleaved,
+    kernel_profile,
+    machine_info,
+    progress,
+    ratio_stats,
+    stats,
+)
 
 LLAMA_8B = dict(hidden=4096, ffn=14336, heads=32, groups=8, seq=4096, batch=1)
 QUICK = dict(hidden=256, ffn=512, heads=8, groups=2, seq=128, batch=1)
@@ -188,10 +196,16 @@ def _train(cfg: dict[str, int], device: Any, rounds: int, min_run_time: float) -
         for _ in range(3):
             fn()
     times = interleaved(contenders, rounds, min_run_time, label="train step")
+    profile = {}
+    if torch.device(device).type == "cuda":  # launches, GPU busy time and host time a step
+        for name, fn in contenders.items():
+            host = host_seconds(fn)["median"]
+            profile[name] = {**kernel_profile(fn), "host_ms_per_step": 1e3 * host}
     return {
         "config": cfg,
         "check_max_abs_diff": difference,
         "seconds": {name: stats(samples) for name, samples in times.items()},
+        "profile": profile,
         "ours_bf16_over_plain": ratio_stats(times["ours_bf16"], times["plain_bf16"]),
         "plain_over_ours_fp8": ratio_stats(times["plain_bf16"], times["ours_fp8_current"]),
     }
@@ -312,6 +326,12 @@ def _print(results: dict[str, Any]) -> None:
             print(f"  {name:<18} {1e3 * s['median']:9.2f}")
         print(f"  ours bf16 / plain bf16: {train['ours_bf16_over_plain']['median']:.3f}x")
         print(f"  plain bf16 / ours FP8:  {train['plain_over_ours_fp8']['median']:.3f}x")
+        for name, p in train.get("profile", {}).items():
+            print(
+                f"  {name:<18} {p['kernels_per_step']:6.0f} kernels, GPU busy "
+                f"{p['gpu_busy_ms_per_step']:7.2f} ms, host {p['host_ms_per_step']:6.2f} ms; "
+                + ", ".join(f"{k} {v:.2f}" for k, v in p["kernel_ms_by_group"].items())
+            )
     decode = results.get("decode", {})
     if "tokens_per_second" in decode:
         print("\ndecode under CUDA graphs, tokens/s (median):")
