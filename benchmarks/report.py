@@ -159,6 +159,14 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
             from . import moe
 
             rows += moe.report_targets(gpu["gpu"]["moe"])
+        if "torchao" in gpu["gpu"]:
+            from . import torchao_compare
+
+            rows += torchao_compare.report_targets(gpu["gpu"]["torchao"])
+        if "transformer_layer" in gpu["gpu"]:
+            from . import transformer_layer
+
+            rows += transformer_layer.report_targets(gpu["gpu"]["transformer_layer"])
     elif gpu:
         rows += _gpu_targets_v1(gpu["gpu"])
     else:
@@ -956,6 +964,14 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
         from . import moe
 
         out += moe.report_lines(g["moe"])
+    if "torchao" in g:
+        from . import torchao_compare
+
+        out += torchao_compare.report_lines(g["torchao"])
+    if "transformer_layer" in g:
+        from . import transformer_layer
+
+        out += transformer_layer.report_lines(g["transformer_layer"])
     if "gpu_analysis" in NOTES:
         out += ["### Where the H200 time goes", "", NOTES["gpu_analysis"], ""]
     return out

@@ -26,7 +26,15 @@ import torch
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import Float8BlockScaling, Float8CurrentScaling
 
-from .common import host_seconds, interleaved, machine_info, progress, ratio_stats, stats
+from .common import (
+    host_seconds,
+    interleaved,
+    kernel_profile,
+    machine_info,
+    progress,
+    ratio_stats,
+    stats,
+)
 from .transformer_layer import LLAMA_8B, QUICK, PlainBlock, _ours
 
 
@@ -91,6 +99,8 @@ def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
         # Host time of one step (the device kept busy): near the step's time, a contender
         # is bound by the host and its figure follows the host's speed.
         "host_seconds": {name: host_seconds(fn) for name, fn in contenders.items()},
+        # Kernels launched, GPU busy time and kernel time by kind, per step.
+        "profile": {name: kernel_profile(fn) for name, fn in contenders.items()},
         "ours_current_over_torchao_tensorwise": ratio_stats(
             times["ours_fp8_current"], times["torchao_tensorwise"]
         ),
@@ -98,6 +108,86 @@ def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
             times["ours_fp8_block"], times["torchao_rowwise"]
         ),
     }
+
+
+# Issue-level goals of the Llama-sized layer's train step: (label, faster, slower, goal);
+# the speed-up is slower's median step over faster's.
+GOALS = (
+    ("ours FP8 current scaling vs plain bf16", "ours_fp8_current", "plain_bf16", 1.5),
+    (
+        "ours FP8 current scaling vs torchao tensorwise",
+        "ours_fp8_current",
+        "torchao_tensorwise",
+        1.1,
+    ),
+    ("ours FP8 block scaling vs plain bf16", "ours_fp8_block", "plain_bf16", 1.25),
+    ("ours FP8 block scaling vs torchao rowwise", "ours_fp8_block", "torchao_rowwise", 1.15),
+    ("ours bf16 vs plain bf16", "ours_bf16", "plain_bf16", 1.0),
+)
+
+
+def speedups(part: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """``(label, speed-up, goal)`` for each goal the part measured."""
+    seconds = part.get("seconds", {})
+    return [
+        (label, seconds[slow]["median"] / seconds[fast]["median"], goal)
+        for label, fast, slow, goal in GOALS
+        if fast in seconds and slow in seconds
+    ]
+
+
+def report_targets(part: dict[str, Any] | None) -> list[list[str]]:
+    """Target rows: each speed-up of the layer's train step against its goal."""
+    if not part or "seconds" not in part:
+        why = (part or {}).get("skipped") or (part or {}).get("error") or "not measured"
+        return [
+            ["Llama-sized layer train step", "see docs/transformer.md", why[:160], "**missed**"]
+        ]
+    return [
+        [
+            f"layer train step: {label}",
+            f">= {goal}x",
+            f"{x:.2f}x",
+            "met" if x >= goal else "**missed**",
+        ]
+        for label, x, goal in speedups(part)
+    ]
+
+
+def report_lines(part: dict[str, Any] | None) -> list[str]:
+    """The report's section: step time, host time and kernel profile of each contender."""
+    out = ["### Llama-sized layer train step: ours against torchao and plain PyTorch", ""]
+    if not part or "seconds" not in part:
+        return out + [f"Not measured: {(part or {}).get('skipped', 'no results')}.", ""]
+    cfg = part["config"]
+    out += [
+        f"Hidden {cfg['hidden']}, FFN {cfg['ffn']} (SwiGLU), {cfg['heads']} heads in "
+        f"{cfg['groups']} KV groups, RMSNorm, RoPE, causal, sequence {cfg['seq']}, batch "
+        f"{cfg['batch']}; forward + backward, every contender compiled fullgraph, medians of "
+        "interleaved rounds (benchmarks/torchao_compare.py). Host: one step's host time with "
+        "the GPU kept busy. Kernels and GPU busy time: torch.profiler over three steps.",
+        "",
+        "| contender | step (median) | host time | kernels a step | GPU busy | GPU time by kind (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in part["seconds"].items():
+        host = part.get("host_seconds", {}).get(name, {}).get("median")
+        prof = part.get("profile", {}).get(name)
+        kinds = (
+            ", ".join(f"{k} {v:.2f}" for k, v in prof["kernel_ms_by_group"].items())
+            if prof
+            else "-"
+        )
+        out.append(
+            f"| {name} | {1e3 * s['median']:.2f} ms | "
+            + (f"{1e3 * host:.2f} ms" if host is not None else "-")
+            + (
+                f" | {prof['kernels_per_step']:.0f} | {prof['gpu_busy_ms_per_step']:.2f} ms | {kinds} |"
+                if prof
+                else " | - | - | - |"
+            )
+        )
+    return out + [""]
 
 
 def run_if_installed() -> dict[str, Any]:
@@ -119,8 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in result["seconds"].items():
         host = result["host_seconds"][name]["median"]
         print(f"  {name:22s} {s['median'] * 1e3:8.2f} ms   host {host * 1e3:6.2f} ms")
-    for key in ("ours_current_over_torchao_tensorwise", "ours_block_over_torchao_rowwise"):
-        print(f"  {key}: {result[key]['median']:.3f}x")
+    for name, p in result["profile"].items():
+        print(
+            f"  {name:22s} {p['kernels_per_step']:6.0f} kernels, GPU busy "
+            f"{p['gpu_busy_ms_per_step']:7.2f} ms; "
+            + ", ".join(f"{k} {v:.2f}" for k, v in p["kernel_ms_by_group"].items())
+        )
+    for label, x, goal in speedups(result):
+        print(f"  {label}: {x:.3f}x (goal {goal}x)")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -318,6 +318,57 @@ def run(
     return results
 
 
+DECODE_GOAL = 1.0  # ours' tokens/s over the plain block's, under CUDA graphs
+
+
+def report_targets(part: dict[str, Any] | None) -> list[list[str]]:
+    """The decode target row: ours' tokens per second over the plain block's."""
+    decode = (part or {}).get("decode", {})
+    cfg = decode.get("config", {})
+    label = (
+        f"decode under CUDA graphs, batch {cfg.get('batch', '?')}, {cfg.get('cached', '?')} cached"
+    )
+    if "tokens_per_second" not in decode:
+        return [
+            [
+                label,
+                f">= {DECODE_GOAL}x plain",
+                decode.get("error", "not measured")[:160],
+                "**missed**",
+            ]
+        ]
+    tps = decode["tokens_per_second"]
+    x = tps["ours_decode"]["median"] / tps["plain_decode"]["median"]
+    return [
+        [
+            label,
+            f">= {DECODE_GOAL}x plain",
+            f"{x:.2f}x",
+            "met" if x >= DECODE_GOAL else "**missed**",
+        ]
+    ]
+
+
+def report_lines(part: dict[str, Any] | None) -> list[str]:
+    """The report's section: decode tokens per second, ours and the plain block."""
+    out = ["### Llama-sized layer decode (CUDA graphs)", ""]
+    decode = (part or {}).get("decode", {})
+    if "tokens_per_second" not in decode:
+        return out + [f"Not measured: {decode.get('error', 'no results')}.", ""]
+    cfg = decode["config"]
+    out += [
+        f"One new token per sequence, batch {cfg['batch']}, {cfg['cached']} cached positions, "
+        'compiled with mode="reduce-overhead" (benchmarks/transformer_layer.py).',
+        "",
+        "| contender | tokens/s (median) | step (median) |",
+        "|---|---|---|",
+    ]
+    for name, t in decode["tokens_per_second"].items():
+        step = decode["seconds"][name]["median"]
+        out.append(f"| {name} | {t['median']:.0f} | {1e3 * step:.3f} ms |")
+    return out + [""]
+
+
 def _print(results: dict[str, Any]) -> None:
     train = results.get("train_step", {})
     if "seconds" in train:

@@ -65,3 +65,62 @@ def test_the_torchao_part_is_recorded_as_skipped_with_its_reason(monkeypatch) ->
     assert list(result) == ["skipped"]
     assert "torchao is not importable" in result["skipped"]
     assert "ImportError" in result["skipped"]
+
+
+def _seconds(ms: float) -> dict:
+    return {"median": ms / 1e3, "q1": ms / 1e3, "q3": ms / 1e3}
+
+
+def test_layer_goal_rows_read_speed_ups_from_the_medians() -> None:
+    """Each goal row divides the slower contender's median step by the faster one's and
+    is met exactly when that reaches the goal; the section lists every contender."""
+    from benchmarks import torchao_compare
+
+    ms = dict(
+        plain_bf16=10.0,
+        torchao_tensorwise=8.0,
+        torchao_rowwise=10.0,
+        ours_bf16=10.5,
+        ours_fp8_current=6.0,
+        ours_fp8_block=8.5,
+    )
+    part = {
+        "config": {**CFG},
+        "seconds": {k: _seconds(v) for k, v in ms.items()},
+        "host_seconds": {k: _seconds(1.0) for k in ms},
+        "profile": {
+            k: {
+                "kernels_per_step": 100,
+                "gpu_busy_ms_per_step": v,
+                "kernel_ms_by_group": {"gemm": v},
+            }
+            for k, v in ms.items()
+        },
+    }
+    rows = {row[0]: row for row in torchao_compare.report_targets(part)}
+    current = rows["layer train step: ours FP8 current scaling vs plain bf16"]
+    assert current[2:] == ["1.67x", "met"]
+    assert rows["layer train step: ours FP8 current scaling vs torchao tensorwise"][2:] == [
+        "1.33x",
+        "met",
+    ]
+    assert rows["layer train step: ours FP8 block scaling vs plain bf16"][3] == "**missed**"
+    assert rows["layer train step: ours bf16 vs plain bf16"][2:] == ["0.95x", "**missed**"]
+    section = "\n".join(torchao_compare.report_lines(part))
+    assert all(f"| {name} |" in section for name in ms)
+    missing = torchao_compare.report_targets({"skipped": "torchao is not importable"})
+    assert missing[0][2:] == ["torchao is not importable", "**missed**"]
+
+
+def test_decode_goal_row() -> None:
+    decode = {
+        "config": {**CFG, "batch": 8, "cached": 4096},
+        "seconds": {"plain_decode": _seconds(0.25), "ours_decode": _seconds(0.5)},
+        "tokens_per_second": {
+            "plain_decode": {"median": 32000.0},
+            "ours_decode": {"median": 16000.0},
+        },
+    }
+    (row,) = bench.report_targets({"decode": decode})
+    assert row[2:] == ["0.50x", "**missed**"]
+    assert "| ours_decode | 16000 |" in "\n".join(bench.report_lines({"decode": decode}))
