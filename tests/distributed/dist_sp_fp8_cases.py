@@ -30,7 +30,7 @@ from torch._dynamo.utils import counters
 
 import transformer_engine_ops as te
 from transformer_engine_ops.modules.autocast import autocast
-from transformer_engine_ops.ops import linear as linear_op
+from transformer_engine_ops.ops import tensor_parallel
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -263,18 +263,18 @@ def _gather_options_agree(w: World, mode: str, recipe: str) -> dict[str, Any]:
 
 def _bytes(w: World, mode: str, recipe: str) -> dict[str, Any]:
     """Bytes each rank sends per all-gather (eager and compiled alike call the op's
-    kernel, which calls ``linear._all_gather_tensor``): quantized vs high-precision
+    kernel, which calls ``tensor_parallel._all_gather_tensor``): quantized vs high-precision
     gather of the same recipe, and bf16."""
     layer, t = _distributed(w, mode)
     x, dy = _inputs(w, mode, t)
-    original = linear_op._all_gather_tensor
+    original = tensor_parallel._all_gather_tensor
     sent: list[tuple[str, int]] = []
 
     def counting(out: torch.Tensor, inp: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         sent.append((str(inp.dtype).removeprefix("torch."), inp.numel() * inp.element_size()))
         return original(out, inp, *args, **kwargs)
 
-    linear_op._all_gather_tensor = counting
+    tensor_parallel._all_gather_tensor = counting
     try:
         moved = {}
         for name in ("bf16", recipe, f"{recipe}_hp_gather"):
@@ -282,7 +282,7 @@ def _bytes(w: World, mode: str, recipe: str) -> dict[str, Any]:
             _step(layer, x, dy, name)
             moved[name] = list(sent)
     finally:
-        linear_op._all_gather_tensor = original
+        tensor_parallel._all_gather_tensor = original
     rows = SEQ // w.size * BATCH  # local rows of the gathered tensor
     k = IN if mode == "column" else OUT
     elems = rows * k

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from transformer_engine_ops.ops.linear import gathers_quantized
+from transformer_engine_ops.ops.tensor_parallel import gathers_quantized
 from transformer_engine_ops.quantization import (
     Float8BlockScaling,
     Float8CurrentScaling,

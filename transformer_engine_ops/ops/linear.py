@@ -18,16 +18,14 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine_ops.ops import _wgrad
-from transformer_engine_ops.quantization.encoding import matrix_dims
+from transformer_engine_ops.ops import tensor_parallel as tp
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
-from transformer_engine_ops.quantization.float8_block import Float8BlockQuantizer
 from transformer_engine_ops.quantization.gemm import (
     _scaled_mm_operands,
     gemm,
     plain_product,
 )
-from transformer_engine_ops.quantization.mxfp8 import MXFP8_BLOCK, MXFP8Quantizer
-from transformer_engine_ops.quantization.nvfp4 import NVFP4_BLOCK, NVFP4Quantizer
+from transformer_engine_ops.quantization.nvfp4 import NVFP4Quantizer
 from transformer_engine_ops.quantization.quantizer import QuantizedData, Quantizer
 from transformer_engine_ops.quantization.stochastic import quantize_gradient
 from transformer_engine_ops.runtime import comm_overlap
@@ -222,47 +220,23 @@ class _BackwardPlan(NamedTuple):
     reduce_dgrad: str | None  # column parallel: "all_reduce", or "reduce_scatter" (+ SP)
 
 
-# --- tensor and sequence parallelism ------------------------------------------------
-# Activations are (seq, batch, ..., hidden) or (tokens, hidden): dim 0 is the sequence
-# dim that sequence parallelism shards. Collectives run inside the real kernels on the
-# group resolved from ``tp_group``; the spec fakes only see the shapes they produce.
-
-
-def _tp_active(args: LinearFwdArgs | LinearBwdArgs) -> bool:
-    """Whether this call communicates: a parallel mode on more than one rank."""
-    if args.parallel_mode is None or args.tp_size == 1:
-        return False
-    if args.tp_size < 1:
-        raise ValueError(f"{type(args).__name__}.tp_size: must be >= 1, got {args.tp_size}")
-    if args.tp_group is None:
-        raise ValueError(
-            f"{type(args).__name__}: parallel_mode={args.parallel_mode!r} with "
-            f"tp_size={args.tp_size} needs a tp_group, got None"
-        )
-    return True
-
-
-def _check_dim0(shape: Any, tp_size: int, what: str) -> None:
-    if len(shape) < 2 or shape[0] % tp_size != 0:
-        raise ValueError(
-            f"Linear: sequence parallelism splits dim 0 of {what} over tp_size={tp_size} "
-            f"ranks, but its shape is {tuple(shape)} (dim 0 must be divisible by tp_size)"
-        )
+# --- tensor and sequence parallelism: the plan of a Linear call ----------------------
+# The collectives themselves are in ops/tensor_parallel.py.
 
 
 def _parallel_forward(args: LinearFwdArgs) -> tuple[bool, str | None]:
-    if not _tp_active(args):
+    if not tp.tp_active(args):
         return False, None
     sp = args.sequence_parallel
     if args.parallel_mode == "column":
         return sp, None
     if sp:
-        _check_dim0(args.inp.shape, args.tp_size, "the row-parallel input")
+        tp.check_dim0(args.inp.shape, args.tp_size, "the row-parallel input")
     return False, "reduce_scatter" if sp else "all_reduce"
 
 
 def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
-    if not _tp_active(args):
+    if not tp.tp_active(args):
         return _BackwardPlan(False, False, False, None)
     sp = args.sequence_parallel
     if args.parallel_mode == "row":
@@ -271,7 +245,7 @@ def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
         quantized = (
             sp
             and _backward_quantized(args)
-            and gathers_quantized(args.grad_output_quantizer, args.grad_outputs[0].shape)
+            and tp.gathers_quantized(args.grad_output_quantizer, args.grad_outputs[0].shape)
             and (args.requires_dgrad or args.requires_wgrad)
             and (not args.requires_wgrad or _wgrad_reads_quantized(args))
         )
@@ -280,7 +254,7 @@ def _backward_plan(args: LinearBwdArgs) -> _BackwardPlan:
     # before the gather: gathers_quantized), re-gathered here as TE does (memory: one
     # shard kept, not tp_size of them); a quantized input gathered in high precision
     # was quantized after the forward's all-gather and is kept full-length.
-    local = not _is_quantized(args.inputmat) or gathers_quantized(
+    local = not _is_quantized(args.inputmat) or tp.gathers_quantized(
         args.input_quantizer, args.inp_shape
     )
     regather = sp and args.requires_wgrad and local
@@ -303,102 +277,6 @@ def linear_output_shape(args: LinearFwdArgs) -> tuple[Any, ...]:
     return (*lead, args.weight.shape[0])
 
 
-def _group(args: LinearFwdArgs | LinearBwdArgs) -> Any:
-    group = args.tp_group
-    if group.size() != args.tp_size:
-        raise ValueError(
-            f"{type(args).__name__}: tp_size={args.tp_size} but the process group "
-            f"{group.group_name!r} has {group.size()} ranks"
-        )
-    return group
-
-
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _all_gather_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
-    """``x`` (rows, k) of every rank, concatenated in rank order along dim 0."""
-    x = x.contiguous()
-    out = torch.empty((x.shape[0] * args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather_tensor(out, x, group=_group(args))
-    return out
-
-
-def _all_reduce(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
-    x = x.contiguous()
-    dist.all_reduce(x, group=_group(args))
-    return x
-
-
-def _reduce_scatter_rows(x: torch.Tensor, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
-    """The sum over ranks of ``x`` (rows, k), keeping this rank's block of rows."""
-    x = x.contiguous()
-    out = torch.empty((x.shape[0] // args.tp_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _reduce_scatter_tensor(out, x, group=_group(args))
-    return out
-
-
-def gathers_quantized(quantizer: Optional[Quantizer], shard_shape: Any) -> bool:
-    """Whether a sequence-parallel all-gather of a shard of ``shard_shape`` that
-    ``quantizer`` quantizes moves quantized data, as TE gathers it (the recipe's
-    ``fp8_all_gather``, default True, chooses):
-
-    * FP8 current scaling: every rank quantizes its shard with the amax of the whole
-      tensor (TE's amax reduction over the TP group) and the codes are gathered;
-    * MXFP8 (1-D blocks): codes and E8M0 scales, when the shard's rows are a multiple
-      of 32, so no columnwise block straddles two shards (else high precision, as TE);
-    * FP8 block scaling with 1-D blocks: codes and fp32 scales, when the shard's rows
-      are a multiple of the block length (else, and for 2-D blocks, high precision);
-    * NVFP4: every rank quantizes its shard with the rowwise and columnwise amaxes of
-      the whole tensor (reduced over the TP group) and the packed codes and E4M3
-      scales are gathered, when the shard's rows and features are multiples of 16
-      (TE's ``is_quantizable``); row-scaled data (TE: not quantizable) and stochastic
-      rounding (its bits depend on an element's position in the whole tensor) gather
-      in high precision.
-
-    Either way the gathered value holds the bits of the whole tensor quantized at once.
-    Other formats gather in high precision and quantize the gathered tensor."""
-    if isinstance(quantizer, Float8CurrentScalingQuantizer):
-        return quantizer.fp8_all_gather
-    if isinstance(quantizer, MXFP8Quantizer):
-        m, k = matrix_dims(shard_shape)
-        return (
-            quantizer.fp8_all_gather
-            and not quantizer.with_2d_quantization
-            and m % MXFP8_BLOCK == 0
-            and k % MXFP8_BLOCK == 0
-        )
-    if isinstance(quantizer, Float8BlockQuantizer):
-        m, _ = matrix_dims(shard_shape)
-        return (
-            quantizer.fp8_all_gather
-            and quantizer.block_scaling_dim == 1
-            and m % quantizer.block_len == 0
-        )
-    if isinstance(quantizer, NVFP4Quantizer):
-        m, k = matrix_dims(shard_shape)
-        return (
-            quantizer.fp8_all_gather
-            and not quantizer.row_scaled_nvfp4
-            and not quantizer.stochastic_rounding
-            and m % NVFP4_BLOCK == 0
-            and k % NVFP4_BLOCK == 0
-        )
-    return False
-
-
-def _all_gather_quantized(
-    local: Any, args: LinearFwdArgs | LinearBwdArgs, rowwise: bool, columnwise: bool
-) -> Any:
-    """Every rank's ``local`` (a quantized shard; one scale on every rank where the
-    format has one per tensor), concatenated along dim 0 in rank order, holding the
-    usages asked for (the format's ``gathered_rows``)."""
-    return local.gathered_rows(
-        lambda t: _all_gather_rows(t, args), args.tp_size, rowwise=rowwise, columnwise=columnwise
-    )
-
-
 def _quantize_and_gather(
     x: torch.Tensor,
     quantizer: Quantizer,
@@ -411,41 +289,16 @@ def _quantize_and_gather(
     of two floats), and every rank's shard gathered with the usages ``gather``."""
     if isinstance(quantizer, Float8CurrentScalingQuantizer):
         stats = quantizer.amax_stats(x)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=tp.tp_group_of(args))
         local = _internal(quantizer, _Usage(True, False)).quantize_with_stats(x, stats)
     elif isinstance(quantizer, NVFP4Quantizer):
         local_quantizer = _internal(quantizer, usage)
         stats = local_quantizer.amax_stats(x)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=_group(args))
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=tp.tp_group_of(args))
         local = local_quantizer.quantize_with_stats(x, stats)
     else:
         local = _internal(quantizer, usage).quantize(x)
-    return local, _all_gather_quantized(local, args, gather.rowwise, gather.columnwise)
-
-
-def _gathered_bias_grad(dy: torch.Tensor, args: LinearBwdArgs) -> torch.Tensor:
-    """The bias gradient over every rank's rows of ``dy``: each rank's fp32 column sums,
-    gathered (tp_size x n floats) and added in rank order, so every rank holds the same
-    bits without the high-precision dy on the wire."""
-    partial = dy.sum(0, dtype=torch.float32).reshape(1, -1)
-    return _all_gather_rows(partial, args).sum(0).to(args.activation_dtype)
-
-
-def _reduce(x: torch.Tensor, how: str | None, args: LinearFwdArgs | LinearBwdArgs) -> torch.Tensor:
-    if how == "all_reduce":
-        return _all_reduce(x, args)
-    if how == "reduce_scatter":
-        return _reduce_scatter_rows(x, args)
-    return x
-
-
-def _overlap_group(args: LinearFwdArgs | LinearBwdArgs, sp_comm: bool, *operands: Any) -> Any:
-    """The TP group when this call's sequence-parallel collective runs fused with the GEMM
-    beside it (``runtime/comm_overlap.py``: opted in, NCCL, plain CUDA operands); else None."""
-    if not sp_comm:
-        return None
-    group = _group(args)
-    return group if comm_overlap.fused_reason(group, *operands) is None else None
+    return local, tp.all_gather_quantized(local, args, gather.rowwise, gather.columnwise)
 
 
 def _overlapped_reduce_scatter(
@@ -454,7 +307,7 @@ def _overlapped_reduce_scatter(
     """``gemm(A, B, layout)`` reduce-scattered along dim 0 by one fused op (plain, or FP8
     with tensorwise scales: the operands ``gemm`` itself would pass ``_scaled_mm``), or
     None where none serves (the caller runs the GEMM, then the collective)."""
-    group = _group(args)
+    group = tp.tp_group_of(args)
     if comm_overlap.fused_reason(group) is not None:
         return None
     if type(A) in _PLAIN_TENSORS and type(B) in _PLAIN_TENSORS:
@@ -576,7 +429,7 @@ def _forward_plan(args: LinearFwdArgs) -> _ForwardPlan:
             saved_weight = backward_usage
     quantized_output = args.fp8_output and args.output_quantizer is not None
     gather_input, reduce_output = _parallel_forward(args)
-    gather_quantized = gather_input and gathers_quantized(args.input_quantizer, args.inp.shape)
+    gather_quantized = gather_input and tp.gathers_quantized(args.input_quantizer, args.inp.shape)
     per_tensor = isinstance(args.input_quantizer, Float8CurrentScalingQuantizer)
     if gather_quantized and per_tensor and save_input is not None:
         # TE keeps the local FP8 shard, rowwise (per-tensor FP8 gathers rowwise codes
@@ -689,7 +542,7 @@ def _forward_input(args: LinearFwdArgs, plan: _ForwardPlan) -> tuple[Any, Any, A
     hp_gemm = args.input_quantizer is None and args.weight_quantizer is None
     calibrating = args.calibration_quantizers is not None
     # Calibration reads the whole (gathered) input: no gather fused into the GEMM.
-    overlap = _overlap_group(
+    overlap = tp.overlap_group(
         args, plan.gather_input and hp_gemm and not calibrating, x, args.weight
     )
     x_saved = None
@@ -703,7 +556,7 @@ def _forward_input(args: LinearFwdArgs, plan: _ForwardPlan) -> tuple[Any, Any, A
         if plan.gather_input and overlap is None:
             # High precision on the wire, quantized once gathered (the fused overlap
             # gathers inside its GEMM).
-            x = _all_gather_rows(x, args)
+            x = tp.all_gather_rows(x, args)
         if args.input_quantizer is not None:
             usage = plan.save_input or _Usage(True, False)
             x = _internal(args.input_quantizer, usage).quantize(x)
@@ -756,7 +609,7 @@ def linear_forward(args: LinearFwdArgs) -> tuple[tuple[Any, ...], tuple[Any, ...
             bias=None if plan.reduce_output else bias,
             use_split_accumulator=args.fprop_gemm.use_split_accumulator,
         )
-        out = _reduce(out, plan.reduce_output, args)
+        out = tp.reduce(out, plan.reduce_output, args)
     if plan.reduce_output or fused:
         # Row parallel (or a fused GEMM, which takes no bias): add the (full) bias once,
         # after the reduction, in fp32 as the GEMM epilogue does.
@@ -958,7 +811,7 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
     if args.requires_dgrad:
         weight = args.weight_fp8 if quantized else _high_precision(args.weight_fp8, dtype)
     fuse_gather = plan.gather_grad_output and args.requires_dgrad and not quantized
-    overlap = _overlap_group(args, fuse_gather, dy, weight)
+    overlap = tp.overlap_group(args, fuse_gather, dy, weight)
     dy_gemm = dy
     bgrad = None
     if overlap is not None:
@@ -970,18 +823,18 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         # gathered quantized (TE's way); the bias gradient from each rank's rows. The
         # GEMMs read only dy_gemm.
         if args.use_bias:
-            bgrad = _gathered_bias_grad(dy, args)
+            bgrad = tp.gathered_bias_grad(dy, args)
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
         gq = args.grad_output_quantizer
         dy = dy_gemm = _quantize_and_gather(dy, gq, usage, usage, args)[1]
     elif plan.gather_grad_output:
-        dy = dy_gemm = _all_gather_rows(dy, args)
+        dy = dy_gemm = tp.all_gather_rows(dy, args)
     pending_input = None
     hp_input = not isinstance(args.inputmat, QuantizedData)
-    if plan.gather_input and hp_input and comm_overlap.enabled(_group(args)):
+    if plan.gather_input and hp_input and comm_overlap.enabled(tp.tp_group_of(args)):
         # Column + SP: the wgrad input's re-gather travels behind the dgrad GEMM.
         pending_input = comm_overlap.start_all_gather_rows(
-            _wgrad_input(args.inputmat, dtype), _group(args)
+            _wgrad_input(args.inputmat, dtype), tp.tp_group_of(args)
         )
     if quantized and not plan.gather_grad_output_quantized:
         usage = _Usage(args.requires_dgrad, args.requires_wgrad)
@@ -1011,7 +864,7 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
                 out_dtype=dtype,
                 use_split_accumulator=args.dgrad_gemm.use_split_accumulator,
             )
-            dgrad = _reduce(dgrad, plan.reduce_dgrad, args)
+            dgrad = tp.reduce(dgrad, plan.reduce_dgrad, args)
         if len(args.inp_shape) != 2:  # a 2-D input's gradient has its shape already
             dgrad = dgrad.view(args.inp_shape)
     if args.requires_wgrad:
@@ -1023,18 +876,18 @@ def linear_backward(args: LinearBwdArgs) -> tuple[torch.Tensor | None, ...]:
         elif plan.gather_input and isinstance(x, QuantizedData):
             # The local quantized shard the forward kept: gathered quantized, in the
             # layout the wgrad GEMM reads (columnwise; rowwise to dequantize).
-            x = _all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
+            x = tp.all_gather_quantized(x, args, rowwise=not quantized, columnwise=quantized)
             gathered = True
         if args.save_original_input and not isinstance(x, QuantizedData):
             x = _wgrad_input(x, dtype)
             if plan.gather_input and not gathered:
-                x = _all_gather_rows(x, args)
+                x = tp.all_gather_rows(x, args)
                 gathered = True
             x = _requantized_input(x, args, quantized)
         if not (quantized and isinstance(x, QuantizedData)):
             x = _wgrad_input(x, dtype)
             if plan.gather_input and not gathered:
-                x = _all_gather_rows(x, args)
+                x = tp.all_gather_rows(x, args)
         dy_wgrad = dy_gemm if quantized and isinstance(x, QuantizedData) else dy
         split = args.wgrad_gemm.use_split_accumulator
 
