@@ -509,3 +509,36 @@ def test_reduce_overhead_follows_each_calls_m_splits(recipe):
             assert torch.equal(a, b), f"m_splits {splits}: tensor {i} differs"
     assert counters["inductor"]["cudagraph_skips"] == skips
     assert graph_breaks() == breaks
+
+
+def test_make_grouped_weights_packs_the_weights_into_one_parameter(monkeypatch) -> None:
+    """TE's ``make_grouped_weights()``: ``weight0``.. become one ``[G, out, in]``
+    parameter ``weight`` holding the same values, and the forward computes as before."""
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    torch.manual_seed(0)
+    layer = te.GroupedLinear(3, 32, 16, bias=False, params_dtype=torch.float32)
+    before = [getattr(layer, f"weight{i}").detach().clone() for i in range(3)]
+    x = torch.randn(12, 32)
+    want = layer(x, [4, 5, 3])
+    layer.use_grouped_tensor = True
+    layer.make_grouped_weights()
+    assert [name for name, _ in layer.named_parameters()] == ["weight"]
+    assert torch.equal(layer.weight, torch.stack(before))
+    assert torch.equal(layer(x, [4, 5, 3]), want)
+    layer.make_grouped_weights()  # already grouped: nothing to do
+    assert torch.equal(layer.weight, torch.stack(before))
+
+
+def test_make_grouped_weights_refuses_partial_high_precision_init() -> None:
+    """As TE: packing refuses weights of which only some keep their high-precision
+    initial values, rather than mix preserved and dequantized initializations."""
+    with te.quantized_model_init(
+        enabled=True, recipe=te.recipe.MXFP8BlockScaling(), preserve_high_precision_init_val=True
+    ):
+        layer = te.GroupedLinear(2, 32, 64, bias=False, params_dtype=torch.bfloat16)
+    layer.weight0.clear_high_precision_init_val()
+    with pytest.raises(RuntimeError, match="inconsistent high-precision initialization state"):
+        layer.make_grouped_weights()
+    layer.weight1.clear_high_precision_init_val()
+    with pytest.raises(NotImplementedError, match="make_grouped_weights: quantized weights"):
+        layer.make_grouped_weights()

@@ -396,6 +396,40 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             names = tuple(f"bias{i}" for i in range(self.num_gemms) if self.use_bias)
             self._reset_filled(names, 0.0)
 
+    def make_grouped_weights(self, defer_init: bool = False) -> None:
+        """TE's packing of the per-GEMM weights ``weight0``.. into one ``[num_gemms, out,
+        in]`` parameter ``weight`` (what ``single_grouped_weight=True`` builds), in
+        place. As in TE, a no-op for ``defer_init`` and for delayed-scaling weights
+        (kept per GEMM), and a ``RuntimeError`` when only some weights keep their
+        high-precision initial values. Quantized weights of other recipes cannot be
+        packed here (docs/te_api.md)."""
+        if defer_init or self.single_grouped_weight:
+            return
+        cls = type(self).__name__
+        weights = self._weights()
+        initial = [
+            w.get_high_precision_init_val() if hasattr(w, "get_high_precision_init_val") else None
+            for w in weights
+        ]
+        if any(v is not None for v in initial) and not all(v is not None for v in initial):
+            raise RuntimeError(
+                "Grouped weights have inconsistent high-precision initialization state"
+            )
+        if any(isinstance(w, QuantizedData) for w in weights):
+            formats = {getattr(type(w.quantizer), "_COMPATIBLE_RECIPE", None) for w in weights}
+            if formats == {"DelayedScaling"}:
+                return  # TE keeps delayed scaling's weights per GEMM
+            raise NotImplementedError(
+                f"{cls}.make_grouped_weights: quantized weights (quantized_model_init) cannot "
+                "be packed into one grouped parameter (the weights are quantized one per GEMM)"
+            )
+        with torch.no_grad():
+            grouped = nn.Parameter(torch.stack([w.detach() for w in weights]))
+        for i in range(self.num_gemms):
+            self.register_parameter(f"weight{i}", None)
+        self.register_parameter("weight", grouped)
+        self.single_grouped_weight = True
+
     def _weights(self) -> list[torch.Tensor]:
         if self.single_grouped_weight:
             return list(self.weight.unbind(0))
