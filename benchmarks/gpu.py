@@ -28,7 +28,7 @@ One process, one run (``python -m benchmarks --device cuda --out DIR``):
   run is this steady state: an H200 doing these GEMMs sits at its ~700 W power cap and
   clocks down, the floor loop included, while the short interleaved timings above
   catch the GPU in varying power states.
-* **memory** (issue 13): peak ``torch.cuda.max_memory_allocated`` over one eager
+* **memory**: peak ``torch.cuda.max_memory_allocated`` over one eager
   4096x8192 step for every recipe against ``torch.nn.Linear``, minus what was
   allocated before the step (parameters and input).
 

@@ -47,37 +47,8 @@ RECIPES: dict[str, Any] = {
         NVFP4BlockScaling, disable_rht=True, disable_stochastic_rounding=True
     ),
 }
-# Saved activation bytes of a recipe over bf16's, at most (issue 13).
+# Saved activation bytes of a recipe over bf16's, at most.
 TARGETS = {"fp8_current": 0.55, "fp8_block": 0.55, "mxfp8": 0.6, "nvfp4": 0.35}
-METHOD = (
-    "Bytes one `Linear` layer keeps for its backward, counted through "
-    "`torch.autograd.graph.saved_tensors_hooks` (what `save_on_cpu`, checkpointing and "
-    "memory profilers see): one layer, input {rows}x{k} bf16, weight {n}x{k} bf16, "
-    "compiled with `torch.compile(fullgraph=True, backend={backend!r})`. *activation*: "
-    "the tensors kept because the weight needs a gradient (wgrad's input), measured "
-    "with the input not requiring grad; *weight copy*: those kept because the input "
-    "needs a gradient (dgrad's weight), measured with the parameters frozen, excluding "
-    "tensors that share storage with a parameter (*parameters*: kept anyway, no copy). "
-    "The training step (everything requires grad) must save exactly their sum, which "
-    "the figure checks. Quantized values count data plus scales (every inner buffer "
-    "is saved as its own tensor). Ratios are over our bf16 layer in the same mode; "
-    "bytes are exact (no timing), so one run is the result."
-)
-FINDINGS = (
-    "Quantized recipes keep, for wgrad, only the columnwise data and scales of the "
-    "quantized input (TE's rule: the rowwise data is dropped once the fprop GEMM has "
-    "run), and for dgrad only the columnwise data of the weight copy; the bf16 weight "
-    "itself is not kept besides it. Before issue 13 both usages of each were kept "
-    "(2x these activation bytes: 1.0x of bf16 for FP8, about 1.03x for MXFP8). Not in "
-    "this figure: a weight quantized for the workspace cache (`is_first_microbatch`) "
-    "keeps both usages, as it is the cached workspace the module holds anyway; with "
-    "column-parallel sequence parallelism FP8 current scaling, MXFP8, 1-D FP8 blocks "
-    "and NVFP4 keep their local quantized shard and re-gather it in the backward, as "
-    "bf16 keeps and re-gathers its local shard, while the tensors gathered in high "
-    "precision (NVFP4 with stochastic rounding or row scaling, shards that are not "
-    "whole blocks, and `fp8_all_gather=False`) keep the gathered (tp_size x longer) "
-    "quantized input (docs/distributed.md)."
-)
 # Layer and input of the figure: (rows, in_features, out_features).
 SHAPE = (512, 256, 384)
 QUICK_SHAPE = (128, 128, 256)

@@ -19,8 +19,6 @@ from typing import Any
 from . import tp_step
 from .common import ratio_stats
 from .compile_depth import GOAL_DEPTHS, GOALS
-from .memory import FINDINGS as MEMORY_FINDINGS
-from .memory import METHOD as MEMORY_METHOD
 from .memory import ratios as memory_ratios
 
 PLOTS = "benchmarks"  # sub-folder of the report's folder
@@ -436,7 +434,7 @@ def _memory(cpu: dict[str, Any]) -> list[str]:
     out = [
         "## 7. Memory: what one layer keeps for backward",
         "",
-        MEMORY_METHOD.format(rows=rows_, k=k, n=n, backend=m["backend"]),
+        NOTES["memory_method"].format(rows=rows_, k=k, n=n, backend=m["backend"]),
         "",
     ]
     ratio = memory_ratios(m)
@@ -469,10 +467,10 @@ def _memory(cpu: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    return out + [MEMORY_FINDINGS, "", "![memory](benchmarks/memory.png)", ""]
+    return out + [NOTES["memory_analysis"], "", "![memory](benchmarks/memory.png)", ""]
 
 
-# (mode, goal as text, bound on ours / torch.nn.Linear) of issue 12, H200 small shape.
+# (mode, goal as text, bound on ours / torch.nn.Linear), H200 small shape.
 _OVERHEAD_GOALS = (("compiled", "<= 1.2x", 1.2), ("eager", "<= 1.3x", 1.3))
 
 
@@ -924,8 +922,7 @@ def _gpu(gpu: dict[str, Any] | None) -> list[str]:
     m = g.get("memory")
     if m and "MiB" in m:
         out += [
-            f"### Peak memory of one eager {m['shape'][0]}x{m['shape'][1]} 8-layer training "
-            "step (issue 13)",
+            f"### Peak memory of one eager {m['shape'][0]}x{m['shape'][1]} 8-layer training step",
             "",
             NOTES["gpu_memory_method"],
             "",

@@ -24,7 +24,7 @@ step time, overlap off and on.
   over timed steps of the slowest rank; the communication time of a step is measured in
   one more step with each collective timed on its own (synchronised before and after),
   so ``hidden`` = (time off - time on) / communication time off is the share of the
-  communication that overlap hides (issue 29's goal: >= 60 %).
+  communication that overlap hides (the goal: >= 60 %).
 
 ``python -m benchmarks.tp_step [--quick] [--backend gloo|nccl] [--out FILE]`` spawns the
 two ranks itself (loopback, a free port, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and
@@ -419,7 +419,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 # --- the report (docs/benchmarks.md, from the --device cuda run's "tp" part) -------------
 
-HIDDEN_GOAL = 0.6  # issue 29: overlap hides >= 60 % of the communication time
+HIDDEN_GOAL = 0.6  # overlap hides >= 60 % of the communication time
 
 
 def report_targets(tp: dict[str, Any]) -> list[list[str]]:
