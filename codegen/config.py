@@ -177,7 +177,7 @@ def _check_settings(config: Config, pyproject: Path, table: str) -> None:
         raise fail("output_dir", config.output_dir, problem)
 
 
-# --- Reading another codebase's source as it ships (issue 9, part 3) -------------------
+# --- Reading another codebase's source as it ships ------------------------------------
 
 # The generator's own declaration keywords, in the order they are documented.
 DECLARATION_KEYS = (

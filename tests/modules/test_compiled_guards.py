@@ -1,7 +1,7 @@
 """What a compiled call of our modules is guarded on. Dynamo checks every guard of a
 compiled frame on each of its calls, before the graph (or its CUDA graph) runs: at a
-small, host-bound step this check is a measurable part of the step (issue 24's
-``reduce-overhead`` figure). Each module global, attribute or method the traced path
+small, host-bound step this check is a measurable part of the step (the
+``reduce-overhead`` figure of docs/benchmarks.md). Each module global, attribute or method the traced path
 reads adds guards; these tests keep what was removed from coming back and bound what a
 layer adds, against ``torch.nn.Linear``."""
 

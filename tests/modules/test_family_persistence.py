@@ -1,6 +1,6 @@
 """A quantized model of the Linear family saved with ``torch.save(model.state_dict())``
 loads with ``torch.load(..., weights_only=True)`` into a fresh model, which then gives
-identical outputs (issue 10)."""
+identical outputs."""
 
 from __future__ import annotations
 

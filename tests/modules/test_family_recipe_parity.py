@@ -1,4 +1,4 @@
-"""LayerNormLinear and GroupedLinear treat a recipe as ``Linear`` does (issue 10): the
+"""LayerNormLinear and GroupedLinear treat a recipe as ``Linear`` does: the
 recipe's GEMM settings reach their GEMMs, its ``backward_override`` runs the backward it
 names, ``quantized_model_init`` under delayed scaling seeds each weight's scale from its
 own amax, and GroupedLinear keeps one delayed-scaling state per GEMM (as TE keeps FP8

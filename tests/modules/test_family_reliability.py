@@ -1,4 +1,4 @@
-"""What Linear got in issue 11, for the Linear family: activation checkpointing
+"""Linear's reliability guarantees, for the Linear family: activation checkpointing
 recomputes under the recipe of the original forward (``te.checkpoint`` and
 ``torch.utils.checkpoint``); delayed scaling keeps its state per module and per GEMM
 (LayerNormMLP's fc1 and fc2 apart, as TE keeps FP8 metadata per GEMM), seeds

@@ -1,4 +1,4 @@
-"""What a Linear keeps for its backward (issue 13), counted through saved-tensor hooks:
+"""What a Linear keeps for its backward, counted through saved-tensor hooks:
 only the usages the backward reads, the same eager and compiled, visible to (and moved
 by) ``torch.autograd.graph.save_on_cpu``."""
 

@@ -88,7 +88,7 @@ def test_one_compiled_model_called_from_threads_uses_each_threads_recipe():
     assert graph_breaks() == 0
 
 
-# --- what a trace reads comes from the call itself (issue 24) --------------------------
+# --- what a trace reads comes from the call itself ------------------------------------
 # A compiled call rebuilds its outputs, and its autograd node its saved values, from the
 # result layout of that very call. With a process-wide "layout the op's kernel wrote
 # last", another thread's kernel finishing between a traced call's fake kernel and the

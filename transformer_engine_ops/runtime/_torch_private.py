@@ -1,10 +1,9 @@
 """Every private torch API the runtime, the ops and the modules use, in one place.
 
 Each entry names the symbol, why no public API serves, and the torch versions it was
-run on: 2.11 (the H200), 2.13 (the CPU machines) and 2.14 for the entries that predate
-issue 24, whose suites ran on all three (README, ``make test-torch-versions``); 2.13
-for the rest. A torch upgrade that moves one breaks here, not at its users. Public API
-is used wherever one exists (``torch.is_grad_enabled``,
+run on, where its comment gives them: 2.11 (the GPU machines), 2.13 (the CPU machines),
+2.14 (``make test-torch-versions``). A torch upgrade that moves one breaks here, not at
+its users. Public API is used wherever one exists (``torch.is_grad_enabled``,
 ``torch.compiler.disable(reason=)``, ``OpOverload.name()``,
 ``torch.compiler.assume_constant_result``). Inductor is imported only by the functions
 that need it: importing it costs over a second, and a program that never compiles with
@@ -101,7 +100,7 @@ disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 # Maps a function over nested args/kwargs (a fallback dequantizes every quantized
 # argument): torch has no public pytree module (``torch.utils.pytree`` is absent in 2.13).
 tree_map = torch.utils._pytree.tree_map
-# The tensors among nested args/kwargs (an in-place op's written arguments, issue 25).
+# The tensors among nested args/kwargs (an in-place op's written arguments).
 tree_leaves = torch.utils._pytree.tree_leaves
 
 # --- comm-GEMM overlap (runtime/comm_overlap.py) ---------------------------------------
@@ -189,7 +188,7 @@ cuda_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _built_
 
 # --- Dynamo, without importing it (runtime/custom_ops.py, runtime/fallback.py) ----------
 # Importing torch._dynamo costs ~0.9 s, which importing a generated op module does not
-# pay (it did not before issue 24 either).
+# pay.
 
 
 # --- FSDP2's refill of a gathered parameter (quantization/fsdp2.py) ---------------------

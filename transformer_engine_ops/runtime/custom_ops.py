@@ -202,9 +202,9 @@ def _shape_of(value: Any) -> Any:
 # own inputs) hands it to its caller through this thread's *call record*: the caller
 # opens the record (:func:`begin_call`), calls the op, and reads what that call's kernel
 # wrote (:func:`result_layouts`). The record is thread-local and opened per call, so
-# neither another thread's call nor an earlier one can be read in its place (issue 24:
-# a process-wide "last layout per op" let one thread's kernel rewrite what another
-# thread's trace read). Under Dynamo both functions run once, at trace time
+# neither another thread's call nor an earlier one can be read in its place (a
+# process-wide "last layout per op" would let one thread's kernel rewrite what another
+# thread's trace reads). Under Dynamo both functions run once, at trace time
 # (``assume_constant_result``): the layout becomes a constant of the graph.
 
 
