@@ -34,7 +34,9 @@ def test_the_calls_of_a_trace_are_attributed_to_the_generated_entry_and_the_modu
     assert {entry, module, "<frame>"} <= set(rows)
     assert rows["<frame>"]["with_inlined"] == out["calls_per_layer"]
     assert rows[module]["with_inlined"] > rows[entry]["with_inlined"] > 0
-    assert sum(row["own"] for row in out["by_function"]) <= out["calls_per_layer"]
+    # each row is rounded on its own (calls / layers): up to half a call each above the total
+    slack = len(out["by_function"]) / 2
+    assert sum(row["own"] for row in out["by_function"]) <= out["calls_per_layer"] + slack
 
 
 @pytest.mark.slow
