@@ -173,6 +173,16 @@ def kernel_group(name: str) -> str:
     return "other"
 
 
+def busy_time(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` intervals: concurrent kernels count once."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
 def kernel_profile(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
     """``fn``'s kernels per call on a CUDA device (``torch.profiler``): how many it
     launches, the GPU's busy time (the union of the kernels' intervals, so concurrent
@@ -189,14 +199,9 @@ def kernel_profile(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
             spans.append((evt.time_range.start, evt.time_range.end))
             kind = kernel_group(evt.name)
             groups[kind] = groups.get(kind, 0.0) + evt.device_time / steps / 1e3
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
     return {
         "kernels_per_step": len(spans) / steps,
-        "gpu_busy_ms_per_step": busy / steps / 1e3,
+        "gpu_busy_ms_per_step": busy_time(spans) / steps / 1e3,
         "kernel_ms_by_group": {k: round(v, 3) for k, v in sorted(groups.items())},
     }
 

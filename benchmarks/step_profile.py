@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .common import kernel_group
+from .common import busy_time, kernel_group
 from .gpu import RECIPES, _build
 
 STEPS = 5
@@ -70,12 +70,7 @@ def profile(rows: int, hidden: int, recipe: str, mode: str) -> dict[str, Any]:
         if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.name.startswith("## "):
             by_name[evt.name] += evt.device_time / STEPS
             spans.append((evt.time_range.start, evt.time_range.end))
-    # GPU busy time: the union of the kernels' intervals (concurrent kernels count once).
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
+    busy = busy_time(spans)  # concurrent kernels count once
     groups: dict[str, float] = defaultdict(float)
     for name, us in by_name.items():
         groups[kernel_group(name)] += us

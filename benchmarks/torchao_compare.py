@@ -110,7 +110,7 @@ def run(quick: bool = False, rounds: int = 7) -> dict[str, Any]:
     }
 
 
-# Issue-level goals of the Llama-sized layer's train step: (label, faster, slower, goal);
+# Goals of the Llama-sized layer's train step: (label, faster, slower, goal);
 # the speed-up is slower's median step over faster's.
 GOALS = (
     ("ours FP8 current scaling vs plain bf16", "ours_fp8_current", "plain_bf16", 1.5),
