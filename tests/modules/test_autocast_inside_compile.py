@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from module_cases import RECIPES, graph_breaks, run_in_threads
+from module_cases import RECIPES, graph_breaks, run_in_threads, unique_graphs
 from torch._dynamo.testing import CompileCounter
 
 import transformer_engine_ops as te
@@ -216,6 +216,7 @@ def test_a_changed_recipe_field_recompiles_and_an_equal_recipe_object_does_not()
     assert counter.frame_count == 2
 
 
+@pytest.mark.threads
 def test_threads_entering_autocast_inside_one_compiled_function_each_get_their_recipe():
     module, x = make("layernorm_linear"), make_input()
 
@@ -226,7 +227,19 @@ def test_threads_entering_autocast_inside_one_compiled_function_each_get_their_r
     compiled = torch.compile(fn, fullgraph=True, backend=AOT)
     with torch.no_grad():
         expected = {name: fn(x, RECIPES[name]()) for name in RECIPE_NAMES}
-        got = run_in_threads(lambda name: compiled(x, RECIPES[name]()), RECIPE_NAMES)
+        # Each recipe's graph is compiled here, on this thread, before the threads run
+        # them together: on torch 2.11 a compile on a thread that then exits breaks
+        # later compiles (docs/design.md). The threads must not compile again.
+        for name in RECIPE_NAMES:
+            compiled(x, RECIPES[name]())
+        frames = unique_graphs()
+
+        def call(name: str) -> torch.Tensor:
+            with torch.no_grad():
+                return compiled(x, RECIPES[name]())
+
+        got = run_in_threads(call, RECIPE_NAMES)
+    assert unique_graphs() == frames
     for name in RECIPE_NAMES:
         assert torch.equal(got[name], expected[name]), name
     assert graph_breaks() == 0
