@@ -284,14 +284,17 @@ class InferenceParams:
         / ``head_dim_v``. Sizes and host values only: under torch.compile these are
         guards, never a device read."""
         where = f"InferenceParams.step (layer_number={layer_number})"
-        shapes = f"{qkv_format} keys {tuple(new_k.shape)}, values {tuple(new_v.shape)}"
+
+        def shapes() -> str:  # for a message only
+            return f"{qkv_format} keys {tuple(new_k.shape)}, values {tuple(new_v.shape)}"
+
         if layer_number not in self.cache:
             raise ValueError(
                 f"{where}: no cache for this layer; allocate_memory({layer_number}) first"
             )
         if self.batch_size == 0:
             raise ValueError(
-                f"{where}: no sequences declared ({shapes}); call pre_step(OrderedDict("
+                f"{where}: no sequences declared ({shapes()}); call pre_step(OrderedDict("
                 "seq_id -> new tokens)) before each forward"
             )
         if layer_number in self._stepped:
@@ -311,18 +314,22 @@ class InferenceParams:
                     f"{self.num_heads_kv}, {dim_name}={dim})"
                 )
         if new_k.shape[:2] != new_v.shape[:2]:
-            raise ValueError(f"{where}: {shapes} differ in batch or sequence length")
+            raise ValueError(f"{where}: {shapes()} differ in batch or sequence length")
         batch, steps = (new_k.shape[1], new_k.shape[0]) if qkv_format == "sbhd" else new_k.shape[:2]
         # int() in the messages: under torch.compile these sizes and counts may be
         # symbolic, which Dynamo formats only once made concrete.
         if batch != self.batch_size:
             raise ValueError(
-                f"{where}: {shapes} hold a batch of {int(batch)}, but pre_step declared a batch "
+                f"{where}: {shapes()} hold a batch of {int(batch)}, but pre_step declared a batch "
                 f"of {int(self.batch_size)}"
             )
         if steps < self._longest_step:
             raise ValueError(
-                f"{where}: {shapes} hold {int(steps)} tokens per sequence, but pre_step declared "
+                # Without the shapes: the sequence length may be a symbolic size under
+                # torch.compile, which Dynamo cannot put in a message (steps is a
+                # constant here, the comparison having specialized it).
+                f"{where}: {qkv_format} keys and values hold {int(steps)} tokens per sequence, "
+                "but pre_step declared "
                 f"{int(self._longest_step)} new tokens for a sequence (the cache rows past the "
                 "tokens given would be attended over without being written)"
             )
