@@ -124,3 +124,31 @@ def test_decode_goal_row() -> None:
     (row,) = bench.report_targets({"decode": decode})
     assert row[2:] == ["0.50x", "**missed**"]
     assert "| ours_decode | 16000 |" in "\n".join(bench.report_lines({"decode": decode}))
+
+
+def test_cuda_graph_train_step_goal_row_and_section() -> None:
+    graphs = {
+        "seconds": {
+            "plain_bf16_graphs": _seconds(10.0),
+            "ours_fp8_current_graphs": _seconds(7.2),
+        },
+        "plain_graphs_over_ours_fp8_graphs": {"median": 1.39},
+        "profile": {
+            "ours_fp8_current_graphs": {
+                "host_ms_per_step": 0.4,
+                "kernels_per_step": 87,
+                "gpu_busy_ms_per_step": 7.1,
+            }
+        },
+    }
+    graph_row, decode_row = bench.report_targets({"train_step_graphs": graphs})
+    assert "reduce-overhead" in graph_row[0] and graph_row[2:] == ["1.39x", "**missed**"]
+    assert decode_row[2:] == ["not measured", "**missed**"]
+    graphs["plain_graphs_over_ours_fp8_graphs"] = {"median": 1.52}
+    assert bench.report_targets({"train_step_graphs": graphs})[0][2:] == ["1.52x", "met"]
+    text = "\n".join(bench.report_lines({"train_step_graphs": graphs}))
+    assert "| ours_fp8_current_graphs | 7.20 ms | 0.40 ms | 87 | 7.10 ms |" in text
+    assert "| plain_bf16_graphs | 10.00 ms | - | - | - |" in text
+    # Without the part, no row and no section.
+    assert len(bench.report_targets({})) == 1
+    assert "under CUDA graphs" not in "\n".join(bench.report_lines({}))[:60]
