@@ -70,7 +70,44 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="our recipes timed per step shape on --device cuda (default: every recipe)",
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="merge the results files of the standalone GPU benches (transformer_layer, moe, "
+        "torchao_compare --out) into OUT/benchmarks_h200.json, then write the report",
+    )
     return p.parse_args(argv)
+
+
+# The GPU parts a standalone bench writes (``{"machine": ..., part: results}``), and
+# whether its results hold sub-parts that are merged one by one.
+_MERGED_PARTS = {"transformer_layer": True, "moe": True, "torchao": False}
+
+
+def merge_gpu_results(path: Path, files: list[Path]) -> dict[str, Any]:
+    """The GPU results file at ``path`` with each standalone bench's results of
+    ``files`` in place of the same part (or sub-part), each carrying the machine, date
+    and commit of the run that measured it (the rest of the file keeps its own)."""
+    data = json.loads(path.read_text()) if path.exists() else {"gpu": {"version": 2}}
+    for file in files:
+        new = json.loads(file.read_text())
+        found = [part for part in _MERGED_PARTS if part in new]
+        if "machine" not in new or not found:
+            raise SystemExit(
+                f"error: {file}: not a standalone GPU bench's results (a 'machine' and one of "
+                f"{', '.join(_MERGED_PARTS)})"
+            )
+        for part in found:
+            if _MERGED_PARTS[part]:
+                target = data["gpu"].setdefault(part, {})
+                for sub, results in new[part].items():
+                    target[sub] = {**results, "machine": new["machine"]}
+            else:
+                data["gpu"][part] = {**new[part], "machine": new["machine"]}
+    return data
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -175,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         data["seconds"] = time.time() - started
         _write(path, data)
         return 0
+    if args.merge:
+        path = args.out / "benchmarks_h200.json"
+        _write(path, merge_gpu_results(path, args.merge))
+        args.report_only = True
     if not args.report_only:
         # The CPU figures: modules built without a device stay on the CPU of a CUDA
         # machine too, whatever the environment held (device=None is TE's CUDA default

@@ -285,3 +285,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def measured_on(part: dict[str, Any] | None) -> list[str]:
+    """A report section's line naming the run its figures come from, where the part was
+    merged from a standalone bench's results file (which records its machine)."""
+    m = (part or {}).get("machine")
+    if not m:
+        return []
+    where = m.get("gpu") or f"{m.get('processor')}, {m.get('cpu_count')} cores"
+    commit = f"commit `{m['commit']}`" if m.get("commit") else "commit not recorded"
+    return [f"Measured {m['date']}, {commit}, {where}, torch {m['torch']}.", ""]
+
+
+def on_gpu(part: dict[str, Any] | None) -> str:
+    """`` (GPU name)`` for a target row's label, where the part records its machine."""
+    m = (part or {}).get("machine") or {}
+    return f" ({m['gpu']})" if m.get("gpu") else ""

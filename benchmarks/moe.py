@@ -46,7 +46,7 @@ from torch import nn
 import transformer_engine_ops as te
 from transformer_engine_ops.quantization import Float8BlockScaling, Float8CurrentScaling
 
-from .common import interleaved, machine_info, progress, ratio_stats, stats
+from .common import interleaved, machine_info, measured_on, on_gpu, progress, ratio_stats, stats
 
 # The layer is the demo's (demo/moe_demo.py): the bench times what `make demo` checks.
 _DEMO = Path(__file__).resolve().parent.parent / "demo"
@@ -326,15 +326,19 @@ def report_targets(part: dict[str, Any] | None) -> list[list[str]]:
         goal = GOALS[key]
         r = train.get("ratios", {}).get(key)
         if r is None:
-            rows.append([f"MoE step: {name}", f">= {goal}x", "not measured", "**missed**"])
+            rows.append(
+                [f"MoE step: {name}{on_gpu(train)}", f">= {goal}x", "not measured", "**missed**"]
+            )
         else:
             met = "met" if r["median"] >= goal else "**missed**"
-            rows.append([f"MoE step: {name}", f">= {goal}x", f"{r['median']:.2f}x", met])
+            rows.append(
+                [f"MoE step: {name}{on_gpu(train)}", f">= {goal}x", f"{r['median']:.2f}x", met]
+            )
     sync = part.get("no_sync", {})
     ok = sync and "error" not in sync
     rows.append(
         [
-            "MoE step: no host synchronization (bf16, FP8 current)",
+            "MoE step: no host synchronization (bf16, FP8 current)" + on_gpu(sync),
             'set_sync_debug_mode("error") quiet',
             "quiet" if ok else str(sync.get("error", "not measured"))[:160],
             "met" if ok else "**missed**",
@@ -351,7 +355,7 @@ def report_targets(part: dict[str, Any] | None) -> list[list[str]]:
     )
     rows.append(
         [
-            'MoE step under mode="reduce-overhead"',
+            'MoE step under mode="reduce-overhead"' + on_gpu(graphs),
             "all in CUDA graphs, replays equal eager",
             shown,
             "met" if ok else "**missed**",
@@ -367,6 +371,7 @@ def report_lines(part: dict[str, Any] | None) -> list[str]:
     if "seconds" not in train:
         return out + [f"Not measured: {train.get('error', 'no results')}.", ""]
     cfg = train["config"]
+    out += measured_on(train)
     out += [
         f"Hidden {cfg['hidden']}, {cfg['experts']} experts, top-{cfg['topk']}, expert FFN "
         f"{cfg['ffn']} (SwiGLU), {cfg['tokens']} tokens, bf16; forward + backward, "

@@ -31,6 +31,8 @@ from .common import (
     interleaved,
     kernel_profile,
     machine_info,
+    measured_on,
+    on_gpu,
     progress,
     ratio_stats,
     stats,
@@ -145,7 +147,7 @@ def report_targets(part: dict[str, Any] | None) -> list[list[str]]:
         ]
     return [
         [
-            f"layer train step: {label}",
+            f"layer train step: {label}{on_gpu(part)}",
             f">= {goal}x",
             f"{x:.2f}x",
             "met" if x >= goal else "**missed**",
@@ -160,6 +162,7 @@ def report_lines(part: dict[str, Any] | None) -> list[str]:
     if not part or "seconds" not in part:
         return out + [f"Not measured: {(part or {}).get('skipped', 'no results')}.", ""]
     cfg = part["config"]
+    out += measured_on(part)
     out += [
         f"Hidden {cfg['hidden']}, FFN {cfg['ffn']} (SwiGLU), {cfg['heads']} heads in "
         f"{cfg['groups']} KV groups, RMSNorm, RoPE, causal, sequence {cfg['seq']}, batch "
@@ -217,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     for label, x, goal in speedups(result):
         print(f"  {label}: {x:.3f}x (goal {goal}x)")
-    if args.out:
+    if args.out:  # the layout of the other standalone GPU benches (python -m benchmarks --merge)
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+            json.dump({"machine": result["machine"], "torchao": result}, f, indent=1)
     return 0
 
 

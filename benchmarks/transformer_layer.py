@@ -42,6 +42,8 @@ from .common import (
     interleaved,
     kernel_profile,
     machine_info,
+    measured_on,
+    on_gpu,
     progress,
     ratio_stats,
     stats,
@@ -364,6 +366,7 @@ def _decode_target(part: dict[str, Any] | None) -> list[list[str]]:
     cfg = decode.get("config", {})
     label = (
         f"decode under CUDA graphs, batch {cfg.get('batch', '?')}, {cfg.get('cached', '?')} cached"
+        + on_gpu(decode)
     )
     if "tokens_per_second" not in decode:
         return [
@@ -394,6 +397,7 @@ def _graphs_target(part: dict[str, Any] | None) -> list[list[str]]:
     if not graphs:
         return []
     label = 'layer train step, both mode="reduce-overhead": ours FP8 current vs plain bf16'
+    label += on_gpu(graphs)
     if "plain_graphs_over_ours_fp8_graphs" not in graphs:
         return [[label, f">= {GRAPHS_GOAL}x", graphs.get("error", "?")[:160], "**missed**"]]
     x = graphs["plain_graphs_over_ours_fp8_graphs"]["median"]
@@ -407,6 +411,7 @@ def _graphs_lines(part: dict[str, Any] | None) -> list[str]:
     out = ["### Llama-sized layer train step under CUDA graphs", ""]
     if "seconds" not in graphs:
         return out + [f"Not measured: {graphs.get('error', 'no results')}.", ""]
+    out += measured_on(graphs)
     out += [
         "Forward + backward, each contender compiled fullgraph by default and with mode="
         '"reduce-overhead" (CUDA graphs: the host launches one graph a step), medians of '
@@ -436,6 +441,7 @@ def _decode_lines(part: dict[str, Any] | None) -> list[str]:
     if "tokens_per_second" not in decode:
         return out + [f"Not measured: {decode.get('error', 'no results')}.", ""]
     cfg = decode["config"]
+    out += measured_on(decode)
     out += [
         f"One new token per sequence, batch {cfg['batch']}, {cfg['cached']} cached positions, "
         'compiled with mode="reduce-overhead" (benchmarks/transformer_layer.py).',
