@@ -8,6 +8,7 @@ import pytest
 import torch
 from family_op_cases import check_fake_layouts, check_opcheck
 
+from tests.bundles import fields_by_name
 from transformer_engine_ops.generated import bias_dropout as g
 from transformer_engine_ops.ops.bias_dropout import BiasDropoutFwdArgs
 
@@ -43,7 +44,7 @@ def _bundle(
 
 
 def _call(fwd: BiasDropoutFwdArgs, **changes: object) -> torch.Tensor:
-    return g.call_bias_dropout(**{**vars(fwd), **changes})[0]
+    return g.call_bias_dropout(**{**fields_by_name(fwd), **changes})[0]
 
 
 # opcheck calls the op several times and compares the results: deterministic cases only.
@@ -164,4 +165,4 @@ def test_without_randomness_or_bias_the_output_is_a_fresh_tensor():
 def test_bad_fields_are_named(changes, match):
     fwd = _bundle()
     with pytest.raises(ValueError, match=match):
-        g.bias_dropout_fwd(*FLAT[0](BiasDropoutFwdArgs(**{**vars(fwd), **changes})))
+        g.bias_dropout_fwd(*FLAT[0](BiasDropoutFwdArgs(**{**fields_by_name(fwd), **changes})))

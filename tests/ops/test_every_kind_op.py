@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bundles import fields_by_name  # noqa: E402
 from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import every_kind_op as op  # noqa: E402
 from transformer_engine_ops.quantization.quantizer import QuantizedData  # noqa: E402
@@ -210,7 +211,7 @@ def test_unsupported_field_must_be_none(g):
 
 def test_a_bad_literal_is_named(g):
     with pytest.raises(ValueError, match="EveryKindOpFwdArgs.reduction: expected one of"):
-        g.call_every_kind_op(**vars(make_args(reduction="max")))
+        g.call_every_kind_op(**fields_by_name(make_args(reduction="max")))
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -230,7 +231,7 @@ def test_opcheck_forward_and_backward(g, name):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_eager_autograd_equals_plain_pytorch(g, name):
     args, ref = _variant(name), _variant(name)
-    out = g.call_every_kind_op(**vars(args))
+    out = g.call_every_kind_op(**fields_by_name(args))
     want = plain_pytorch(ref)
     for o, w in zip(out, want, strict=True):
         torch.testing.assert_close(o, w)
@@ -249,7 +250,7 @@ def _run(g: ModuleType, args: op.EveryKindOpFwdArgs, compiled: Any) -> Any:
 def _compiled_call(g: ModuleType, template: op.EveryKindOpFwdArgs, backend: str) -> Any:
     def f(x, w, b, extras):
         return g.call_every_kind_op(
-            **vars(dataclasses.replace(template, x=x, w=w, b=b, extras=extras))
+            **fields_by_name(dataclasses.replace(template, x=x, w=w, b=b, extras=extras))
         )
 
     return torch.compile(f, fullgraph=True, backend=backend)
@@ -262,7 +263,9 @@ def _compiled_call(g: ModuleType, template: op.EveryKindOpFwdArgs, backend: str)
 def test_compiled_equals_eager_bit_for_bit(g, name, backend):
     torch._dynamo.reset()
     eager_args, comp_args = _variant(name), _variant(name)
-    eager = _run(g, eager_args, lambda x, w, b, e: g.call_every_kind_op(**vars(eager_args)))
+    eager = _run(
+        g, eager_args, lambda x, w, b, e: g.call_every_kind_op(**fields_by_name(eager_args))
+    )
     got = _run(g, comp_args, _compiled_call(g, comp_args, backend))
     for a, b in zip([*eager[0], *eager[1]], [*got[0], *got[1]], strict=True):
         assert (a is None and b is None) or torch.equal(a.detach(), b.detach())
@@ -276,7 +279,7 @@ def test_two_backward_passes_with_retain_graph(g, compiled):
     out = (
         call(args.x, args.w, args.b, args.extras)
         if compiled
-        else g.call_every_kind_op(**vars(args))
+        else g.call_every_kind_op(**fields_by_name(args))
     )
     want = plain_pytorch(ref)
     for outputs in (out, want):
@@ -295,7 +298,7 @@ def test_eager_path_saves_every_backward_tensor_through_save_for_backward(g):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        g.call_every_kind_op(**vars(args))
+        g.call_every_kind_op(**fields_by_name(args))
     assert any(t is args.x for t in packed) and any(t is args.w for t in packed)
 
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bundles import fields_by_name  # noqa: E402
 from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import grouped_op as op  # noqa: E402
 from transformer_engine_ops.quantization import (  # noqa: E402
@@ -225,7 +226,7 @@ def test_a_generator_must_be_none(g):
     # torch.Generator is configured None-only (pyproject.toml): no slot, refused if set.
     assert "generator" not in {row.field for row in g.FORWARD_SLOTS}
     with pytest.raises(TypeError, match="GroupedOpFwdArgs.generator: this field cannot cross"):
-        g.call_grouped_op(**vars(make_args(generator=torch.Generator())))
+        g.call_grouped_op(**fields_by_name(make_args(generator=torch.Generator())))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +242,7 @@ def test_a_generator_must_be_none(g):
 )
 def test_a_bad_field_is_named(g, changes, message):
     with pytest.raises(TypeError, match=message):
-        g.call_grouped_op(**vars(make_args(**changes)))
+        g.call_grouped_op(**fields_by_name(make_args(**changes)))
 
 
 @st.composite
@@ -344,7 +345,7 @@ def _check_against_plain_pytorch(args: op.GroupedOpFwdArgs, ref: op.GroupedOpFwd
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_eager_autograd_equals_plain_pytorch_per_list_element(g, name):
     args, ref = _variant(name), _variant(name)
-    (y,) = g.call_grouped_op(**vars(args))
+    (y,) = g.call_grouped_op(**fields_by_name(args))
     assert y.grad_fn is not None
     _check_against_plain_pytorch(args, ref, y)
 
@@ -352,7 +353,7 @@ def test_eager_autograd_equals_plain_pytorch_per_list_element(g, name):
 def _compiled_call(g: ModuleType, template: op.GroupedOpFwdArgs, backend: str) -> Any:
     def f(x, weights, biases):
         return g.call_grouped_op(
-            **vars(dataclasses.replace(template, x=x, weights=weights, biases=biases))
+            **fields_by_name(dataclasses.replace(template, x=x, weights=weights, biases=biases))
         )
 
     return torch.compile(f, fullgraph=True, backend=backend)
@@ -397,7 +398,7 @@ def test_compiled_autograd_equals_plain_pytorch_per_list_element(g, name):
 def test_compiled_equals_eager_bit_for_bit(g, name, backend):
     torch._dynamo.reset()
     eager_args, comp_args = _variant(name), _variant(name)
-    (eager_y,) = g.call_grouped_op(**vars(eager_args))
+    (eager_y,) = g.call_grouped_op(**fields_by_name(eager_args))
     comp_y = _run_compiled(g, comp_args, backend)
     assert torch.equal(eager_y.detach(), comp_y.detach())
     _loss(eager_y).backward()
@@ -410,7 +411,11 @@ def test_compiled_equals_eager_bit_for_bit(g, name, backend):
 def test_two_backward_passes_with_retain_graph(g, compiled):
     torch._dynamo.reset()
     args, ref = _variant("all"), _variant("all")
-    y = _run_compiled(g, args, "aot_eager") if compiled else g.call_grouped_op(**vars(args))[0]
+    y = (
+        _run_compiled(g, args, "aot_eager")
+        if compiled
+        else g.call_grouped_op(**fields_by_name(args))[0]
+    )
     want = plain_pytorch(ref)
     for out in (y, want):
         _loss(out).backward(retain_graph=True)
@@ -422,7 +427,7 @@ def test_two_backward_passes_with_retain_graph(g, compiled):
 def test_list_element_gradients_by_autograd_grad(g):
     # torch.autograd.grad on some list elements only: each gets its own gradient.
     args, ref = _variant("all"), _variant("all")
-    (y,) = g.call_grouped_op(**vars(args))
+    (y,) = g.call_grouped_op(**fields_by_name(args))
     got = torch.autograd.grad(_loss(y), [args.weights[2], args.biases[0]])
     want = torch.autograd.grad(_loss(plain_pytorch(ref)), [ref.weights[2], ref.biases[0]])
     for a, b in zip(got, want, strict=True):
@@ -436,7 +441,11 @@ def test_only_some_list_elements_require_grad(g, compiled):
     for a in (args, ref):
         a.weights[1].requires_grad_(False)
         a.biases[2].requires_grad_(False)
-    y = _run_compiled(g, args, "aot_eager") if compiled else g.call_grouped_op(**vars(args))[0]
+    y = (
+        _run_compiled(g, args, "aot_eager")
+        if compiled
+        else g.call_grouped_op(**fields_by_name(args))[0]
+    )
     want = plain_pytorch(ref)
     _loss(y).backward()
     _loss(want).backward()

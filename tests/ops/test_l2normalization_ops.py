@@ -7,6 +7,7 @@ import pytest
 import torch
 from family_op_cases import check_fake_layouts, check_opcheck
 
+from tests.bundles import fields_by_name
 from transformer_engine_ops.generated import l2normalization as g
 from transformer_engine_ops.ops.l2normalization import (
     L2NormalizationFwdArgs,
@@ -64,7 +65,7 @@ def test_gradient_equals_float64_autograd(dtype):
     ref = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-3)
     cot = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     ref.backward(cot)
-    got = g.call_l2normalization(**vars(fwd))[0]
+    got = g.call_l2normalization(**fields_by_name(fwd))[0]
     got.backward(cot.to(dtype))
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(got.double(), ref.detach(), rtol=tol, atol=tol)

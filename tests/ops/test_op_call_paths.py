@@ -15,6 +15,7 @@ import torch
 from linear_cases import make_fwd_args
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.bundles import fields_by_name
 from transformer_engine_ops.generated import linear as g
 from transformer_engine_ops.runtime import custom_ops
 from transformer_engine_ops.runtime.keep import Keep
@@ -124,7 +125,7 @@ def test_call_with_keep_hands_the_same_values_to_into_eager_and_compiled():
         def into(values: tuple[Any, ...]) -> None:
             kept[where] = values
 
-        return g.call_linear(**vars(args), keep=Keep((1,), into))[0]
+        return g.call_linear(**fields_by_name(args), keep=Keep((1,), into))[0]
 
     out_ref = call(make_fwd_args("fp8_current", cache_weight=True), "eager")
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")

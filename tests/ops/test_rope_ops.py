@@ -7,6 +7,7 @@ import pytest
 import torch
 from family_op_cases import check_fake_layouts, check_opcheck
 
+from tests.bundles import fields_by_name
 from transformer_engine_ops.generated import rope as g
 from transformer_engine_ops.ops.rope import RopeFwdArgs, rotate
 
@@ -75,7 +76,7 @@ def test_op_equals_autograd_of_the_same_arithmetic_bitwise(case):
     cot = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5)).to(ref.dtype)
     ref.backward(cot)
     t2 = fwd.t.detach().requires_grad_(True)
-    got = g.call_rope(**{**vars(fwd), "t": t2})[0]
+    got = g.call_rope(**{**fields_by_name(fwd), "t": t2})[0]
     got.backward(cot)
     assert torch.equal(got, ref)
     assert torch.equal(t2.grad, t.grad)
@@ -105,7 +106,7 @@ def test_rotation_preserves_the_norm_of_each_head():
     fwd = _bundle(dtype=torch.float64)
     half = fwd.angles[..., :8]
     fwd.angles = torch.cat((half, half), dim=-1)
-    out = g.call_rope(**vars(fwd))[0]
+    out = g.call_rope(**fields_by_name(fwd))[0]
     torch.testing.assert_close(out.norm(dim=-1), fwd.t.detach().norm(dim=-1))
 
 

@@ -26,6 +26,7 @@ import torch
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the fixtures' namespace package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bundles import fields_by_name  # noqa: E402
 from tests.ops import fixture_ops  # noqa: E402
 from tests.ops.fixtures import shadowing_op as op  # noqa: E402
 from transformer_engine_ops.runtime.fallback import EagerFallbackWarning  # noqa: E402
@@ -199,7 +200,7 @@ def test_eager_call_equals_plain_pytorch(g, name, monkeypatch):
     real = op.shadowing_op_forward
     monkeypatch.setattr(g, "shadowing_op_forward", lambda a: calls.append(a) or real(a))
     args, ref = _variant(name), _variant(name)
-    out = g.call_shadowing_op(**vars(args))
+    out = g.call_shadowing_op(**fields_by_name(args))
     assert len(calls) == VARIANTS[name][1], "the path the call took"
     want = plain_pytorch(ref)
     for o, w in zip(out, want, strict=True):
@@ -213,7 +214,7 @@ def test_eager_call_equals_plain_pytorch(g, name, monkeypatch):
 def _compiled_call(g: ModuleType, template: Any) -> Any:
     def f(x, w, b):
         return g.call_shadowing_op(
-            **vars(dataclasses.replace(template, type=x, isinstance=w, getattr=b))
+            **fields_by_name(dataclasses.replace(template, type=x, isinstance=w, getattr=b))
         )
 
     return torch.compile(f, fullgraph=True, backend="aot_eager")
@@ -223,7 +224,7 @@ def _compiled_call(g: ModuleType, template: Any) -> Any:
 def test_compiled_call_equals_eager_bit_for_bit(g, name):
     torch._dynamo.reset()
     eager_args, comp_args = _variant(name), _variant(name)
-    eager = g.call_shadowing_op(**vars(eager_args))
+    eager = g.call_shadowing_op(**fields_by_name(eager_args))
     _loss(eager).backward()
     compiled = _compiled_call(g, comp_args)(comp_args.type, comp_args.isinstance, comp_args.getattr)
     _loss(compiled).backward()
@@ -234,11 +235,11 @@ def test_compiled_call_equals_eager_bit_for_bit(g, name):
 def test_a_bad_field_value_is_named(g):
     """The checks of the generic path (the plain call declines: `args` is set)."""
     with pytest.raises(ValueError, match="ShadowingOpFwdArgs.str: expected one of"):
-        g.call_shadowing_op(**vars(make_args(str="max", args="generic")))
+        g.call_shadowing_op(**fields_by_name(make_args(str="max", args="generic")))
     with pytest.raises(TypeError, match="ShadowingOpFwdArgs.int"):
-        g.call_shadowing_op(**vars(make_args(int="3", args="generic")))
+        g.call_shadowing_op(**fields_by_name(make_args(int="3", args="generic")))
     with pytest.raises(TypeError, match="ShadowingOpFwdArgs.torch"):
-        g.shadowing_op_fwd_slots(*vars(make_args(torch="float32")).values())
+        g.shadowing_op_fwd_slots(*fields_by_name(make_args(torch="float32")).values())
 
 
 def test_the_declared_eager_reason_reads_its_fields(g):
@@ -258,7 +259,7 @@ def test_the_declared_eager_reason_reads_its_fields(g):
     compiled = torch.compile(lambda **kw: g.call_shadowing_op(**kw), backend="aot_eager")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = compiled(**vars(args))
+        got = compiled(**fields_by_name(args))
     reasons = [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]
     assert any("a quantized weight with a negated z" in r for r in reasons), reasons
     for a, b in zip(got, op.shadowing_op_forward(args)[0], strict=True):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tests.bundles import fields_by_name
 from transformer_engine_ops.runtime import _torch_private as _private
 from transformer_engine_ops.runtime import lowering
 
@@ -113,10 +114,10 @@ def _calling_functions(g: Any) -> tuple[Callable[[Any], Any], Callable[[Any], An
     )
 
     def eager_call(args: Any) -> Any:
-        return entry(**vars(args))
+        return entry(**fields_by_name(args))
 
     def compiled_call(args: Any) -> Any:
-        return compiled(slots(**vars(args)))[0]
+        return compiled(slots(**fields_by_name(args)))[0]
 
     return eager_call, compiled_call
 
