@@ -292,6 +292,12 @@ def test_changing_a_views_shape_in_place_raises_naming_the_op():
         w[0].unsqueeze_(0)
 
 
+@pytest.mark.xfail(
+    tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+    reason="torch 2.11's Dynamo fails to clone the plain view it traced (a FakeTensor "
+    "copy_ error in its clone_input); torch 2.13 compiles it",
+    strict=True,
+)
 def test_a_compiled_graph_reads_views_of_a_quantized_tensor_as_plain_values():
     w = FORMATS["fp8_current_e4m3"].quantize(random_input(SHAPE, seed=1))
     x = random_input((4, 64), seed=2)
