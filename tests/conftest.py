@@ -57,7 +57,7 @@ def emulate_unsupported_recipes_on_gpu_tests(
 # frames after a graph break run untraced. torch 2.13 shows neither (docs/design.md).
 # Before 2.13, a test marked ``threads`` runs in a pytest process of its own, so the
 # tests after it in this process trace as they would alone.
-_THREADS_NEED_OWN_PROCESS = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
+_THREADS_NEED_OWN_PROCESS = torch.__version__ < (2, 13)
 _CHILD = "TEOPS_THREADS_TEST_CHILD"
 
 
