@@ -21,7 +21,8 @@ The GEMMs, per device:
   formats): each GEMM's input rows and each weight are quantized with their own amax,
   as the loop's per-GEMM quantizers do, and the forward is one
   ``torch._scaled_grouped_mm`` (each group's per-tensor scale passed as a row or column
-  scale; on Hopper). The dgrad is ``torch._scaled_grouped_mm`` too where the gradient is
+  scale; on Hopper; the per-group quantize is two Triton kernels,
+  ``kernels/group_fp8_kernels.py``). The dgrad is ``torch._scaled_grouped_mm`` too where the gradient is
   E4M3 (the E4M3 format); torch 2.11 has no grouped GEMM for E5M2 operands (HYBRID's
   gradient) nor a safe one for the wgrad (its FP8 kernel needs every group non-empty
   and a multiple of 16 rows), so those run as bf16 grouped GEMMs of the dequantized
@@ -44,6 +45,7 @@ from typing import Any, Optional
 
 import torch
 
+from transformer_engine_ops.kernels import group_fp8_kernels
 from transformer_engine_ops.ops import _moe
 from transformer_engine_ops.quantization.encoding import cast_to_fp8, finite_abs, fp8_to_float
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
@@ -234,25 +236,46 @@ def _quantize_groups(
     scale per group (its rows' amax), as the per-GEMM quantizer would quantize each
     group on its own (the same codes): uint8 ``[M, K]`` and fp32 ``[G]`` (+Inf where a
     group holds an Inf)."""
-    x32 = x.to(_F32)
+    row_amax, row_inf = _row_stats(x)
     amax = torch.zeros(groups, dtype=_F32, device=x.device)
     inf = torch.zeros(groups, dtype=_F32, device=x.device)
-    if x.shape[1]:
-        amax.scatter_reduce_(0, group, finite_abs(x32).amax(dim=1), "amax")
-        inf.scatter_reduce_(0, group, torch.isinf(x32).any(dim=1).to(_F32), "amax")
+    amax.scatter_reduce_(0, group, row_amax, "amax")
+    inf.scatter_reduce_(0, group, row_inf.to(_F32), "amax")
     scale = quantizer._scale_of_amax(amax)
-    codes = cast_to_fp8(x32 * scale[group][:, None], quantizer.fp8_dtype)
+    codes = _cast_rows(x, scale[group], quantizer.fp8_dtype)
     return codes, _scale_inverse(scale, inf)
 
 
 def _quantize_weights(w: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes [G, N, K], scale_inv [G])``: each GEMM's weight quantized on its own."""
-    w32 = w.to(_F32)
-    flat = w32.reshape(w.shape[0], -1)
-    amax = finite_abs(flat).amax(dim=1)  # the caller's features are never 0
+    g, n, k = w.shape
+    rows = w.reshape(g * n, k)
+    row_amax, row_inf = _row_stats(rows)
+    amax = row_amax.view(g, n).amax(dim=1)  # the caller's features are never 0
     scale = quantizer._scale_of_amax(amax)
-    codes = cast_to_fp8(w32 * scale[:, None, None], quantizer.fp8_dtype)
-    return codes, _scale_inverse(scale, torch.isinf(flat).any(dim=1).to(_F32))
+    codes = _cast_rows(rows, scale.repeat_interleave(n), quantizer.fp8_dtype)
+    inf = row_inf.view(g, n).any(dim=1).to(_F32)
+    return codes.view(g, n, k), _scale_inverse(scale, inf)
+
+
+def _row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(finite amax fp32 [M], has Inf bool [M])`` of each row of ``x`` ``[M, K]``: one
+    read by a kernel on CUDA (``kernels/group_fp8_kernels.py``), else torch ops on an
+    fp32 copy (the same values: max is exact)."""
+    if group_fp8_kernels.eligible(x):
+        return group_fp8_kernels.row_amax(x)
+    x32 = x.to(_F32)
+    if not x.shape[1]:
+        return x32.new_zeros(x.shape[0]), torch.zeros(x.shape[0], dtype=torch.bool)
+    return finite_abs(x32).amax(dim=1), torch.isinf(x32).any(dim=1)
+
+
+def _cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """uint8 FP8 codes of each row of ``x`` ``[M, K]`` times its ``scale`` (fp32 ``[M]``):
+    one read and one write by a kernel on CUDA, else torch ops (the same bits)."""
+    if group_fp8_kernels.eligible(x):
+        return group_fp8_kernels.cast_rows(x, scale, fp8_dtype)
+    return cast_to_fp8(x.to(_F32) * scale[:, None], fp8_dtype)
 
 
 def _scale_inverse(scale: torch.Tensor, inf: torch.Tensor) -> torch.Tensor:
