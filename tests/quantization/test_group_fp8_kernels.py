@@ -122,6 +122,41 @@ def check_input(name, x, fused):
             _same_bits(ref_inv, inv, f"{name} weights {fp8} scale_inv")
 
 
+# Scale inverses of the dequantize checks: unit, powers of two, values whose products
+# round in bf16, overflow it (to Inf) or fall into its subnormals.
+INVERSES = (1.0, 2.0**-20, 3.0, 1.0 / 3.0, 1e-3, 2.0**100, 1e36, 2.0**-130, 7e-45)
+
+
+def _same_values(ref, got, what):
+    """Same dtype and shape, the same bits except NaNs: NaN where the reference has NaN
+    (a NaN's sign and payload are not compared: the CPU's bf16 conversion makes every
+    NaN 0xFFFF, CUDA's 0x7FFF)."""
+    got = got.cpu()
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (what, got.shape, ref.shape)
+    nan = ref.isnan()
+    assert torch.equal(got.isnan(), nan), f"{what}: NaN positions differ"
+    bits = torch.int16 if ref.dtype == torch.bfloat16 else torch.int32
+    r, g = ref.view(bits)[~nan], got.view(bits)[~nan]
+    bad = (r != g).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} differ, first at {bad[:3].tolist()}"
+
+
+def check_dequantize(fused):
+    """Every FP8 code of both formats times each scale inverse, to bf16 and fp32: the
+    kernel alone and through the grouped GEMM's helper, against the torch ops."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 256)
+    codes = codes.expand(len(INVERSES), 256).contiguous()
+    inv = torch.tensor(INVERSES, dtype=torch.float32)
+    for fp8 in (E4M3, E5M2):
+        ref32 = gg._dequantized(codes, fp8, inv)
+        for work in (torch.bfloat16, torch.float32):
+            ref = ref32.to(work)
+            _same_values(ref, gk.dequantize_rows(codes, fp8, inv, work), f"{fp8} -> {work}")
+            with fused(True):
+                got = gg._dequantized_rows(codes, fp8, inv, work)
+            _same_values(ref, got, f"grouped GEMM helper {fp8} -> {work}")
+
+
 def run_interpreter_cases() -> list[str]:
     """Every input through the interpreted kernels; the failures (run in a child)."""
     import contextlib
@@ -141,6 +176,10 @@ def run_interpreter_cases() -> list[str]:
             check_input(name, make(), fused)
         except AssertionError as exc:
             failures.append(f"{name}: {exc}")
+    try:
+        check_dequantize(fused)
+    except AssertionError as exc:
+        failures.append(f"dequantize: {exc}")
     return failures
 
 
@@ -220,3 +259,18 @@ def test_cuda_kernels_match_the_cpu_torch_ops(name):
         codes, inv = gg._quantize_groups(x.cuda(), group.cuda(), 3, q)
         _same_bits(ref_codes, codes, "grouped codes")
         _same_bits(ref_inv, inv, "grouped scale_inv")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_dequantize_matches_the_cpu_torch_ops():
+    """Every FP8 code of both formats times each scale inverse, on CUDA, against the
+    torch ops on the CPU (NaN positions, every other value's bits)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 256)
+    codes = codes.expand(len(INVERSES), 256).contiguous()
+    inv = torch.tensor(INVERSES, dtype=torch.float32)
+    for fp8 in (E4M3, E5M2):
+        ref32 = gg._dequantized(codes, fp8, inv)
+        for work in (torch.bfloat16, torch.float32):
+            got = gk.dequantize_rows(codes.cuda(), fp8, inv.cuda(), work)
+            _same_values(ref32.to(work), got, f"{fp8} -> {work}")

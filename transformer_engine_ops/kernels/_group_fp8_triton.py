@@ -68,7 +68,67 @@ def _cast_rows(
     tl.store(data_ptr + rows[:, None] * K + cols[None, :], code, mask=mask)
 
 
-def build(interpret: bool) -> tuple[Any, Any]:
-    """Launchers of (row amax, row cast): ``launch(grid, args, constexprs,
-    num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
-    return launchers((_row_amax, _cast_rows), interpret)  # type: ignore[return-value]
+@triton.jit
+def fp8_value(code, E4M3: tl.constexpr):  # noqa: N803
+    """fp32 values of uint8 FP8 codes, built from their bits (every FP8 value is an fp32
+    one, so exact): E4M3 (no Inf; 0x7F and 0xFF NaN) or E5M2 (IEEE-like)."""
+    c = code.to(tl.int32)
+    sign = (c & 0x80) << 24
+    if E4M3:
+        e = (c >> 3) & 0xF
+        m = c & 0x7
+        normal = ((e + 120) << 23) | (m << 20)  # exponent e - 7 + 127
+        sub = (m.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)  # m * 2**-9
+        mag = tl.where(e == 0, sub, normal)
+        mag = tl.where((e == 15) & (m == 7), 0x7FC00000, mag)
+    else:
+        e = (c >> 2) & 0x1F
+        m = c & 0x3
+        normal = ((e + 112) << 23) | (m << 21)  # exponent e - 15 + 127
+        sub = (m.to(tl.float32) * 0.0000152587890625).to(tl.int32, bitcast=True)  # m * 2**-16
+        mag = tl.where(e == 0, sub, normal)
+        mag = tl.where(e == 31, tl.where(m == 0, 0x7F800000, 0x7FC00000), mag)
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_bits(v):
+    """int16 bit patterns of fp32 ``v`` rounded to bf16, to nearest even (Inf and
+    overflow to Inf as the hardware conversion; a NaN stays a quiet NaN of its sign),
+    computed on the bits: Triton's interpreter truncates in its own conversion."""
+    b = v.to(tl.int32, bitcast=True)
+    rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    is_nan = (b & 0x7FFFFFFF) > 0x7F800000
+    out = tl.where(is_nan, (b >> 16) | 0x40, rounded)
+    return out.to(tl.int16)
+
+
+def _dequantize_rows(
+    codes_ptr,
+    inv_ptr,
+    out_ptr,
+    M,  # noqa: N803
+    K,  # noqa: N803
+    E4M3: tl.constexpr,  # noqa: N803
+    BF16_OUT: tl.constexpr,  # noqa: N803
+    BM: tl.constexpr,  # noqa: N803
+    BK: tl.constexpr,  # noqa: N803
+):
+    # One tile: each row's FP8 values times its scale inverse (one fp32 multiply), as
+    # bf16 bit patterns or fp32.
+    rows = tl.program_id(0) * BM + tl.arange(0, BM).to(tl.int64)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK).to(tl.int64)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    code = tl.load(codes_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0)
+    inv = tl.load(inv_ptr + rows, mask=rows < M, other=1.0)
+    v = fp8_value(code, E4M3) * inv[:, None]
+    if BF16_OUT:
+        tl.store(out_ptr + rows[:, None] * K + cols[None, :], bf16_bits(v), mask=mask)
+    else:
+        tl.store(out_ptr + rows[:, None] * K + cols[None, :], v, mask=mask)
+
+
+def build(interpret: bool) -> tuple[Any, Any, Any]:
+    """Launchers of (row amax, row cast, row dequantize): ``launch(grid, args,
+    constexprs, num_warps=...)``, compiled or for Triton's interpreter (CPU tensors)."""
+    return launchers((_row_amax, _cast_rows, _dequantize_rows), interpret)  # type: ignore[return-value]

@@ -13,9 +13,16 @@ kernels do it in two passes over the operand as it is (bf16, fp16 or fp32):
 2. :func:`cast_rows`: each row times its own scale, rounded to FP8 codes, in one read
    and one uint8 write.
 
-Both are the torch reference's bits: max is exact in any order, the scaled product is
-one fp32 multiply, and the rounding is ``_fp8_triton.fp8_code`` (c10's conversion
-after the reference's clamp, which ``cuda_kernels`` uses and tests). They run
+The backward's GEMMs without an FP8 kernel (the wgrad, and the dgrad of an E5M2
+gradient) read the operands dequantized; :func:`dequantize_rows` makes them in one read
+of the codes and one bf16 write, where the torch ops widen to fp32, scale and round in
+three passes.
+
+All are the torch reference's bits: max is exact in any order, the scaled product is
+one fp32 multiply, the rounding to FP8 is ``_fp8_triton.fp8_code`` (c10's conversion
+after the reference's clamp, which ``cuda_kernels`` uses and tests), an FP8 value is
+built from its bits and a bf16 one is rounded to nearest even on the bits (a NaN stays
+a NaN of its sign, its payload not kept, as CPU and CUDA conversions differ there). They run
 unchanged under ``TRITON_INTERPRET=1`` on CPU tensors, which is how the tests check
 them without a GPU. The grouped GEMM takes them for real CUDA tensors outside tracing
 (:func:`eligible`); under tracing, fake tensors or on the CPU it runs the torch ops.
@@ -35,7 +42,14 @@ from ..runtime import _torch_private as _private
 from . import triton_support
 from .cuda_kernels import fp8_constants
 
-__all__ = ["available", "cast_rows", "eligible", "row_amax", "unavailable_reason"]
+__all__ = [
+    "available",
+    "cast_rows",
+    "dequantize_rows",
+    "eligible",
+    "row_amax",
+    "unavailable_reason",
+]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Row amax: BR rows a program, read BK columns at a time. Row cast: BM x BK tiles (the
@@ -60,17 +74,18 @@ def available() -> bool:
 
 
 def eligible(x: torch.Tensor) -> bool:
-    """Whether ``x`` takes the kernels: a real CUDA tensor (or Parameter) of fp32, bf16
-    or fp16 with elements, outside tracing and dispatch modes."""
+    """Whether ``x`` takes the kernels: a real CUDA tensor (or Parameter) with elements,
+    of fp32, bf16 or fp16 (an operand to quantize) or uint8 (FP8 codes to dequantize),
+    outside tracing and dispatch modes."""
     if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.device.type != "cuda":
         return False
-    if x.dtype not in DTYPES or x.numel() == 0:
+    if (x.dtype not in DTYPES and x.dtype != torch.uint8) or x.numel() == 0:
         return False
     return triton_support.launchable_here() and available()
 
 
 @functools.cache
-def _kernels(interpret: bool = False) -> tuple[Any, Any]:
+def _kernels(interpret: bool = False) -> tuple[Any, Any, Any]:
     from . import _group_fp8_triton
 
     return _group_fp8_triton.build(interpret)
@@ -106,7 +121,7 @@ def row_amax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     words = torch.empty(m, dtype=torch.int32, device=x.device)
     if m and k:
-        (amax_kernel, _) = _kernels(x.device.type != "cuda")
+        amax_kernel = _kernels(x.device.type != "cuda")[0]
         grid = ((m + AMAX_ROWS - 1) // AMAX_ROWS, 1, 1)
         with _on_its_device(x):
             amax_kernel(
@@ -142,7 +157,7 @@ def cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> t
         raise TypeError(f"{fn}: not an FP8 dtype: {fp8_dtype}")
     codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
     if m and k:
-        (_, cast_kernel) = _kernels(x.device.type != "cuda")
+        cast_kernel = _kernels(x.device.type != "cuda")[1]
         grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
         with _on_its_device(x):
             cast_kernel(
@@ -152,3 +167,56 @@ def cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> t
                 num_warps=CAST_WARPS,
             )
     return codes
+
+
+_FP8_FORMATS = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def dequantize_rows(
+    codes: torch.Tensor, fp8_dtype: torch.dtype, scale_inv: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``out_dtype`` (bf16 or fp32) values ``[M, K]`` of uint8 FP8 codes ``[M, K]``,
+    row ``i`` times ``scale_inv[i]`` (fp32 ``[M]``): the reference's
+    ``(codes.view(fp8_dtype).float() * scale_inv[:, None]).to(out_dtype)``, in one read
+    of the codes and one write (a NaN is a NaN of its sign; its payload is not kept)."""
+    fn = "dequantize_rows"
+    triton_support.check_runnable(fn, codes.device, unavailable_reason)
+    if codes.dim() != 2 or codes.dtype != torch.uint8:
+        raise ValueError(
+            f"{fn}: needs 2-D uint8 codes [rows, K], got {codes.dtype} {tuple(codes.shape)}"
+        )
+    m, k = codes.shape
+    if tuple(scale_inv.shape) != (m,) or scale_inv.dtype != torch.float32:
+        raise ValueError(
+            f"{fn}: scale_inv must be fp32 of shape ({m},), got {scale_inv.dtype} "
+            f"{tuple(scale_inv.shape)}"
+        )
+    if fp8_dtype not in _FP8_FORMATS:
+        raise TypeError(f"{fn}: not an FP8 dtype: {fp8_dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"{fn}: writes bf16 or fp32, not {out_dtype}")
+    out = torch.empty((m, k), dtype=out_dtype, device=codes.device)
+    if m and k:
+        kernel = _kernels(codes.device.type != "cuda")[2]
+        bf16 = out_dtype == torch.bfloat16
+        constexprs = (
+            ("E4M3", fp8_dtype == torch.float8_e4m3fn),
+            ("BF16_OUT", bf16),
+            ("BM", CAST_ROWS),
+            ("BK", CAST_COLS),
+        )
+        grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
+        with _on_its_device(codes):
+            kernel(
+                grid,
+                (
+                    codes.contiguous(),
+                    scale_inv.contiguous(),
+                    out.view(torch.int16) if bf16 else out,
+                    m,
+                    k,
+                ),
+                constexprs,
+                num_warps=CAST_WARPS,
+            )
+    return out

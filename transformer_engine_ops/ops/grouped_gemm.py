@@ -291,6 +291,18 @@ def _dequantized(codes: torch.Tensor, fp8_dtype: torch.dtype, scale_inv: torch.T
     return values * scale_inv.reshape(shape)
 
 
+def _dequantized_rows(
+    codes: torch.Tensor, fp8_dtype: torch.dtype, scale_inv: torch.Tensor, work: torch.dtype
+) -> torch.Tensor:
+    """``work`` values of ``codes`` ``[M, K]``, each row times its ``scale_inv``: one
+    read and one write by a kernel on CUDA (``kernels/group_fp8_kernels.py``), else
+    torch ops through fp32 (the same values; a NaN's payload aside)."""
+    if group_fp8_kernels.eligible(codes):
+        return group_fp8_kernels.dequantize_rows(codes, fp8_dtype, scale_inv, work)
+    v = _dequantized(codes, fp8_dtype, scale_inv)
+    return v if v.dtype == work else v.to(work)
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a copy of it where its data does not start on 16 bytes (the grouped
     GEMMs' TMA loads need that; a view into a larger tensor may start anywhere)."""
@@ -437,12 +449,15 @@ def grouped_gemm_backward(args: GroupedGemmBwdArgs) -> tuple[Any, ...]:
         def values(name: str) -> torch.Tensor:
             if name not in made:
                 if name == "dy":
-                    v = _dequantized(dy_codes, gq.fp8_dtype, dy_inv[group])
+                    v = _dequantized_rows(dy_codes, gq.fp8_dtype, dy_inv[group], work)
                 elif name == "x":
-                    v = _dequantized(args.input_codes, _E4M3, args.input_scale_inv[group])
+                    inv = args.input_scale_inv[group]
+                    v = _dequantized_rows(args.input_codes, _E4M3, inv, work)
                 else:
-                    v = _dequantized(args.weight_codes, _E4M3, args.weight_scale_inv)
-                made[name] = v if v.dtype == work else v.to(work)
+                    codes = args.weight_codes.reshape(g * n, k)
+                    inv = args.weight_scale_inv.repeat_interleave(n)
+                    v = _dequantized_rows(codes, _E4M3, inv, work).view(g, n, k)
+                made[name] = v
             return made[name]
 
         if args.requires_dgrad:
