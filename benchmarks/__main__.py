@@ -1,7 +1,8 @@
 """``python -m benchmarks``: run the figures, write the results JSON and the report.
 
-* CPU (default): figures 1-5, 7 (memory), 8 (op overhead), 9 (block) and 10 (compile
-  time versus depth) ->
+* CPU (default): figures 1-5, 7 (memory), 8 (op overhead), 9 (block), 10 (compile
+  time versus depth), 11 (compiled entry) and 12 (compile time of a
+  ``te.TransformerLayer`` stack, whole and regional) ->
   ``<out>/benchmarks_cpu.json``, then ``report`` writes ``<out>/benchmarks.md`` and
   ``<out>/benchmarks/*.png``, merging
   ``<out>/benchmarks_h200.json`` when present (the CPU run never erases H200 numbers).
@@ -39,6 +40,7 @@ FIGURES = (
     "block",
     "compile_depth",
     "entry",
+    "stack_compile",
 )
 
 
@@ -110,6 +112,15 @@ def merge_gpu_results(path: Path, files: list[Path]) -> dict[str, Any]:
     return data
 
 
+def merge_partial_cpu(
+    old: dict[str, Any], new: dict[str, Any], figures: tuple[str, ...]
+) -> dict[str, Any]:
+    """The CPU results ``old`` with the ``figures`` a partial run measured (``new``)
+    in place: the other figures keep the machine, date and commit of the run that
+    measured them, and each new figure carries its own."""
+    return {**old, **{key: {**new[key], "machine": new["machine"]} for key in figures}}
+
+
 def _write(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
@@ -128,6 +139,7 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         memory,
         overhead,
         step_time,
+        transformer_compile,
     )
 
     results: dict[str, Any] = {}
@@ -178,6 +190,10 @@ def run_cpu(only: tuple[str, ...], quick: bool) -> dict[str, Any]:
         results["entry"] = (
             compiled_entry.run(layers=(1,), rounds=3, calls=100) if quick else compiled_entry.run()
         )
+    if "stack_compile" in only:
+        results["stack_compile"] = (
+            transformer_compile.run(rounds=1, layers=2) if quick else transformer_compile.run()
+        )
     return results
 
 
@@ -226,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         data = {"machine": machine_info(), "quick": args.quick, **run_cpu(only, args.quick)}
         data["seconds"] = time.time() - started
         path = args.out / "benchmarks_cpu.json"
-        if args.only and path.exists():  # a partial run keeps the other figures
-            data = {**json.loads(path.read_text()), **data}
+        if args.only and path.exists():
+            data = merge_partial_cpu(json.loads(path.read_text()), data, only)
         _write(path, data)
     from . import report
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import tp_step
+from . import tp_step, transformer_compile
 from .common import ratio_stats
 from .compile_depth import GOAL_DEPTHS, GOALS
 from .memory import ratios as memory_ratios
@@ -150,6 +150,8 @@ def targets(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> list[list[str]]:
     rows += _memory_targets(cpu)
     rows += _overhead_targets(cpu, gpu)
     rows += _block_targets(cpu)
+    if "stack_compile" in cpu:
+        rows += transformer_compile.report_targets(cpu["stack_compile"])
     if gpu and gpu["gpu"].get("version", 1) >= 2:
         rows += gpu_targets(gpu["gpu"])
         rows += tp_step.report_targets(gpu["gpu"].get("tp", {}))
@@ -996,24 +998,33 @@ def markdown(cpu: dict[str, Any], gpu: dict[str, Any] | None) -> str:
         ("compile", _compile),
         ("step", _step),
     )
-    cpu_run = ("CPU", cpu["machine"])
+
+    def cpu_run(key: str) -> tuple[str, dict[str, Any]]:
+        """The CPU run that measured figure ``key`` (a partial run stamps its own)."""
+        return ("CPU", cpu[key].get("machine", cpu["machine"]))
+
     gpu_run = [("H200", gpu["machine"])] if gpu else []
     for key, section in sections:
         if key in cpu:
-            lines += _dated(section(cpu), cpu_run)
+            lines += _dated(section(cpu), cpu_run(key))
     lines += _dated(_gpu(gpu), *gpu_run)
     if "memory" in cpu:
-        lines += _dated(_memory(cpu), cpu_run)
+        lines += _dated(_memory(cpu), cpu_run("memory"))
     if "overhead" in cpu or (gpu and "overhead" in gpu):
-        overhead_runs = [cpu_run] if "overhead" in cpu else []
+        overhead_runs = [cpu_run("overhead")] if "overhead" in cpu else []
         overhead_runs += gpu_run if gpu and "overhead" in gpu else []
         lines += _dated(_overhead(cpu, gpu), *overhead_runs)
     if "block" in cpu:
-        lines += _dated(_block(cpu), cpu_run)
+        lines += _dated(_block(cpu), cpu_run("block"))
     if "compile_depth" in cpu:
-        lines += _dated(_compile_depth(cpu), cpu_run)
+        lines += _dated(_compile_depth(cpu), cpu_run("compile_depth"))
     if "entry" in cpu:
-        lines += _dated(_entry(cpu), cpu_run)
+        lines += _dated(_entry(cpu), cpu_run("entry"))
+    if "stack_compile" in cpu:
+        section = transformer_compile.report_section(
+            cpu["stack_compile"], NOTES["stack_compile_method"]
+        )
+        lines += _dated(section, cpu_run("stack_compile"))
     lines += ["## Where the remaining time goes", "", NOTES["analysis"], ""]
     return "\n".join(lines)
 

@@ -435,6 +435,63 @@ def test_one_graph_over_several_sequence_lengths() -> None:
     assert unique_graphs() == 1
 
 
+class _Stack(torch.nn.Module):
+    """Layers whose calls are nested compile regions (docs/transformer.md, "Compiling a
+    deep stack")."""
+
+    def __init__(self, layers: list[torch.nn.Module], freqs: torch.Tensor) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+        self.freqs = freqs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = _run_layer(layer, x, self.freqs)
+        return x
+
+
+@torch.compiler.nested_compile_region
+def _run_layer(layer: torch.nn.Module, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    return layer(x, rotary_pos_emb=freqs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_regional_compile_of_a_stack_compiles_the_layer_once(recipe: str) -> None:
+    """Three layers, each call a nested compile region: one Dynamo graph calling one
+    layer subgraph three times, and Inductor's result equal to eager bit for bit (output,
+    input gradient, every parameter gradient)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    layers = [
+        make_layer(31 + i, torch.bfloat16, num_gqa_groups=2, normalization="RMSNorm")
+        for i in range(3)
+    ]
+    stack = _Stack(layers, te.RotaryPositionEmbedding(HIDDEN // HEADS)(16))
+    graphs: list[torch.fx.GraphModule] = []
+
+    def inductor(gm: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(gm)
+        return compile_fx(gm, inputs)
+
+    compiled = torch.compile(stack, fullgraph=True, backend=inductor)
+    x = torch.randn(16, 2, HIDDEN, generator=torch.Generator().manual_seed(32))
+    x = x.to(torch.bfloat16)
+    with recipe_context(recipe):
+        eager = layer_step(stack, x)
+        got = layer_step(compiled, x)
+    _bitwise(got, eager)
+    assert graph_breaks() == 0
+    assert len(graphs) == 1
+    calls = [
+        node
+        for node in graphs[0].graph.nodes
+        if node.target is torch.ops.higher_order.invoke_subgraph
+    ]
+    assert len(calls) == len(layers)
+    assert len({node.args[0].target for node in calls}) == 1, "each layer traced its own region"
+
+
 # --- construction ---------------------------------------------------------------------
 
 
