@@ -12,8 +12,6 @@ Inf land where the fp32 reference (what CUDA ran before the kernels) puts them.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,6 +19,7 @@ from typing import Optional
 import pytest
 import torch
 
+from tests.triton_interpreter import assert_interpreted
 from transformer_engine_ops.kernels import activation_kernels as ak
 from transformer_engine_ops.ops.layernorm_mlp import (
     ACTIVATIONS,
@@ -161,22 +160,9 @@ def test_every_activation_has_a_kernel():
 def test_interpreted_kernels_match_the_float64_reference():
     """In a fresh interpreter (Triton 3.9's interpreter refuses nested @jit helpers
     once torch.compile has run in the process)."""
-    code = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_activation_kernels as t\n"
-        "cases, failures = t.run_cases('cpu')\n"
-        "print(cases, 'cases'); print('\\n'.join(failures))\n"
-        "sys.exit(1 if failures else 0)\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = assert_interpreted(__file__, "cases, failures = t.run_cases('cpu')", "cases")
     n = len(ak.CODES) * (len(DTYPES) * len(SHAPES) + 2)
-    assert f"{n} cases" in out.stdout
+    assert out.endswith(f"{n} cases\n")
 
 
 def test_cpu_tensors_take_the_reference_ops():
@@ -284,16 +270,5 @@ def test_compiled_module_runs_the_interpreted_kernels_bitwise():
     """The integration the gpu tests check on CUDA, on the CPU: the kernels made eligible
     for CPU tensors under the interpreter, a compiled LayerNormMLP (an op node with
     aot_eager, its exact pieces in a lowered Inductor graph) runs them as eager does."""
-    code = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_activation_kernels as t\n"
-        "failures = t.run_module_cases(['aot_eager', 'inductor'], ['swiglu', 'gelu'])\n"
-        "print('\\n'.join(failures)); sys.exit(1 if failures else 0)\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    checks = "failures = t.run_module_cases(['aot_eager', 'inductor'], ['swiglu', 'gelu'])"
+    assert_interpreted(__file__, checks)

@@ -6,15 +6,12 @@ interpreter (a fresh process with ``TRITON_INTERPRET=1``; skipped without Triton
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from family_op_cases import check_fake_layouts, check_opcheck
 
+from tests.triton_interpreter import run_interpreted
 from transformer_engine_ops.generated import activation as ac
 from transformer_engine_ops.generated import grouped_gemm as gg
 from transformer_engine_ops.generated import moe_aux_loss as al
@@ -315,7 +312,8 @@ def test_token_sum_torch_path_against_float64(counts, weights):
 
 _INTERPRETED = """
 import torch
-from transformer_engine_ops.ops import _moe, moe_kernels
+from transformer_engine_ops.kernels import moe_kernels
+from transformer_engine_ops.ops import _moe
 
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
     for counts in (False, True):
@@ -349,14 +347,5 @@ def test_token_sum_kernel_under_the_interpreter_equals_the_torch_path():
     """The kernel's fp32 products and sums, walked in slot order, are the torch path's
     (a multiply-add the compiler may contract is not contracted by the interpreter;
     the GPU tests bound the compiled kernel's difference)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERPRETED],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_interpreted(_INTERPRETED, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

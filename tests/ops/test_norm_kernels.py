@@ -23,7 +23,6 @@ puts them.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Optional
 import pytest
 import torch
 
+from tests.triton_interpreter import run_interpreted
 from transformer_engine_ops.kernels import norm_kernels as nk
 from transformer_engine_ops.ops import layernorm as ln
 
@@ -227,18 +227,7 @@ N_CASES = len(NORMS) * (len(DTYPES) * len(SHAPES) + 2) + 2
 
 
 def _run_in_a_fresh_interpreter(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a new Python under ``TRITON_INTERPRET=1`` (Triton 3.9's interpreter
-    refuses nested @jit helpers once torch.compile has run in the process)."""
-    header = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_norm_kernels as t\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run(
-        [sys.executable, "-c", header + code], capture_output=True, text=True, env=env, cwd=root
-    )
+    return run_interpreted(code, __file__)
 
 
 @needs_triton

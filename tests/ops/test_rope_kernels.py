@@ -13,15 +13,13 @@ the magnitude itself.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Optional
 
 import pytest
 import torch
 
+from tests.triton_interpreter import run_interpreted
 from transformer_engine_ops.kernels import rope_kernels as rk
 from transformer_engine_ops.ops.rope import _rotate_half_transposed, rotate
 
@@ -105,16 +103,7 @@ def run_cases(device: str) -> tuple[int, list[str]]:
 
 
 def _run_fresh(code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    prelude = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_rope_kernels as t\n"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, cwd=root
-    )
+    return run_interpreted(code, __file__)
 
 
 @needs_triton

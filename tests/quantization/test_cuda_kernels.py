@@ -8,14 +8,13 @@ and through ``Float8CurrentScalingQuantizer.quantize`` (the hook) against the CP
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.triton_interpreter import assert_interpreted
 from transformer_engine_ops.kernels import cuda_kernels as ck
 from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer
 
@@ -187,21 +186,8 @@ def run_interpreter_cases() -> list[str]:
 def test_interpreted_kernels_match_the_reference_bit_for_bit():
     """In a fresh interpreter: after torch.compile has run in this process (other
     tests), Triton 3.9's interpreter refuses the kernels' nested @jit helpers."""
-    code = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_cuda_kernels as t\n"
-        "failures = t.run_interpreter_cases()\n"
-        "print(len(t.CASES), 'cases'); print('\\n'.join(failures))\n"
-        "sys.exit(1 if failures else 0)\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"{len(CASES)} cases" in out.stdout
+    out = assert_interpreted(__file__, "failures = t.run_interpreter_cases()", "len(t.CASES)")
+    assert out.endswith(f"{len(CASES)} cases\n")
 
 
 def test_negative_nan_keeps_its_sign_in_the_reference():

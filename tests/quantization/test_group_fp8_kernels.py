@@ -10,15 +10,12 @@ the CPU's torch ops.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from test_cuda_kernels import _all_bf16, _wide
 
+from tests.triton_interpreter import assert_interpreted
 from transformer_engine_ops.kernels import group_fp8_kernels as gk
 from transformer_engine_ops.ops import grouped_gemm as gg
 from transformer_engine_ops.quantization import Float8CurrentScalingQuantizer
@@ -186,21 +183,8 @@ def run_interpreter_cases() -> list[str]:
 @needs_triton
 @pytest.mark.slow
 def test_interpreted_kernels_match_the_torch_ops_bit_for_bit():
-    code = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_group_fp8_kernels as t\n"
-        "failures = t.run_interpreter_cases()\n"
-        "print(len(t.INPUTS), 'inputs'); print('\\n'.join(failures))\n"
-        "sys.exit(1 if failures else 0)\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"{len(INPUTS)} inputs" in out.stdout
+    out = assert_interpreted(__file__, "failures = t.run_interpreter_cases()", "len(t.INPUTS)")
+    assert out.endswith(f"{len(INPUTS)} cases\n")
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):

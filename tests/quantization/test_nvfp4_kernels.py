@@ -11,14 +11,13 @@ Hadamard transform (amax before or after it), stochastic rounding, row-scaled da
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.triton_interpreter import assert_interpreted
 from transformer_engine_ops.kernels import nvfp4_kernels as nk
 from transformer_engine_ops.quantization import NVFP4Quantizer
 
@@ -199,21 +198,9 @@ def test_the_cases_cover_every_configuration_and_usage():
 def test_interpreted_kernels_match_the_reference_bit_for_bit():
     """In a fresh interpreter (Triton's interpreter and an earlier torch.compile in
     this process do not mix; see test_cuda_kernels)."""
-    code = (
-        "import sys, warnings; warnings.simplefilter('ignore')\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import test_nvfp4_kernels as t\n"
-        "failures = t.run_interpreter_cases() + t.run_interpreter_stats_cases()\n"
-        "print(len(t.CASES), 'cases'); print('\\n'.join(failures))\n"
-        "sys.exit(1 if failures else 0)\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"{len(CASES)} cases" in out.stdout
+    checks = "failures = t.run_interpreter_cases() + t.run_interpreter_stats_cases()"
+    out = assert_interpreted(__file__, checks, "len(t.CASES)")
+    assert out.endswith(f"{len(CASES)} cases\n")
 
 
 def _ptx_for_h200(kernel, signature, constexprs):
@@ -259,6 +246,7 @@ def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmeti
                     q.with_2d_quantization,
                     q.nvfp4_use_4over6,
                     q.nvfp4_4over6_err_mode == "MSE",
+                    q.with_random_sign_mask,
                 )
             )
     ptxs = []
@@ -270,8 +258,9 @@ def test_every_launched_configuration_compiles_for_the_h200_with_exact_arithmeti
         ptxs.append(_ptx_for_h200(kernels._quantize, signature, nk._quantize_constexprs(*key)))
     amax_sig = {"x_ptr": "*bf16", "amax_ptr": "*fp32"}
     amax_sig |= {n: "i32" for n in ("R", "C", "stride_r", "stride_c")}
-    for rht in (False, True):
-        ptxs.append(_ptx_for_h200(kernels._row_amax, amax_sig, nk._amax_constexprs(rht)))
+    for rht, signs in ((False, False), (True, False), (True, True)):
+        constexprs = nk._amax_constexprs(rht, signs)
+        ptxs.append(_ptx_for_h200(kernels._row_amax, amax_sig, constexprs))
     for ptx in ptxs:
         assert "fma.rn.f32" not in ptx
         assert "div.approx" not in ptx and "div.full" not in ptx
