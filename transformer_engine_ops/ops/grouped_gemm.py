@@ -266,7 +266,7 @@ def _row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return group_fp8_kernels.row_amax(x)
     x32 = x.to(_F32)
     if not x.shape[1]:
-        return x32.new_zeros(x.shape[0]), torch.zeros(x.shape[0], dtype=torch.bool)
+        return x32.new_zeros(x.shape[0]), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     return finite_abs(x32).amax(dim=1), torch.isinf(x32).any(dim=1)
 
 
