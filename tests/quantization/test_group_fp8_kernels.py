@@ -138,12 +138,16 @@ def _same_values(ref, got, what):
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} differ, first at {bad[:3].tolist()}"
 
 
+def _every_code():
+    """``(codes, scale_inv)``: a row of every FP8 code for each scale inverse."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 256)
+    return codes.expand(len(INVERSES), 256).contiguous(), torch.tensor(INVERSES)
+
+
 def check_dequantize(fused):
     """Every FP8 code of both formats times each scale inverse, to bf16 and fp32: the
     kernel alone and through the grouped GEMM's helper, against the torch ops."""
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 256)
-    codes = codes.expand(len(INVERSES), 256).contiguous()
-    inv = torch.tensor(INVERSES, dtype=torch.float32)
+    codes, inv = _every_code()
     for fp8 in (E4M3, E5M2):
         ref32 = gg._dequantized(codes, fp8, inv)
         for work in (torch.bfloat16, torch.float32):
@@ -250,9 +254,7 @@ def test_cuda_kernels_match_the_cpu_torch_ops(name):
 def test_cuda_dequantize_matches_the_cpu_torch_ops():
     """Every FP8 code of both formats times each scale inverse, on CUDA, against the
     torch ops on the CPU (NaN positions, every other value's bits)."""
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 256)
-    codes = codes.expand(len(INVERSES), 256).contiguous()
-    inv = torch.tensor(INVERSES, dtype=torch.float32)
+    codes, inv = _every_code()
     for fp8 in (E4M3, E5M2):
         ref32 = gg._dequantized(codes, fp8, inv)
         for work in (torch.bfloat16, torch.float32):

@@ -23,14 +23,12 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Any, Optional
 
 import torch
 
-from ..runtime import _torch_private as _private
 from . import triton_support
 
 __all__ = [
@@ -158,13 +156,6 @@ def _launch(
     kernel(grid, args, _constexprs(name, block), num_warps=warps)
 
 
-def _on_its_device(x: torch.Tensor) -> Any:
-    """Triton launches on the current device: make it ``x``'s for the launch."""
-    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
-
-
 def fused_activation_forward(
     name: str,
     x: torch.Tensor,
@@ -183,7 +174,7 @@ def fused_activation_forward(
     out = torch.empty((*x.shape[:-1], h), dtype=out_dtype, device=x.device)
     rows = math.prod(x.shape[:-1])
     forward, _ = _kernels(x.device.type != "cuda")
-    with _on_its_device(x):
+    with triton_support.on_its_device(x):
         args = (x.contiguous(), out, h, float(limit), float(alpha), float(offset))
         _launch(forward, name, rows, h, args, config)
     return out
@@ -207,7 +198,7 @@ def fused_activation_backward(
     dx = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = math.prod(x.shape[:-1])
     _, backward = _kernels(x.device.type != "cuda")
-    with _on_its_device(x):
+    with triton_support.on_its_device(x):
         args = (dy.contiguous(), x.contiguous(), dx, h, float(limit), float(alpha), float(offset))
         _launch(backward, name, rows, h, args, config)
     return dx

@@ -32,13 +32,11 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Optional
 
 import torch
 
-from ..runtime import _torch_private as _private
 from . import triton_support
 from .cuda_kernels import fp8_constants
 
@@ -91,13 +89,6 @@ def _kernels(interpret: bool = False) -> tuple[Any, Any, Any]:
     return _group_fp8_triton.build(interpret)
 
 
-def _on_its_device(x: torch.Tensor) -> Any:
-    """Triton launches on the current device: make it ``x``'s for the launch."""
-    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
-
-
 def _matrix(fn: str, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``(matrix, bf16 bits)``: ``x`` as the contiguous ``[M, K]`` matrix the kernels
     read (a bf16 one as its int16 bit patterns, widened exactly in the kernel), after
@@ -123,7 +114,7 @@ def row_amax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if m and k:
         amax_kernel = _kernels(x.device.type != "cuda")[0]
         grid = ((m + AMAX_ROWS - 1) // AMAX_ROWS, 1, 1)
-        with _on_its_device(x):
+        with triton_support.on_its_device(x):
             amax_kernel(
                 grid,
                 (x, words, m, k),
@@ -159,7 +150,7 @@ def cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> t
     if m and k:
         cast_kernel = _kernels(x.device.type != "cuda")[1]
         grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
-        with _on_its_device(x):
+        with triton_support.on_its_device(x):
             cast_kernel(
                 grid,
                 (x, scale.contiguous(), codes, m, k),
@@ -206,7 +197,7 @@ def dequantize_rows(
             ("BK", CAST_COLS),
         )
         grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
-        with _on_its_device(codes):
+        with triton_support.on_its_device(codes):
             kernel(
                 grid,
                 (

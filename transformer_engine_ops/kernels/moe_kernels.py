@@ -18,13 +18,11 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Optional
 
 import torch
 
-from ..runtime import _torch_private as _private
 from . import triton_support
 
 __all__ = ["available", "eligible", "token_sum", "unavailable_reason"]
@@ -58,13 +56,6 @@ def _kernels(interpret: bool = False) -> tuple[Any]:
     from . import _moe_triton
 
     return _moe_triton.build(interpret)
-
-
-def _on_its_device(x: torch.Tensor) -> Any:
-    """Triton launches on the current device: make it ``x``'s for the launch."""
-    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
 
 
 def _next_power_of_2(n: int) -> int:
@@ -107,7 +98,7 @@ def token_sum(
         ("BLOCK", block),
     )
     grid = (tokens, (hidden + block - 1) // block, 1)
-    with _on_its_device(x):
+    with triton_support.on_its_device(x):
         kernel(
             grid,
             (x, rows, counts_arg, weights_arg, out, hidden, slots, x.stride(0)),

@@ -25,13 +25,11 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Optional
 
 import torch
 
-from ..runtime import _torch_private as _private
 from . import triton_support
 
 __all__ = [
@@ -146,13 +144,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _on_its_device(x: torch.Tensor) -> Any:
-    """Triton launches on the current device: make it ``x``'s for the launch."""
-    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
-
-
 def fused_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -195,7 +186,7 @@ def fused_norm_forward(
         ("ZERO_CENTERED", bool(zero_centered_gamma)),
         ("BLOCK", block),
     )
-    with _on_its_device(x):
+    with triton_support.on_its_device(x):
         forward((rows, 1, 1), args, constexprs, num_warps=warps)
     return y, mu, rsigma
 
@@ -250,7 +241,7 @@ def fused_norm_backward(
         ("NEED_DGRAD", bool(need_dgrad)),
         ("BLOCK", block),
     )
-    with _on_its_device(x):
+    with triton_support.on_its_device(x):
         backward((programs, 1, 1), args, constexprs, num_warps=warps)
     # Two reductions, not one of both: a piece returns fresh tensors, not views of one.
     return dx, partial[0].sum(0), partial[1].sum(0)

@@ -19,14 +19,12 @@ Triton is imported lazily: this module imports fine on a CPU-only torch without 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Any, Optional
 
 import torch
 
-from ..runtime import _torch_private as _private
 from . import triton_support
 
 __all__ = ["available", "eligible", "fused_rope", "unavailable_reason"]
@@ -85,13 +83,6 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     return t, rows, (t.stride(-3) if t.dim() > 2 else 0), t.stride(-2)
 
 
-def _on_its_device(x: torch.Tensor) -> Any:
-    """Triton launches on the current device: make it ``x``'s for the launch."""
-    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
-
-
 def fused_rope(
     t: torch.Tensor, angles: torch.Tensor, interleaved: bool, fused: bool, transpose: bool
 ) -> torch.Tensor:
@@ -125,7 +116,7 @@ def fused_rope(
         ("BLOCK_D", block_d),
     )
     grid = (rows, (heads + block_h - 1) // block_h, 1)
-    with _on_its_device(t):
+    with triton_support.on_its_device(t):
         kernel(
             grid,
             (t, table, out, heads, d, rot, row_stride, head_stride),

@@ -4,6 +4,7 @@ run under Triton's interpreter, and why they cannot run here. Importable without
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Optional
@@ -17,6 +18,7 @@ __all__ = [
     "check_runnable",
     "interpreting",
     "launchable_here",
+    "on_its_device",
     "takes_recorded_kernel",
     "unavailable_reason",
 ]
@@ -53,6 +55,14 @@ def check_runnable(
     reason = unavailable()
     if reason is not None:
         raise RuntimeError(f"{caller}: {reason}")
+
+
+def on_its_device(x: torch.Tensor) -> Any:
+    """A context making ``x``'s CUDA device the current one for a launch (Triton launches
+    on the current device); a no-op where it already is, or for a CPU tensor."""
+    if x.device.type == "cuda" and x.device.index != _private.cuda_current_device():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
 
 
 def launchable_here() -> bool:
