@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8_FORMATS = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Row amax: BR rows a program, read BK columns at a time. Row cast: BM x BK tiles (the
 # per-tensor cast kernel's tile, cuda_kernels.BLOCK_M x BLOCK_K).
 AMAX_ROWS = 8
@@ -104,6 +105,11 @@ def _matrix(fn: str, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return x, False
 
 
+def _tiles(m: int, k: int) -> tuple[int, int, int]:
+    """The grid of the cast and dequantize kernels over an ``m x k`` matrix."""
+    return ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
+
+
 def row_amax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(amax, has_inf)`` of each row of ``x`` ``[M, K]``: fp32 ``[M]``, the finite
     amax (NaN and +-Inf ignored, 0 for an empty row), and bool ``[M]``, whether the row
@@ -144,15 +150,14 @@ def cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> t
         raise ValueError(
             f"{fn}: scale must be fp32 of shape ({m},), got {scale.dtype} {tuple(scale.shape)}"
         )
-    if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if fp8_dtype not in FP8_FORMATS:
         raise TypeError(f"{fn}: not an FP8 dtype: {fp8_dtype}")
     codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
     if m and k:
         cast_kernel = _kernels(x.device.type != "cuda")[1]
-        grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
         with triton_support.on_its_device(x):
             cast_kernel(
-                grid,
+                _tiles(m, k),
                 (x, scale.contiguous(), codes, m, k),
                 _cast_constexprs(fp8_dtype, bf16_bits),
                 num_warps=CAST_WARPS,
@@ -160,7 +165,11 @@ def cast_rows(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> t
     return codes
 
 
-_FP8_FORMATS = (torch.float8_e4m3fn, torch.float8_e5m2)
+@functools.cache
+def _dequantize_constexprs(fp8_dtype: torch.dtype, bf16: bool) -> tuple[tuple[str, Any], ...]:
+    """The dequantize kernel's constexprs, built once per configuration."""
+    e4m3 = fp8_dtype == torch.float8_e4m3fn
+    return (("E4M3", e4m3), ("BF16_OUT", bf16), ("BM", CAST_ROWS), ("BK", CAST_COLS))
 
 
 def dequantize_rows(
@@ -182,7 +191,7 @@ def dequantize_rows(
             f"{fn}: scale_inv must be fp32 of shape ({m},), got {scale_inv.dtype} "
             f"{tuple(scale_inv.shape)}"
         )
-    if fp8_dtype not in _FP8_FORMATS:
+    if fp8_dtype not in FP8_FORMATS:
         raise TypeError(f"{fn}: not an FP8 dtype: {fp8_dtype}")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"{fn}: writes bf16 or fp32, not {out_dtype}")
@@ -190,16 +199,9 @@ def dequantize_rows(
     if m and k:
         kernel = _kernels(codes.device.type != "cuda")[2]
         bf16 = out_dtype == torch.bfloat16
-        constexprs = (
-            ("E4M3", fp8_dtype == torch.float8_e4m3fn),
-            ("BF16_OUT", bf16),
-            ("BM", CAST_ROWS),
-            ("BK", CAST_COLS),
-        )
-        grid = ((m + CAST_ROWS - 1) // CAST_ROWS, (k + CAST_COLS - 1) // CAST_COLS, 1)
         with triton_support.on_its_device(codes):
             kernel(
-                grid,
+                _tiles(m, k),
                 (
                     codes.contiguous(),
                     scale_inv.contiguous(),
@@ -207,7 +209,7 @@ def dequantize_rows(
                     m,
                     k,
                 ),
-                constexprs,
+                _dequantize_constexprs(fp8_dtype, bf16),
                 num_warps=CAST_WARPS,
             )
     return out

@@ -21,13 +21,13 @@ The GEMMs, per device:
   formats): each GEMM's input rows and each weight are quantized with their own amax,
   as the loop's per-GEMM quantizers do, and the forward is one
   ``torch._scaled_grouped_mm`` (each group's per-tensor scale passed as a row or column
-  scale; on Hopper; the per-group quantize is two Triton kernels,
-  ``kernels/group_fp8_kernels.py``). The dgrad is ``torch._scaled_grouped_mm`` too where the gradient is
+  scale; on Hopper). The dgrad is ``torch._scaled_grouped_mm`` too where the gradient is
   E4M3 (the E4M3 format); torch 2.11 has no grouped GEMM for E5M2 operands (HYBRID's
   gradient) nor a safe one for the wgrad (its FP8 kernel needs every group non-empty
   and a multiple of 16 rows), so those run as bf16 grouped GEMMs of the dequantized
   FP8 operands, the operands' FP8 rounding kept (``quantization/gemm.py``'s rule for
-  operands without a native GEMM).
+  operands without a native GEMM). The per-group quantize and the dequantized operands
+  are Triton kernels (``kernels/group_fp8_kernels.py``; the torch ops' bits).
 * CPU: every GEMM in fp32 (``torch._grouped_mm``'s loop of ``mm``) on the operands
   widened or dequantized to fp32, the bias added in fp32 and the result rounded once:
   the numbers of the ``grouped_linear`` loop on the CPU, to the bit (its bias
