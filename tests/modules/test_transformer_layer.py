@@ -460,7 +460,8 @@ def _run_layer(layer: torch.nn.Module, x: torch.Tensor, freqs: torch.Tensor) -> 
 def test_regional_compile_of_a_stack_compiles_the_layer_once(recipe: str) -> None:
     """Three layers, each call a nested compile region: one Dynamo graph calling one
     layer subgraph three times, and Inductor's result equal to eager bit for bit (output,
-    input gradient, every parameter gradient)."""
+    input gradient, every parameter gradient), on a second step too and on a batch of
+    one (a graph of its own, again one layer subgraph)."""
     from torch._inductor.compile_fx import compile_fx
 
     layers = [
@@ -478,18 +479,18 @@ def test_regional_compile_of_a_stack_compiles_the_layer_once(recipe: str) -> Non
     x = torch.randn(16, 2, HIDDEN, generator=torch.Generator().manual_seed(32))
     x = x.to(torch.bfloat16)
     with recipe_context(recipe):
-        eager = layer_step(stack, x)
-        got = layer_step(compiled, x)
-    _bitwise(got, eager)
+        for batch in (x, x.flip(0), x[:, :1]):
+            _bitwise(layer_step(compiled, batch), layer_step(stack, batch))
     assert graph_breaks() == 0
-    assert len(graphs) == 1
-    calls = [
-        node
-        for node in graphs[0].graph.nodes
-        if node.target is torch.ops.higher_order.invoke_subgraph
-    ]
-    assert len(calls) == len(layers)
-    assert len({node.args[0].target for node in calls}) == 1, "each layer traced its own region"
+    assert len(graphs) == 2  # batch 2, then batch 1
+    for graph in graphs:
+        calls = [
+            node
+            for node in graph.graph.nodes
+            if node.target is torch.ops.higher_order.invoke_subgraph
+        ]
+        assert len(calls) == len(layers)
+        assert len({node.args[0].target for node in calls}) == 1, "a layer traced its own region"
 
 
 # --- construction ---------------------------------------------------------------------

@@ -44,6 +44,7 @@ INPUTS = {
     "one_row": lambda: _wide((1, 513), 3, torch.bfloat16),
     "one_column": lambda: _wide((37, 1), 4, torch.bfloat16),
     "zeros": lambda: torch.zeros(5, 17, dtype=torch.bfloat16),
+    "no_rows": lambda: torch.zeros(0, 17, dtype=torch.bfloat16),
     "nan_and_inf_rows": lambda: torch.tensor(
         [[float("nan"), 1.0, -2.0], [float("inf"), 0.5, 0.0], [-float("inf"), float("nan"), 3.0]]
     ),
@@ -109,7 +110,7 @@ def check_input(name, x, fused):
                 codes, inv = gg._quantize_groups(x, group, groups, q)
             _same_bits(ref_codes, codes, f"{name} groups={groups} {fp8} codes")
             _same_bits(ref_inv, inv, f"{name} groups={groups} {fp8} scale_inv")
-        if x.shape[0] % 3 == 0:  # as a stack of 3 weights
+        if x.shape[0] and x.shape[0] % 3 == 0:  # as a stack of 3 weights
             w = x.reshape(3, x.shape[0] // 3, x.shape[1])
             with fused(False):
                 ref_codes, ref_inv = gg._quantize_weights(w, q)
