@@ -72,8 +72,9 @@ def _hooked(hook: Any) -> bool:
 
 
 class CachedLauncher:
-    """``launcher(grid, args, constexprs, num_warps=...)`` launches the JIT kernel like
-    ``kernel[grid](*args, **constexprs, num_warps=...)``; ``grid`` has three dims,
+    """``launcher(grid, args, constexprs, num_warps=..., num_stages=None)`` launches the
+    JIT kernel like ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``
+    (``num_stages`` None: Triton's default); ``grid`` has three dims,
     ``args`` are the runtime arguments in signature order, ``constexprs`` the rest, by
     name: a mapping, or a tuple of ``(name, value)`` pairs (hashable as it is, so a
     caller that builds it once per configuration saves rebuilding it per launch).
@@ -87,9 +88,16 @@ class CachedLauncher:
         self.direct_launches = 0  # read by tests
 
     def _triton_launch(
-        self, grid: Sequence[int], args: Sequence[Any], constexprs: Any, warps: int
+        self,
+        grid: Sequence[int],
+        args: Sequence[Any],
+        constexprs: Any,
+        warps: int,
+        stages: int | None,
     ) -> Any:
         named = dict(constexprs)
+        if stages is not None:
+            named["num_stages"] = stages
         return self._kernel[tuple(grid)](*args, **named, num_warps=warps)
 
     def __call__(
@@ -99,9 +107,10 @@ class CachedLauncher:
         constexprs: Mapping[str, Any] | tuple[tuple[str, Any], ...],
         *,
         num_warps: int,
+        num_stages: int | None = None,
     ) -> None:
         if not self.direct:  # checked first: older Tritons have no ``knobs``
-            self._triton_launch(grid, args, constexprs, num_warps)
+            self._triton_launch(grid, args, constexprs, num_warps, num_stages)
             return
         runtime = triton.knobs.runtime
         if (
@@ -109,13 +118,14 @@ class CachedLauncher:
             or _hooked(runtime.launch_exit_hook)
             or self._kernel.pre_run_hooks
         ):
-            self._triton_launch(grid, args, constexprs, num_warps)
+            self._triton_launch(grid, args, constexprs, num_warps, num_stages)
             return
         device = _current_device()
         items = constexprs if type(constexprs) is tuple else tuple(constexprs.items())
         key = (
             device,
             num_warps,
+            num_stages,
             runtime.debug,
             triton.knobs.compilation.instrumentation_mode,
             items,
@@ -127,7 +137,8 @@ class CachedLauncher:
             # the constexprs after the runtime arguments, in signature order, go with it.
             named = dict(items)
             tail = tuple(named[name] for name in self._names[len(args) :])
-            self._compiled[key] = (self._triton_launch(grid, args, items, num_warps), tail)
+            launched = self._triton_launch(grid, args, items, num_warps, num_stages)
+            self._compiled[key] = (launched, tail)
             return
         compiled, tail = entry
         stream = _current_raw_stream(device)
@@ -149,7 +160,7 @@ class CachedLauncher:
             # The launcher refused the call before launching (argument count or types of
             # another Triton build): launch through Triton, now and from now on.
             self.direct = False
-            self._triton_launch(grid, args, constexprs, num_warps)
+            self._triton_launch(grid, args, constexprs, num_warps, num_stages)
             return
         self.direct_launches += 1
 
@@ -168,7 +179,10 @@ class Interpreted:
             else InterpretedFunction(getattr(fn, "fn", fn))
         )
 
-    def __call__(self, grid: Any, args: Any, constexprs: Any, *, num_warps: int) -> None:
+    def __call__(
+        self, grid: Any, args: Any, constexprs: Any, *, num_warps: int, num_stages: Any = None
+    ) -> None:
+        # The interpreter runs one program at a time: no warps or pipeline stages to set.
         self._fn[tuple(grid)](*args, **dict(constexprs), num_warps=num_warps)
 
 
