@@ -160,15 +160,19 @@ def read_declaration(
     present = [k for k in impl_keys if k in given]
     impls = None
     if present:
-        missing = [kw(k) for k in impl_keys if k not in given]
+        # setup_context may go unnamed: checked below, once the copies are known.
+        missing = [kw(k) for k in impl_keys if k not in given and k != "setup_context"]
         if missing:
             raise CodegenError(
                 where,
                 f"{callee} names {', '.join(kw(k) for k in present)} but not {', '.join(missing)}",
-                f"give all {len(impl_keys)} implementation functions, or none",
+                "give every implementation function (setup_context only where a backward "
+                "field is not a copy), or none",
             )
         names = {}
         for key in impl_keys:
+            if key not in given:
+                continue
             node = given[key]
             if not isinstance(node, cst.Name) or node.value not in functions:
                 raise CodegenError(
@@ -201,9 +205,18 @@ def read_declaration(
     if impls is not None:
         copied = contract.copied_fields(forward, backward, derived)
         made = contract.made_fields(backward, copied)
-        contract.check_returns(
-            functions[impls.setup_context], forward, backward, copied, made, file.loc
-        )
+        if impls.setup_context is not None:
+            contract.check_returns(
+                functions[impls.setup_context], forward, backward, copied, made, file.loc
+            )
+        elif made:
+            raise CodegenError(
+                where,
+                f"{callee} names no `{kw('setup_context')}`, but {backward.name} has fields "
+                f"that are not copies of {forward.name} fields: {', '.join(made)}",
+                f"give `{kw('setup_context')}=` a function returning dict({made[0]}=..., ...), "
+                f"or make each a copy (a {forward.name} field of the same name and type)",
+            )
     lowers = _literal_bool(file, given["lowers"], kw("lowers")) if "lowers" in given else False
     if lowers and impls is None and form.registration:
         raise CodegenError(

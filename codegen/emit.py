@@ -447,7 +447,11 @@ def op_module_context(source: SourceModule, config: Config) -> dict:
             p = op.plain_problem
             raise CodegenError(p.location, p.message, p.hint)
         registration["impls"] = Impls(
-            **{key: imports.use(f"{source.module}.{name}") for key, name in vars(op.impls).items()}
+            **{
+                key: imports.use(f"{source.module}.{name}")
+                for key, name in vars(op.impls).items()
+                if name is not None
+            }
         )
         imports.use_module("transformer_engine_ops.runtime", "custom_ops", "_r")
         plain_call = op.plain_call and imports.use(f"{source.module}.{op.plain_call}")

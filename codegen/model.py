@@ -161,7 +161,8 @@ class Impls:
     backward_impl: str
     forward_spec: str
     backward_spec: str
-    setup_context: str
+    # None where every backward field is a copy (the declaration names none).
+    setup_context: str | None = None
 
 
 @dataclass(frozen=True)

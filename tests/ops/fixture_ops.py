@@ -40,6 +40,7 @@ FIXTURE_DIR = "tests/ops/fixtures"
 FIXTURE_SOURCES = (
     f"{FIXTURE_DIR}/every_kind_op.py",
     f"{FIXTURE_DIR}/grouped_op.py",
+    f"{FIXTURE_DIR}/scale_op.py",
     f"{FIXTURE_DIR}/shadowing_op.py",
 )
 _OUTPUT_DIR = "fixture_ops_out"

@@ -37,6 +37,9 @@ from .boundary import (
     first_device as first_device,  # generated kernels call it as ``_r.first_device``
 )
 from .declaration import (
+    check_nothing_saved as check_nothing_saved,  # generated calls: ``_r.check_nothing_saved``
+)
+from .declaration import (
     check_setup_context as check_setup_context,  # generated calls: ``_r.check_setup_context``
 )
 from .fallback import run_eagerly as run_eagerly  # generated calls: ``_r.run_eagerly``

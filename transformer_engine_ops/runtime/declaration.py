@@ -48,7 +48,9 @@ class OpDeclaration:
     that are not copies: a backward field whose forward field has the same name and
     annotation is copied from ``args`` by the generated code (``copied_fields``), unless
     ``derived`` names it (a value setup_context computes although a forward field has
-    its name and type); the gradient receiver is filled at backward time.
+    its name and type); the gradient receiver is filled at backward time. An op whose
+    backward fields are all copies declares no ``setup_context``; its ``forward_impl``
+    then saves nothing (an empty ``saved``, checked on each call).
     ``backward_args`` builds the whole backward bundle as the generated code does.
     """
 
@@ -83,15 +85,22 @@ class OpDeclaration:
         copied forward fields, an empty gradient receiver and what ``setup_context``
         returns (checked). For op impls that run another op's backward inside their own."""
         if self.setup_context is None:
-            raise TypeError(f"op `{self.name}` declares no setup_context")
-        made = self.setup_context(args, outputs, saved)
-        check_setup_context(
-            made,
-            self.made_fields,
-            self.copied_fields,
-            self.backward.__name__,
-            self.setup_context.__name__,
-        )
+            if self.made_fields:
+                raise TypeError(
+                    f"op `{self.name}` declares no setup_context, but {self.backward.__name__} "
+                    f"has fields that are not copies: {', '.join(sorted(self.made_fields))}"
+                )
+            check_nothing_saved(saved, self.name)
+            made = {}
+        else:
+            made = self.setup_context(args, outputs, saved)
+            check_setup_context(
+                made,
+                self.made_fields,
+                self.copied_fields,
+                self.backward.__name__,
+                self.setup_context.__name__,
+            )
         receiver = {
             f.name: [] if f.name == "grad_outputs" else None
             for f in dataclasses.fields(self.backward)
@@ -119,6 +128,17 @@ def copied_fields(forward: type, backward: type, derived: Collection[str] = ()) 
         and f.name not in GRAD_RECEIVERS
         and types[f.name] == _annotation(f.type)
     )
+
+
+def check_nothing_saved(saved: Any, op: str) -> None:
+    """Raise unless ``saved`` is empty: an op without ``setup_context`` has nowhere to put
+    what its forward saved for the backward."""
+    if len(saved):
+        raise TypeError(
+            f"op `{op}`: its forward_impl saved {len(saved)} value(s), but the declaration has "
+            "no setup_context to put them in the backward bundle; return an empty saved "
+            "tuple, or declare a setup_context"
+        )
 
 
 def check_setup_context(

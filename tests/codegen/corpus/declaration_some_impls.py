@@ -1,4 +1,4 @@
-# expect: 32:6 but not forward_spec, backward_spec, setup_context
+# expect: 32:6 but not forward_spec, backward_spec
 """Corpus: two of the five implementation functions."""
 
 from __future__ import annotations
