@@ -123,10 +123,43 @@ def _out(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tu
     return out, out.view(torch.int16) if dtype == torch.bfloat16 else out
 
 
-def _imprecise(split_accumulator: bool, reduction_tile: int) -> Optional[int]:
-    """Triton's ``max_num_imprecise_acc``: promote every reduction tile (TE's split
-    accumulator), or None (Triton's default for the GPU: the hardware's accumulation)."""
-    return reduction_tile if split_accumulator else None
+def _launch(
+    which: int,
+    grid: tuple[int, int, int],
+    a: tuple[torch.Tensor, torch.dtype, torch.Tensor],
+    b: tuple[torch.Tensor, torch.dtype, torch.Tensor],
+    ends: torch.Tensor,
+    middle: tuple[Any, ...],
+    sizes: tuple[Any, ...],
+    tiles: tuple[tuple[str, int], ...],
+    out_dtype: torch.dtype,
+    split_accumulator: bool,
+) -> None:
+    """Launch kernel ``which`` (0: row-grouped, 1: group-reduced) on ``grid``: its
+    arguments are the two operands' codes and scale inverses, the row ends, ``middle``
+    (what the kernel reads between the row ends and the sizes: the output), ``sizes``
+    (sizes and strides), then the formats, the output's dtype, ``tiles`` and the
+    accumulation. ``split_accumulator`` asks Triton to promote the tensor cores' partial
+    sums to fp32 every reduction tile (``max_num_imprecise_acc``; None: the hardware's
+    accumulation, Triton's default)."""
+    (a_codes, a_fp8, a_inv), (b_codes, b_fp8, b_inv) = a, b
+    reduction_tile = tiles[-1][1]
+    with triton_support.on_its_device(a_codes):
+        _kernels(a_codes.device.type != "cuda")[which](
+            grid,
+            (a_codes, b_codes, a_inv.contiguous(), b_inv.contiguous(), ends.contiguous())
+            + middle
+            + sizes,
+            (
+                ("A_E4M3", a_fp8 == torch.float8_e4m3fn),
+                ("B_E4M3", b_fp8 == torch.float8_e4m3fn),
+                ("OUT_BF16", out_dtype == torch.bfloat16),
+                *tiles,
+                ("IMPRECISE", reduction_tile if split_accumulator else None),
+            ),
+            num_warps=WARPS,
+            num_stages=STAGES,
+        )
 
 
 def row_grouped_mm(
@@ -143,7 +176,7 @@ def row_grouped_mm(
     group's end row (the groups' rows one after another, ending at ``M``)."""
     fn = "row_grouped_mm"
     groups = _check(fn, {"a": a, "b": b}, {"a": 2, "b": 3}, ends, out_dtype)
-    (a_codes, a_fp8, a_inv), (b_codes, b_fp8, b_inv) = a, b
+    a_codes, b_codes = a[0], b[0]
     m, r = a_codes.shape
     if b_codes.shape[0] != groups or b_codes.shape[2] != r:
         raise ValueError(
@@ -162,39 +195,18 @@ def row_grouped_mm(
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     tile_ends = torch.cumsum((counts + (bm - 1)) // bm, 0, dtype=torch.int32)
     grid = ((m + bm - 1) // bm + groups, (c + bc - 1) // bc, 1)
-    with triton_support.on_its_device(a_codes):
-        _kernels(a_codes.device.type != "cuda")[0](
-            grid,
-            (
-                a_codes,
-                b_codes,
-                a_inv.contiguous(),
-                b_inv.contiguous(),
-                ends.contiguous(),
-                tile_ends,
-                written,
-                c,
-                r,
-                groups,
-                a_codes.stride(0),
-                a_codes.stride(1),
-                b_codes.stride(0),
-                b_codes.stride(1),
-                b_codes.stride(2),
-            ),
-            (
-                ("A_E4M3", a_fp8 == torch.float8_e4m3fn),
-                ("B_E4M3", b_fp8 == torch.float8_e4m3fn),
-                ("OUT_BF16", out_dtype == torch.bfloat16),
-                ("GP", max(16, 1 << (groups - 1).bit_length())),
-                ("BM", bm),
-                ("BC", bc),
-                ("BR", br),
-                ("IMPRECISE", _imprecise(split_accumulator, br)),
-            ),
-            num_warps=WARPS,
-            num_stages=STAGES,
-        )
+    _launch(
+        0,
+        grid,
+        a,
+        b,
+        ends,
+        (tile_ends, written),
+        (c, r, groups, *a_codes.stride(), *b_codes.stride()),
+        (("GP", max(16, 1 << (groups - 1).bit_length())), ("BM", bm), ("BC", bc), ("BR", br)),
+        out_dtype,
+        split_accumulator,
+    )
     return out
 
 
@@ -212,7 +224,7 @@ def group_reduced_mm(
     int32 ``[G]``: each group's end row."""
     fn = "group_reduced_mm"
     groups = _check(fn, {"a": a, "b": b}, {"a": 2, "b": 2}, ends, out_dtype)
-    (a_codes, a_fp8, a_inv), (b_codes, b_fp8, b_inv) = a, b
+    a_codes, b_codes = a[0], b[0]
     m, p = a_codes.shape
     if b_codes.shape[0] != m:
         raise ValueError(
@@ -227,33 +239,16 @@ def group_reduced_mm(
         return out.zero_()
     bp, bc, br = REDUCED_TILE
     grid = (groups, (p + bp - 1) // bp, (c + bc - 1) // bc)
-    with triton_support.on_its_device(a_codes):
-        _kernels(a_codes.device.type != "cuda")[1](
-            grid,
-            (
-                a_codes,
-                b_codes,
-                a_inv.contiguous(),
-                b_inv.contiguous(),
-                ends.contiguous(),
-                written,
-                p,
-                c,
-                a_codes.stride(0),
-                a_codes.stride(1),
-                b_codes.stride(0),
-                b_codes.stride(1),
-            ),
-            (
-                ("A_E4M3", a_fp8 == torch.float8_e4m3fn),
-                ("B_E4M3", b_fp8 == torch.float8_e4m3fn),
-                ("OUT_BF16", out_dtype == torch.bfloat16),
-                ("BP", bp),
-                ("BC", bc),
-                ("BR", br),
-                ("IMPRECISE", _imprecise(split_accumulator, br)),
-            ),
-            num_warps=WARPS,
-            num_stages=STAGES,
-        )
+    _launch(
+        1,
+        grid,
+        a,
+        b,
+        ends,
+        (written,),
+        (p, c, *a_codes.stride(), *b_codes.stride()),
+        (("BP", bp), ("BC", bc), ("BR", br)),
+        out_dtype,
+        split_accumulator,
+    )
     return out
