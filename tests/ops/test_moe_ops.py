@@ -194,7 +194,6 @@ def _grouped_bundle(fp8=False, bias=True):
         activation_dtype=torch.bfloat16,
         fprop_gemm=GemmConfig(use_split_accumulator=False),
         dgrad_gemm=GemmConfig(),
-        wgrad_gemm=GemmConfig(),
         is_grad_enabled=True,
     )
 

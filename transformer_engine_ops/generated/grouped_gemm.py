@@ -50,7 +50,6 @@ FORWARD_SCHEMA = (
     ", ScalarType activation_dtype"
     ", str fprop_gemm"
     ", str dgrad_gemm"
-    ", str wgrad_gemm"
     ", bool is_grad_enabled"
     ") -> Tensor[]"
 )
@@ -68,7 +67,6 @@ FORWARD_SLOTS = (
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("fprop_gemm", "value", "fprop_gemm", "str"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
-    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("is_grad_enabled", "scalar", "is_grad_enabled", "bool"),
 )
 
@@ -85,7 +83,6 @@ BACKWARD_SCHEMA = (
     ", str? grad_output_quantizer"
     ", ScalarType activation_dtype"
     ", str dgrad_gemm"
-    ", str wgrad_gemm"
     ", bool requires_dgrad"
     ", bool requires_wgrad"
     ", bool requires_bgrad"
@@ -104,7 +101,6 @@ BACKWARD_SLOTS = (
     _b.SlotRow("grad_output_quantizer", "quantizer", "grad_output_quantizer", "str?"),
     _b.SlotRow("activation_dtype", "scalar", "activation_dtype", "ScalarType"),
     _b.SlotRow("dgrad_gemm", "value", "dgrad_gemm", "str"),
-    _b.SlotRow("wgrad_gemm", "value", "wgrad_gemm", "str"),
     _b.SlotRow("requires_dgrad", "scalar", "requires_dgrad", "bool"),
     _b.SlotRow("requires_wgrad", "scalar", "requires_wgrad", "bool"),
     _b.SlotRow("requires_bgrad", "scalar", "requires_bgrad", "bool"),
@@ -128,7 +124,6 @@ def flatten_grouped_gemm_fwd_args(args: GroupedGemmFwdArgs) -> tuple[Any, ...]:
         args.activation_dtype,
         args.fprop_gemm,
         args.dgrad_gemm,
-        args.wgrad_gemm,
         args.is_grad_enabled,
     )
 
@@ -147,7 +142,6 @@ def grouped_gemm_fwd_slots(
     activation_dtype: Any,
     fprop_gemm: Any,
     dgrad_gemm: Any,
-    wgrad_gemm: Any,
     is_grad_enabled: Any,
 ) -> tuple[Any, ...]:
     """The forward op's slots from the fields of `GroupedGemmFwdArgs` (`call_grouped_gemm` has
@@ -204,9 +198,6 @@ def grouped_gemm_fwd_slots(
         isinstance(dgrad_gemm, GemmConfig)
         and getattr(dgrad_gemm, "_teops_code", None)
         or _b.code(dgrad_gemm, GemmConfig, "GroupedGemmFwdArgs.dgrad_gemm"),
-        isinstance(wgrad_gemm, GemmConfig)
-        and getattr(wgrad_gemm, "_teops_code", None)
-        or _b.code(wgrad_gemm, GemmConfig, "GroupedGemmFwdArgs.wgrad_gemm"),
         is_grad_enabled
         if is_grad_enabled is True or is_grad_enabled is False
         else _b.check(is_grad_enabled, bool, "GroupedGemmFwdArgs.is_grad_enabled"),
@@ -230,7 +221,6 @@ def unflatten_grouped_gemm_fwd_args(*slots: Any) -> GroupedGemmFwdArgs:
         activation_dtype=slot(),
         fprop_gemm=_b.decode(slot()),
         dgrad_gemm=_b.decode(slot()),
-        wgrad_gemm=_b.decode(slot()),
         is_grad_enabled=slot(),
     )
 
@@ -273,9 +263,6 @@ def flatten_grouped_gemm_bwd_args(args: GroupedGemmBwdArgs) -> tuple[Any, ...]:
         isinstance(v := args.dgrad_gemm, GemmConfig)
         and getattr(v, "_teops_code", None)
         or _b.code(v, GemmConfig, "GroupedGemmBwdArgs.dgrad_gemm"),
-        isinstance(v := args.wgrad_gemm, GemmConfig)
-        and getattr(v, "_teops_code", None)
-        or _b.code(v, GemmConfig, "GroupedGemmBwdArgs.wgrad_gemm"),
         v
         if (v := args.requires_dgrad) is True or v is False
         else _b.check(v, bool, "GroupedGemmBwdArgs.requires_dgrad"),
@@ -306,7 +293,6 @@ def unflatten_grouped_gemm_bwd_args(*slots: Any) -> GroupedGemmBwdArgs:
         grad_output_quantizer=_b.optional_decode(slot()),
         activation_dtype=slot(),
         dgrad_gemm=_b.decode(slot()),
-        wgrad_gemm=_b.decode(slot()),
         requires_dgrad=slot(),
         requires_wgrad=slot(),
         requires_bgrad=slot(),
@@ -385,7 +371,6 @@ COPIED_FIELDS = (
     "grad_output_quantizer",
     "activation_dtype",
     "dgrad_gemm",
-    "wgrad_gemm",
 )
 SETUP_CONTEXT_FIELDS = frozenset(
     {
@@ -422,7 +407,6 @@ def _backward_args(
         grad_output_quantizer=args.grad_output_quantizer,
         activation_dtype=args.activation_dtype,
         dgrad_gemm=args.dgrad_gemm,
-        wgrad_gemm=args.wgrad_gemm,
         **made,
     )
 
@@ -444,7 +428,6 @@ def _backward_bundle(
         grad_output_quantizer=kept.grad_output_quantizer,
         activation_dtype=kept.activation_dtype,
         dgrad_gemm=kept.dgrad_gemm,
-        wgrad_gemm=kept.wgrad_gemm,
         requires_dgrad=kept.requires_dgrad,
         requires_wgrad=kept.requires_wgrad,
         requires_bgrad=kept.requires_bgrad,
@@ -639,7 +622,6 @@ def call_grouped_gemm(
     activation_dtype: Any,
     fprop_gemm: Any,
     dgrad_gemm: Any,
-    wgrad_gemm: Any,
     is_grad_enabled: Any,
     keep: _r.Keep | None = None,
 ) -> tuple[Any, ...]:
@@ -721,9 +703,6 @@ def call_grouped_gemm(
                 isinstance(dgrad_gemm, GemmConfig)
                 and getattr(dgrad_gemm, "_teops_code", None)
                 or _b.code(dgrad_gemm, GemmConfig, "GroupedGemmFwdArgs.dgrad_gemm"),
-                isinstance(wgrad_gemm, GemmConfig)
-                and getattr(wgrad_gemm, "_teops_code", None)
-                or _b.code(wgrad_gemm, GemmConfig, "GroupedGemmFwdArgs.wgrad_gemm"),
                 is_grad_enabled
                 if is_grad_enabled is True or is_grad_enabled is False
                 else _b.check(is_grad_enabled, bool, "GroupedGemmFwdArgs.is_grad_enabled"),
@@ -746,7 +725,6 @@ def call_grouped_gemm(
         activation_dtype=activation_dtype,
         fprop_gemm=fprop_gemm,
         dgrad_gemm=dgrad_gemm,
-        wgrad_gemm=wgrad_gemm,
         is_grad_enabled=is_grad_enabled,
     )
     if reason is None:

@@ -623,7 +623,6 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
             activation_dtype=fields["activation_dtype"],
             fprop_gemm=fields["fprop_gemm"],
             dgrad_gemm=fields["dgrad_gemm"],
-            wgrad_gemm=fields["wgrad_gemm"],
             is_grad_enabled=fields["is_grad_enabled"],
         )[0]
 

@@ -22,15 +22,12 @@ The GEMMs, per device:
   as the loop's per-GEMM quantizers do, and the forward is one
   ``torch._scaled_grouped_mm`` (each group's per-tensor scale passed as a row or column
   scale; on Hopper). The dgrad is ``torch._scaled_grouped_mm`` too where the gradient is
-  E4M3 (the E4M3 format). torch 2.11 has no grouped GEMM for E5M2 operands (HYBRID's
+  E4M3 (the E4M3 format); torch 2.11 has no grouped GEMM for E5M2 operands (HYBRID's
   gradient) nor a safe one for the wgrad (its FP8 kernel needs every group non-empty
-  and a multiple of 16 rows): those are Triton FP8 grouped GEMMs of the codes
-  (``kernels/grouped_fp8_gemm.py``, on GPUs with FP8 tensor cores), accumulated as the
-  recipe's ``dgrad_gemm``/``wgrad_gemm`` ask. Where Triton cannot run they are bf16
-  grouped GEMMs of the dequantized FP8 operands, the operands' FP8 rounding kept
-  (``quantization/gemm.py``'s rule for operands without a native GEMM). The per-group
-  quantize and the dequantized operands are Triton kernels
-  (``kernels/group_fp8_kernels.py``; the torch ops' bits).
+  and a multiple of 16 rows), so those run as bf16 grouped GEMMs of the dequantized
+  FP8 operands, the operands' FP8 rounding kept (``quantization/gemm.py``'s rule for
+  operands without a native GEMM). The per-group quantize and the dequantized operands
+  are Triton kernels (``kernels/group_fp8_kernels.py``; the torch ops' bits).
 * CPU: every GEMM in fp32 (``torch._grouped_mm``'s loop of ``mm``) on the operands
   widened or dequantized to fp32, the bias added in fp32 and the result rounded once:
   the numbers of the ``grouped_linear`` loop on the CPU, to the bit (its bias
@@ -48,7 +45,7 @@ from typing import Any, Optional
 
 import torch
 
-from transformer_engine_ops.kernels import group_fp8_kernels, grouped_fp8_gemm
+from transformer_engine_ops.kernels import group_fp8_kernels
 from transformer_engine_ops.ops import _moe
 from transformer_engine_ops.quantization.encoding import cast_to_fp8, finite_abs, fp8_to_float
 from transformer_engine_ops.quantization.float8 import Float8CurrentScalingQuantizer
@@ -90,7 +87,6 @@ class GroupedGemmFwdArgs:
     activation_dtype: torch.dtype
     fprop_gemm: GemmConfig
     dgrad_gemm: GemmConfig
-    wgrad_gemm: GemmConfig
 
     # --- Autograd state ---
     is_grad_enabled: bool
@@ -115,7 +111,6 @@ class GroupedGemmBwdArgs:
     grad_output_quantizer: Optional[Quantizer]
     activation_dtype: torch.dtype
     dgrad_gemm: GemmConfig
-    wgrad_gemm: GemmConfig
 
     requires_dgrad: bool
     requires_wgrad: bool
@@ -308,12 +303,6 @@ def _dequantized_rows(
     return v if v.dtype == work else v.to(work)
 
 
-def _reduction_major(codes: torch.Tensor) -> torch.Tensor:
-    """``codes [M, C]`` as a view whose rows are contiguous (a transposed copy): the
-    layout the FP8 tensor cores read for a GEMM that reduces over the rows."""
-    return codes.t().contiguous().t()
-
-
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a copy of it where its data does not start on 16 bytes (the grouped
     GEMMs' TMA loads need that; a view into a larger tensor may start anywhere)."""
@@ -471,7 +460,6 @@ def grouped_gemm_backward(args: GroupedGemmBwdArgs) -> tuple[Any, ...]:
                 made[name] = v
             return made[name]
 
-        fp8_gemms = grouped_fp8_gemm.eligible(dy_codes)  # CUDA with FP8 tensor cores
         if args.requires_dgrad:
             if cuda and gq.fp8_dtype == _E4M3:
                 columns = args.weight_codes.transpose(1, 2).contiguous()  # [G, K, N]
@@ -483,27 +471,10 @@ def grouped_gemm_backward(args: GroupedGemmBwdArgs) -> tuple[Any, ...]:
                     offsets,
                     args.dgrad_gemm,
                 )
-            elif fp8_gemms:
-                dgrad = grouped_fp8_gemm.row_grouped_mm(
-                    (dy_codes, gq.fp8_dtype, dy_inv),
-                    (args.weight_codes.transpose(1, 2).contiguous(), _E4M3, args.weight_scale_inv),
-                    offsets,
-                    _BF16,
-                    split_accumulator=args.dgrad_gemm.use_split_accumulator,
-                )
             else:
                 dgrad = _grouped(values("dy"), values("w"), offsets)
         if args.requires_wgrad:
-            if fp8_gemms:
-                wgrad = grouped_fp8_gemm.group_reduced_mm(
-                    (_reduction_major(dy_codes), gq.fp8_dtype, dy_inv),
-                    (_reduction_major(args.input_codes), _E4M3, args.input_scale_inv),
-                    offsets,
-                    _BF16,
-                    split_accumulator=args.wgrad_gemm.use_split_accumulator,
-                )
-            else:
-                wgrad = _grouped(values("dy").t(), values("x"), offsets)
+            wgrad = _grouped(values("dy").t(), values("x"), offsets)
     else:
         work = _BF16 if cuda else _F32
         dyw = dy.to(work)
