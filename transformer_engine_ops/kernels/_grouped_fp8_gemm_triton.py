@@ -15,10 +15,13 @@ from ._triton_launch import launchers
 
 @triton.jit
 def as_fp8(codes, E4M3: tl.constexpr):  # noqa: N803
-    """A tile of uint8 codes as the FP8 values they encode (a bit cast)."""
+    """A tile of uint8 codes as the FP8 values they encode (a bit cast; one return, as
+    Triton checks every return's type even where a constexpr picks the branch)."""
     if E4M3:
-        return codes.to(tl.float8e4nv, bitcast=True)
-    return codes.to(tl.float8e5, bitcast=True)
+        values = codes.to(tl.float8e4nv, bitcast=True)
+    else:
+        values = codes.to(tl.float8e5, bitcast=True)
+    return values
 
 
 @triton.jit
