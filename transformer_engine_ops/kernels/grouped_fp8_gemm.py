@@ -3,29 +3,28 @@
 The grouped GEMM's backward (``ops/grouped_gemm.py``) has FP8 operands that torch 2.11
 has no grouped kernel for: an E5M2 output gradient (TE's HYBRID format) times the E4M3
 weights (the dgrad), and the wgrad, whose reduction runs over each group's rows (torch's
-FP8 kernel for that layout needs every group non-empty and a multiple of 16 rows).
-Without these kernels both run as bf16 GEMMs of operands dequantized to bf16. Two
-kernels take the codes as they are, as TE's FP8 GEMMs do: the products of FP8 values
-are exact in fp32, accumulated in fp32, and each group's result is scaled once by the
-product of its two scale inverses.
+FP8 kernel for that layout needs every group non-empty and a multiple of 16 rows). These
+two kernels take the codes as they are, as TE's FP8 GEMMs do: the products of FP8
+values are exact, summed by the tensor cores, and each group's result is scaled once by
+the product of its two scale inverses.
 
 * :func:`row_grouped_mm`: ``out[m] = a[m] @ b[g(m)]^T``, the rows of ``a`` in groups
   (the dgrad: ``dy [M, N]`` times each group's weight, ``[G, K, N]``).
 * :func:`group_reduced_mm`: ``out[g] = a_g^T @ b_g`` over each group's rows (the wgrad:
   ``dy_g^T x_g``, ``[G, N, K]``; an empty group gives zeros).
 
-The group row ends are read on the device, so nothing synchronizes and a CUDA graph
-replays the call with the row counts the device holds. The operands may be any strided
-views; the tensor cores read FP8 tiles whose reduction dimension is contiguous, so a
-caller passes them in that layout where it can (the ``_mm`` functions take views).
+The grouped GEMM does not call them yet: at the MoE bench's shapes on an H100 they lose
+to its bf16 GEMMs of dequantized operands (docs/moe.md has the figures). The group row
+ends are read on the device, so nothing synchronizes and a CUDA graph replays the call
+with the row counts the device holds. The operands may be any strided views.
 
-``split_accumulator`` is TE's ``use_split_accumulator``: Hopper's FP8 MMA accumulates
-with fewer mantissa bits than fp32 unless its partial sums are promoted to an fp32
-accumulator every tile of the reduction; that is what True asks Triton for
-(``max_num_imprecise_acc``), False leaves the hardware's accumulation (faster).
+``split_accumulator`` is TE's ``use_split_accumulator``: Hopper's FP8 MMA keeps fewer
+mantissa bits in its running sum than fp32; with True each reduction tile's partial sum
+is promoted to an fp32 accumulator (Triton's ``max_num_imprecise_acc``), with False the
+hardware accumulates the whole sum (faster).
 
-They run unchanged under ``TRITON_INTERPRET=1`` on CPU tensors (the products and sums
-in fp32 there too), which is how the tests check them without a GPU.
+They run unchanged under ``TRITON_INTERPRET=1`` on CPU tensors (the sums in fp32 there),
+which is how the tests check them without a GPU.
 """
 
 from __future__ import annotations
