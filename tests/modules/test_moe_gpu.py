@@ -63,8 +63,10 @@ def test_helpers_on_cuda_match_the_cpu():
     logits = torch.randn(300, 16, generator=g)
     results = {}
     for device in ("cpu", CUDA):
-        xi = x.to(device).requires_grad_(True)
-        li = logits.to(device).requires_grad_(True)
+        # detached first: on the CPU ``.to`` returns the tensor itself, which would then
+        # require grad, and its CUDA copy would be a non-leaf without ``.grad``
+        xi = x.detach().to(device).requires_grad_(True)
+        li = logits.detach().to(device).requires_grad_(True)
         probs, rmap = fused_topk_with_score_function(
             li, 4, False, None, None, None, "sigmoid", None
         )
