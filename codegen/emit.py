@@ -329,7 +329,6 @@ def _spelled_names(op: Op, spell: Spelling) -> dict[str, str]:
     """The names the calling-side templates read besides the fields, as they spell them."""
     return {
         "torch": spell("torch"),
-        "type": spell("type"),
         "getattr": spell("getattr"),
         "fwd_op": spell(f"{op.name}_fwd"),
         "bwd_op": spell(f"{op.name}_bwd"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pickle
 
 import pytest
@@ -84,9 +85,10 @@ def test_fx_repr_evaluates_back_to_an_equal_quantizer(name):
 
 @pytest.mark.parametrize("name", list(QUANTIZERS))
 def test_fx_repr_globals_pickle(name):
-    """The globals hold classes and dtypes, never a module: inductor's FX graph cache
-    pickles what an FX graph's code refers to."""
+    """The globals hold classes and functions, never a module or a dtype: FX's code
+    generator takes those alone, and Inductor's FX graph cache pickles them."""
     _, env = QUANTIZERS[name].__fx_repr__()
+    assert all(isinstance(v, type) or inspect.isfunction(v) for v in env.values())
     assert pickle.loads(pickle.dumps(env)) == env
 
 

@@ -585,15 +585,16 @@ def grouped_gemm_compile_blocker(
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
     the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
-    out: Dynamo traces it without inlining a call per quantizer."""
+    out: Dynamo traces it without inlining a call per quantizer; it reads the instance,
+    as Dynamo reads an opaque value type's members (quantization/quantizer.py)."""
     if grouped_gemm_fwd is None or grouped_gemm_bwd is None:
         return _r.registration_error()
-    if input_quantizer is not None and not getattr(type(input_quantizer), "value_opaque", True):
+    if input_quantizer is not None and not getattr(input_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(input_quantizer)
-    if weight_quantizer is not None and not getattr(type(weight_quantizer), "value_opaque", True):
+    if weight_quantizer is not None and not getattr(weight_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(weight_quantizer)
     if grad_output_quantizer is not None and not getattr(
-        type(grad_output_quantizer), "value_opaque", True
+        grad_output_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(grad_output_quantizer)
     return None

@@ -787,7 +787,8 @@ def grouped_linear_compile_blocker(
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
     the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
-    out: Dynamo traces it without inlining a call per quantizer."""
+    out: Dynamo traces it without inlining a call per quantizer; it reads the instance,
+    as Dynamo reads an opaque value type's members (quantization/quantizer.py)."""
     if grouped_linear_fwd is None or grouped_linear_bwd is None:
         return _r.registration_error()
     reason = _r.quantizer_blocker(*(input_quantizers or ()))

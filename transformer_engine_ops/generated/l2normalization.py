@@ -350,7 +350,8 @@ def l2normalization_compile_blocker() -> str | None:
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
     the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
-    out: Dynamo traces it without inlining a call per quantizer."""
+    out: Dynamo traces it without inlining a call per quantizer; it reads the instance,
+    as Dynamo reads an opaque value type's members (quantization/quantizer.py)."""
     if l2normalization_fwd is None or l2normalization_bwd is None:
         return _r.registration_error()
     return None

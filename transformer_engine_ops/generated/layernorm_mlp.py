@@ -1540,55 +1540,44 @@ def layernorm_mlp_compile_blocker(
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
     the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
-    out: Dynamo traces it without inlining a call per quantizer."""
+    out: Dynamo traces it without inlining a call per quantizer; it reads the instance,
+    as Dynamo reads an opaque value type's members (quantization/quantizer.py)."""
     if layernorm_mlp_fwd is None or layernorm_mlp_bwd is None:
         return _r.registration_error()
-    if fc1_input_quantizer is not None and not getattr(
-        type(fc1_input_quantizer), "value_opaque", True
-    ):
+    if fc1_input_quantizer is not None and not getattr(fc1_input_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc1_input_quantizer)
-    if fc1_weight_quantizer is not None and not getattr(
-        type(fc1_weight_quantizer), "value_opaque", True
-    ):
+    if fc1_weight_quantizer is not None and not getattr(fc1_weight_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc1_weight_quantizer)
-    if fc1_output_quantizer is not None and not getattr(
-        type(fc1_output_quantizer), "value_opaque", True
-    ):
+    if fc1_output_quantizer is not None and not getattr(fc1_output_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc1_output_quantizer)
     if fc1_grad_input_quantizer is not None and not getattr(
-        type(fc1_grad_input_quantizer), "value_opaque", True
+        fc1_grad_input_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc1_grad_input_quantizer)
     if fc1_grad_weight_quantizer is not None and not getattr(
-        type(fc1_grad_weight_quantizer), "value_opaque", True
+        fc1_grad_weight_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc1_grad_weight_quantizer)
     if fc1_grad_output_quantizer is not None and not getattr(
-        type(fc1_grad_output_quantizer), "value_opaque", True
+        fc1_grad_output_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc1_grad_output_quantizer)
-    if fc2_input_quantizer is not None and not getattr(
-        type(fc2_input_quantizer), "value_opaque", True
-    ):
+    if fc2_input_quantizer is not None and not getattr(fc2_input_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc2_input_quantizer)
-    if fc2_weight_quantizer is not None and not getattr(
-        type(fc2_weight_quantizer), "value_opaque", True
-    ):
+    if fc2_weight_quantizer is not None and not getattr(fc2_weight_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc2_weight_quantizer)
-    if fc2_output_quantizer is not None and not getattr(
-        type(fc2_output_quantizer), "value_opaque", True
-    ):
+    if fc2_output_quantizer is not None and not getattr(fc2_output_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(fc2_output_quantizer)
     if fc2_grad_input_quantizer is not None and not getattr(
-        type(fc2_grad_input_quantizer), "value_opaque", True
+        fc2_grad_input_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc2_grad_input_quantizer)
     if fc2_grad_weight_quantizer is not None and not getattr(
-        type(fc2_grad_weight_quantizer), "value_opaque", True
+        fc2_grad_weight_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc2_grad_weight_quantizer)
     if fc2_grad_output_quantizer is not None and not getattr(
-        type(fc2_grad_output_quantizer), "value_opaque", True
+        fc2_grad_output_quantizer, "value_opaque", True
     ):
         return _r.quantizer_blocker(fc2_grad_output_quantizer)
     reason = _r.quantizer_blocker(*(calibration_quantizers or ()))

@@ -47,6 +47,7 @@ from .quantizer import (
     check_choice,
     check_float,
     check_int,
+    opaque_value_type,
     quantizer_dataclass,
     usage_fields,
 )
@@ -222,6 +223,7 @@ class _Float8PerTensorQuantizer(Quantizer):
         }
 
 
+@opaque_value_type
 @quantizer_dataclass
 class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with the scale computed from this tensor's amax (stateless).

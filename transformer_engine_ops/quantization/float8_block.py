@@ -49,6 +49,7 @@ from .quantizer import (
     check_bool,
     check_float,
     check_int,
+    opaque_value_type,
     quantizer_dataclass,
     usage_fields,
 )
@@ -179,6 +180,7 @@ class Float8BlockwiseQTensor(_Float8BlockData, QuantizedTensor):
     """FP8 block-scaled wrapper tensor subclass."""
 
 
+@opaque_value_type
 @quantizer_dataclass
 class Float8BlockQuantizer(Quantizer):
     """FP8 with fp32 scales per 1 x block_len (dim 1) or block_len^2 (dim 2) block.

@@ -45,6 +45,7 @@ from .quantizer import (
     Quantizer,
     RowwiseColumnwisePairs,
     check_bool,
+    opaque_value_type,
     quantizer_dataclass,
     usage_fields,
 )
@@ -119,6 +120,7 @@ class MXFP8Tensor(_MXFP8Data, QuantizedTensor):
     """MXFP8 wrapper tensor subclass."""
 
 
+@opaque_value_type
 @quantizer_dataclass
 class MXFP8Quantizer(Quantizer):
     """MXFP8 (OCP microscaling) quantizer: 32-element blocks, E8M0 scales; 32x32 tiles

@@ -68,6 +68,7 @@ from .quantizer import (
     check_bool,
     check_choice,
     check_int,
+    opaque_value_type,
     quantizer_dataclass,
     usage_fields,
 )
@@ -305,6 +306,7 @@ class NVFP4Tensor(_NVFP4Data, QuantizedTensor):
     """NVFP4 wrapper tensor subclass."""
 
 
+@opaque_value_type
 @quantizer_dataclass
 class NVFP4Quantizer(Quantizer):
     """NVFP4 quantizer with TE's options (TE 2.20.2's ``NVFP4Quantizer`` fields):

@@ -89,11 +89,19 @@ def check_choice(owner: str, name: str, value: Any, choices: tuple[Any, ...]) ->
     return str(value) if value is not None else None
 
 
+def fx_dtype(name: str) -> torch.dtype:
+    """``torch.<name>``: how ``__fx_repr__`` code spells a dtype. FX's code generator
+    takes classes and functions as an opaque value's globals, not a dtype or a module,
+    and Inductor's graph cache pickles them (a function pickles by name)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"fx_dtype: torch has no dtype {name!r}")
+    return dtype
+
+
 def _fx_value_repr(value: Any, owner: str, name: str, env: dict[str, Any]) -> str:
-    """The code of one field's value for ``__fx_repr__``; a torch dtype is named by a
-    global added to ``env`` (bound to the dtype itself: the code evaluates with the
-    returned globals alone, as TE's value quantizers do, and a dtype pickles where
-    the ``torch`` module would not)."""
+    """The code of one field's value for ``__fx_repr__``, evaluated with the returned
+    globals alone (as TE's value quantizers are); a dtype is a call of ``fx_dtype``."""
     # Exact built-in types only: an IntEnum member is an int whose repr is not code.
     if value is None or type(value) in (bool, int, str):
         return repr(value)
@@ -102,9 +110,8 @@ def _fx_value_repr(value: Any, owner: str, name: str, env: dict[str, Any]) -> st
             return f"float({str(value)!r})"
         return repr(value)
     if isinstance(value, torch.dtype):
-        global_name = "torch_" + str(value).removeprefix("torch.")
-        env[global_name] = value
-        return global_name
+        env["_teops_fx_dtype"] = fx_dtype
+        return f"_teops_fx_dtype({str(value).removeprefix('torch.')!r})"
     raise TypeError(f"{owner}.{name}: value {value!r} has no evaluable FX representation")
 
 
@@ -167,6 +174,27 @@ def quantizer_dataclass(cls: type) -> type:
     return cls
 
 
+def opaque_value_type(cls: type) -> type:
+    """The outermost decorator of TE's four tensorless quantizer classes: registered as
+    torch opaque value types, as TE registers them, a user's ``torch.library`` schema may
+    name one (``get_opaque_type_name(te.MXFP8Quantizer)``) and Dynamo passes an instance
+    (and one of a subclass) as a constant guarded by its equality. This package's own op
+    boundaries keep their canonical strings (runtime/codec.py)."""
+    _private.register_opaque_value_type(cls, _member_names(cls))
+    return cls
+
+
+def _member_names(cls: type) -> list[str]:
+    """Every member a traced call may read of a quantizer: its fields, its class
+    attributes and methods, and what ``__post_init__`` caches on every instance (torch
+    2.11's Dynamo refuses a member that is not listed, and one listed that an instance
+    lacks)."""
+    names = {name for klass in cls.__mro__[:-1] for name in vars(klass)}
+    names |= {f.name for f in dataclasses.fields(cls)}
+    names |= {_BUILT_ATTR, codec.CODE_ATTR}
+    return sorted(n for n in names if not (n.startswith("__") and n.endswith("__")))
+
+
 def _quantizer_setattr(self: Quantizer, name: str, value: Any) -> None:
     """TE's assignable attributes: the usage flags, ``internal``,
     ``with_amax_reduction`` (where the format has it) and ``amax_reduction_group``;
@@ -192,7 +220,7 @@ def _quantizer_delattr(self: Quantizer, name: str) -> None:
 
 
 @quantizer_dataclass
-class Quantizer:
+class Quantizer(metaclass=_private.opaque_value_meta):
     """Base of all quantizers (TE's ``Quantizer``): a configuration value.
 
     Concrete formats are :func:`quantizer_dataclass` classes whose fields are their
@@ -709,7 +737,7 @@ def all_reduce_max(t: torch.Tensor, group: Any, owner: str) -> torch.Tensor:
 
 def value_opaque_reason(q: Quantizer) -> Optional[str]:
     """Why ``q`` cannot be baked into a graph as a constant, or None when it can."""
-    if getattr(type(q), "value_opaque", True):
+    if getattr(q, "value_opaque", True):
         return None
     return type(q).not_value_opaque_reason or "it is declared not value-opaque"
 

@@ -13,7 +13,7 @@ other module of the package free of private torch names (its allow-list is empty
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +47,8 @@ __all__ = [
     "inductor_mode_options",
     "make_wrapper_subclass",
     "mark_constant_result",
+    "opaque_value_meta",
+    "register_opaque_value_type",
     "preserve_version_counter",
     "queue_backward_callback",
     "scaled_grouped_mm",
@@ -206,6 +208,33 @@ def mark_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
     call's ``begin_call`` must be marked before Dynamo first traces it."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
+
+
+# --- quantizers as torch opaque value types (quantization/quantizer.py) --------------
+# TE registers its four tensorless quantizer classes with torch's opaque-object API, so
+# that a ``torch.library`` schema can name one (``get_opaque_type_name``) and Dynamo
+# passes an instance as a constant guarded by ``__eq__``. No public API; run on 2.11 and
+# 2.13. 2.11 also wants the class's metaclass to be ``OpaqueBaseMeta`` (2.13 only for
+# reference types); where torch lacks the API the metaclass is ``type`` and nothing is
+# registered.
+try:
+    from torch._library import opaque_object as _opaque_object
+    from torch._opaque_base import OpaqueBaseMeta as opaque_value_meta
+except ImportError:  # pragma: no cover - torch without opaque objects
+    _opaque_object = None
+    opaque_value_meta = type
+
+
+def register_opaque_value_type(cls: type, use_real: Iterable[str]) -> bool:
+    """Register ``cls`` as an opaque value type (once), Dynamo reading or calling each
+    member in ``use_real`` on the real object while it traces (2.11 refuses any member
+    not listed); False where torch cannot."""
+    if _opaque_object is None:
+        return False
+    if not _opaque_object.is_opaque_value_type(cls):
+        members = dict.fromkeys(use_real, _opaque_object.MemberType.USE_REAL)
+        _opaque_object.register_opaque_type(cls, typ="value", members=members)
+    return True
 
 
 def __getattr__(name: str) -> Any:
