@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run = {
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": runner.package_commit((args.json, args.out)),
             "command": _command(plan["argv"], argv, args.run_prepared is not None),
             "device": plan["device"],
             "device_name": session.get("device_name", ""),

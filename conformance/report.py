@@ -410,6 +410,7 @@ def render(data: Mapping[str, Any], top: int = 25) -> str:
             [
                 label,
                 run["date"],
+                run.get("commit") or "not recorded",
                 f"{run['device']} ({run['device_name']})",
                 run["torch"],
                 _te(run),
@@ -425,6 +426,7 @@ def render(data: Mapping[str, Any], top: int = 25) -> str:
         [
             "run",
             "date",
+            "commit",
             "device",
             "torch",
             "TE commit",

@@ -237,6 +237,28 @@ def run_timed(options: Options, prepared: Prepared) -> tuple[int, float]:
     return code, time.monotonic() - start
 
 
+def package_commit(written: Sequence[Path] = ()) -> str | None:
+    """This repository's commit (``-dirty`` when tracked files other than the report
+    files ``written`` differ from it), the code a run measured; None outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head, status = (
+            subprocess.run(
+                ["git", *argv], cwd=root, capture_output=True, text=True, check=True
+            ).stdout
+            for argv in (
+                ["rev-parse", "--short=10", "HEAD"],
+                ["status", "--porcelain", "--untracked-files=no"],
+            )
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    ours = {str(Path(p).resolve()) for p in written}
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    dirty = any(str((root / path).resolve()) not in ours for path in changed)
+    return f"{head.strip()}-dirty" if dirty else head.strip()
+
+
 def te_revision(te_src: Path, given: str | None) -> dict[str, str | None]:
     """The TE revision the tests come from: git's commit (and exact tag) when the
     checkout is a git work tree, else the commit given; and build_tools/VERSION.txt."""

@@ -427,7 +427,10 @@ def test_a_run_on_the_fake_checkout(tmp_path: Path) -> None:
         "TE internal transformer_engine.pytorch.module.base.get_dummy_wgrad (get_dummy_wgrad at"
     )
     assert run["te"]["commit"] == "fixture" and run["te"]["version"] == "0.0.1.fixture"
+    # This package's commit (None outside git), the report files themselves aside.
+    assert run["commit"] == runner.package_commit((out, out.with_suffix(".json")))
     text = out.read_text()
+    assert f"| cpu: test_fake | {run['date']} | {run['commit'] or 'not recorded'} | cpu (" in text
     assert "| test_fake.py | cpu: test_fake | 62 | 0 | 35 | 27 | 14 | 3 | 0 | 7 | 1 | 1 | 1 |" in (
         text
     )
