@@ -416,7 +416,7 @@ class GroupedLinear(ExtraStateMixin, WgradScheduling, nn.Module):
                 "Grouped weights have inconsistent high-precision initialization state"
             )
         if any(isinstance(w, QuantizedData) for w in weights):
-            formats = {getattr(type(w.quantizer), "_COMPATIBLE_RECIPE", None) for w in weights}
+            formats = {getattr(w.quantizer, "_COMPATIBLE_RECIPE", None) for w in weights}
             if formats == {"DelayedScaling"}:
                 return  # TE keeps delayed scaling's weights per GEMM
             raise NotImplementedError(

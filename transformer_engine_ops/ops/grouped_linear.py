@@ -329,7 +329,7 @@ def _replays(args: GroupedLinearFwdArgs) -> bool:
     stateful class is refused: its state cannot be replayed here."""
     quantizers = [*args.input_quantizers, *args.weight_quantizers]
     for q in quantizers:
-        if q is not None and not getattr(type(q), "value_opaque", True):
+        if q is not None and not getattr(q, "value_opaque", True):
             if not isinstance(q, Float8Quantizer):
                 raise ValueError(
                     f"GroupedLinearFwdArgs: the stateful quantizer {type(q).__name__} cannot "

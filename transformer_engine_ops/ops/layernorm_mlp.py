@@ -550,7 +550,7 @@ def _replayable_quantizers(args: LayerNormMLPFwdArgs) -> None:
     (``Float8Quantizer``) quantizes with the forward's scale again (``forward_scales``);
     another stateful class's state is unknown here."""
     for q in _recomputed_quantizers(args):
-        if q is not None and not getattr(type(q), "value_opaque", True):
+        if q is not None and not getattr(q, "value_opaque", True):
             if not isinstance(q, Float8Quantizer):
                 raise ValueError(
                     f"LayerNormMLPFwdArgs.checkpoint: the stateful quantizer "

@@ -460,7 +460,7 @@ def requantizes_exactly(quantizer: Quantizer) -> bool:
     """Whether quantizing the same tensor again gives the same bits (TE's
     ``is_requantization_safe``): not a stateful quantizer (delayed scaling, whose scale
     moves between the forward and the backward) nor one that rounds stochastically."""
-    stateless = getattr(type(quantizer), "value_opaque", True)
+    stateless = getattr(quantizer, "value_opaque", True)
     return stateless and not getattr(quantizer, "stochastic_rounding", False)
 
 

@@ -190,7 +190,7 @@ def _member_names(cls: type) -> list[str]:
     2.11's Dynamo refuses a member that is not listed, and one listed that an instance
     lacks)."""
     names = {name for klass in cls.__mro__[:-1] for name in vars(klass)}
-    names |= {f.name for f in dataclasses.fields(cls)}
+    names |= set(codec.field_names(cls))
     names |= {_BUILT_ATTR, codec.CODE_ATTR}
     return sorted(n for n in names if not (n.startswith("__") and n.endswith("__")))
 

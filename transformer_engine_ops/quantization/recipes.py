@@ -758,7 +758,7 @@ class CustomRecipe(Recipe):
 def compatible_recipe(quantizer: Any) -> Optional[type[Recipe]]:
     """TE's ``quantizer._get_compatible_recipe()``: the recipe class whose quantized
     weights ``quantizer`` makes, None where any recipe may use them."""
-    name = getattr(type(quantizer), "_COMPATIBLE_RECIPE", None)
+    name = getattr(quantizer, "_COMPATIBLE_RECIPE", None)
     recipes = (
         DelayedScaling,
         Float8CurrentScaling,

@@ -706,12 +706,13 @@ def every_kind_compile_blocker(
     """Why a compiled call with these fields runs eagerly (None: it compiles): the op is
     not registered on this torch, a quantizer cannot be a graph constant, or a reason
     the op declares (`eager_when`). A quantizer's test is `value_opaque_reason`'s, written
-    out: Dynamo traces it without inlining a call per quantizer."""
+    out: Dynamo traces it without inlining a call per quantizer; it reads the instance,
+    as Dynamo reads an opaque value type's members (quantization/quantizer.py)."""
     if every_kind_fwd is None or every_kind_bwd is None:
         return _r.registration_error()
-    if quantizer is not None and not getattr(_type(quantizer), "value_opaque", True):
+    if quantizer is not None and not getattr(quantizer, "value_opaque", True):
         return _r.quantizer_blocker(quantizer)
-    if maybe_quantizer is not None and not getattr(_type(maybe_quantizer), "value_opaque", True):
+    if maybe_quantizer is not None and not getattr(maybe_quantizer, "value_opaque", True):
         return _r.quantizer_blocker(maybe_quantizer)
     reason = _r.quantizer_blocker(*(quantizers or ()))
     if reason is not None:
