@@ -84,3 +84,13 @@ def test_a_compiled_call_is_guarded_on_the_quantizers_value():
     other = Float8CurrentScalingQuantizer(fp8_dtype=torch.float8_e5m2)
     assert torch.equal(run(x, other), op(x, other))  # another value: another graph
     assert counter.frame_count == 2
+
+
+def test_a_quantizer_changed_by_set_usage_compiles_with_its_new_value():
+    q = MXFP8Quantizer()
+    q.set_usage(rowwise=True, columnwise=False)
+    op = _QDQ[MXFP8Quantizer]
+    x = random_input((64, 64), seed=7, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: op(t, q), fullgraph=True)(x)
+    assert torch.equal(got, op(x, q))

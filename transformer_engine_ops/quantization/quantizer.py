@@ -367,8 +367,13 @@ class Quantizer(metaclass=_private.opaque_value_meta):
             self.__dict__.pop(attr, None)
 
     def _forget_derived(self) -> None:
+        """Drop what was computed from the old values, and encode the new ones at once:
+        every quantizer that is a value carries its text, which Dynamo reads off an
+        opaque value as a listed member (one holding a process group is no value)."""
         self.__dict__.pop(_DERIVED_ATTR, None)
         self.__dict__.pop(codec.CODE_ATTR, None)
+        if self.amax_reduction_group is None:
+            codec.code_of(self)
 
     def _replace(self, **changes: Any) -> Quantizer:
         """A copy with ``changes``; stateful subclasses override to share their state."""
